@@ -1,0 +1,58 @@
+"""Typer application: one sub-command per file in lowbit.cli, errors as one clear line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lowbit.errors import LowbitError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Quantize LLM weights and activations with exact numerics.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+@app.callback()
+def _root() -> None:
+    """lowbit: quantize LLM weights and activations with exact numerics (add --debug for tracebacks)."""
+
+
+@app.command("schemes")
+def schemes_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """List the preset schemes with their numerics."""
+    from lowbit.schemes import PRESETS
+
+    if as_json:
+        print(json.dumps({n: s.to_dict() for n, s in PRESETS.items()}, indent=2))
+        return
+    t = Table(title="lowbit schemes")
+    t.add_column("scheme", style="bold")
+    t.add_column("weights")
+    t.add_column("input activations")
+    t.add_column("calibration")
+    for n, s in PRESETS.items():
+        a = s.input_activations
+        acts = "none (weight-only)" if a is None else f"{a.describe()}, {a.dynamic.value}"
+        t.add_row(n, s.weights.describe(), acts, "needed" if s.needs_calibration else "-")
+    console.print(t)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point. A LowbitError or a bad path prints one line and exits 2 (``--debug`` shows
+    the traceback); usage errors are Click's own messages."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if debug:
+        args.remove("--debug")
+    try:
+        app(args=args, prog_name="lowbit")
+    except (LowbitError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError) as e:
+        if debug:
+            raise
+        err_console.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(2)

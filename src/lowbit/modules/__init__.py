@@ -1,0 +1,5 @@
+"""Quantized modules."""
+
+from lowbit.modules.qlinear import QuantLinear
+
+__all__ = ["QuantLinear"]

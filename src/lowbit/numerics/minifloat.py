@@ -1,0 +1,171 @@
+"""Small floating-point formats (FP4 E2M1, FP8 E4M3FN/E5M2, UE4M3, UE5M3).
+
+One parametrised definition serves every format: an element is sign (optional), ``exp_bits``
+exponent bits with ``bias`` and ``man_bits`` mantissa bits; exponent field 0 is subnormal.
+Encoding rounds to nearest with ties to even and saturates to the largest finite value.
+
+The arithmetic is exact in float32: inputs are widened to float32 first, the rounding step
+scales by a power of two (exact) and rounds with ``torch.round`` (ties to even). Because the
+code's lowest bit is the mantissa's lowest bit, ties-to-even on the significand equals
+ties-to-even on the code, including when the mantissa carries into the next binade.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+
+@dataclass(frozen=True)
+class MiniFloat:
+    """A small float format. Codes are ``torch.uint8``, one per element.
+
+    ``max_code_magnitude`` is the magnitude code of the largest finite value; codes above it
+    (when any) are NaN/Inf patterns. ``nan_code`` is the magnitude code used for NaN, or None
+    when the format has no NaN (E2M1); then NaN input is an error.
+    """
+
+    name: str
+    exp_bits: int
+    man_bits: int
+    bias: int
+    signed: bool
+    max_code_magnitude: int
+    nan_code: int | None
+    has_inf: bool = False
+    description: str = field(default="", compare=False)
+
+    # ------------------------------------------------------------------ constants
+    @property
+    def bits(self) -> int:
+        return self.exp_bits + self.man_bits + (1 if self.signed else 0)
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.exp_bits + self.man_bits)
+
+    @property
+    def min_normal_exp(self) -> int:
+        return 1 - self.bias
+
+    @property
+    def min_normal(self) -> float:
+        return 2.0 ** self.min_normal_exp
+
+    @property
+    def min_subnormal(self) -> float:
+        return 2.0 ** (self.min_normal_exp - self.man_bits)
+
+    @cached_property
+    def max_finite(self) -> float:
+        return float(self._magnitude_value(self.max_code_magnitude))
+
+    def _magnitude_value(self, code: int) -> float:
+        e = code >> self.man_bits
+        m = code & ((1 << self.man_bits) - 1)
+        if e == 0:
+            return m * 2.0 ** (self.min_normal_exp - self.man_bits)
+        return (1 + m / 2**self.man_bits) * 2.0 ** (e - self.bias)
+
+    def finite_codes(self) -> torch.Tensor:
+        """Every code that decodes to a finite value (both signs where signed), as uint8."""
+        mags = list(range(self.max_code_magnitude + 1))
+        codes = mags + ([m | self.sign_bit for m in mags] if self.signed else [])
+        return torch.tensor(codes, dtype=torch.uint8)
+
+    def values(self) -> torch.Tensor:
+        """Sorted distinct finite non-negative values of the format (float32)."""
+        return torch.tensor(
+            [self._magnitude_value(c) for c in range(self.max_code_magnitude + 1)], dtype=torch.float32
+        )
+
+    # ------------------------------------------------------------------ encode
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Round ``x`` to the nearest representable value (ties to even, saturating).
+
+        NaN maps to the NaN code (an error for formats without NaN); +-Inf saturates to the
+        largest finite value like every other out-of-range value. Unsigned formats refuse
+        negative input (-0.0 encodes as 0).
+        """
+        x = x.to(torch.float32)
+        nan = torch.isnan(x)
+        if self.nan_code is None and bool(nan.any()):
+            raise ValueError(f"{self.name} has no NaN: cannot encode NaN input")
+        if not self.signed and bool((x < 0).any()):
+            raise ValueError(f"{self.name} is unsigned: cannot encode negative values")
+        mag_code = self._encode_magnitude(x.abs())
+        if self.nan_code is not None:
+            mag_code = torch.where(nan, torch.full_like(mag_code, self.nan_code), mag_code)
+        if self.signed:
+            neg = torch.signbit(x) & ~nan
+            mag_code = mag_code | (neg.to(torch.int32) << (self.exp_bits + self.man_bits))
+        return mag_code.to(torch.uint8)
+
+    def _encode_magnitude(self, a: torch.Tensor) -> torch.Tensor:
+        """int32 magnitude codes of the non-negative float32 tensor ``a`` (NaN -> garbage)."""
+        a = torch.clamp(a, max=self.max_finite)  # saturate (also +Inf)
+        _, e = torch.frexp(a)  # a = f * 2^e, f in [0.5, 1)
+        e = torch.clamp(e - 1, min=self.min_normal_exp)  # unbiased exponent of the binade
+        shift = (self.man_bits - e).to(torch.int32)
+        steps = torch.round(torch.ldexp(a, shift.to(torch.float32)))  # exact multiple of quantum
+        # steps counts quanta of size 2^(e-man_bits). For a normal binade, steps lies in
+        # [2^m, 2^(m+1)] and the code is (e+bias-1)*2^m + steps, which also covers the carry
+        # into the next binade (steps == 2^(m+1)). For the subnormal range (e == emin),
+        # steps in [0, 2^(m+1)] and the same formula with e+bias-1 == 0 holds.
+        steps = steps.to(torch.int32)
+        code = (e.to(torch.int32) + self.bias - 1) * (1 << self.man_bits) + steps
+        code = torch.clamp(code, max=self.max_code_magnitude)
+        return code
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """float32 values of uint8 ``codes`` (NaN codes decode to NaN, Inf codes to Inf)."""
+        if codes.dtype != torch.uint8:
+            raise TypeError(f"{self.name}.decode expects uint8 codes, got {codes.dtype}")
+        return self._lut().to(codes.device)[codes.to(torch.int64)]
+
+    def _lut(self) -> torch.Tensor:
+        cache = self.__dict__.get("_lut_cache")
+        if cache is None:
+            n_mag = 1 << (self.exp_bits + self.man_bits)
+            n_codes = n_mag * (2 if self.signed else 1)
+            inf_code = ((1 << self.exp_bits) - 1) << self.man_bits
+            table = []
+            for code in range(256):
+                mag = code & (n_mag - 1)
+                if code >= n_codes:
+                    v = float("nan")  # outside the format's bit width
+                elif mag <= self.max_code_magnitude:
+                    v = self._magnitude_value(mag)
+                elif self.has_inf and mag == inf_code:
+                    v = float("inf")
+                else:
+                    v = float("nan")
+                negative = self.signed and code < n_codes and bool(code & self.sign_bit)
+                table.append(-v if negative else v)
+            cache = torch.tensor(table, dtype=torch.float32)
+            object.__setattr__(self, "_lut_cache", cache)
+        return cache
+
+    # ------------------------------------------------------------------ QDQ
+    def qdq(self, x: torch.Tensor) -> torch.Tensor:
+        """Quantize-dequantize: the nearest representable float32 value of each element."""
+        return self.decode(self.encode(x))
+
+    def __repr__(self) -> str:  # keep reprs short in scheme listings
+        return f"MiniFloat({self.name})"
+
+
+E2M1 = MiniFloat("e2m1", exp_bits=2, man_bits=1, bias=1, signed=True, max_code_magnitude=0b111,
+                 nan_code=None, description="FP4 E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6; no NaN/Inf")
+E4M3 = MiniFloat("e4m3", exp_bits=4, man_bits=3, bias=7, signed=True, max_code_magnitude=0x7E,
+                 nan_code=0x7F, description="FP8 E4M3FN: max 448, NaN 0x7F/0xFF, no Inf")
+E5M2 = MiniFloat("e5m2", exp_bits=5, man_bits=2, bias=15, signed=True, max_code_magnitude=0x7B,
+                 nan_code=0x7E, has_inf=True, description="FP8 E5M2: max 57344, IEEE Inf/NaN")
+UE4M3 = MiniFloat("ue4m3", exp_bits=4, man_bits=3, bias=7, signed=False, max_code_magnitude=0x7E,
+                  nan_code=0x7F, description="unsigned E4M3 (NVFP4 block scale): max 448")
+UE5M3 = MiniFloat("ue5m3", exp_bits=5, man_bits=3, bias=15, signed=False, max_code_magnitude=0xFE,
+                  nan_code=0xFF, description="unsigned E5M3 (NVFP4-E5M3 block scale): max 114688, "
+                  "subnormals down to 2^-17, only 0xFF is NaN")

@@ -1,0 +1,14 @@
+"""Block scaling, quantization and packing: pure functions on tensors."""
+
+from lowbit.quant.packing import pack_int32, pack_nibbles, unpack_int32, unpack_nibbles
+from lowbit.quant.qtensor import QuantizedTensor
+from lowbit.quant.scaling import (
+    allows_ragged, amax, check_finite, dequantize, effective_scale, fake_quantize,
+    global_scale_from_amax, num_groups, quantize, scales_from_amax, static_scale_from_amax,
+)
+
+__all__ = [
+    "QuantizedTensor", "quantize", "dequantize", "fake_quantize", "amax", "check_finite",
+    "effective_scale", "global_scale_from_amax", "scales_from_amax", "static_scale_from_amax",
+    "num_groups", "allows_ragged", "pack_nibbles", "unpack_nibbles", "pack_int32", "unpack_int32",
+]

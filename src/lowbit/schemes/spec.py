@@ -1,0 +1,197 @@
+"""Typed description of how a tensor is quantized, and of a scheme (weights + input activations).
+
+A scheme is data: every behaviour of the quantizer, the modules, the file writers and the
+backends follows from these fields, and ``to_dict`` writes every one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from lowbit.errors import SchemeError
+from lowbit.numerics import FormatName, IntFormat, get_format
+
+
+class Granularity(str, Enum):
+    """Which elements share one scale. All group-like kinds run along the last (input) dim."""
+
+    TENSOR = "tensor"    # one scale for the whole tensor
+    CHANNEL = "channel"  # one scale per output row of a weight [out, in]
+    TOKEN = "token"      # one scale per row of an activation [..., in]
+    GROUP = "group"      # one scale per group_size consecutive elements of the last dim
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Dynamic(str, Enum):
+    """When activation scales are chosen. Weights are always STATIC."""
+
+    STATIC = "static"    # from calibration, stored in the checkpoint
+    DYNAMIC = "dynamic"  # from each input at run time
+    LOCAL = "local"      # block scales at run time, the global scale static (NVFP4 inputs)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one tensor is quantized.
+
+    format: element format (INTn, E2M1, E4M3...).
+    granularity, group_size: which elements share a scale (group_size only for GROUP).
+    symmetric: False adds an integer zero point (INT formats only).
+    dynamic: for activations, when scales are computed (weights: STATIC).
+    scale_format: how the scale itself is stored and rounded: FP32 (plain), UE4M3 / UE5M3
+        (block scale rounded to that format), E8M0 (power of two, OCP MX rule).
+    global_scale: a per-tensor FP32 second-level scale (NVFP4), stored as the divisor
+        ``scale_max * elem_max / amax``; block scales are computed after multiplying by it.
+    """
+
+    format: FormatName
+    granularity: Granularity
+    group_size: int | None = None
+    symmetric: bool = True
+    dynamic: Dynamic = Dynamic.STATIC
+    scale_format: FormatName = FormatName.FP32
+    global_scale: bool = False
+
+    def __post_init__(self) -> None:
+        # normalise strings given by callers into the enums
+        object.__setattr__(self, "format", FormatName(self.format))
+        object.__setattr__(self, "granularity", Granularity(self.granularity))
+        object.__setattr__(self, "dynamic", Dynamic(self.dynamic))
+        object.__setattr__(self, "scale_format", FormatName(self.scale_format))
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        if self.format in (FormatName.FP32, FormatName.E8M0, FormatName.UE4M3, FormatName.UE5M3):
+            raise SchemeError(f"{self.format} is a scale format, not an element format")
+        if self.granularity is Granularity.GROUP:
+            if not self.group_size or self.group_size < 1:
+                raise SchemeError("group granularity needs a positive group_size")
+        elif self.group_size is not None:
+            raise SchemeError(f"group_size is only meaningful for group granularity, not {self.granularity}")
+        if self.scale_format is not FormatName.FP32 and self.granularity is not Granularity.GROUP:
+            raise SchemeError(f"scale format {self.scale_format} needs group granularity")
+        if self.scale_format not in (FormatName.FP32, FormatName.UE4M3, FormatName.UE5M3, FormatName.E8M0):
+            raise SchemeError(f"unsupported scale format {self.scale_format}")
+        if self.global_scale and self.scale_format in (FormatName.FP32, FormatName.E8M0):
+            raise SchemeError("a global scale only goes with UE4M3/UE5M3 block scales")
+        if not self.symmetric and not self.is_integer:
+            raise SchemeError("asymmetric quantization is only defined for INT formats")
+        if not self.symmetric and self.scale_format is not FormatName.FP32:
+            raise SchemeError(f"asymmetric quantization needs fp32 scales, not {self.scale_format} block scales")
+        if self.dynamic is Dynamic.LOCAL and not self.global_scale:
+            raise SchemeError("dynamic 'local' means dynamic block scales under a static global scale")
+        if self.dynamic is Dynamic.STATIC and self.granularity is Granularity.TOKEN:
+            raise SchemeError("per-token scales are necessarily dynamic")
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def is_integer(self) -> bool:
+        return isinstance(get_format(self.format), IntFormat)
+
+    @property
+    def bits(self) -> int:
+        return get_format(self.format).bits
+
+    @property
+    def is_microscaled(self) -> bool:
+        """Block scales rounded to a low-bit format (NVFP4, NVFP4-E5M3, MX)."""
+        return self.scale_format is not FormatName.FP32
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Static per-tensor scales (or the static NVFP4 global scale) come from calibration."""
+        return self.dynamic in (Dynamic.STATIC, Dynamic.LOCAL)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format.value,
+            "granularity": self.granularity.value,
+            "group_size": self.group_size,
+            "symmetric": self.symmetric,
+            "dynamic": self.dynamic.value,
+            "scale_format": self.scale_format.value,
+            "global_scale": self.global_scale,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "QuantSpec":
+        expected = {"format", "granularity", "group_size", "symmetric", "dynamic", "scale_format", "global_scale"}
+        missing, unknown = expected - set(d), set(d) - expected
+        if missing or unknown:
+            raise SchemeError(
+                f"quantization spec fields: missing {sorted(missing)}, unknown {sorted(unknown)}"
+            )
+        for key in ("symmetric", "global_scale"):
+            if not isinstance(d[key], bool):
+                raise SchemeError(f"quantization spec field {key!r} must be true or false, got {d[key]!r}")
+        gs = d["group_size"]
+        if gs is not None and (isinstance(gs, bool) or not isinstance(gs, int)):
+            raise SchemeError(f"quantization spec field 'group_size' must be an integer or null, got {gs!r}")
+        try:
+            return cls(**d)
+        except ValueError as e:  # bad enum value
+            raise SchemeError(f"invalid quantization spec {d}: {e}") from e
+
+    def describe(self) -> str:
+        parts = [self.format.value]
+        if self.granularity is Granularity.GROUP:
+            parts.append(f"group {self.group_size}")
+        else:
+            parts.append(f"per {self.granularity.value}")
+        if self.scale_format is not FormatName.FP32:
+            parts.append(f"{self.scale_format.value} scales")
+        if self.global_scale:
+            parts.append("+ fp32 global")
+        if not self.symmetric:
+            parts.append("asymmetric")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A named quantization scheme: weight spec and input-activation spec (None: weight-only)."""
+
+    name: str
+    weights: QuantSpec
+    input_activations: QuantSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.weights.dynamic is not Dynamic.STATIC:
+            raise SchemeError(f"scheme {self.name}: weights are quantized statically")
+
+    @property
+    def needs_calibration(self) -> bool:
+        a = self.input_activations
+        return a is not None and a.needs_calibration
+
+    @property
+    def weight_only(self) -> bool:
+        return self.input_activations is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "weights": self.weights.to_dict(),
+            "input_activations": None if self.input_activations is None else self.input_activations.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Scheme":
+        expected = {"name", "weights", "input_activations"}
+        if set(d) != expected:
+            raise SchemeError(f"scheme fields must be {sorted(expected)}, got {sorted(d)}")
+        acts = d["input_activations"]
+        return cls(
+            name=str(d["name"]),
+            weights=QuantSpec.from_dict(d["weights"]),
+            input_activations=None if acts is None else QuantSpec.from_dict(acts),
+        )

@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny seeded models built from a config (never downloaded)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def tiny_llama(seed: int = 0, outliers: bool = True, **overrides):
+    """A 2-layer random Llama (hidden 64) with a few large input channels, fixed seed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+               tie_word_embeddings=True)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    if outliers:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                # a few outlier channels, as real LLM activations have
+                layer.input_layernorm.weight[[3, 17]] = 12.0
+                layer.post_attention_layernorm.weight[[5]] = 8.0
+    return model
+
+
+@pytest.fixture
+def llama():
+    return tiny_llama()
+
+
+@pytest.fixture
+def token_ids():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 256, (2, 24), generator=g)
