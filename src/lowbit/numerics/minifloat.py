@@ -24,7 +24,8 @@ class MiniFloat:
 
     ``max_code_magnitude`` is the magnitude code of the largest finite value; codes above it
     (when any) are NaN/Inf patterns. ``nan_code`` is the magnitude code used for NaN, or None
-    when the format has no NaN (E2M1); then NaN input is an error.
+    when the format has no NaN (E2M1); then NaN input is an error. ``unused_sign_bit`` marks an
+    unsigned format stored in a signed layout with the sign forced to 0 (UE4M3: 8 bits).
     """
 
     name: str
@@ -35,12 +36,13 @@ class MiniFloat:
     max_code_magnitude: int
     nan_code: int | None
     has_inf: bool = False
+    unused_sign_bit: bool = False
     description: str = field(default="", compare=False)
 
     # ------------------------------------------------------------------ constants
     @property
     def bits(self) -> int:
-        return self.exp_bits + self.man_bits + (1 if self.signed else 0)
+        return self.exp_bits + self.man_bits + (1 if self.signed or self.unused_sign_bit else 0)
 
     @property
     def sign_bit(self) -> int:
@@ -108,6 +110,7 @@ class MiniFloat:
         a = torch.clamp(a, max=self.max_finite)  # saturate (also +Inf)
         _, e = torch.frexp(a)  # a = f * 2^e, f in [0.5, 1)
         e = torch.clamp(e - 1, min=self.min_normal_exp)  # unbiased exponent of the binade
+        e = torch.where(a == 0, torch.full_like(e, self.min_normal_exp), e)  # frexp(0) gives e == 0
         shift = (self.man_bits - e).to(torch.int32)
         steps = torch.round(torch.ldexp(a, shift.to(torch.float32)))  # exact multiple of quantum
         # steps counts quanta of size 2^(e-man_bits). For a normal binade, steps lies in
@@ -165,7 +168,7 @@ E4M3 = MiniFloat("e4m3", exp_bits=4, man_bits=3, bias=7, signed=True, max_code_m
 E5M2 = MiniFloat("e5m2", exp_bits=5, man_bits=2, bias=15, signed=True, max_code_magnitude=0x7B,
                  nan_code=0x7E, has_inf=True, description="FP8 E5M2: max 57344, IEEE Inf/NaN")
 UE4M3 = MiniFloat("ue4m3", exp_bits=4, man_bits=3, bias=7, signed=False, max_code_magnitude=0x7E,
-                  nan_code=0x7F, description="unsigned E4M3 (NVFP4 block scale): max 448")
+                  nan_code=0x7F, unused_sign_bit=True, description="unsigned E4M3 (NVFP4 block scale): max 448")
 UE5M3 = MiniFloat("ue5m3", exp_bits=5, man_bits=3, bias=15, signed=False, max_code_magnitude=0xFE,
                   nan_code=0xFF, description="unsigned E5M3 (NVFP4-E5M3 block scale): max 114688, "
                   "subnormals down to 2^-17, only 0xFF is NaN")

@@ -124,6 +124,8 @@ class QuantSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "QuantSpec":
+        if not isinstance(d, dict):
+            raise SchemeError(f"a quantization spec must be a mapping, got {d!r}")
         expected = {"format", "granularity", "group_size", "symmetric", "dynamic", "scale_format", "global_scale"}
         missing, unknown = expected - set(d), set(d) - expected
         if missing or unknown:
@@ -187,6 +189,8 @@ class Scheme:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Scheme":
         expected = {"name", "weights", "input_activations"}
+        if not isinstance(d, dict):
+            raise SchemeError(f"a scheme must be a mapping, got {d!r}")
         if set(d) != expected:
             raise SchemeError(f"scheme fields must be {sorted(expected)}, got {sorted(d)}")
         acts = d["input_activations"]
