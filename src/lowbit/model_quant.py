@@ -54,19 +54,55 @@ def quantize_rtn(model: nn.Module, scheme: Scheme | str, *, ignore: Iterable[str
     return model
 
 
-def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, ignore: Iterable[str] = (),
-             include_lm_head: bool = False, **kwargs) -> nn.Module:
+def _check_smoothquant(smoothquant) -> None:
+    if smoothquant is None or (isinstance(smoothquant, str) and smoothquant == "auto"):
+        return
+    if isinstance(smoothquant, bool) or not isinstance(smoothquant, (int, float)) or not 0.0 <= smoothquant <= 1.0:
+        raise QuantizationError(f"smoothquant must be an alpha in [0, 1], None or 'auto', got {smoothquant!r}")
+
+
+def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smoothquant=None,
+             ignore: Iterable[str] = (), include_lm_head: bool = False, tokenizer=None,
+             config=None, **calibration_options) -> nn.Module:
     """Quantize ``model`` in place and return it.
 
-    Schemes that need no calibration (weight-only, dynamic activations) are round-to-nearest
-    when ``calibration`` is None.
+    calibration: token ids [n, seq_len], a list of strings, a text file path (one paragraph a
+        line) or "builtin" (the packaged text); strings need ``tokenizer``.
+    smoothquant: an alpha in [0, 1], None (no smoothing) or "auto" (per-layer search).
+    config / calibration_options: a ``lowbit.calibration.CalibrationConfig`` or its fields
+        (num_samples, seq_len, batch_size, observer, sink_positions, smooth_down_proj...).
+
+    Without calibration, schemes that need none (weight-only, dynamic activations) are plain
+    round-to-nearest (``quantize_rtn``; model-free quantization reproduces it bit for bit),
+    and so they are with calibration but without SmoothQuant. The calibration report is left
+    on ``model.lowbit_calibration``.
     """
+    from lowbit.calibration import CalibrationConfig, LayerwiseCalibrator, calibration_tokens
+
     scheme = get_scheme(scheme)
-    if calibration is None and not kwargs:
+    _check_smoothquant(smoothquant)
+    if config is not None and calibration_options:
+        raise QuantizationError("pass either config=CalibrationConfig(...) or its fields, not both")
+    try:
+        cfg = config if config is not None else CalibrationConfig(**calibration_options)
+    except TypeError as e:
+        raise QuantizationError(f"unknown calibration option: {e}") from None
+    if calibration is None:
         if scheme.needs_calibration:
             raise QuantizationError(
                 f"scheme {scheme.name} has static activation scales and needs calibration data "
                 f"(pass calibration=...)"
             )
+        if smoothquant is not None:
+            raise QuantizationError("smoothquant needs calibration data (pass calibration=...)")
         return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
-    raise NotImplementedError("calibrated quantization is provided by lowbit.calibration")
+    if not scheme.needs_calibration and smoothquant is None:
+        return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
+    tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+    names = quantizable_linears(model, ignore, include_lm_head)
+    was_training = model.training
+    model.eval()
+    report = LayerwiseCalibrator(model, scheme, cfg, smoothquant).run(tokens, names)
+    model.train(was_training)
+    model.lowbit_calibration = report
+    return model

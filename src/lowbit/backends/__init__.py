@@ -15,6 +15,40 @@ REGISTRY.register(BackendSpec(
     description="exact emulation in float32 (QDQ input, dequantize weight, F.linear)",
 ))
 
+from lowbit.backends import cpu_int8 as _cpu_int8, weight_cache as _weight_cache  # noqa: E402
+
+REGISTRY.register(BackendSpec(
+    name="cpu-int8", factory=_cpu_int8.CpuInt8Backend, devices=frozenset({"cpu"}),
+    supports_scheme=_cpu_int8.supports_scheme, priority=10,
+    description="w8a8-int8 (static/dynamic): int8 values in float32 GEMM, K chunks <= 1024, exact int32 accumulators",
+))
+REGISTRY.register(BackendSpec(
+    name="weight-cache", factory=_weight_cache.WeightCacheBackend, devices=frozenset({"cpu"}),
+    supports_scheme=_weight_cache.supports_scheme, priority=5, auto=False,
+    description="opt-in: weight dequantized once and kept in float32 (weight-only and FP schemes)",
+))
+
+
+from lowbit.backends import gpu_w8a8 as _gpu_w8a8, triton_mx as _triton_mx  # noqa: E402
+
+REGISTRY.register(BackendSpec(
+    name="triton", factory=_triton_mx.TritonBackend, devices=frozenset({"cuda"}),
+    supports_scheme=_triton_mx.supports, priority=20, available=_triton_mx.available,
+    description="GPU: Triton QDQ of microscaled inputs + packed-weight dequantization (bit-exact), cuBLAS matmul",
+))
+REGISTRY.register(BackendSpec(
+    name="cuda-int8", factory=_gpu_w8a8.Int8MMBackend, devices=frozenset({"cuda"}),
+    supports_scheme=_gpu_w8a8.supports_int8, supports_shape=lambda i, o: i % 8 == 0 and o % 8 == 0,
+    priority=20, available=_gpu_w8a8.int8_available,
+    description="GPU w8a8-int8: Triton input quantization (bit-exact) + torch._int_mm (exact int32)",
+))
+REGISTRY.register(BackendSpec(
+    name="cuda-fp8", factory=_gpu_w8a8.FP8MMBackend, devices=frozenset({"cuda"}),
+    supports_scheme=_gpu_w8a8.supports_fp8, supports_shape=lambda i, o: i % 16 == 0 and o % 16 == 0,
+    priority=20, available=_gpu_w8a8.fp8_available,
+    description="GPU w8a8-fp8 (sm_89+): Triton input quantization (bit-exact) + torch._scaled_mm",
+))
+
 
 def select_backend(module) -> Backend:
     return REGISTRY.select(module)

@@ -54,5 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     except (LowbitError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError) as e:
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {e}", highlight=False)
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)  # one line, never wrapped
         sys.exit(2)
+
+
+# sub-commands in their own modules (issue 6: quantize, eval, compare)
+from lowbit.cli import compare_cmd, eval_cmd, quantize_cmd  # noqa: E402,F401
+from lowbit.cli import inspect_cmd  # noqa: E402,F401  (issue 4: lowbit inspect)

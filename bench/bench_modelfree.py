@@ -1,0 +1,273 @@
+"""Benchmark model-free quantization against the I/O floor: a plain safetensors copy.
+
+    .venv/bin/python bench/bench_modelfree.py                      # SmolLM2 + a ~2.3 GB synthetic model
+    .venv/bin/python bench/bench_modelfree.py --synthetic-gb 0 --schemes w4a16
+
+For each checkpoint (SmolLM2-135M-Instruct re-saved as bf16 shards, and a synthetic
+TinyLlama-1.1B-shaped bf16 checkpoint of random weights) it runs, each in its own process:
+- copy: every shard read with safetensors ``load_file`` and written with ``save_file`` (the floor);
+- model-free: ``lowbit.quantize_checkpoint`` for each scheme.
+It reports the time of the operation itself (measured inside the process, imports excluded),
+throughput in GB of source per second, and peak RSS: the sum over the process and its workers,
+sampled every 50 ms, and the largest single process (ru_maxrss). Files come from the page cache
+in every run (a warm-up copy runs first), so the comparison is compute + write against read +
+write. The synthetic checkpoint is deleted afterwards unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+
+COPY_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+src, out = Path(sys.argv[1]), Path(sys.argv[2])
+out.mkdir(parents=True)
+import resource
+cpu0 = sum(getattr(resource.getrusage(resource.RUSAGE_SELF), k) for k in ("ru_utime", "ru_stime"))
+t0 = time.perf_counter()
+for f in sorted(src.glob("*.safetensors")):
+    with safe_open(str(f), "pt") as h:
+        meta = h.metadata()
+    save_file(load_file(str(f)), str(out / f.name), metadata=meta)
+for f in src.iterdir():
+    if f.suffix != ".safetensors":
+        (out / f.name).write_bytes(f.read_bytes())
+import resource
+ru = resource.getrusage
+s, c = ru(resource.RUSAGE_SELF), ru(resource.RUSAGE_CHILDREN)
+print(json.dumps({"seconds": time.perf_counter() - t0, "maxrss": 1024 * max(s.ru_maxrss, c.ru_maxrss),
+                  "cpu": s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime - cpu0}))
+"""
+
+MF_CHILD = r"""
+import json, sys, time
+import lowbit
+import resource
+cpu0 = sum(getattr(resource.getrusage(resource.RUSAGE_SELF), k) for k in ("ru_utime", "ru_stime"))
+t0 = time.perf_counter()
+lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme=sys.argv[3], format="lowbit",
+                           workers=int(sys.argv[4]), progress=False)
+import resource
+ru = resource.getrusage
+s, c = ru(resource.RUSAGE_SELF), ru(resource.RUSAGE_CHILDREN)
+print(json.dumps({"seconds": time.perf_counter() - t0, "maxrss": 1024 * max(s.ru_maxrss, c.ru_maxrss),
+                  "cpu": s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime - cpu0}))
+"""
+
+
+def run_measured(code: str, args: list[str]) -> dict:
+    """Run a child python; returns its reported seconds, wall time, peak RSS (tree sum, max single)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=ROOT)
+    peak_sum = peak_pss = 0
+    stop = threading.Event()
+
+    def pss(q: psutil.Process) -> int:
+        try:
+            return q.memory_full_info().pss  # shared pages (torch's libraries) counted once
+        except (psutil.AccessDenied, AttributeError, OSError):
+            return q.memory_info().rss
+
+    def sample() -> None:
+        nonlocal peak_sum, peak_pss
+        try:
+            proc = psutil.Process(p.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not stop.is_set():
+            total = total_pss = 0
+            try:
+                for q in [proc] + proc.children(recursive=True):
+                    try:
+                        total += q.memory_info().rss
+                        total_pss += pss(q)
+                    except psutil.NoSuchProcess:
+                        pass
+            except psutil.NoSuchProcess:
+                break
+            peak_sum, peak_pss = max(peak_sum, total), max(peak_pss, total_pss)
+            time.sleep(0.05)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out, err = p.communicate()
+    stop.set()
+    th.join()
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"child failed ({p.returncode}): {err.decode()[-3000:]}")
+    res = json.loads(out.decode().strip().splitlines()[-1])
+    res.update(wall=wall, peak_rss_sum=peak_sum, peak_pss_sum=peak_pss)
+    return res
+
+
+def source_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def prepare_smollm2(work: Path) -> Path:
+    """SmolLM2-135M-Instruct (the built-in model, expanded from its GGUF) as bf16 shards of ~64 MB."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lowbit.models.builtin import ensure_builtin
+
+    dst = work / "smollm2-bf16"
+    if dst.exists():
+        return dst
+    model = AutoModelForCausalLM.from_pretrained(str(ensure_builtin()), dtype=torch.bfloat16)
+    model.save_pretrained(dst, max_shard_size="64MB")
+    return dst
+
+
+def prepare_synthetic(work: Path, gb: float, shard_mb: int = 450) -> Path:
+    """A TinyLlama-1.1B-shaped bf16 checkpoint of random weights, layers scaled to ``gb``."""
+    import torch
+    from safetensors.torch import save_file
+
+    H, I, V, KV = 2048, 5632, 32000, 512
+    per_layer = 2 * (H * H + H * KV) + 3 * H * I
+    layers = max(1, round((gb * 1e9 / 2 - 2 * V * H) / per_layer))
+    dst = work / f"synthetic-{layers}l"
+    if dst.exists():
+        return dst
+    dst.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    tensors: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (V, H))]
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        tensors += [(f"{p}.self_attn.q_proj.weight", (H, H)), (f"{p}.self_attn.k_proj.weight", (KV, H)),
+                    (f"{p}.self_attn.v_proj.weight", (KV, H)), (f"{p}.self_attn.o_proj.weight", (H, H)),
+                    (f"{p}.mlp.gate_proj.weight", (I, H)), (f"{p}.mlp.up_proj.weight", (I, H)),
+                    (f"{p}.mlp.down_proj.weight", (H, I)), (f"{p}.input_layernorm.weight", (H,)),
+                    (f"{p}.post_attention_layernorm.weight", (H,))]
+    tensors += [("model.norm.weight", (H,)), ("lm_head.weight", (V, H))]
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in tensors:
+        nb = 2 * int(torch.tensor(shape).prod())
+        if shards[-1] and size + nb > shard_mb * 2**20:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nb
+    wm = {}
+    for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: rnd(*s) if len(s) == 2 else torch.ones(s, dtype=torch.bfloat16) for n, s in shard},
+                  str(dst / fname), metadata={"format": "pt"})
+        wm.update({n: fname for n, _ in shard})
+    (dst / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": sum(2 * int(torch.tensor(s).prod()) for _, s in tensors)}, "weight_map": wm}))
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
+           "num_hidden_layers": layers, "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": V,
+           "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+           "dtype": "bfloat16", "hidden_act": "silu"}
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+def prepare(kind: str, work: Path, gb: float) -> Path:
+    r = subprocess.run([sys.executable, __file__, "--prepare", kind, "--work", str(work), "--synthetic-gb", str(gb)],
+                       capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        raise RuntimeError(f"preparing {kind} failed: {r.stderr[-3000:]}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+def bench_model(label: str, src: Path, schemes: list[str], workers: list[int], work: Path) -> list[dict]:
+    rows = []
+    nbytes = source_bytes(src)
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    run_measured(COPY_CHILD, [str(src), str(out)])  # warm the page cache
+    shutil.rmtree(out)
+    r = run_measured(COPY_CHILD, [str(src), str(out)])
+    shutil.rmtree(out)
+    copy_s = r["seconds"]
+    rows.append(dict(model=label, job="safetensors copy", workers=1, **r, gbps=nbytes / 1e9 / r["seconds"],
+                     vs_copy=1.0, gb=nbytes / 1e9))
+    print(rows[-1], flush=True)
+    for scheme in schemes:
+        for w in workers:
+            r = run_measured(MF_CHILD, [str(src), str(out), scheme, str(w)])
+            out_gb = source_bytes(out) / 1e9
+            shutil.rmtree(out)
+            rows.append(dict(model=label, job=f"model-free {scheme}", workers=w, **r, gbps=nbytes / 1e9 / r["seconds"],
+                             vs_copy=r["seconds"] / copy_s, gb=nbytes / 1e9, out_gb=out_gb))
+            print(rows[-1], flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | source GB | job | workers | time s | CPU s | wall s (with imports) | GB/s | x copy | "
+             "peak PSS, all processes | peak RSS sum | peak RSS, largest process |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['gb']:.2f} | {r['job']} | {r['workers']} | {r['seconds']:.1f} | "
+                     f"{r.get('cpu', float('nan')):.1f} | {r['wall']:.1f} | {r['gbps']:.3f} | {r['vs_copy']:.1f} | "
+                     f"{r.get('peak_pss_sum', float('nan')) / 2**30:.2f} GiB | {r['peak_rss_sum'] / 2**30:.2f} GiB | "
+                     f"{r.get('maxrss', 0) / 2**30:.2f} GiB |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schemes", default="nvfp4-e5m3,w4a16")
+    ap.add_argument("--workers", default="2")
+    ap.add_argument("--synthetic-gb", type=float, default=2.3)
+    ap.add_argument("--skip-smollm2", action="store_true")
+    ap.add_argument("--work", default=None, help="scratch folder (default: a temporary folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--prepare", choices=["smollm2", "synthetic"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.prepare:  # runs in a child, so the measured children never inherit its memory high-water mark
+        work = Path(args.work)
+        dst = prepare_smollm2(work) if args.prepare == "smollm2" else prepare_synthetic(work, args.synthetic_gb)
+        print(dst)
+        return
+    schemes = args.schemes.split(",")
+    workers = [int(w) for w in args.workers.split(",")]
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="lowbit-bench-mf-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"scratch: {work}; cpus: {os.cpu_count()}; load average at start: {os.getloadavg()}", flush=True)
+    rows = []
+    try:
+        if not args.skip_smollm2:
+            rows += bench_model("SmolLM2-135M bf16", prepare("smollm2", work, 0), schemes, workers, work)
+        if args.synthetic_gb > 0:
+            rows += bench_model(f"synthetic {args.synthetic_gb:g} GB bf16", prepare("synthetic", work, args.synthetic_gb),
+                                schemes, workers, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"load average at end: {os.getloadavg()}")
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""cpu-int8: integer matmul for w8a8-int8 and w8a8-int8-dynamic with exact int32 accumulation.
+
+torch._int_mm runs about 80x slower than float32 F.linear on this CPU (AVX2, no VNNI), so
+the integer products are summed by the float32 GEMM instead, exactly: int8 values held in
+float32 are exact, every product |a*w| <= 128*128 = 2^14 is exact, and with the inner
+dimension cut into chunks of at most 2^24 / 2^14 = 1024 every partial sum, in any order the
+GEMM chooses (FMA included), is an integer of magnitude <= 2^24 and so exactly representable
+in float32. Chunk results are summed in int32. The accumulator therefore equals the exact
+integer dot product (the reference's codes multiplied in int64), and the output is
+``float32(acc) * (input_scale * weight_scale)`` (+ bias), equal to the reference's
+F.linear(QDQ(x), dequant(W)) within float32 rounding.
+
+The weight's integer values are decoded to float32 once and cached per module (keyed on the
+buffers' identity and version, so a reload invalidates it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lowbit.numerics import INT8, FormatName
+from lowbit.quant import check_finite, scales_from_amax
+from lowbit.schemes import Dynamic, Granularity, Scheme
+
+EXACT_LIMIT = 1 << 24           # float32 holds every integer up to 2^24
+MAX_PRODUCT = 128 * 128         # |int8 * int8| <= 2^14 (-128 * -128)
+CHUNK = EXACT_LIMIT // MAX_PRODUCT  # 1024
+_KEY = "_lowbit_cpu_int8"
+
+
+def supports_scheme(s: Scheme) -> bool:
+    w, a = s.weights, s.input_activations
+    if a is None:
+        return False
+    w_ok = (w.format is FormatName.INT8 and w.symmetric and w.granularity in (Granularity.CHANNEL, Granularity.TENSOR))
+    a_ok = a.format is FormatName.INT8 and a.symmetric and (
+        (a.granularity is Granularity.TENSOR and a.dynamic is Dynamic.STATIC)
+        or (a.granularity is Granularity.TOKEN and a.dynamic is Dynamic.DYNAMIC)
+    )
+    return w_ok and a_ok
+
+
+def chunk_bounds(k: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
+    return [(i, min(k, i + chunk)) for i in range(0, k, chunk)]
+
+
+def int_matmul_exact(a_vals: torch.Tensor, w_chunks: list[torch.Tensor], bounds: list[tuple[int, int]]) -> torch.Tensor:
+    """Exact integer a @ w^T for int8-valued float32 a [M, K] and w chunks [N, k_i].
+
+    Returns float32 when one chunk suffices (its values are exact integers <= 2^24 in
+    magnitude), else int32."""
+    if len(bounds) == 1:
+        return F.linear(a_vals, w_chunks[0])
+    acc = None
+    for (lo, hi), wc in zip(bounds, w_chunks):
+        part = F.linear(a_vals[:, lo:hi], wc).to(torch.int32)
+        acc = part if acc is None else acc.add_(part)
+    return acc
+
+
+def int_accumulate(a_vals: torch.Tensor, w_vals: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    """int32 accumulators of int8-valued a [M, K] and w [N, K] (float32), the route forward takes."""
+    bounds = chunk_bounds(w_vals.shape[1], chunk)
+    w_chunks = [w_vals[:, lo:hi].contiguous() for lo, hi in bounds]
+    return int_matmul_exact(a_vals.to(torch.float32), w_chunks, bounds).to(torch.int32)
+
+
+def quantize_input_values(module, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 values (as float32) and the scale ([1] or [M, 1]) of a 2-D input, bit-identical to
+    ``lowbit.backends.reference.quantize_input`` (same division, same rounding)."""
+    spec = module.scheme.input_activations
+    name = f"{module.name}.input" if module.name else "input"
+    x32 = x2.to(torch.float32)
+    if not bool(torch.isfinite(x32.sum())):  # one cheap reduction; the exact check only on suspicion
+        check_finite(x32, name)
+    if spec.dynamic is Dynamic.STATIC:
+        module.check_ready()
+        scale = module.input_scale.to(torch.float32)
+    else:
+        scale = scales_from_amax(x32.abs().amax(-1, keepdim=True), spec)
+    nonzero = scale > 0
+    safe = torch.where(nonzero, scale, torch.ones_like(scale))
+    vals = x32 / safe  # INT8.round, in place: round half to even, then saturate
+    vals.round_().clamp_(INT8.qmin, INT8.qmax)
+    if not bool(nonzero.all()):
+        vals = torch.where(nonzero, vals, torch.zeros_like(vals))
+    return vals, scale
+
+
+_XKEY = "_lowbit_cpu_int8_input"
+
+
+def shared_input_values(module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_input_values`` of x, computed once for linears that read the same tensor.
+
+    q/k/v (and gate/up) receive the very same input tensor and share one static input scale,
+    so their quantized inputs are identical: the first one attaches them to the input tensor
+    (keyed on its version counter, the activation spec and the scale), the siblings reuse them.
+    The attachment lives and dies with that (transient) activation tensor."""
+    spec = module.scheme.input_activations
+    if spec.dynamic is Dynamic.STATIC:
+        module.check_ready()
+        skey = (spec, float(module.input_scale))
+    else:
+        skey = (spec, None)
+    hit = x.__dict__.get(_XKEY)
+    if hit is not None and hit[0] == x._version and hit[1] == skey and hit[2].shape[-1] == module.in_features:
+        return hit[2], hit[3]
+    vals, scale = quantize_input_values(module, x.reshape(-1, x.shape[-1]))
+    x.__dict__[_XKEY] = (x._version, skey, vals, scale)
+    return vals, scale
+
+
+class CpuInt8Backend:
+    name = "cpu-int8"
+
+    def _weights(self, module) -> dict:
+        key = (module.weight_codes.data_ptr(), module.weight_codes._version,
+               module.weight_scale.data_ptr(), module.weight_scale._version)
+        st = module.__dict__.get(_KEY)
+        if st is None or st["key"] != key:
+            w_vals = INT8.decode(module.weight_codes)
+            bounds = chunk_bounds(module.in_features)
+            st = {
+                "key": key,
+                "bounds": bounds,
+                "chunks": [w_vals[:, lo:hi].contiguous() for lo, hi in bounds],
+                "w_scale": module.weight_scale.to(torch.float32).reshape(1, -1),
+            }
+            module.__dict__[_KEY] = st
+        return st
+
+    def accumulators(self, module, x: torch.Tensor) -> torch.Tensor:
+        """The int32 accumulators of ``x`` (any leading shape) against the module's weight."""
+        st = self._weights(module)
+        vals, _ = quantize_input_values(module, x.reshape(-1, x.shape[-1]))
+        acc = int_matmul_exact(vals, st["chunks"], st["bounds"])
+        return acc.to(torch.int32).reshape(*x.shape[:-1], -1)
+
+    def forward(self, module, x: torch.Tensor) -> torch.Tensor:
+        st = self._weights(module)
+        vals, a_scale = shared_input_values(module, x)
+        acc = int_matmul_exact(vals, st["chunks"], st["bounds"])
+        y = acc if acc.dtype == torch.float32 else acc.to(torch.float32)
+        if a_scale.numel() > 1:  # per token: [M, 1] then per channel [1, N]
+            y = y.mul_(a_scale).mul_(st["w_scale"])
+        else:
+            y = y.mul_(st["w_scale"] * a_scale)
+        if module.bias is not None:
+            y = y.add_(module.bias.to(torch.float32))
+        return y.reshape(*x.shape[:-1], module.out_features).to(x.dtype)
+
+    def release(self, module) -> None:
+        module.__dict__.pop(_KEY, None)

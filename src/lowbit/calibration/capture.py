@@ -1,0 +1,94 @@
+"""Layer-by-layer execution: find the decoder layers, capture the first layer's inputs, run
+one layer on captured inputs, observe linear inputs with hooks."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+import torch.nn as nn
+
+from lowbit.targets import NON_TEXT_COMPONENTS
+
+
+class _Stop(Exception):
+    pass
+
+
+def find_decoder_layers(model: nn.Module, linear_names: list[str]) -> tuple[str, nn.ModuleList] | None:
+    """The ModuleList of repeated blocks holding the most target linears (text towers only)."""
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
+            continue
+        if any(p in NON_TEXT_COMPONENTS for p in name.split(".")):
+            continue
+        prefix = name + "."
+        n = sum(1 for ln in linear_names if ln.startswith(prefix))
+        if n and (best is None or n > best[0]):
+            best = (n, name, mod)
+    return None if best is None else (best[1], best[2])
+
+
+Inputs = list[tuple[tuple, dict]]
+
+
+@torch.no_grad()
+def capture_layer_inputs(model: nn.Module, layer: nn.Module, tokens: torch.Tensor, batch_size: int) -> Inputs:
+    """(args, kwargs) of ``layer``'s call for each batch of ``tokens`` (the model stops there)."""
+    captured: Inputs = []
+
+    def hook(_mod, args, kwargs):
+        captured.append((tuple(args), dict(kwargs)))
+        raise _Stop
+
+    device = next(model.parameters()).device
+    h = layer.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for i in range(0, tokens.shape[0], batch_size):
+            try:
+                model(input_ids=tokens[i:i + batch_size].to(device), use_cache=False)
+            except _Stop:
+                pass
+    finally:
+        h.remove()
+    if len(captured) != -(-tokens.shape[0] // batch_size):
+        raise RuntimeError("could not capture the inputs of the first decoder layer")
+    return captured
+
+
+def hidden_of(call: tuple[tuple, dict]) -> torch.Tensor:
+    args, kwargs = call
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def with_hidden(call: tuple[tuple, dict], h: torch.Tensor) -> tuple[tuple, dict]:
+    args, kwargs = call
+    if args:
+        return (h,) + tuple(args[1:]), kwargs
+    kw = dict(kwargs)
+    kw["hidden_states"] = h
+    return args, kw
+
+
+@torch.no_grad()
+def run_layer(layer: nn.Module, inputs: Inputs) -> list[torch.Tensor]:
+    outs = []
+    for args, kwargs in inputs:
+        out = layer(*args, **kwargs)
+        outs.append(out[0] if isinstance(out, (tuple, list)) else out)
+    return outs
+
+
+@contextmanager
+def observing(modules: dict[str, nn.Module], fn: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
+    """Call ``fn(name, input)`` on every forward of each module."""
+    handles = []
+    for name, mod in modules.items():
+        handles.append(mod.register_forward_pre_hook(lambda _m, args, _n=name: fn(_n, args[0])))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

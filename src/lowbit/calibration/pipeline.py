@@ -1,0 +1,275 @@
+"""Calibrated quantization, one decoder layer at a time.
+
+For each decoder layer, on the inputs captured for it (the quantized outputs of the layer
+before; for layer 0, the embeddings):
+
+1. run the float layer once with hooks on one linear of each fused group (q/k/v and gate/up
+   read the same input): per-channel max over every position (SmoothQuant statistics), and
+   the static-scale observer over every position except the first ``sink_positions``;
+2. SmoothQuant (when asked): per mapping, s from alpha (or the alpha search), folded into the
+   source and the targets; max observers are rescaled exactly, other observers see a second
+   run of the smoothed layer;
+3. quantize the layer's linears: weights RTN (NVFP4 weight global scale shared per fused
+   group), one static input scale / input global scale per fused group;
+4. run the quantized layer to produce the next layer's inputs.
+
+Only one layer's inputs are held at a time. Linears outside the decoder layers (lm_head when
+asked) are calibrated afterwards with a forward of the whole, already quantized, model.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+from lowbit.calibration.capture import (
+    Inputs, capture_layer_inputs, find_decoder_layers, observing, run_layer, with_hidden,
+)
+from lowbit.calibration.data import CalibrationConfig
+from lowbit.calibration.observers import MaxObserver, Observer, make_observer
+from lowbit.calibration.scales import input_scales_from_amax
+from lowbit.fusion import fused_groups
+from lowbit.modules import QuantLinear
+from lowbit.schemes import Scheme
+from lowbit.smoothquant.fold import fold_smoothing, smooth_scales
+from lowbit.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
+
+
+@dataclass
+class GroupReport:
+    members: list[str]
+    amax_all: float | None = None       # max |input| over every position (after smoothing)
+    amax_used: float | None = None      # the amax the static scales were computed from
+    alpha: float | None = None          # SmoothQuant alpha applied to this group's input (None: none)
+    alpha_errors: dict | None = None    # the search's candidates (smoothquant="auto")
+
+
+@dataclass
+class CalibrationReport:
+    scheme: str
+    num_samples: int
+    seq_len: int
+    sink_positions: int
+    observer: str
+    smoothquant: object
+    smoothing_family: str | None
+    groups: dict[str, GroupReport] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class _GroupStats:
+    """Statistics of one fused group's (shared) input during one layer pass."""
+
+    def __init__(self, scale_observer: Observer | None, sample_rows: int) -> None:
+        self.all_pos = MaxObserver(per_channel=True)     # every position
+        self.scale_chan = MaxObserver(per_channel=True)  # positions that set static scales
+        self.scale_obs = scale_observer
+        self.sample_rows = sample_rows
+        self.samples: list[torch.Tensor] = []
+        self._kept = 0
+
+    def observe(self, x: torch.Tensor, sinks: int) -> None:
+        self.all_pos.observe(x)
+        xs = x[..., sinks:, :] if sinks and x.dim() >= 3 else x
+        self.scale_chan.observe(xs)
+        if self.scale_obs is not None and not isinstance(self.scale_obs, MaxObserver):
+            self.scale_obs.observe(xs)
+        if self.sample_rows:
+            r = xs.reshape(-1, xs.shape[-1]).to(torch.float32)
+            room = self.sample_rows - self._kept
+            if room > 0 and r.shape[0]:
+                take = r[:: max(1, r.shape[0] // room)][:room].clone()
+                self.samples.append(take)
+                self._kept += take.shape[0]
+
+    def rescale(self, s: torch.Tensor) -> bool:
+        """Account for a division of the input by s; False when the observer must see data again."""
+        self.all_pos.rescale(s)
+        self.scale_chan.rescale(s)
+        self.samples = [t / s for t in self.samples]
+        return self.scale_obs is None or isinstance(self.scale_obs, MaxObserver)
+
+    def scale_amax(self) -> torch.Tensor:
+        if self.scale_obs is None or isinstance(self.scale_obs, MaxObserver):
+            return self.scale_chan.amax().amax().reshape(1)
+        return self.scale_obs.amax().reshape(-1).amax().reshape(1)
+
+
+@contextmanager
+def _fast_backends(layer: nn.Module) -> Iterator[None]:
+    """Run a freshly quantized layer on the fastest exact backend: the automatic choice, or
+    the dequantize-once weight cache where the automatic choice is the reference emulation
+    (same numerics); the caches are dropped afterwards and the backends left unset."""
+    from lowbit.backends import REGISTRY
+
+    mods = [m for m in layer.modules() if isinstance(m, QuantLinear) and m.backend is None]
+    wc = REGISTRY.get("weight-cache") if "weight-cache" in REGISTRY.names() else None
+    for m in mods:
+        be = REGISTRY.select(m)
+        if be.name == "reference" and wc is not None and wc.accepts(m):
+            be = wc.instance()
+        m.backend = be
+    try:
+        yield
+    finally:
+        for m in mods:
+            if hasattr(m.backend, "release"):
+                m.backend.release(m)
+            m.backend = None
+
+
+class LayerwiseCalibrator:
+    def __init__(self, model: nn.Module, scheme: Scheme, cfg: CalibrationConfig, smoothquant) -> None:
+        self.model = model
+        self.scheme = scheme
+        self.cfg = cfg
+        self.smoothquant = smoothquant
+        self.static = scheme.needs_calibration
+        self.maps: tuple[SmoothMapping, ...] = ()
+        family = model_type(model)
+        if smoothquant is not None:
+            maps = mappings_for(model, include_mlp_inner=cfg.smooth_down_proj)
+            if maps is None:
+                warnings.warn(
+                    f"lowbit: no SmoothQuant mapping for model_type {family!r} (known: "
+                    f"{', '.join(sorted(MAPPINGS))}); the model is quantized without smoothing",
+                    stacklevel=3,
+                )
+                family = None
+            else:
+                self.maps = maps
+        self.report = CalibrationReport(scheme.name, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
+                                        smoothquant, family if self.maps else None)
+
+    # ------------------------------------------------------------------ helpers
+    def _new_stats(self) -> _GroupStats:
+        spec = self.scheme.input_activations
+        obs = None
+        if self.static:
+            obs = make_observer(self.cfg.observer, spec, percentile=self.cfg.percentile,
+                                max_rows=self.cfg.max_sample_rows)
+        rows = self.cfg.max_sample_rows if self.smoothquant == "auto" else 0
+        return _GroupStats(obs, rows)
+
+    def _observe_pass(self, root: nn.Module, groups: list[list[str]], inputs: Inputs,
+                      stats: dict[str, _GroupStats], rel: dict[str, str]) -> None:
+        mods = {g[0]: root.get_submodule(rel[g[0]]) for g in groups}
+        sinks = self.cfg.sink_positions
+        with observing(mods, lambda n, x: stats[n].observe(x, sinks)):
+            run_layer(root, inputs)
+
+    def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
+                stats: dict[str, _GroupStats]) -> list[str]:
+        """Apply the mappings whose targets are all quantized here; returns groups to re-observe."""
+        inv = {v: k for k, v in rel.items()}  # relative -> full
+        stale = []
+        for m in self.maps:
+            if not all(t in inv for t in m.targets):
+                continue
+            try:
+                layer.get_submodule(m.source)
+            except AttributeError:
+                continue
+            full = [inv[t] for t in m.targets]
+            key = next(g[0] for g in groups if full[0] in g)
+            st = stats[key]
+            ws = [layer.get_submodule(t).weight for t in m.targets]
+            act = st.all_pos.amax()
+            alpha, errs = self.smoothquant, None
+            if alpha == "auto":
+                from lowbit.smoothquant.search import search_alpha  # smoothquant imports calibration
+
+                x = torch.cat(st.samples)
+                alpha, errs = search_alpha(x, act, st.scale_chan.amax(), ws, self.scheme, self.cfg.auto_alphas)
+            rep = self.report.groups.setdefault(key, GroupReport(members=[n for g in groups if key in g for n in g]))
+            rep.alpha, rep.alpha_errors = alpha, errs
+            if alpha is None:
+                continue
+            s = smooth_scales(act, ws, float(alpha))
+            fold_smoothing(layer, m, s)
+            if not st.rescale(s):
+                stale.append(key)
+        return stale
+
+    def _quantize_groups(self, root: nn.Module, groups: list[list[str]], rel: dict[str, str],
+                         stats: dict[str, _GroupStats] | None) -> None:
+        from lowbit.model_quant import set_submodule, shared_weight_global_scales
+
+        spec = self.scheme.input_activations
+        for g in groups:
+            lins = {n: root.get_submodule(rel[n]) for n in g}
+            gscales = shared_weight_global_scales({n: m.weight for n, m in lins.items()}, self.scheme)
+            sc: dict[str, torch.Tensor] = {}
+            rep = self.report.groups.setdefault(g[0], GroupReport(members=list(g)))
+            if stats is not None and g[0] in stats:
+                st = stats[g[0]]
+                rep.amax_all = float(st.all_pos.amax().amax())
+                if self.static:
+                    amax = st.scale_amax()
+                    rep.amax_used = float(amax)
+                    sc = input_scales_from_amax(spec, amax)
+            for n, lin in lins.items():
+                q = QuantLinear.from_linear(lin, self.scheme, name=n, weight_global_scale=gscales.get(n), **sc)
+                set_submodule(root, rel[n], q)
+
+    # ------------------------------------------------------------------ main
+    @torch.no_grad()
+    def run(self, tokens: torch.Tensor, names: list[str]) -> CalibrationReport:
+        t0 = time.perf_counter()
+        self.report.num_samples = int(tokens.shape[0])
+        found = find_decoder_layers(self.model, names)
+        done: set[str] = set()
+        if found is not None:
+            path, layers = found
+            inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
+            for i, layer in enumerate(layers):
+                prefix = f"{path}.{i}."
+                lnames = [n for n in names if n.startswith(prefix)]
+                if lnames:
+                    self._layer(layer, prefix, lnames, inputs)
+                    done.update(lnames)
+                if i + 1 < len(layers):
+                    with _fast_backends(layer):
+                        outs = run_layer(layer, inputs)
+                    inputs = [with_hidden(c, o) for c, o in zip(inputs, outs)]
+            del inputs
+        rest = [n for n in names if n not in done]
+        if rest:
+            self._whole_model(rest, tokens)
+        self.report.seconds = time.perf_counter() - t0
+        return self.report
+
+    def _layer(self, layer: nn.Module, prefix: str, lnames: list[str], inputs: Inputs) -> None:
+        rel = {n: n[len(prefix):] for n in lnames}
+        groups = fused_groups(lnames)
+        stats = {g[0]: self._new_stats() for g in groups}
+        self._observe_pass(layer, groups, inputs, stats, rel)
+        if self.maps:
+            stale = self._smooth(layer, rel, groups, stats)
+            if stale:
+                fresh = {k: self._new_stats() for k in stale}
+                self._observe_pass(layer, [g for g in groups if g[0] in fresh], inputs, fresh, rel)
+                for k, st in fresh.items():
+                    stats[k] = st
+        self._quantize_groups(layer, groups, rel, stats)
+
+    def _whole_model(self, names: list[str], tokens: torch.Tensor) -> None:
+        """Linears outside the decoder layers: observe during full forwards, then quantize."""
+        groups = fused_groups(names)
+        rel = {n: n for n in names}
+        stats = None
+        if self.static:
+            stats = {g[0]: self._new_stats() for g in groups}
+            mods = {g[0]: self.model.get_submodule(g[0]) for g in groups}
+            device = next(self.model.parameters()).device
+            sinks = self.cfg.sink_positions
+            with observing(mods, lambda n, x: stats[n].observe(x, sinks)):
+                for i in range(0, tokens.shape[0], self.cfg.batch_size):
+                    self.model(input_ids=tokens[i:i + self.cfg.batch_size].to(device), use_cache=False)
+        self._quantize_groups(self.model, groups, rel, stats)

@@ -1,0 +1,182 @@
+"""``lowbit.load(path, backend="auto")``: rebuild a quantized model from a checkpoint folder.
+
+    model = lowbit.load("out/")                       # format detected from config.json
+    model = lowbit.load("out/", backend="reference", dtype=None)
+
+Reads lowbit, fake and compressed-tensors folders (lowbit's own and llm-compressor's) and
+auto-round folders. The model class comes from config.json (transformers ``AutoModelForCausalLM``,
+built without random initialisation); every Linear the config quantizes becomes a QuantLinear
+(or, for ``fake`` folders, a FakeQuantLinear) holding exactly the stored codes and scales; every
+other tensor is loaded as stored. Anything inconsistent (a missing tensor or scale, a shape or
+dtype that does not match the config, quantized tensors on a layer the config leaves in float,
+a damaged shard) is a FormatError naming the file, tensor or option.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from lowbit.checkpoint.fake_module import FakeQuantLinear
+from lowbit.errors import FormatError
+from lowbit.formats import Format, SafetensorsFolder, get_layout, parse_quantization_config, read_config
+from lowbit.formats.base import ParsedConfig, parse_dtype
+from lowbit.model_quant import set_submodule
+from lowbit.modules import QuantLinear
+
+QUANT_SUFFIXES = ("weight_packed", "weight_codes", "weight_scale", "weight_zero_point", "weight_global_scale",
+                  "weight_shape", "input_scale", "input_global_scale")
+
+
+def _config_dtype(config: dict) -> torch.dtype:
+    for key in ("dtype", "torch_dtype"):
+        if config.get(key) is not None:
+            return parse_dtype(config[key], f"config.json {key!r}")
+    return torch.float32
+
+
+def build_empty_model(path: Path, dtype: torch.dtype) -> nn.Module:
+    """The model class from config.json, float, without random initialisation."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    try:
+        hf_config = AutoConfig.from_pretrained(str(path))
+    except Exception as e:  # transformers raises ValueError/KeyError/OSError for unknown configs
+        raise FormatError(f"{str(path / 'config.json')!r}: transformers cannot build a config from it: {e}") from None
+    if hasattr(hf_config, "quantization_config"):
+        del hf_config.quantization_config
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    return model.eval()
+
+
+def _expected_float_keys(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items()}
+
+
+def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None = None) -> nn.Module:
+    """Load a quantized checkpoint folder as a model with lowbit modules, backend set."""
+    path = Path(path)
+    config = read_config(path)
+    fmt, parsed = parse_quantization_config(config)
+    folder = SafetensorsFolder(path)
+    dtype = dtype or _config_dtype(config)
+    model = build_empty_model(path, dtype)
+    consumed: set[str] = set()
+    out_emb = getattr(model, "get_output_embeddings", lambda: None)()
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    by_parent: dict[str, list[str]] = {}
+    for k in folder:
+        by_parent.setdefault(k.rpartition(".")[0], []).append(k)
+    for name, lin in linears:
+        scheme = parsed.scheme_for(name, is_output_embedding=lin is out_emb)
+        if scheme is None:
+            stray = [f"{name}.{s}" for s in QUANT_SUFFIXES if f"{name}.{s}" in folder]
+            if stray and fmt is not Format.FAKE:
+                raise FormatError(f"tensor {folder.describe(stray[0])} quantizes layer {name!r}, which the config "
+                                  f"leaves in float (listed in 'ignore' or not targeted)")
+            continue
+        if lin is out_emb and getattr(model.config, "tie_word_embeddings", False) and name not in by_parent:
+            raise FormatError(f"layer {name!r} is quantized by the config but its weights are tied to the input "
+                              f"embeddings and not stored")
+        layout = get_layout(parsed.format_for(scheme))
+        rec = _Recorder(folder)
+        r = layout.read_linear(name, rec, scheme, dtype, config=parsed)
+        leftover = [k for k in by_parent.get(name, ()) if k not in rec.used]
+        if leftover:
+            raise FormatError(f"tensor {folder.describe(leftover[0])} does not belong to layer {name!r} under its "
+                              f"scheme {scheme.name} ({layout.format.value}): config and tensors disagree")
+        want = (lin.out_features, lin.in_features)
+        got = tuple(r.qweight.codes.shape) if r.qweight is not None else tuple(r.weight.shape)
+        if got != want:
+            raise FormatError(f"layer {name!r}: stored weight has shape {got}, the model config says {want} "
+                              f"(in {folder.describe(_weight_key(folder, name))})")
+        if (r.bias is None) != (lin.bias is None):
+            raise FormatError(f"layer {name!r}: the model {'has' if lin.bias is not None else 'has no'} bias but "
+                              f"tensor {name + '.bias'!r} is {'missing' if r.bias is None else 'present'}")
+        if r.qweight is not None:
+            mod = QuantLinear.from_quantized(r.qweight, scheme, r.bias, input_scale=r.input_scale,
+                                             input_global_scale=r.input_global_scale, name=name, dtype=dtype)
+        else:
+            mod = FakeQuantLinear(r.weight.to(dtype), None if r.bias is None else r.bias.to(dtype), scheme,
+                                  name=name, input_scale=r.input_scale, input_global_scale=r.input_global_scale)
+        set_submodule(model, name, mod)
+        consumed.update(rec.used)
+    _load_rest(model, folder, consumed, dtype, parsed)
+    model.lowbit_format = fmt  # where it came from (for inspection and re-saving)
+    model.lowbit_source = parsed.source
+    from lowbit.backends import use_backend
+
+    use_backend(model, backend)
+    return model
+
+
+class _Recorder(Mapping):
+    """A view of the folder that records which tensors a layout read."""
+
+    def __init__(self, folder: SafetensorsFolder) -> None:
+        self.folder = folder
+        self.used: set[str] = set()
+
+    def __contains__(self, k: object) -> bool:
+        return k in self.folder
+
+    def __getitem__(self, k: str) -> torch.Tensor:
+        t = self.folder[k]
+        self.used.add(k)
+        return t
+
+    def __iter__(self):
+        return iter(self.folder)
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def describe(self, k: str) -> str:
+        return self.folder.describe(k)
+
+
+def _weight_key(folder, name: str) -> str:
+    for s in ("weight", "weight_packed", "weight_codes"):
+        if f"{name}.{s}" in folder:
+            return f"{name}.{s}"
+    return name
+
+
+def _load_rest(model: nn.Module, folder: SafetensorsFolder, consumed: set[str], dtype: torch.dtype,
+               parsed: ParsedConfig) -> None:
+    quant = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, FakeQuantLinear))}
+    expected = {k: v for k, v in model.state_dict().items() if k.rpartition(".")[0] not in quant}
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    out = getattr(model, "get_output_embeddings", lambda: None)()
+    out_key = next((f"{n}.weight" for n, m in model.named_modules() if m is out), None) if out is not None else None
+    sd = {}
+    for k, ref in expected.items():
+        if k not in folder:
+            if tied and k == out_key:
+                continue
+            raise FormatError(f"tensor {k!r} is missing from {str(folder.path)!r} (the model config needs it)")
+        t = folder[k]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise FormatError(f"tensor {folder.describe(k)} has shape {tuple(t.shape)}, the model config says "
+                              f"{tuple(ref.shape)}")
+        if t.dtype.is_floating_point != ref.dtype.is_floating_point:
+            raise FormatError(f"tensor {folder.describe(k)} has dtype {t.dtype}, expected {ref.dtype}")
+        sd[k] = t.to(ref.dtype)
+        consumed.add(k)
+    model.load_state_dict(sd, strict=False, assign=True)
+    if tied:
+        model.tie_weights()
+    extra = sorted(k for k in folder if k not in consumed)
+    if extra:
+        bad = [k for k in extra if k.rsplit(".", 1)[-1] in QUANT_SUFFIXES]
+        if bad:
+            raise FormatError(f"tensor {folder.describe(bad[0])} (and {len(bad) - 1} more) belongs to no quantized "
+                              f"layer of the config")
+        warnings.warn(f"{len(extra)} tensors in {str(folder.path)!r} are not used by the model "
+                      f"(e.g. {extra[0]!r})", stacklevel=3)

@@ -1,0 +1,192 @@
+"""``lowbit.save(qmodel, out_dir, format=...)``: a complete, atomically written Hugging Face folder.
+
+    lowbit.save(qmodel, "out/", format="lowbit" | "fake" | "compressed-tensors",
+                tokenizer=None, source_dir=None, overwrite=False, max_shard_size=2 * 2**30)
+
+The folder holds config.json (the model config plus ``quantization_config``), the weights as
+safetensors (sharded with ``model.safetensors.index.json`` above ``max_shard_size`` bytes),
+generation_config.json, and the tokenizer (``tokenizer.save_pretrained``) or the tokenizer and
+generation files copied from ``source_dir`` (default: the folder the model was loaded from, when it
+is a local folder). Everything is written to a temporary folder renamed at the end: a failed save
+leaves nothing behind. Tied input/output embeddings are written once.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from lowbit.checkpoint.fake_module import FakeQuantLinear
+from lowbit.errors import FormatError
+from lowbit.formats import CheckpointWriter, Format, get_layout, static_scale_entry
+from lowbit.formats.base import dtype_name
+from lowbit.fusion import fused_groups
+from lowbit.modules import QuantLinear
+from lowbit.schemes import Scheme
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    d = getattr(model, "dtype", None)
+    if isinstance(d, torch.dtype) and d.is_floating_point:
+        return d
+    for p in model.parameters():
+        if p.dtype.is_floating_point:
+            return p.dtype
+    return torch.float32
+
+
+def _layers(model: nn.Module) -> dict[str, nn.Module]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, (QuantLinear, FakeQuantLinear))}
+
+
+def _float_linears(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def _check_shared(layers: dict[str, nn.Module]) -> None:
+    """q/k/v and gate/up must share NVFP4 global scales and static input scales (fused runtimes
+    keep one per fused layer): refuse a checkpoint that would be misread after fusion."""
+    for group in fused_groups(list(layers)):
+        if len(group) < 2:
+            continue
+        for attr in ("weight_global_scale", "input_scale", "input_global_scale"):
+            vals = [getattr(layers[n], attr, None) for n in group]
+            present = [v for v in vals if v is not None]
+            if present and any(v is None or not torch.equal(v, present[0]) for v in vals):
+                raise FormatError(
+                    f"layers {group} are fused by runtimes but their {attr} values differ "
+                    f"({[None if v is None else float(v.reshape(-1)[0]) for v in vals]}); compressed-tensors "
+                    f"needs them shared (calibrate with shared scales, or save with format='lowbit')")
+
+
+def _scheme_groups(layers: dict[str, nn.Module]) -> list[tuple[Scheme, list[str]]]:
+    by: dict[Scheme, list[str]] = {}
+    for n, m in layers.items():
+        by.setdefault(m.scheme, []).append(n)
+    if len(by) == 1:
+        return [(next(iter(by)), ["Linear"])]
+    return [(s, names) for s, names in by.items()]
+
+
+def _source_dir(model: nn.Module, source_dir: str | Path | None) -> Path | None:
+    if source_dir is not None:
+        return Path(source_dir)
+    p = getattr(getattr(model, "config", None), "_name_or_path", None) or getattr(model, "name_or_path", None)
+    if p and Path(str(p)).is_dir():
+        return Path(str(p))
+    return None
+
+
+def _config_dict(model: nn.Module, dtype: torch.dtype, qcfg: dict[str, Any], untie: bool) -> dict[str, Any]:
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        raise FormatError("lowbit.save needs a Hugging Face model (with .config) to write config.json")
+    d = json.loads(cfg.to_json_string(use_diff=True))
+    d.pop("quantization_config", None)
+    d["dtype"] = dtype_name(dtype)
+    d.pop("torch_dtype", None)
+    if untie:
+        d["tie_word_embeddings"] = False
+    if not d.get("architectures"):
+        d["architectures"] = [type(model).__name__]
+    d["quantization_config"] = qcfg
+    return d
+
+
+def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | None = None
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any], bool]:
+    """(all tensors to write, quantization_config, whether the embeddings must be untied)."""
+    fmt = Format.parse(fmt)
+    layout = get_layout(fmt)
+    dtype = dtype or model_dtype(model)
+    layers = _layers(model)
+    if not layers:
+        raise FormatError("the model has no quantized layers (run lowbit.quantize first)")
+    groups = _scheme_groups(layers)
+    for s, _ in groups:
+        layout.check_scheme(s)
+    if fmt is Format.COMPRESSED_TENSORS:
+        _check_shared(layers)
+    fake_loaded = [n for n, m in layers.items() if isinstance(m, FakeQuantLinear)]
+    if fake_loaded and fmt is not Format.FAKE:
+        raise FormatError(f"layers such as {fake_loaded[0]!r} were loaded from a 'fake' checkpoint and hold "
+                          f"dequantized weights, not codes; they can only be saved with format='fake'")
+    out_emb = getattr(model, "get_output_embeddings", lambda: None)()
+    in_emb = getattr(model, "get_input_embeddings", lambda: None)()
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    untie = tied and any(m is out_emb for m in layers.values())
+
+    tensors: dict[str, torch.Tensor] = {}
+    static: dict[str, dict[str, float | None]] = {}
+    lossy: list[str] = []
+    for name, m in layers.items():
+        if isinstance(m, FakeQuantLinear):
+            tensors[f"{name}.weight"] = m.weight.detach().to(dtype)
+            if m.bias is not None:
+                tensors[f"{name}.bias"] = m.bias.detach().to(dtype)
+        else:
+            qw = m.weight_qtensor()
+            t = layout.linear_tensors(name, qw, m.scheme, bias=m.bias, input_scale=m.input_scale,
+                                      input_global_scale=m.input_global_scale, dtype=dtype)
+            for k in (f"{name}.weight_scale", f"{name}.input_scale"):
+                src = qw.scale if k.endswith("weight_scale") else m.input_scale
+                if k in t and t[k].dtype in (torch.bfloat16, torch.float16) and src is not None and \
+                        not torch.equal(t[k].to(torch.float32).reshape(src.shape), src.to(torch.float32)):
+                    lossy.append(k)
+            tensors.update(t)
+        if m.input_scale is not None or m.input_global_scale is not None:
+            static[name] = static_scale_entry(m.input_scale, m.input_global_scale)
+    if lossy:
+        warnings.warn(f"{len(lossy)} scales (e.g. {lossy[0]!r}) are not exactly representable in {dtype_name(dtype)}, "
+                      f"the dtype compressed-tensors stores them in; the file holds them rounded. Use "
+                      f"format='lowbit' for a bit-exact checkpoint.", stacklevel=3)
+
+    seen: dict[tuple[int, int, tuple], str] = {}
+    for k, v in model.state_dict().items():
+        if k.rpartition(".")[0] in layers:
+            continue
+        if tied and not untie and out_emb is not None and in_emb is not None and \
+                v.data_ptr() == in_emb.weight.data_ptr() and k == _param_name(model, out_emb):
+            continue  # tied output embedding: written once, as the input embedding
+        key = (v.data_ptr(), v.storage_offset(), tuple(v.shape)) if v.numel() else None
+        if key is not None and key in seen:
+            v = v.clone()
+        elif key is not None:
+            seen[key] = k
+        tensors[k] = v.detach().to(dtype) if v.dtype.is_floating_point and v.dtype != dtype else v.detach()
+
+    ignore = [n for n in _float_linears(model)]
+    qcfg = layout.quantization_config_groups(groups, ignore, static_scales=static if fmt is Format.FAKE else None)
+    return tensors, qcfg, untie
+
+
+def _param_name(model: nn.Module, module: nn.Module) -> str | None:
+    for n, m in model.named_modules():
+        if m is module:
+            return f"{n}.weight"
+    return None
+
+
+def save(model: nn.Module, out_dir: str | Path, format: Format | str = Format.LOWBIT, *, tokenizer=None,
+         source_dir: str | Path | None = None, overwrite: bool = False, max_shard_size: int = 2 * 2**30) -> Path:
+    """Write ``model`` (quantized with lowbit) as a complete Hugging Face folder; returns its path."""
+    fmt = Format.parse(format)
+    dtype = model_dtype(model)
+    tensors, qcfg, untie = collect_tensors(model, fmt, dtype)
+    config = _config_dict(model, dtype, qcfg, untie)
+    src = _source_dir(model, source_dir)
+    with CheckpointWriter(out_dir, overwrite=overwrite, max_shard_bytes=max_shard_size) as w:
+        w.add_tensors(tensors)
+        w.write_json("config.json", config)
+        gen = getattr(model, "generation_config", None)
+        if gen is not None:
+            w.write_json("generation_config.json", json.loads(gen.to_json_string(use_diff=True)))
+        w.copy_aux_files(src)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(w.tmp))
+    return Path(out_dir)

@@ -1,0 +1,57 @@
+"""Helpers shared by the quantize / eval / compare commands."""
+
+from __future__ import annotations
+
+from lowbit.errors import LowbitError
+
+BUILTIN_ALIASES = ("builtin", "default")
+
+
+class OptionError(LowbitError, ValueError):
+    """A command-line option has a bad value."""
+
+
+def quiet_progress(progress: bool) -> None:
+    """--no-progress also silences transformers' own bars (weight loading)."""
+    if not progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+def model_arg(value: str | None) -> str | None:
+    """None (the built-in model) for no MODEL or 'builtin'; otherwise the path as given."""
+    if value is None or value in BUILTIN_ALIASES:
+        return None
+    return value
+
+
+def parse_smoothquant(value: str | None) -> float | str | None:
+    if value is None or value.lower() in ("none", "off"):
+        return None
+    if value == "auto":
+        return "auto"
+    try:
+        alpha = float(value)
+    except ValueError:
+        raise OptionError(f"--smoothquant must be an alpha in [0, 1] or 'auto', got {value!r}") from None
+    if not 0.0 <= alpha <= 1.0:
+        raise OptionError(f"--smoothquant alpha must be in [0, 1], got {alpha}")
+    return alpha
+
+
+def parse_list(value: str, option: str) -> list[str]:
+    items = [s.strip() for s in value.split(",") if s.strip()]
+    if not items:
+        raise OptionError(f"{option} needs at least one name")
+    return items
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"

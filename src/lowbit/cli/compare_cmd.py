@@ -1,0 +1,82 @@
+"""``lowbit compare [MODEL] --schemes ...``: every scheme against float, table + report files."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from lowbit.cli.app import app, console, err_console
+from lowbit.cli.common import human_bytes, model_arg, parse_list, parse_smoothquant, quiet_progress
+
+
+def compare_table(report: dict) -> Table:
+    base = report["float"]
+    lw = "lastword_accuracy" in base
+    t = Table(title=f"lowbit compare: {report['model']['path']}  "
+                    f"({base['tokens_scored']} tokens, {base.get('lastword_examples', 0)} last-word examples)")
+    for col in ("scheme", "perplexity", "Δ ppl", "bits/byte"):
+        t.add_column(col, justify="left" if col == "scheme" else "right")
+    if lw:
+        t.add_column("last word", justify="right")
+    for col in ("size", "× float", "quant s", "worst layer (SQNR dB)"):
+        t.add_column(col, justify="left" if col.startswith("worst") else "right")
+    row = ["float", f"{base['perplexity']:.3f}", "", f"{base['bits_per_byte']:.4f}"]
+    if lw:
+        row.append(f"{100 * base['lastword_accuracy']:.1f}%")
+    t.add_row(*row, human_bytes(base["size_bytes"]), "1.00", "", "")
+    for r in report["schemes"]:
+        if r.get("status") != "ok":
+            t.add_row(r["scheme"], f"[red]{r.get('error', 'failed')}[/red]")
+            continue
+        worst = r["worst_layers"][0] if r.get("worst_layers") else None
+        row = [r["scheme"], f"{r['perplexity']:.3f}", f"{r['ppl_change_pct']:+.2f}%", f"{r['bits_per_byte']:.4f}"]
+        if lw:
+            row.append(f"{100 * r['lastword_accuracy']:.1f}%")
+        row += [human_bytes(r["size_bytes"]), f"{r['size_ratio']:.2f}", f"{r['quant_seconds']:.1f}",
+                f"{worst[0]} ({worst[1]:.1f})" if worst else "-"]
+        t.add_row(*row)
+    return t
+
+
+@app.command("compare")
+def compare_cmd(
+    model: Optional[str] = typer.Argument(None, help="Model folder (default: the built-in SmolLM2-135M)."),
+    schemes: str = typer.Option("nvfp4,nvfp4-e5m3,w8a8-int8,w8a8-fp8", "--schemes", help="Comma-separated schemes."),
+    output: str = typer.Option("lowbit-report", "--output", "-o", help="Folder for report.json and report.png."),
+    limit: int = typer.Option(2048, "--limit", help="Perplexity tokens to score."),
+    window: int = typer.Option(512, "--window", help="Perplexity window (tokens)."),
+    stride: Optional[int] = typer.Option(None, "--stride", help="Window stride (default: the window)."),
+    lastword: int = typer.Option(24, "--lastword", help="Last-word examples (0 skips)."),
+    lastword_context: int = typer.Option(96, "--lastword-context", help="Context tokens per last-word example."),
+    text: Optional[str] = typer.Option(None, "--text", help="Evaluation text, one paragraph a line (default: built-in)."),
+    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text file (default: built-in)."),
+    calib_samples: int = typer.Option(16, "--calib-samples", help="Calibration windows."),
+    calib_seq_len: int = typer.Option(256, "--calib-seq-len", help="Tokens per calibration window."),
+    smoothquant: Optional[str] = typer.Option(None, "--smoothquant", help="SmoothQuant alpha in [0, 1] or 'auto'."),
+    backend: str = typer.Option("fast", "--backend",
+                                help="Backend for quantized layers: 'fast' (auto + weight cache), 'auto', 'reference'..."),
+    save_format: Optional[str] = typer.Option(None, "--save-format",
+                                              help="Also save each checkpoint in this format and report its size on disk."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+) -> None:
+    """Quantize MODEL with each scheme and compare perplexity, last-word accuracy, size and time with float."""
+    from lowbit.report import CompareOptions, run_compare
+    from lowbit.report.writer import report_json
+
+    quiet_progress(progress)
+    opts = CompareOptions(schemes=parse_list(schemes, "--schemes"), limit=limit, window=window, stride=stride,
+                          lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
+                          calib_samples=calib_samples, calib_seq_len=calib_seq_len, smoothquant=parse_smoothquant(smoothquant),
+                          backend=backend, save_format=save_format, progress=progress)
+    log = (lambda s: err_console.print(f"[dim]{s}[/dim]", highlight=False)) if progress else (lambda s: None)
+    report = run_compare(model_path=model_arg(model), opts=opts, output_dir=output, log=log)
+    if as_json:
+        print(report_json(report))
+        return
+    console.print(compare_table(report))
+    files = report.get("files", {})
+    if files:
+        console.print(f"report: {files['json']}  plot: {files['png']}", highlight=False)

@@ -1,0 +1,87 @@
+"""``lowbit eval PATH``: perplexity and last-word accuracy (optionally against a baseline),
+and lm-eval tasks through the adapter."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from lowbit.cli.app import app, console, err_console
+from lowbit.cli.common import model_arg, parse_list, quiet_progress
+
+
+def _evaluate(path, text, limit, window, stride, lastword, progress, label):
+    from lowbit.eval import lastword_accuracy, perplexity
+    from lowbit.models import load_model
+
+    model, tok = load_model(model_arg(path))
+    ppl = perplexity(model, tok, text_file=text, window=window, stride=stride, limit=limit,
+                     progress=progress, desc=f"{label}: perplexity")
+    out = {"path": path, **ppl.to_dict()}
+    if lastword > 0:
+        lw = lastword_accuracy(model, tok, text_file=text, limit=lastword, progress=progress,
+                               desc=f"{label}: last word")
+        out["lastword"] = lw.to_dict()
+    return out, model, tok
+
+
+@app.command("eval")
+def eval_cmd(
+    path: str = typer.Argument(..., help="Model folder (float or quantized), or 'builtin'."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Also evaluate this model and report the change."),
+    text: Optional[str] = typer.Option(None, "--text", help="Evaluation text, one paragraph a line (default: built-in)."),
+    limit: int = typer.Option(2048, "--limit", help="Perplexity tokens to score."),
+    window: int = typer.Option(512, "--window", help="Perplexity window (tokens)."),
+    stride: Optional[int] = typer.Option(None, "--stride", help="Window stride (default: the window)."),
+    lastword: int = typer.Option(40, "--lastword", help="Last-word examples (0 skips)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks",
+                                        help="lm-eval tasks, comma-separated (needs lm-eval; 'lowbit_lastword' is built in)."),
+    include_path: Optional[str] = typer.Option(None, "--include-path", help="Folder of local lm-eval task YAMLs."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+) -> None:
+    """Perplexity (tokens scored, bits per byte) and last-word accuracy of PATH."""
+    from lowbit.eval import read_paragraphs
+
+    quiet_progress(progress)
+    read_paragraphs(text)  # a bad --text fails before any model is loaded
+    result, model, tok = _evaluate(path, text, limit, window, stride, lastword, progress, "model")
+    report = {"model": result}
+    if baseline is not None:
+        base, _, _ = _evaluate(baseline, text, limit, window, stride, lastword, progress, "baseline")
+        report["baseline"] = base
+        report["ppl_change_pct"] = 100.0 * (result["perplexity"] / base["perplexity"] - 1.0)
+        if "lastword" in result:
+            report["lastword_delta"] = result["lastword"]["accuracy"] - base["lastword"]["accuracy"]
+    if tasks:
+        from lowbit.eval.harness import LASTWORD_TASK, run_lm_eval, write_lastword_task
+
+        names = parse_list(tasks, "--tasks")
+        inc = include_path
+        if inc is None and LASTWORD_TASK in names:
+            inc = str(write_lastword_task(tempfile.mkdtemp(prefix="lowbit-tasks-"), text_file=text,
+                                          limit=lastword or None))
+        if progress:
+            err_console.print(f"[dim]lm-eval: {', '.join(names)}[/dim]", highlight=False)
+        report["lm_eval"] = run_lm_eval(model, tok, names, include_path=inc)
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    t = Table(title=f"lowbit eval ({result['tokens_scored']} tokens, window {result['window']})")
+    for c in ("model", "perplexity", "bits/byte", "last word"):
+        t.add_column(c, justify="left" if c == "model" else "right")
+    rows = [report["model"]] + ([report["baseline"]] if "baseline" in report else [])
+    for r in rows:
+        lw = r.get("lastword")
+        t.add_row(str(r["path"]), f"{r['perplexity']:.3f}", f"{r['bits_per_byte']:.4f}",
+                  f"{100 * lw['accuracy']:.1f}% of {lw['examples']}" if lw else "-")
+    console.print(t)
+    if "ppl_change_pct" in report:
+        console.print(f"perplexity change vs baseline: {report['ppl_change_pct']:+.2f}%")
+    for task, res in report.get("lm_eval", {}).items():
+        console.print(f"lm-eval {task}: " + ", ".join(f"{k}={v:.4f}" for k, v in res.items()
+                                                      if isinstance(v, float)), highlight=False)

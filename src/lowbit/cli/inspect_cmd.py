@@ -1,0 +1,52 @@
+"""``lowbit inspect PATH``: format, scheme per layer group, ignored layers, size, inconsistencies."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.table import Table
+
+from lowbit.cli.app import app, console
+
+
+def _mb(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.2f} MiB"
+
+
+@app.command("inspect")
+def inspect_cmd(
+    path: str = typer.Argument(..., help="A checkpoint folder (lowbit, fake, compressed-tensors or auto-round)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    strict: bool = typer.Option(False, "--strict", help="Exit with status 1 when an inconsistency is found."),
+) -> None:
+    """Show a quantized checkpoint's format, schemes, ignored layers, size and problems."""
+    from lowbit.formats.inspect import inspect_checkpoint
+
+    r = inspect_checkpoint(path)
+    if as_json:
+        print(json.dumps(r, indent=2))
+    else:
+        console.print(f"[bold]{r['path']}[/bold]: format [bold]{r['format']}[/bold] ({r['source']}), "
+                      f"dtype {r['dtype']}", highlight=False)
+        t = Table(title="layer groups")
+        for col in ("scheme", "layers", "weights", "input activations", "targets"):
+            t.add_column(col)
+        for g in r["groups"]:
+            targets = ", ".join(g["targets"][:3]) + (" ..." if len(g["targets"]) > 3 else "")
+            t.add_row(g["scheme"], str(g["layers"]), g["weights"], g["input_activations"] or "none (weight-only)",
+                      targets)
+        console.print(t)
+        ignored = r["ignored"]
+        console.print(f"ignored (float) layers: {', '.join(ignored) if ignored else 'none'}", highlight=False)
+        ratio = "" if r["ratio"] is None else f" ({r['ratio']:.3f}x)"
+        console.print(f"size on disk {_mb(r['size_on_disk'])} vs float {_mb(r['float_size'])}{ratio}",
+                      highlight=False)
+        if r["inconsistencies"]:
+            console.print(f"[red]{len(r['inconsistencies'])} inconsistencies:[/red]")
+            for p in r["inconsistencies"]:
+                console.print(f"  - {p}", highlight=False, soft_wrap=True)
+        else:
+            console.print("[green]no inconsistencies found[/green]")
+    if strict and r["inconsistencies"]:
+        raise typer.Exit(1)

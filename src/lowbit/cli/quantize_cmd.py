@@ -1,0 +1,97 @@
+"""``lowbit quantize MODEL --scheme S``: quantize (calibrated when needed) and save a checkpoint,
+or, with ``--model-free``, quantize the safetensors shards directly without building the model."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from lowbit.cli.app import app, console, err_console
+from lowbit.cli.common import OptionError, human_bytes, model_arg, parse_smoothquant
+from lowbit.errors import LowbitError
+
+
+def _default_output(model: str | None, scheme: str) -> Path:
+    stem = Path(model).resolve().name if model else "SmolLM2-135M-Instruct"
+    return Path(f"{stem}-{scheme}")
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+@app.command("quantize")
+def quantize_cmd(
+    model: str = typer.Argument(..., help="Model folder (Hugging Face layout), or 'builtin'."),
+    scheme: str = typer.Option(..., "--scheme", "-s", help="Scheme name (see `lowbit schemes`)."),
+    fmt: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Output folder (default: MODEL-SCHEME)."),
+    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text, one paragraph a line (default: built-in)."),
+    calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows."),
+    calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len", help="Tokens per calibration window."),
+    smoothquant: Optional[str] = typer.Option(None, "--smoothquant", help="SmoothQuant alpha in [0, 1] or 'auto'."),
+    model_free: bool = typer.Option(False, "--model-free", help="Quantize shards directly (no calibration, no forward)."),
+    workers: int = typer.Option(1, "--workers", help="Worker processes for --model-free."),
+    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="Layer name or regex to keep in float (repeatable)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the output folder if it exists."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+) -> None:
+    """Quantize MODEL with SCHEME and write a checkpoint folder."""
+    import lowbit
+    from lowbit.schemes import get_scheme
+
+    sch = get_scheme(scheme)
+    src = model_arg(model)
+    out = Path(output) if output else _default_output(src, sch.name)
+    sq = parse_smoothquant(smoothquant)
+    t0 = time.perf_counter()
+    if model_free:
+        if calib is not None or sq is not None:
+            raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant, or drop --model-free")
+        try:
+            from lowbit.modelfree import quantize_checkpoint
+        except ImportError as e:
+            raise LowbitError("model-free quantization (lowbit.modelfree.quantize_checkpoint) is not in this build") from e
+        from lowbit.models import resolve_model_path
+
+        quantize_checkpoint(resolve_model_path(src), out, scheme=sch.name, format=fmt, workers=workers,
+                            ignore=list(ignore or ()), overwrite=overwrite, progress=True)
+        extra = {}
+    else:
+        from lowbit.models import load_model
+
+        save = getattr(lowbit, "save", None)
+        if save is None:
+            raise LowbitError("saving a checkpoint needs lowbit.save, which is not in this build")
+        from lowbit.models import resolve_model_path
+
+        folder = resolve_model_path(src)
+        qmodel, tok = load_model(folder)
+        kwargs = {}
+        if calib_samples is not None:
+            kwargs["num_samples"] = calib_samples
+        if calib_seq_len is not None:
+            kwargs["seq_len"] = calib_seq_len
+        needs = sch.needs_calibration or sq is not None
+        if not needs and (calib is not None or kwargs):
+            err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
+        if needs:
+            err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
+            qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq,
+                                     ignore=list(ignore or ()), **kwargs)
+        else:
+            qmodel = lowbit.quantize(qmodel, sch, ignore=list(ignore or ()))
+        t_quant = time.perf_counter() - t0
+        save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
+        extra = {"quant_seconds": t_quant}
+    summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
+               "seconds": time.perf_counter() - t0, "size_bytes": _folder_bytes(out), **extra}
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        console.print(f"wrote {out} ({sch.name}, {fmt}, {human_bytes(summary['size_bytes'])}) "
+                      f"in {summary['seconds']:.1f} s", highlight=False)

@@ -1,0 +1,109 @@
+"""Perplexity over local text in fixed windows (optionally strided), with bits per byte.
+
+The text is tokenized once (no special tokens). Windows of ``window`` tokens start every
+``stride`` tokens (default: ``stride = window``, non-overlapping); each window scores the tokens
+not scored by an earlier window, never its own first token (which has no context), so every
+scored token has between 1 and ``window - 1`` tokens of context. ``limit`` caps the number of
+scored tokens. Bits per byte divides the total negative log-likelihood (in bits) by the UTF-8
+bytes those scored tokens cover, which makes results comparable across tokenizers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from lowbit.eval.scoring import DEFAULT_MAX_LOGITS, score_positions
+from lowbit.eval.text import EvalDataError, read_text
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    perplexity: float
+    nll: float              # mean negative log-likelihood per scored token, nats
+    tokens_scored: int
+    bytes_scored: int
+    bits_per_byte: float
+    windows: int
+    window: int
+    stride: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tokenize_with_bytes(tokenizer, text: str) -> tuple[torch.Tensor, np.ndarray]:
+    """Token ids [N] and the UTF-8 byte count each token covers (they sum to the text's bytes
+    up to untokenized trailing characters)."""
+    if getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = enc["input_ids"]
+        ends = np.array([e for _, e in enc["offset_mapping"]], dtype=np.int64)
+        ends = np.maximum.accumulate(ends) if len(ends) else ends
+        char_bytes = np.fromiter((len(c.encode("utf-8")) for c in text), dtype=np.int64, count=len(text))
+        prefix = np.concatenate([[0], np.cumsum(char_bytes)])
+        end_bytes = prefix[ends]
+        nbytes = np.diff(np.concatenate([[0], end_bytes]))
+    else:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        nbytes = np.array([len(tokenizer.decode([i]).encode("utf-8")) for i in ids], dtype=np.int64)
+    return torch.tensor(ids, dtype=torch.long), nbytes
+
+
+def window_plan(n_tokens: int, window: int, stride: int, limit: int | None) -> list[tuple[int, int, int]]:
+    """(begin, end, n_scored) per window; the scored tokens are [end - n_scored, end)."""
+    if window < 2:
+        raise EvalDataError(f"window must be at least 2 tokens, got {window}")
+    if not 1 <= stride <= window:
+        raise EvalDataError(f"stride must be in [1, window={window}], got {stride}")
+    plan, prev_end, total = [], 0, 0
+    for begin in range(0, max(n_tokens - 1, 0), stride):
+        end = min(begin + window, n_tokens)
+        n = min(end - prev_end, end - begin - 1)
+        if limit is not None and total + n > limit:
+            cut = total + n - limit
+            end, n = end - cut, n - cut
+        if n > 0:
+            plan.append((begin, end, n))
+            total += n
+        prev_end = end
+        if end >= n_tokens or (limit is not None and total >= limit):
+            break
+    return plan
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, tokenizer, text: str | None = None, *, text_file: str | os.PathLike | None = None,
+               window: int = 512, stride: int | None = None, limit: int | None = None,
+               progress: bool = True, desc: str = "perplexity", max_logits: int = DEFAULT_MAX_LOGITS,
+               ) -> PerplexityResult:
+    """Perplexity of ``model`` on ``text`` (default: the built-in evaluation text)."""
+    if text is None:
+        text = read_text(text_file)
+    stride = window if stride is None else stride
+    ids, nbytes = tokenize_with_bytes(tokenizer, text)
+    plan = window_plan(len(ids), window, stride, limit)
+    if not plan:
+        raise EvalDataError(f"text too short for perplexity: {len(ids)} tokens")
+    nll, count, nb = 0.0, 0, 0
+    bar = tqdm(total=sum(p[2] for p in plan), desc=desc, unit="tok", disable=not progress, leave=False)
+    for begin, end, n in plan:
+        chunk = ids[begin:end][None]
+        t = torch.arange(end - begin - n, end - begin)
+        pos = torch.stack([torch.zeros_like(t), t], dim=1)
+        lp, _ = score_positions(model, chunk, pos, max_logits=max_logits)
+        nll -= float(lp.double().sum())
+        count += n
+        nb += int(nbytes[end - n:end].sum())
+        bar.update(n)
+    bar.close()
+    mean = nll / count
+    return PerplexityResult(perplexity=math.exp(mean), nll=mean, tokens_scored=count, bytes_scored=nb,
+                            bits_per_byte=nll / math.log(2) / max(nb, 1), windows=len(plan),
+                            window=window, stride=stride)

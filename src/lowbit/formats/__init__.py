@@ -1,0 +1,42 @@
+"""Checkpoint formats: per-layer layouts (pure functions, no model), folder reading and atomic writing.
+
+    from lowbit.formats import Format, get_layout, CheckpointWriter, SafetensorsFolder
+    layout = get_layout(Format.COMPRESSED_TENSORS)        # or "lowbit", "fake", "compressed-tensors"
+    layout.check_scheme(scheme)                            # FormatError if the format cannot hold it
+    tensors = layout.linear_tensors(prefix, qweight, scheme, bias=None, input_scale=None,
+                                    input_global_scale=None, dtype=torch.bfloat16)
+    qcfg = layout.quantization_config(scheme, ignore=["lm_head"])   # -> config.json["quantization_config"]
+
+    # reading back (no model needed):
+    folder = SafetensorsFolder(path)
+    fmt, parsed = parse_quantization_config(read_config(path))      # detects the format
+    scheme = parsed.scheme_for(prefix)                               # None: layer not quantized
+    layer = get_layout(fmt).read_linear(prefix, folder, scheme, dtype, config=parsed)
+    layer.qweight, layer.input_scale, layer.input_global_scale, layer.bias
+
+See lowbit/formats/base.py for the full contract and each layout module for its tensor table.
+"""
+
+from lowbit.formats.base import Format, Layout, LinearRead, ParsedConfig
+from lowbit.formats.ct_layout import CompressedTensorsLayout
+from lowbit.formats.detect import detect_format, parse_quantization_config
+from lowbit.formats.fake_layout import FakeLayout, static_scale_entry
+from lowbit.formats.folder import SafetensorsFolder, read_config, read_header
+from lowbit.formats.lowbit_layout import LowbitLayout
+from lowbit.formats.writer import CheckpointWriter, copy_aux_files, write_json_atomic, write_safetensors_atomic
+
+_LAYOUTS = {Format.LOWBIT: LowbitLayout(), Format.FAKE: FakeLayout(),
+            Format.COMPRESSED_TENSORS: CompressedTensorsLayout()}
+
+
+def get_layout(fmt: Format | str) -> Layout:
+    """The layout of a checkpoint format (``Format`` or its string value)."""
+    return _LAYOUTS[Format.parse(fmt)]
+
+
+__all__ = [
+    "Format", "Layout", "LinearRead", "ParsedConfig", "get_layout", "LowbitLayout", "FakeLayout",
+    "CompressedTensorsLayout", "CheckpointWriter", "SafetensorsFolder", "read_config", "read_header",
+    "copy_aux_files", "write_json_atomic", "write_safetensors_atomic", "detect_format",
+    "parse_quantization_config", "static_scale_entry",
+]

@@ -1,0 +1,234 @@
+"""What every checkpoint format provides: the per-layer layout interface.
+
+A *layout* turns one quantized Linear into named tensors (and back), and a scheme into the
+``quantization_config`` dict stored in ``config.json``. Layouts are pure functions of tensors and
+schemes: no model is needed, so model-free quantization writes exactly what ``lowbit.save`` writes.
+
+    from lowbit.formats import Format, get_layout
+    layout = get_layout(Format.COMPRESSED_TENSORS)          # or "compressed-tensors"
+    layout.check_scheme(scheme)                              # FormatError if it cannot hold it
+    tensors = layout.linear_tensors("model.layers.0.self_attn.q_proj", qweight, scheme,
+                                    bias=None, input_scale=None, input_global_scale=None,
+                                    dtype=torch.bfloat16)   # {"model.layers.0...q_proj.weight_packed": ...}
+    qcfg = layout.quantization_config(scheme, ignore=["lm_head"])   # config.json["quantization_config"]
+
+and back, from a folder's tensors (any Mapping[str, Tensor], e.g. ``lowbit.formats.SafetensorsFolder``):
+
+    parsed = layout.parse_config(qcfg)                       # ParsedConfig
+    scheme = parsed.scheme_for("model.layers.0.self_attn.q_proj")   # None: not quantized
+    layer = layout.read_linear(prefix, tensors, scheme, dtype=torch.bfloat16)   # LinearRead
+    layer.qweight (QuantizedTensor), layer.input_scale, layer.input_global_scale, layer.bias
+
+Static scales (``input_scale``, ``input_global_scale``) are float32 [1] tensors, exactly as
+``QuantLinear`` holds them. ``dtype`` is the model's float dtype (biases, and the scales of formats
+that store them in the model dtype).
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from lowbit.errors import FormatError
+from lowbit.quant import QuantizedTensor
+from lowbit.schemes import Scheme
+
+
+class Format(str, Enum):
+    """Checkpoint formats lowbit writes (``lowbit.save(..., format=)``) and reads."""
+
+    LOWBIT = "lowbit"
+    FAKE = "fake"
+    COMPRESSED_TENSORS = "compressed-tensors"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: "Format | str") -> "Format":
+        try:
+            return cls(value)
+        except ValueError:
+            raise FormatError(
+                f"unknown checkpoint format {value!r}; choose one of: {', '.join(f.value for f in cls)}"
+            ) from None
+
+
+@dataclass
+class LinearRead:
+    """One Linear read back from a checkpoint.
+
+    qweight: the quantized weight (None for the ``fake`` format, which stores ``weight``).
+    weight: the float weight as stored (``fake`` format only), else None.
+    bias: in the stored dtype, or None.
+    input_scale / input_global_scale: float32 [1] or None.
+    """
+
+    qweight: QuantizedTensor | None
+    bias: torch.Tensor | None = None
+    input_scale: torch.Tensor | None = None
+    input_global_scale: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+
+
+def matches_ignore_entry(name: str, entry: str) -> bool:
+    """compressed-tensors ignore/target matching: an exact name, or ``re:<regex>`` (re.match)."""
+    if entry.startswith("re:"):
+        return re.match(entry[3:], name) is not None
+    return name == entry
+
+
+@dataclass
+class ParsedConfig:
+    """A checkpoint's quantization_config resolved into typed schemes.
+
+    groups: (scheme, targets) pairs; a target is an exact module name, ``re:<regex>``, or the
+        class name ``"Linear"`` (every Linear not ignored).
+    ignore: exact names or ``re:<regex>`` entries.
+    static_scales: per-layer static input scales kept in the config (``fake`` format only).
+    extra: format-specific facts (e.g. the packing format of an auto-round folder).
+    """
+
+    format: Format
+    groups: list[tuple[Scheme, list[str]]]
+    ignore: list[str] = field(default_factory=list)
+    static_scales: dict[str, dict[str, float]] = field(default_factory=dict)
+    source: str = "lowbit"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def is_ignored(self, name: str) -> bool:
+        return any(matches_ignore_entry(name, e) for e in self.ignore)
+
+    def scheme_for(self, name: str, is_linear: bool = True, is_output_embedding: bool = False) -> Scheme | None:
+        """The scheme of layer ``name``, or None when it is not quantized.
+
+        Explicit names and regexes win over the class target ``"Linear"``. ``is_output_embedding``
+        matters to configs that leave the output embedding out implicitly (auto-round)."""
+        if self.is_ignored(name):
+            return None
+        for scheme, targets in self.groups:
+            if any(t != "Linear" and matches_ignore_entry(name, t) for t in targets):
+                return scheme
+        if is_linear:
+            for scheme, targets in self.groups:
+                if "Linear" in targets:
+                    return scheme
+        return None
+
+    def format_for(self, scheme: Scheme) -> Format:
+        """The layout that holds a layer of this scheme (one per folder, except auto-round)."""
+        return self.format
+
+    def schemes(self) -> list[Scheme]:
+        return [s for s, _ in self.groups]
+
+
+def need(tensors: Mapping[str, torch.Tensor], name: str, what: str) -> torch.Tensor:
+    """tensors[name], or a FormatError naming the tensor and why it is needed."""
+    if name not in tensors:
+        raise FormatError(f"tensor {name!r} is missing: {what} needs it")
+    return tensors[name]
+
+
+def where(tensors: Mapping[str, torch.Tensor], name: str) -> str:
+    d = getattr(tensors, "describe", None)
+    return d(name) if d else repr(name)
+
+
+def check_tensor(tensors: Mapping[str, torch.Tensor], name: str, t: torch.Tensor, *,
+                 shape: Iterable[int] | None = None, dtypes: Iterable[torch.dtype] | None = None,
+                 what: str = "") -> torch.Tensor:
+    """Check a stored tensor's shape and dtype against what its scheme implies."""
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise FormatError(f"tensor {where(tensors, name)} has shape {tuple(t.shape)}, "
+                          f"expected {tuple(shape)}{' for ' + what if what else ''}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            raise FormatError(f"tensor {where(tensors, name)} has dtype {t.dtype}, expected "
+                              f"{' or '.join(str(d) for d in dtypes)}{' for ' + what if what else ''}")
+    return t
+
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_codes(tensors: Mapping[str, torch.Tensor], name: str, codes: torch.Tensor, spec, what: str) -> None:
+    """Element codes must be finite values of the spec's format (a NaN pattern means the config's
+    element format does not match the stored tensor)."""
+    from lowbit.numerics import get_format
+
+    fmt = get_format(spec.format)
+    if spec.is_integer:
+        if spec.bits < 8 and bool((codes >> spec.bits).any()):
+            raise FormatError(f"tensor {where(tensors, name)}: codes exceed {spec.bits} bits for {spec.format.value} "
+                              f"({what})")
+        return
+    if spec.bits == 8 and bool(torch.isnan(fmt.decode(codes)).any()):
+        raise FormatError(f"tensor {where(tensors, name)} holds NaN patterns of {spec.format.value}: the config's "
+                          f"element format does not match the stored weights ({what})")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str, option: str = "dtype") -> torch.dtype:
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    key = str(name).removeprefix("torch.")
+    if key not in table:
+        raise FormatError(f"unsupported {option} {name!r}; expected one of {sorted(table)}")
+    return table[key]
+
+
+class Layout(ABC):
+    """Per-layer tensor layout and config of one checkpoint format (pure functions, no model)."""
+
+    format: Format
+
+    @abstractmethod
+    def check_scheme(self, scheme: Scheme) -> None:
+        """Raise FormatError (naming the scheme and the format) if this format cannot hold it."""
+
+    @abstractmethod
+    def linear_tensors(self, prefix: str, qweight: QuantizedTensor, scheme: Scheme, bias: torch.Tensor | None = None,
+                       input_scale: torch.Tensor | None = None, input_global_scale: torch.Tensor | None = None,
+                       dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+        """The tensors of one quantized Linear, keyed by full name (``prefix + "." + field``)."""
+
+    @abstractmethod
+    def quantization_config(self, scheme: Scheme, ignore: Iterable[str] = (), *,
+                            targets: Iterable[str] | None = None,
+                            static_scales: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+        """The ``quantization_config`` dict for a model whose quantized Linears all use ``scheme``.
+
+        ignore: exact names of EVERY Linear left in float (e.g. ``["lm_head"]``, MoE routers,
+            vision towers): with the default targets the loader quantizes every other Linear.
+        targets: exact layer names (default ``["Linear"]``: every Linear not ignored).
+        static_scales: ``{layer: {"input_scale": float, "input_global_scale": float}}``, used by
+            the ``fake`` format only (the others store them as tensors)."""
+
+    def quantization_config_groups(self, groups: list[tuple[Scheme, list[str]]], ignore: Iterable[str] = (), *,
+                                   static_scales: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+        """As quantization_config, for several schemes each on named layers (mixed precision)."""
+        if len(groups) == 1:
+            s, t = groups[0]
+            return self.quantization_config(s, ignore, targets=t, static_scales=static_scales)
+        raise FormatError(f"format {self.format.value!r} holds one scheme per checkpoint")
+
+    @abstractmethod
+    def parse_config(self, qcfg: Mapping[str, Any]) -> ParsedConfig:
+        """The typed reading of a ``quantization_config`` of this format (every default explicit)."""
+
+    @abstractmethod
+    def read_linear(self, prefix: str, tensors: Mapping[str, torch.Tensor], scheme: Scheme,
+                    dtype: torch.dtype = torch.bfloat16, config: ParsedConfig | None = None) -> LinearRead:
+        """Rebuild one Linear from its stored tensors, checking shapes, dtypes and presence.
+
+        config: the folder's ParsedConfig (the ``fake`` format keeps static scales there)."""
+

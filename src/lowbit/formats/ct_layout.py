@@ -1,0 +1,242 @@
+"""The ``compressed-tensors`` format (what llm-compressor writes and transformers/vLLM load).
+
+Tensors of one quantized Linear ``P`` (see shared/reference/formats.md):
+
+| compression format | tensors |
+|---|---|
+| int-quantized / float-quantized | ``P.weight`` int8 or float8_e4m3fn [out, in]; ``P.weight_scale`` model dtype [out, 1] (channel), [1] (tensor) or [out, G] (group); ``P.input_scale`` model dtype [1] (static inputs) |
+| pack-quantized (weight-only int) | ``P.weight_packed`` int32 [out, ceil(in*bits/32)] (+2^(bits-1) offset, lowest first); ``P.weight_shape`` int64 [2]; ``P.weight_scale`` model dtype |
+| nvfp4-pack-quantized | ``P.weight_packed`` uint8 [out, in/2] (element 2i low nibble); ``P.weight_scale`` float8_e4m3fn [out, in/16]; ``P.weight_global_scale`` float32 [1]; ``P.input_global_scale`` float32 [1] |
+| mxfp4-pack-quantized | ``P.weight_packed`` uint8 [out, in/2]; ``P.weight_scale`` uint8 E8M0 codes [out, in/32] |
+| mxfp8-quantized | ``P.weight`` float8_e4m3fn [out, in]; ``P.weight_scale`` uint8 E8M0 codes [out, in/32] |
+
+Zero points (``P.weight_zero_point``, int8, scale shape) only for asymmetric int-quantized.
+
+Scales that compressed-tensors keeps in the model dtype are cast to it on writing: exact when the
+scale is representable (always for float32 models); for bf16/fp16 models a float32 lowbit scale is
+rounded, which ``lowbit.save`` reports (the file then holds a slightly different dequantization).
+Reading uses the stored scales exactly (compressed-tensors' int scales are amax/127.5 and its
+codes span -128..127; both are read as they are). NVFP4-E5M3 is refused (no standard layout).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from lowbit.errors import FormatError
+from lowbit.formats.base import (
+    FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
+)
+from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, named_scheme, spec_to_args
+from lowbit.formats.lowbit_layout import read_bias, scale_shape
+from lowbit.numerics import E8M0, FormatName, get_format
+from lowbit.quant import QuantizedTensor, pack_int32, pack_nibbles, unpack_int32, unpack_nibbles
+from lowbit.schemes import Dynamic, Scheme
+
+CT_VERSION = "0.20.1"  # the compressed-tensors release whose layouts these files were checked against
+
+
+def _float_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return scale.to(torch.float32).to(dtype).contiguous()
+
+
+class CompressedTensorsLayout(Layout):
+    format = Format.COMPRESSED_TENSORS
+
+    def check_scheme(self, scheme: Scheme) -> None:
+        ct_format_of(scheme)
+
+    # ------------------------------------------------------------------ write
+    def linear_tensors(self, prefix, qweight, scheme, bias=None, input_scale=None, input_global_scale=None,
+                       dtype=torch.bfloat16):
+        fmt = ct_format_of(scheme)
+        spec = scheme.weights
+        if qweight.spec != spec:
+            raise FormatError(f"layer {prefix!r}: weight spec {qweight.spec.describe()} is not the weights of "
+                              f"scheme {scheme.name}")
+        codes = qweight.codes
+        out_f, in_f = codes.shape
+        if spec.group_size and in_f % spec.group_size:
+            raise FormatError(f"layer {prefix!r} ({scheme.name}): compressed-tensors needs the input dimension "
+                              f"{in_f} to be a multiple of the group size {spec.group_size}; ignore this layer or "
+                              f"save with format='lowbit'")
+        t: dict[str, torch.Tensor] = {}
+        if fmt in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
+            if spec.is_integer:
+                t[f"{prefix}.weight"] = get_format(spec.format).codes_to_int(codes).to(torch.int8).contiguous()
+            else:
+                t[f"{prefix}.weight"] = codes.contiguous().view(torch.float8_e4m3fn)
+        elif fmt is CTFormat.PACK_QUANTIZED:
+            vals = get_format(spec.format).codes_to_int(codes)
+            t[f"{prefix}.weight_packed"] = pack_int32(vals, spec.bits)
+            t[f"{prefix}.weight_shape"] = torch.tensor([out_f, in_f], dtype=torch.int64)
+        else:  # nvfp4 / mxfp4: nibble-packed E2M1 codes
+            t[f"{prefix}.weight_packed"] = pack_nibbles(codes, f"{prefix}.weight")
+        if spec.scale_format is FormatName.UE4M3:
+            t[f"{prefix}.weight_scale"] = qweight.scale.to(torch.float32).to(torch.float8_e4m3fn).contiguous()
+        elif spec.scale_format is FormatName.E8M0:
+            t[f"{prefix}.weight_scale"] = E8M0.encode(qweight.scale).contiguous()
+        else:
+            t[f"{prefix}.weight_scale"] = _float_scale(qweight.scale, dtype)
+        if qweight.zero_point is not None:
+            t[f"{prefix}.weight_zero_point"] = qweight.zero_point.to(torch.int8).contiguous()
+        if qweight.global_scale is not None:
+            t[f"{prefix}.weight_global_scale"] = qweight.global_scale.to(torch.float32).reshape(1).clone()
+        if input_scale is not None:
+            t[f"{prefix}.input_scale"] = _float_scale(input_scale.reshape(1), dtype).clone()
+        if input_global_scale is not None:
+            t[f"{prefix}.input_global_scale"] = input_global_scale.to(torch.float32).reshape(1).clone()
+        if bias is not None:
+            t[f"{prefix}.bias"] = bias.detach().to(dtype).contiguous()
+        return t
+
+    def quantization_config(self, scheme, ignore=(), *, targets=None, static_scales=None):
+        return self.quantization_config_groups([(scheme, list(targets) if targets is not None else ["Linear"])],
+                                               ignore)
+
+    def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
+        fmts = {ct_format_of(s) for s, _ in groups}
+        top = fmts.pop().value if len(fmts) == 1 else "mixed-precision"
+        cg = {}
+        for i, (s, targets) in enumerate(groups):
+            f = ct_format_of(s).value
+            cg[f"group_{i}"] = {
+                "targets": list(targets),
+                "weights": spec_to_args(s.weights, s, True),
+                "input_activations": None if s.input_activations is None else
+                spec_to_args(s.input_activations, s, False),
+                "output_activations": None,
+                "format": f,
+            }
+        return {
+            "quant_method": "compressed-tensors", "format": top, "quantization_status": "compressed",
+            "config_groups": cg, "ignore": sorted(set(ignore)), "kv_cache_scheme": None,
+            "global_compression_ratio": None, "sparsity_config": {}, "transform_config": {}, "version": CT_VERSION,
+        }
+
+    # ------------------------------------------------------------------ read
+    def parse_config(self, qcfg: Mapping[str, Any]) -> ParsedConfig:
+        w = "config.json quantization_config (compressed-tensors)"
+        status = qcfg.get("quantization_status", "compressed")
+        if status not in ("compressed", "frozen"):
+            raise FormatError(f"{w}: quantization_status {status!r}; lowbit reads compressed checkpoints only")
+        if qcfg.get("sparsity_config"):
+            raise FormatError(f"{w}: sparsity_config is set; sparse compressed-tensors checkpoints are not supported")
+        if qcfg.get("transform_config"):
+            raise FormatError(f"{w}: transform_config is set; rotated (transformed) checkpoints are not supported")
+        if qcfg.get("kv_cache_scheme"):
+            raise FormatError(f"{w}: kv_cache_scheme is set; KV-cache quantization is not supported by lowbit")
+        top = qcfg.get("format")
+        groups_in = qcfg.get("config_groups")
+        if not isinstance(groups_in, dict) or not groups_in:
+            raise FormatError(f"{w}: 'config_groups' must be a non-empty mapping")
+        groups: list[tuple[Scheme, list[str]]] = []
+        formats: dict[str, str] = {}
+        for gname, g in groups_in.items():
+            gw = f"{w} group {gname!r}"
+            if not isinstance(g, dict):
+                raise FormatError(f"{gw}: must be a mapping")
+            if g.get("output_activations"):
+                raise FormatError(f"{gw}: output activation quantization is not supported")
+            f = g.get("format") or top
+            valid = {c.value for c in CTFormat}
+            if f not in valid:
+                raise FormatError(f"{gw}: compression format {f!r} is not supported; lowbit reads {sorted(valid)}")
+            if g.get("weights") is None:
+                raise FormatError(f"{gw}: no 'weights' args (activation-only quantization is not supported)")
+            ws = args_to_spec(g["weights"], f, f"{gw} weights", True)
+            acts = g.get("input_activations")
+            a = None if acts is None else args_to_spec(acts, f, f"{gw} input_activations", False)
+            targets = g.get("targets", ["Linear"])
+            if not isinstance(targets, list):
+                raise FormatError(f"{gw}: 'targets' must be a list")
+            scheme = named_scheme(ws, a, f"ct-{gname}")
+            for t in targets:
+                formats[t] = f
+            groups.append((scheme, targets))
+            try:
+                ct_format_of(scheme)
+            except FormatError as e:
+                raise FormatError(f"{gw}: {e}") from None
+        ignore = qcfg.get("ignore") or []
+        return ParsedConfig(Format.COMPRESSED_TENSORS, groups, list(ignore), source="compressed-tensors",
+                            extra={"version": qcfg.get("version"), "formats": formats})
+
+    def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None):
+        fmt = ct_format_of(scheme)
+        spec = scheme.weights
+        what = f"layer {prefix!r} ({scheme.name}, {fmt.value})"
+        if fmt in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
+            k = f"{prefix}.weight"
+            want = torch.int8 if spec.is_integer else torch.float8_e4m3fn
+            wt = check_tensor(tensors, k, need(tensors, k, what), dtypes=[want], what=what)
+            if wt.dim() != 2:
+                raise FormatError(f"tensor {where(tensors, k)} must be 2-D, has shape {tuple(wt.shape)}")
+            if spec.is_integer:
+                fmt_i = get_format(spec.format)
+                if spec.bits < 8 and bool(((wt < fmt_i.qmin) | (wt > fmt_i.qmax)).any()):
+                    raise FormatError(f"tensor {where(tensors, k)}: values outside {spec.format.value}")
+                codes = fmt_i.encode(wt.to(torch.float32))
+            else:
+                codes = wt.contiguous().view(torch.uint8)
+                check_codes(tensors, k, codes, spec, what)
+        elif fmt is CTFormat.PACK_QUANTIZED:
+            k, sk_ = f"{prefix}.weight_packed", f"{prefix}.weight_shape"
+            packed = check_tensor(tensors, k, need(tensors, k, what), dtypes=[torch.int32], what=what)
+            shape_t = check_tensor(tensors, sk_, need(tensors, sk_, what), shape=(2,),
+                                   dtypes=[torch.int64, torch.int32], what=what)
+            out_f, in_f = (int(v) for v in shape_t.tolist())
+            per = 32 // spec.bits
+            check_tensor(tensors, k, packed, shape=(out_f, -(-in_f // per)), what=f"{what}, weight_shape {[out_f, in_f]}")
+            codes = get_format(spec.format).encode(unpack_int32(packed, spec.bits, in_f).to(torch.float32))
+        else:
+            k = f"{prefix}.weight_packed"
+            packed = check_tensor(tensors, k, need(tensors, k, what), dtypes=[torch.uint8], what=what)
+            if packed.dim() != 2:
+                raise FormatError(f"tensor {where(tensors, k)} must be 2-D, has shape {tuple(packed.shape)}")
+            codes = unpack_nibbles(packed)
+        out_f, in_f = codes.shape
+        sshape = scale_shape(spec, out_f, in_f, prefix)
+        sk = f"{prefix}.weight_scale"
+        raw = need(tensors, sk, what)
+        if spec.scale_format is FormatName.UE4M3:
+            scale = check_tensor(tensors, sk, raw, shape=sshape, dtypes=[torch.float8_e4m3fn], what=what).to(torch.float32)
+            if bool((scale < 0).any()):
+                raise FormatError(f"tensor {where(tensors, sk)} has negative block scales")
+        elif spec.scale_format is FormatName.E8M0:
+            scale = E8M0.decode(check_tensor(tensors, sk, raw, shape=sshape, dtypes=[torch.uint8], what=what))
+        else:
+            raw = _as_shape(tensors, sk, raw, sshape)
+            scale = check_tensor(tensors, sk, raw, shape=sshape, dtypes=FLOAT_DTYPES, what=what).to(torch.float32)
+        zp = None
+        if not spec.symmetric:
+            zk = f"{prefix}.weight_zero_point"
+            zraw = _as_shape(tensors, zk, need(tensors, zk, what), sshape)
+            zp = check_tensor(tensors, zk, zraw, shape=sshape, dtypes=[torch.int8], what=what)
+        gs = None
+        if spec.global_scale:
+            gk = f"{prefix}.weight_global_scale"
+            graw = _as_shape(tensors, gk, need(tensors, gk, what), (1,))
+            gs = check_tensor(tensors, gk, graw, shape=(1,), dtypes=[torch.float32], what=what)
+        a = scheme.input_activations
+        isc = igs = None
+        if a is not None and a.dynamic is Dynamic.STATIC:
+            ik = f"{prefix}.input_scale"
+            iraw = _as_shape(tensors, ik, need(tensors, ik, f"{what} static input"), (1,))
+            isc = check_tensor(tensors, ik, iraw, shape=(1,), dtypes=FLOAT_DTYPES, what=what).to(torch.float32)
+        if a is not None and a.global_scale:
+            ik = f"{prefix}.input_global_scale"
+            iraw = _as_shape(tensors, ik, need(tensors, ik, f"{what} NVFP4 input"), (1,))
+            igs = check_tensor(tensors, ik, iraw, shape=(1,), dtypes=[torch.float32], what=what)
+        bias = read_bias(prefix, tensors, out_f)
+        return LinearRead(QuantizedTensor(codes, scale, spec, zp, gs), bias, isc, igs)
+
+
+def _as_shape(tensors, name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Accept the equivalent shapes writers use for a scale ([] or [1] for per-tensor, [out] for
+    per-channel [out, 1]); anything else is left for check_tensor to report."""
+    if tuple(t.shape) != tuple(shape) and t.numel() == torch.Size(shape).numel() and t.dim() <= len(shape):
+        return t.reshape(shape)
+    return t

@@ -1,0 +1,48 @@
+"""Which format a folder is in, from its config.json ``quantization_config``.
+
+    fmt, parsed = parse_quantization_config(config_dict)
+
+- ``quant_method: "lowbit"``: ``format`` "lowbit" or "fake".
+- ``quant_method: "compressed-tensors"`` (llm-compressor, compressed-tensors 0.19 or 0.20 configs).
+- ``quant_method: "auto-round"`` (or "intel/auto-round"): see lowbit.formats.autoround; read
+  through the layout whose tensors it uses, with every default auto-round omits filled in.
+- no quantization_config: an error (it is a float model; use transformers directly).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from lowbit.errors import FormatError
+from lowbit.formats.base import Format, ParsedConfig
+
+
+def detect_format(config: Mapping[str, Any]) -> Format:
+    return parse_quantization_config(config)[0]
+
+
+def parse_quantization_config(config: Mapping[str, Any]) -> tuple[Format, ParsedConfig]:
+    """(the layout to read tensors with, the typed config) for a folder's config.json dict."""
+    from lowbit.formats import get_layout
+    from lowbit.formats.autoround import parse_autoround
+
+    qcfg = config.get("quantization_config")
+    if qcfg is None:
+        raise FormatError("config.json has no quantization_config: this is not a quantized checkpoint "
+                          "(load it with transformers, or quantize it with lowbit.quantize)")
+    if not isinstance(qcfg, dict):
+        raise FormatError("config.json quantization_config must be a JSON object")
+    method = qcfg.get("quant_method")
+    if method == "lowbit":
+        fmt = qcfg.get("format")
+        if fmt not in (Format.LOWBIT.value, Format.FAKE.value):
+            raise FormatError(f"config.json quantization_config: unknown lowbit format {fmt!r} "
+                              f"(expected 'lowbit' or 'fake')")
+        f = Format(fmt)
+        return f, get_layout(f).parse_config(qcfg)
+    if method == "compressed-tensors":
+        return Format.COMPRESSED_TENSORS, get_layout(Format.COMPRESSED_TENSORS).parse_config(qcfg)
+    if method in ("auto-round", "intel/auto-round"):
+        return parse_autoround(qcfg, config)
+    raise FormatError(f"config.json quantization_config: unknown quant_method {method!r}; lowbit reads "
+                      f"'lowbit', 'compressed-tensors' and 'auto-round' checkpoints")

@@ -1,0 +1,183 @@
+"""Reading a Hugging Face folder's safetensors lazily, with clear errors for damaged files.
+
+    folder = SafetensorsFolder(path)          # validates the index and every shard header
+    "model.embed_tokens.weight" in folder     # names come from the headers; nothing is loaded
+    t = folder["model.embed_tokens.weight"]   # one tensor, read through safetensors.safe_open
+    folder.info(name)                          # (dtype string, shape, shard file) from the header
+
+Every shard's header is parsed by hand first (8-byte little-endian length, JSON, data offsets),
+so a missing shard, a truncated file or a corrupt header is a FormatError naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from safetensors import safe_open
+
+from lowbit.errors import FormatError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+MAX_HEADER = 100 * 1024 * 1024
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file, checked against the file size."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise FormatError(f"safetensors file {str(path)!r} is truncated: {size} bytes, no header")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER or 8 + n > size:
+                raise FormatError(f"safetensors file {str(path)!r} has a corrupt or truncated header "
+                                  f"(declares {n} header bytes, file has {size} bytes)")
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise FormatError(f"safetensors file {str(path)!r} is missing") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"safetensors file {str(path)!r} has a corrupt header: {e}") from None
+    if not isinstance(header, dict):
+        raise FormatError(f"safetensors file {str(path)!r} has a corrupt header (not a JSON object)")
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (a, b) = info["dtype"], info["shape"], info["data_offsets"]
+            numel = 1
+            for d in shape:
+                numel *= int(d)
+            want = numel * DTYPE_BYTES[dtype]
+        except (KeyError, TypeError, ValueError):
+            raise FormatError(f"safetensors file {str(path)!r}: corrupt header entry for tensor {name!r}") from None
+        if b - a != want or a < 0:
+            raise FormatError(f"safetensors file {str(path)!r}: tensor {name!r} offsets {a}..{b} do not match "
+                              f"dtype {dtype} shape {shape}")
+        end = max(end, b)
+    if 8 + n + end != size:
+        raise FormatError(f"safetensors file {str(path)!r} is truncated or has trailing bytes: header declares "
+                          f"{8 + n + end} bytes, file has {size}")
+    return header
+
+
+class SafetensorsFolder(Mapping):
+    """A read-only, lazy mapping of every tensor in a folder's safetensors shards."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise FormatError(f"checkpoint folder {str(self.path)!r} does not exist or is not a folder")
+        self._where: dict[str, str] = {}
+        self._headers: dict[str, dict[str, Any]] = {}
+        self._handles: dict[str, Any] = {}
+        index = self.path / INDEX_NAME
+        if index.exists():
+            try:
+                wm = json.loads(index.read_text())["weight_map"]
+                assert isinstance(wm, dict)
+            except (json.JSONDecodeError, KeyError, AssertionError, TypeError):
+                raise FormatError(f"{str(index)!r} is not a valid index (needs a 'weight_map' object)") from None
+            for shard in sorted(set(wm.values())):
+                if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
+                    raise FormatError(f"{str(index)!r} names an invalid shard file {shard!r} (a plain "
+                                      f"*.safetensors file name in the folder is expected)")
+                if not (self.path / shard).exists():
+                    raise FormatError(f"shard {shard!r} named by {INDEX_NAME} is missing from {str(self.path)!r}")
+                self._headers[shard] = read_header(self.path / shard)
+            for name, shard in wm.items():
+                if name not in self._headers[shard]:
+                    raise FormatError(f"{INDEX_NAME} puts tensor {name!r} in {shard!r}, which does not contain it")
+            self._where = dict(wm)
+            for shard, h in self._headers.items():  # tensors present but not indexed are still readable
+                for name in h:
+                    if name != "__metadata__":
+                        self._where.setdefault(name, shard)
+        else:
+            shards = [SINGLE_NAME] if (self.path / SINGLE_NAME).exists() else \
+                sorted(p.name for p in self.path.glob("*.safetensors"))
+            if not shards:
+                raise FormatError(f"no safetensors weights in {str(self.path)!r} (expected {SINGLE_NAME} or "
+                                  f"{INDEX_NAME})")
+            for shard in shards:
+                self._headers[shard] = read_header(self.path / shard)
+                for name in self._headers[shard]:
+                    if name == "__metadata__":
+                        continue
+                    if name in self._where:
+                        raise FormatError(f"tensor {name!r} appears in both {self._where[name]!r} and {shard!r}")
+                    self._where[name] = shard
+
+    # ------------------------------------------------------------------ Mapping
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        shard = self._where[name]
+        h = self._handles.get(shard)
+        if h is None:
+            try:
+                h = safe_open(str(self.path / shard), framework="pt", device="cpu")
+            except Exception as e:  # safetensors raises its own error types
+                raise FormatError(f"cannot open safetensors file {str(self.path / shard)!r}: {e}") from None
+            self._handles[shard] = h
+        try:
+            return h.get_tensor(name)
+        except Exception as e:
+            raise FormatError(f"cannot read tensor {name!r} from {str(self.path / shard)!r}: {e}") from None
+
+    # ------------------------------------------------------------------ metadata
+    def describe(self, name: str) -> str:
+        return f"{name!r} in {self._where.get(name, '?')}"
+
+    def shard_of(self, name: str) -> str:
+        return self._where[name]
+
+    def info(self, name: str) -> tuple[str, list[int], str]:
+        shard = self._where[name]
+        e = self._headers[shard][name]
+        return e["dtype"], list(e["shape"]), shard
+
+    def nbytes(self, name: str) -> int:
+        dtype, shape, _ = self.info(name)
+        n = DTYPE_BYTES[dtype]
+        for d in shape:
+            n *= d
+        return n
+
+    def shards(self) -> list[str]:
+        return sorted(self._headers)
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    p = Path(path) / "config.json"
+    if not p.exists():
+        raise FormatError(f"{str(p)!r} is missing: a checkpoint folder needs its config.json")
+    try:
+        cfg = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{str(p)!r} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise FormatError(f"{str(p)!r} must hold a JSON object")
+    return cfg

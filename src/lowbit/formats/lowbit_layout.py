@@ -1,0 +1,206 @@
+"""The ``lowbit`` native format: exact, packed, every scheme.
+
+Tensors of one quantized Linear ``P`` (nothing else is stored for it):
+
+| tensor | dtype | shape | meaning |
+|---|---|---|---|
+| ``P.weight_packed`` | uint8 | [out, in/2] | 4-bit element codes (E2M1, INT4), element 2i in the low nibble (in even) |
+| ``P.weight_codes`` | uint8 | [out, in] | codes of every other element format (INT8 two's complement, E4M3 bits...), and 4-bit codes when in is odd |
+| ``P.weight_scale`` | float32 | scale shape | plain (fp32) scales, exactly as quantized |
+| ``P.weight_scale`` | uint8 | scale shape | codes of the block-scale format (UE4M3, UE5M3, E8M0) |
+| ``P.weight_zero_point`` | int8 | scale shape | asymmetric INT only |
+| ``P.weight_global_scale`` | float32 | [1] | NVFP4 divisor |
+| ``P.input_scale`` | float32 | [1] | static per-tensor input scale |
+| ``P.input_global_scale`` | float32 | [1] | NVFP4 input divisor |
+| ``P.bias`` | model dtype | [out] | |
+
+Scale shape: TENSOR [1], CHANNEL [out, 1], GROUP [out, ceil(in / group_size)].
+
+``quantization_config``::
+
+    {"quant_method": "lowbit", "format": "lowbit", "format_version": 1,
+     "config_groups": {"group_0": {"targets": ["Linear"] | [names], "scheme": Scheme.to_dict()}},
+     "ignore": [names...], "model_dtype": null}
+
+Every QuantSpec field is written (QuantSpec.to_dict) and read back strictly (from_dict).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from lowbit.errors import FormatError, SchemeError
+from lowbit.formats.base import (
+    FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
+)
+from lowbit.numerics import FormatName, get_format
+from lowbit.quant import QuantizedTensor, num_groups, pack_nibbles, unpack_nibbles
+from lowbit.schemes import Granularity, QuantSpec, Scheme
+
+FORMAT_VERSION = 1
+
+
+def scale_shape(spec: QuantSpec, out_f: int, in_f: int, name: str = "tensor") -> tuple[int, ...]:
+    """The shape of the scales of an [out, in] weight under ``spec``."""
+    if spec.granularity is Granularity.TENSOR:
+        return (1,)
+    if spec.granularity is Granularity.GROUP:
+        return (out_f, num_groups(in_f, spec, name, (out_f, in_f)))
+    return (out_f, 1)
+
+
+def _packs_nibbles(spec: QuantSpec, in_f: int) -> bool:
+    return spec.bits == 4 and in_f % 2 == 0
+
+
+def encode_scale(scale: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    if spec.scale_format is FormatName.FP32:
+        return scale.to(torch.float32).contiguous()
+    return get_format(spec.scale_format).encode(scale).contiguous()
+
+
+def decode_scale(stored: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    if spec.scale_format is FormatName.FP32:
+        return stored.to(torch.float32)
+    return get_format(spec.scale_format).decode(stored)
+
+
+def scheme_groups(qcfg: Mapping[str, Any], where_: str) -> list[tuple[Scheme, list[str]]]:
+    groups = qcfg.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise FormatError(f"{where_}: 'config_groups' must be a non-empty mapping")
+    out = []
+    for gname, g in groups.items():
+        if not isinstance(g, dict) or set(g) != {"targets", "scheme"}:
+            raise FormatError(f"{where_}: config group {gname!r} must have exactly 'targets' and 'scheme'")
+        try:
+            scheme = Scheme.from_dict(g["scheme"])
+        except SchemeError as e:
+            raise FormatError(f"{where_}: config group {gname!r}: {e}") from e
+        targets = g["targets"]
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise FormatError(f"{where_}: config group {gname!r}: 'targets' must be a list of names")
+        out.append((scheme, targets))
+    return out
+
+
+class LowbitLayout(Layout):
+    format = Format.LOWBIT
+
+    def check_scheme(self, scheme: Scheme) -> None:
+        return None  # every lowbit scheme is representable exactly
+
+    # ------------------------------------------------------------------ write
+    def linear_tensors(self, prefix, qweight, scheme, bias=None, input_scale=None, input_global_scale=None,
+                       dtype=torch.bfloat16):
+        spec = scheme.weights
+        if qweight.spec != spec:
+            raise FormatError(f"layer {prefix!r}: weight spec {qweight.spec.describe()} is not the weights of "
+                              f"scheme {scheme.name}")
+        out_f, in_f = qweight.codes.shape
+        t: dict[str, torch.Tensor] = {}
+        if _packs_nibbles(spec, in_f):
+            t[f"{prefix}.weight_packed"] = pack_nibbles(qweight.codes, f"{prefix}.weight")
+        else:
+            t[f"{prefix}.weight_codes"] = qweight.codes.to(torch.uint8).contiguous()
+        t[f"{prefix}.weight_scale"] = encode_scale(qweight.scale, spec)
+        if qweight.zero_point is not None:
+            t[f"{prefix}.weight_zero_point"] = qweight.zero_point.to(torch.int8).contiguous()
+        if qweight.global_scale is not None:
+            t[f"{prefix}.weight_global_scale"] = qweight.global_scale.to(torch.float32).reshape(1).clone()
+        if input_scale is not None:
+            t[f"{prefix}.input_scale"] = input_scale.to(torch.float32).reshape(1).clone()
+        if input_global_scale is not None:
+            t[f"{prefix}.input_global_scale"] = input_global_scale.to(torch.float32).reshape(1).clone()
+        if bias is not None:
+            t[f"{prefix}.bias"] = bias.detach().to(dtype).contiguous()
+        return t
+
+    def quantization_config(self, scheme, ignore=(), *, targets=None, static_scales=None):
+        return self.quantization_config_groups([(scheme, list(targets) if targets is not None else ["Linear"])],
+                                               ignore)
+
+    def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
+        return {
+            "quant_method": "lowbit",
+            "format": Format.LOWBIT.value,
+            "format_version": FORMAT_VERSION,
+            "config_groups": {f"group_{i}": {"targets": list(t), "scheme": s.to_dict()}
+                              for i, (s, t) in enumerate(groups)},
+            "ignore": sorted(set(ignore)),
+        }
+
+    # ------------------------------------------------------------------ read
+    def parse_config(self, qcfg):
+        w = "config.json quantization_config (lowbit)"
+        expected = {"quant_method", "format", "format_version", "config_groups", "ignore"}
+        missing, unknown = expected - set(qcfg), set(qcfg) - expected
+        if missing or unknown:
+            raise FormatError(f"{w}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
+        if qcfg["format_version"] != FORMAT_VERSION:
+            raise FormatError(f"{w}: format_version {qcfg['format_version']!r} is not supported "
+                              f"(this lowbit reads version {FORMAT_VERSION})")
+        ignore = qcfg["ignore"]
+        if not isinstance(ignore, list):
+            raise FormatError(f"{w}: 'ignore' must be a list of layer names")
+        return ParsedConfig(Format.LOWBIT, scheme_groups(qcfg, w), list(ignore), source="lowbit")
+
+    def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None):
+        spec = scheme.weights
+        what = f"layer {prefix!r} ({scheme.name})"
+        pk, ck = f"{prefix}.weight_packed", f"{prefix}.weight_codes"
+        if pk in tensors:
+            packed = check_tensor(tensors, pk, tensors[pk], dtypes=[torch.uint8], what=what)
+            if packed.dim() != 2 or spec.bits != 4:
+                raise FormatError(f"tensor {where(tensors, pk)}: nibble-packed weights need a 2-D tensor and a "
+                                  f"4-bit element format, scheme {scheme.name} has {spec.format.value}")
+            codes = unpack_nibbles(packed)
+        else:
+            codes = check_tensor(tensors, ck, need(tensors, ck, what), dtypes=[torch.uint8], what=what)
+            if codes.dim() != 2:
+                raise FormatError(f"tensor {where(tensors, ck)} must be 2-D, has shape {tuple(codes.shape)}")
+        out_f, in_f = codes.shape
+        check_codes(tensors, pk if pk in tensors else ck, codes, spec, what)
+        sshape = scale_shape(spec, out_f, in_f, prefix)
+        sk = f"{prefix}.weight_scale"
+        sdt = torch.float32 if spec.scale_format is FormatName.FP32 else torch.uint8
+        scale = decode_scale(check_tensor(tensors, sk, need(tensors, sk, what), shape=sshape, dtypes=[sdt],
+                                          what=what), spec)
+        zp = None
+        if not spec.symmetric:
+            zk = f"{prefix}.weight_zero_point"
+            zp = check_tensor(tensors, zk, need(tensors, zk, what), shape=sshape, dtypes=[torch.int8], what=what)
+        gs = None
+        if spec.global_scale:
+            gk = f"{prefix}.weight_global_scale"
+            gs = check_tensor(tensors, gk, need(tensors, gk, what), shape=(1,), dtypes=[torch.float32], what=what)
+        isc, igs = read_input_scales(prefix, tensors, scheme, [torch.float32])
+        bias = read_bias(prefix, tensors, out_f)
+        return LinearRead(QuantizedTensor(codes, scale, spec, zp, gs), bias, isc, igs)
+
+
+def read_input_scales(prefix: str, tensors: Mapping[str, torch.Tensor], scheme: Scheme,
+                      dtypes: Iterable[torch.dtype]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The static input scales a scheme needs, as float32 [1] (missing ones are an error)."""
+    a = scheme.input_activations
+    what = f"layer {prefix!r} ({scheme.name}, static input activations)"
+    isc = igs = None
+    from lowbit.schemes import Dynamic
+
+    if a is not None and a.dynamic is Dynamic.STATIC:
+        k = f"{prefix}.input_scale"
+        isc = check_tensor(tensors, k, need(tensors, k, what), shape=(1,), dtypes=dtypes, what=what).to(torch.float32)
+    if a is not None and a.global_scale:
+        k = f"{prefix}.input_global_scale"
+        igs = check_tensor(tensors, k, need(tensors, k, what), shape=(1,), dtypes=[torch.float32],
+                           what=what).to(torch.float32)
+    return isc, igs
+
+
+def read_bias(prefix: str, tensors: Mapping[str, torch.Tensor], out_f: int) -> torch.Tensor | None:
+    k = f"{prefix}.bias"
+    if k not in tensors:
+        return None
+    return check_tensor(tensors, k, tensors[k], shape=(out_f,), dtypes=FLOAT_DTYPES, what=f"layer {prefix!r} bias")

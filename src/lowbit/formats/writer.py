@@ -1,0 +1,218 @@
+"""Atomic writing of a complete Hugging Face folder (shared by lowbit.save and model-free).
+
+    from lowbit.formats import CheckpointWriter
+    with CheckpointWriter(out_dir, overwrite=False, max_shard_bytes=2 * 2**30) as w:
+        w.add_tensors({"model.embed_tokens.weight": t, ...})      # buffered; shards cut by size
+        w.write_shard({"a.weight": ...}, "model-00001-of-00002.safetensors")   # or explicit shards
+        w.write_json("config.json", config_dict)
+        w.copy_aux_files(src_dir)     # tokenizer*, special_tokens_map, generation_config, chat template...
+    # on a clean exit: buffered shards are named model-0000i-of-0000n.safetensors (or
+    # model.safetensors when there is one and no explicit shard), model.safetensors.index.json is
+    # written with the real total_size (sum of tensor bytes) whenever there is more than one shard
+    # (or always_index=True), and the temporary folder is renamed to out_dir.
+    # On an exception the temporary folder is removed; out_dir is untouched.
+
+The temporary folder is ``<parent>/.<name>.lowbit-tmp``; ``resume=True`` keeps shards already in it
+(``w.has_shard(filename)`` tells which; their tensor names are read back from their headers for
+the index), so a killed run can be continued. Every file is written to a ``.partial`` name first
+and renamed when complete, so a shard in the temporary folder is always whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors.torch import save_file
+
+from lowbit.errors import FormatError
+from lowbit.formats.folder import INDEX_NAME, SINGLE_NAME, read_header
+
+AUX_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+             "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "tokenizer.model", "spiece.model",
+             "chat_template.jinja", "chat_template.json", "preprocessor_config.json", "processor_config.json")
+AUX_SUFFIXES = (".tiktoken",)
+
+
+def tensor_nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def write_safetensors_atomic(path: Path, tensors: Mapping[str, torch.Tensor],
+                             metadata: Mapping[str, str] | None = None) -> int:
+    """Write one shard (contiguous copies of shared tensors) via a .partial name; returns its tensor bytes."""
+    seen: dict[tuple[int, int], str] = {}
+    clean: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise FormatError(f"tensor {name!r}: expected a torch.Tensor, got {type(t).__name__}")
+        t = t.detach().cpu()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset()) if t.numel() else (id(t), 0)
+        if key in seen or not t.is_contiguous():
+            t = t.contiguous().clone()
+        seen[key] = name
+        clean[name] = t
+    tmp = path.with_name(path.name + ".partial")
+    save_file(clean, str(tmp), metadata=dict(metadata or {"format": "pt"}))
+    os.replace(tmp, path)
+    return sum(tensor_nbytes(t) for t in clean.values())
+
+
+def copy_aux_files(src: str | Path | None, dst: str | Path) -> list[str]:
+    """Copy tokenizer, generation and processor files (never weights or config.json)."""
+    if src is None:
+        return []
+    src, dst = Path(src), Path(dst)
+    copied = []
+    if not src.is_dir():
+        return copied
+    for p in sorted(src.iterdir()):
+        if p.is_file() and (p.name in AUX_NAMES or p.name.endswith(AUX_SUFFIXES)):
+            shutil.copyfile(p, dst / (p.name + ".partial"))
+            os.replace(dst / (p.name + ".partial"), dst / p.name)
+            copied.append(p.name)
+    return copied
+
+
+class CheckpointWriter:
+    def __init__(self, out_dir: str | Path, *, overwrite: bool = False, max_shard_bytes: int = 2 * 2**30,
+                 resume: bool = False, always_index: bool = False) -> None:
+        self.out = Path(out_dir)
+        if self.out.exists() and not overwrite and (not self.out.is_dir() or any(self.out.iterdir())):
+            raise FormatError(f"output folder {str(self.out)!r} already exists and is not empty "
+                              f"(pass overwrite=True to replace it)")
+        self.overwrite = overwrite
+        self.max_shard_bytes = int(max_shard_bytes)
+        self.always_index = always_index
+        self.resume = resume
+        self.tmp = self.out.parent / f".{self.out.name}.lowbit-tmp"
+        if self.tmp.exists() and not resume:
+            shutil.rmtree(self.tmp)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self._buffer: dict[str, torch.Tensor] = {}
+        self._buffer_bytes = 0
+        self._auto: list[tuple[str, list[str]]] = []  # (temporary file name, tensor names)
+        self._explicit: dict[str, list[str]] = {}
+        self._sizes: dict[str, int] = {}
+        self._names: set[str] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ tensors
+    def _claim(self, names) -> None:
+        for n in names:
+            if n in self._names:
+                raise FormatError(f"tensor {n!r} written twice to {str(self.out)!r}")
+            self._names.add(n)
+
+    def add_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Buffer tensors; a shard is written whenever the buffer would exceed max_shard_bytes."""
+        for name, t in tensors.items():
+            nb = tensor_nbytes(t)
+            if self._buffer and self._buffer_bytes + nb > self.max_shard_bytes:
+                self._flush()
+            self._claim([name])
+            self._buffer[name] = t
+            self._buffer_bytes += nb
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        fname = f"auto-{len(self._auto):05d}.safetensors"
+        self._sizes[fname] = write_safetensors_atomic(self.tmp / fname, self._buffer)
+        self._auto.append((fname, list(self._buffer)))
+        self._buffer, self._buffer_bytes = {}, 0
+
+    def has_shard(self, filename: str) -> bool:
+        """A complete shard of that name is already in the temporary folder (resume)."""
+        return (self.tmp / filename).exists()
+
+    def write_shard(self, tensors: Mapping[str, torch.Tensor] | None, filename: str) -> None:
+        """Write one shard under its final file name. ``tensors=None`` adopts a shard already present
+        in the temporary folder (resume): its names and sizes are read from its header."""
+        if "/" in filename or not filename.endswith(".safetensors") or filename.startswith("auto-"):
+            raise FormatError(f"invalid shard file name {filename!r}")
+        if filename in self._explicit:
+            raise FormatError(f"shard {filename!r} written twice")
+        if tensors is None:
+            header = read_header(self.tmp / filename)
+            names = [n for n in header if n != "__metadata__"]
+            self._sizes[filename] = sum(e["data_offsets"][1] - e["data_offsets"][0]
+                                        for n, e in header.items() if n != "__metadata__")
+        else:
+            names = list(tensors)
+            self._sizes[filename] = write_safetensors_atomic(self.tmp / filename, tensors)
+        self._claim(names)
+        self._explicit[filename] = names
+
+    # ------------------------------------------------------------------ other files
+    def write_json(self, name: str, obj: Any) -> None:
+        write_json_atomic(self.tmp / name, obj)
+
+    def copy_aux_files(self, src: str | Path | None) -> list[str]:
+        return copy_aux_files(src, self.tmp)
+
+    # ------------------------------------------------------------------ finish
+    def close(self) -> Path:
+        if self._closed:
+            return self.out
+        self._flush()
+        weight_map: dict[str, str] = {}
+        n_auto = len(self._auto)
+        total_shards = n_auto + len(self._explicit)
+        if total_shards == 0:
+            raise FormatError(f"no tensors were written to {str(self.out)!r}")
+        for i, (fname, names) in enumerate(self._auto):
+            if total_shards == 1 and not self.always_index:
+                final = SINGLE_NAME
+            else:
+                final = f"model-{i + 1:05d}-of-{n_auto:05d}.safetensors"
+            if final in self._explicit:
+                raise FormatError(f"shard name {final!r} is used twice")
+            os.replace(self.tmp / fname, self.tmp / final)
+            self._sizes[final] = self._sizes.pop(fname)
+            weight_map.update({n: final for n in names})
+        for fname, names in self._explicit.items():
+            weight_map.update({n: fname for n in names})
+        if total_shards > 1 or self.always_index or SINGLE_NAME not in self._sizes:
+            self.write_json(INDEX_NAME, {"metadata": {"total_size": sum(self._sizes.values())},
+                                         "weight_map": dict(sorted(weight_map.items()))})
+        if not (self.tmp / "config.json").exists():
+            raise FormatError(f"no config.json was written to {str(self.out)!r}")
+        self._finalize()
+        self._closed = True
+        return self.out
+
+    def _finalize(self) -> None:
+        trash = None
+        if self.out.exists():
+            trash = self.out.parent / f".{self.out.name}.lowbit-old"
+            if trash.exists():
+                shutil.rmtree(trash)
+            os.replace(self.out, trash)
+        os.replace(self.tmp, self.out)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def abort(self) -> None:
+        self._buffer.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._closed = True
+
+    def __enter__(self) -> "CheckpointWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        elif not self._closed and not self.resume:
+            self.abort()  # with resume=True the finished shards stay for the next run

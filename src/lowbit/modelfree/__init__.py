@@ -1,0 +1,10 @@
+"""Model-free quantization: straight from safetensors shards, bounded memory, parallel, resumable.
+
+    lowbit.quantize_checkpoint("./model", "./out", scheme="nvfp4-e5m3", format="lowbit", workers=2)
+"""
+
+from lowbit.modelfree.plan import Kind, Plan, make_plan
+from lowbit.modelfree.run import check_model_free_scheme, quantize_checkpoint
+from lowbit.modelfree.source import Checkpoint
+
+__all__ = ["quantize_checkpoint", "check_model_free_scheme", "make_plan", "Plan", "Kind", "Checkpoint"]

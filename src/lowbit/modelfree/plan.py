@@ -1,0 +1,245 @@
+"""What to do with every tensor of a checkpoint, decided from config.json, names and shapes.
+
+Exact rules, never substring matches:
+- A linear weight is a 2-D tensor named ``<module>.weight`` whose module is not an embedding
+  (last name component in INPUT_EMBEDDING_COMPONENTS), not the output embedding (last
+  component in OUTPUT_EMBEDDING_COMPONENTS or the whole name in OUTPUT_EMBEDDING_NAMES, outside
+  any numbered block), not an unnamed top-level [vocab_size, ...] table, and not excluded by
+  lowbit.targets.is_excluded_name (MoE routers, non-text towers, ``ignore`` patterns): the same
+  set lowbit.targets.quantizable_linears finds on the built model.
+- Everything else (norms, biases, embeddings, lm_head unless asked, routers, towers) is copied
+  unchanged. FP8 sources are dequantized to the model dtype first (``weight_scale_inv``, found
+  through the index in whatever shard holds it); their scales are not written.
+- Tied embeddings: a source that stores lm_head.weight next to a tied embedding has it dropped
+  (transformers ties it again on load); with ``include_lm_head`` the head is quantized from
+  its own tensor (or from the embedding when the source stores only that) and the output
+  config says the embeddings are no longer tied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Iterable
+
+import torch
+
+from lowbit.errors import FormatError, QuantizationError
+from lowbit.fusion import fused_groups
+from lowbit.modelfree.source import DTYPES, FLOAT_SOURCES, FP8_SOURCES, Checkpoint, TensorInfo
+from lowbit.quant import num_groups
+from lowbit.schemes import Scheme
+from lowbit.targets import is_excluded_name
+
+INPUT_EMBEDDING_COMPONENTS = frozenset({
+    "embed_tokens", "wte", "wpe", "word_embeddings", "position_embeddings", "token_type_embeddings",
+    "embed_positions", "tok_embeddings", "embed_in", "embeddings", "shared", "relative_attention_bias",
+})
+OUTPUT_EMBEDDING_COMPONENTS = frozenset({"lm_head", "embed_out"})
+OUTPUT_EMBEDDING_NAMES = frozenset({"output"})  # InternLM2's top-level head; never "*.output.*"
+# architectures whose "linear" weights are transformers Conv1D ([in, out], not nn.Linear)
+CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
+SCALE_INV = "weight_scale_inv"
+FP8_DROPPED = ("input_scale", "activation_scale")  # static FP8 activation scales of the source
+
+
+class Kind(str, Enum):
+    QUANTIZE = "quantize"  # a linear weight, written as the layout's tensors
+    COPY = "copy"          # written unchanged (dequantized to the model dtype if FP8)
+    DROP = "drop"          # not written (tied duplicate, consumed source scale)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A float tensor as stored: plain, or FP8 with its block scale (anywhere in the checkpoint)."""
+
+    info: TensorInfo
+    scale_inv: TensorInfo | None = None
+
+
+@dataclass(frozen=True)
+class Item:
+    kind: Kind
+    name: str                      # output tensor name (COPY) or the linear's module (QUANTIZE)
+    src: Source
+    group: tuple[Source, ...] = ()  # QUANTIZE: weights sharing the NVFP4 global scale (self included)
+
+
+@dataclass
+class Plan:
+    scheme: Scheme
+    dtype: torch.dtype                      # the model's float dtype (FP8 sources dequantize to it)
+    fp8_block: tuple[int, int] | None       # the FP8 source's weight_block_size
+    shards: dict[str, list[Item]]           # source shard -> items in the shard's data order
+    quantized: list[str] = field(default_factory=list)  # linear modules quantized
+    ignored: list[str] = field(default_factory=list)    # linear-like modules kept in float
+    config_updates: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_block_index(part: str) -> bool:
+    return part.isdigit()
+
+
+def _source_fp8_block(ckpt: Checkpoint) -> tuple[bool, tuple[int, int] | None]:
+    qc = ckpt.config.get("quantization_config")
+    if not qc:
+        return False, None
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    if method != "fp8":
+        raise FormatError(
+            f"{ckpt.root}/config.json: the source is already quantized (quant_method {method!r}); model-free "
+            f"quantization reads float (bf16/fp16/fp32) or FP8 block-scaled ('fp8') checkpoints")
+    block = qc.get("weight_block_size")
+    if block is None:
+        return True, None
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise FormatError(f"{ckpt.root}/config.json: weight_block_size {block!r} must be two positive integers")
+    return True, (block[0], block[1])
+
+
+def _check_fp8_scale(w: TensorInfo, s: TensorInfo, block: tuple[int, int] | None) -> None:
+    if s.numel == 1:
+        return
+    if block is None or len(s.shape) != 2:
+        raise FormatError(f"{s.shard}: {s.name} has shape {list(s.shape)}, but config.json gives no "
+                          f"weight_block_size to dequantize {w.name} with")
+    want = (math.ceil(w.shape[0] / block[0]), math.ceil(w.shape[1] / block[1]))
+    if s.shape != want:
+        raise FormatError(f"{s.shard}: {s.name} has shape {list(s.shape)}; {w.name} {list(w.shape)} with "
+                          f"blocks {list(block)} needs {list(want)}")
+
+
+def classify_weight(module: str, shape: tuple[int, ...], vocab_size: int | None) -> str:
+    """'embedding', 'head' or 'linear' for a 2-D ``<module>.weight`` (before exclusions)."""
+    parts = module.split(".")
+    in_block = any(_is_block_index(p) for p in parts)
+    if parts[-1] in INPUT_EMBEDDING_COMPONENTS:
+        return "embedding"
+    if not in_block and (parts[-1] in OUTPUT_EMBEDDING_COMPONENTS or module in OUTPUT_EMBEDDING_NAMES):
+        return "head"
+    if not in_block and vocab_size is not None and shape[0] == vocab_size:
+        return "embedding"  # an unnamed top-level vocabulary table: never quantized silently
+    return "linear"
+
+
+def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), include_lm_head: bool = False) -> Plan:
+    ignore = list(ignore)
+    model_type = ckpt.get("model_type")
+    if model_type in CONV1D_MODEL_TYPES:
+        raise FormatError(f"{ckpt.root}: model_type {model_type!r} stores its projections as Conv1D [in, out], "
+                          f"not linear weights; model-free quantization does not support it")
+    is_fp8, block = _source_fp8_block(ckpt)
+    vocab = ckpt.get("vocab_size")
+    vocab = vocab if isinstance(vocab, int) else None
+    tied_cfg = ckpt.get("tie_word_embeddings")
+    tensors = ckpt.tensors
+    spec = scheme.weights
+
+    kinds: dict[str, Kind] = {}
+    module_of: dict[str, str] = {}
+    scale_of: dict[str, TensorInfo] = {}
+    quantized: list[str] = []
+    ignored: list[str] = []
+    heads: list[str] = []
+    embeddings: list[str] = []
+    for name in sorted(tensors):
+        info = tensors[name]
+        module, _, leaf = name.rpartition(".")
+        if leaf == SCALE_INV:
+            if not is_fp8:
+                raise FormatError(f"{info.shard}: tensor {name!r} is an FP8 block scale, but config.json has no "
+                                  f"'fp8' quantization_config")
+            w = tensors.get(f"{module}.weight")
+            if w is None:
+                raise FormatError(f"{info.shard}: {name} has no matching {module}.weight in the checkpoint")
+            _check_fp8_scale(w, info, block)
+            kinds[name] = Kind.DROP
+            scale_of[w.name] = info
+            continue
+        if is_fp8 and leaf in FP8_DROPPED and f"{module}.{SCALE_INV}" in tensors:
+            kinds[name] = Kind.DROP
+            continue
+        if info.dtype in FP8_SOURCES and f"{module}.{SCALE_INV}" not in tensors:
+            raise FormatError(f"{info.shard}: FP8 tensor {name!r} has no {module}.{SCALE_INV} anywhere in the "
+                              f"checkpoint (the index names none)")
+        if leaf != "weight" or len(info.shape) != 2:
+            kinds[name] = Kind.COPY
+            continue
+        role = classify_weight(module, info.shape, vocab)
+        if role == "embedding":
+            embeddings.append(name)
+            kinds[name] = Kind.COPY
+            continue
+        if role == "head":
+            heads.append(name)
+        if (role == "head" and not include_lm_head) or is_excluded_name(module, ignore):
+            kinds[name] = Kind.COPY
+            ignored.append(module)
+            continue
+        kinds[name] = Kind.QUANTIZE
+        module_of[name] = module
+        quantized.append(module)
+
+    # tied embeddings: written once
+    if not heads and not include_lm_head:
+        ignored.append("lm_head")  # tied: the model's head has no tensor of its own, and stays float
+    config_updates: dict[str, Any] = {}
+    extra: list[tuple[str, TensorInfo]] = []  # (head module, embedding tensor) quantized from the embedding
+    if tied_cfg is True:
+        emb_in = [e for e in embeddings if e.rpartition(".")[0].split(".")[-1] in INPUT_EMBEDDING_COMPONENTS
+                  and tensors[e].shape[0] == (vocab or tensors[e].shape[0])]
+        if heads and not include_lm_head:
+            for h in heads:
+                kinds[h] = Kind.DROP  # transformers re-ties it to the embedding on load
+        elif include_lm_head:
+            if not heads and emb_in and not is_excluded_name("lm_head", ignore):
+                extra.append(("lm_head", tensors[emb_in[0]]))
+                quantized.append("lm_head")
+            if any(kinds[h] is Kind.QUANTIZE for h in heads) or extra:
+                config_updates["tie_word_embeddings"] = False
+
+    # checks that need no tensor data, before anything is written
+    def source(info: TensorInfo) -> Source:
+        s = scale_of.get(info.name)
+        if info.dtype not in FLOAT_SOURCES and s is None:
+            raise FormatError(f"{info.shard}: tensor {info.name!r} has dtype {info.dtype}; model-free quantization "
+                              f"reads bf16, fp16, fp32 or FP8 with block scales")
+        return Source(info, s)
+
+    weights = {m: tensors[n] for n, m in module_of.items()} | {m: e for m, e in extra}
+    for m, info in weights.items():
+        try:
+            num_groups(info.shape[1], spec, f"{info.name}", info.shape)
+        except QuantizationError as e:
+            raise QuantizationError(f"{info.shard}: {e}") from None
+    group_of: dict[str, tuple[Source, ...]] = {}
+    if spec.global_scale:
+        for g in fused_groups(list(weights)):
+            srcs = tuple(source(weights[m]) for m in g)
+            for m in g:
+                group_of[m] = srcs
+
+    shards: dict[str, list[Item]] = {}
+    for shard, infos in ckpt.shard_tensors.items():
+        items: list[Item] = []
+        for info in infos:
+            k = kinds[info.name]
+            if k is Kind.QUANTIZE:
+                m = module_of[info.name]
+                items.append(Item(k, m, source(info), group_of.get(m, ())))
+            elif k is Kind.COPY:  # FP8 tensors kept in float are dequantized to the model dtype
+                items.append(Item(k, info.name, Source(info, scale_of.get(info.name))))
+            else:
+                items.append(Item(k, info.name, Source(info)))
+            for m, e in extra:
+                if e.name == info.name:
+                    items.append(Item(Kind.QUANTIZE, m, source(e), group_of.get(m, ())))
+        shards[shard] = items
+    return Plan(scheme=scheme, dtype=ckpt.dtype, fp8_block=block, shards=shards, quantized=quantized,
+                ignored=sorted(set(ignored) - set(quantized)), config_updates=config_updates)
+
+
+def source_dtype(src: Source, model_dtype: torch.dtype) -> torch.dtype:
+    """The float dtype a source tensor is read as (FP8 dequantizes to the model's dtype)."""
+    return model_dtype if src.scale_inv is not None else DTYPES[src.info.dtype]

@@ -1,0 +1,229 @@
+"""``quantize_checkpoint``: model-free quantization of a safetensors folder.
+
+    lowbit.quantize_checkpoint("./model", "./out", scheme="nvfp4-e5m3", format="lowbit", workers=2)
+
+No model class is built and nothing runs forward. Every check that needs no tensor data
+(scheme, format, shards, index, shapes against the block size, FP8 scales) runs before anything
+is written. Worker processes (spawn, one thread each) quantize shards in parallel (a shard
+larger than PART_BYTES of source is cut into parts, written separately and joined into the same
+bytes afterwards, so a single-file checkpoint uses every worker too) and return metadata only; the output is assembled in ``.<out>.lowbit-tmp`` (lowbit.formats'
+CheckpointWriter) and renamed into place at the end. A run killed part-way keeps its finished
+shards there; the same command again skips them (a done marker is written after each shard's
+atomic rename, and the run's arguments and source files are fingerprinted) and writes output
+byte-identical to an uninterrupted run. A data error (NaN, bad tensor) removes the temporary
+folder, so no half-written output is ever left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import shutil
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Iterable
+
+from lowbit.errors import FormatError, LowbitError, SchemeError
+from lowbit.modelfree.plan import Item, Kind, Plan, make_plan
+from lowbit.modelfree.progress import ShardProgress
+from lowbit.modelfree.source import Checkpoint
+from lowbit.modelfree.stwriter import reserve_for
+from lowbit.modelfree.worker import MARKER_DIR, ShardJob, assemble_parts, init_worker, read_marker, run_job
+from lowbit.schemes import Scheme, get_scheme
+
+RUN_FILE = "run.json"
+PART_BYTES = 128 << 20  # source bytes per unit of work: shards larger than this are split
+LAYOUT_VERSION = 1  # bump when the bytes written for the same inputs change
+# what to run instead of a scheme that needs calibration
+CALIBRATION_ALTERNATIVES = {
+    "w8a8-int8": "w8a8-int8-dynamic", "w8a8-fp8": "w8a8-fp8-dynamic", "nvfp4": "nvfp4-e5m3 or nvfp4a16",
+}
+
+
+def check_model_free_scheme(scheme: Scheme) -> None:
+    """SchemeError for schemes whose static activation scales need calibration data."""
+    if not scheme.needs_calibration:
+        return
+    a = scheme.input_activations
+    what = ("its static input global scale comes" if a is not None and a.global_scale
+            else "its static input scales come")
+    alt = CALIBRATION_ALTERNATIVES.get(scheme.name, "a weight-only or dynamic-activation scheme")
+    raise SchemeError(
+        f"scheme {scheme.name!r} needs calibration: {what} from running the model on sample "
+        f"text, and model-free quantization runs no model. Use {alt} model-free, or quantize the loaded "
+        f"model with calibration data (lowbit.quantize(model, {scheme.name!r}, calibration=texts), or "
+        f"`lowbit quantize MODEL --scheme {scheme.name}` without --model-free)")
+
+
+def _fingerprint(ckpt: Checkpoint, scheme: Scheme, fmt: str, ignore: list[str], include_lm_head: bool) -> str:
+    from lowbit import __version__
+
+    src = []
+    for s in ckpt.shards + ["config.json"] + (["model.safetensors.index.json"] if ckpt.sharded else []):
+        st = (ckpt.root / s).stat()
+        src.append([s, st.st_size, st.st_mtime_ns])
+    blob = {"lowbit": __version__, "layout": LAYOUT_VERSION, "part_bytes": PART_BYTES, "scheme": scheme.to_dict(),
+            "format": fmt,
+            "ignore": ignore, "include_lm_head": include_lm_head, "source": src}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+def _previous_fingerprint(tmp: Path) -> str | None:
+    try:
+        return json.loads((tmp / MARKER_DIR / RUN_FILE).read_text()).get("fingerprint")
+    except (FileNotFoundError, json.JSONDecodeError, AttributeError):
+        return None
+
+
+def _output_config(ckpt: Checkpoint, plan: Plan, layout: Any) -> dict[str, Any]:
+    cfg = json.loads(json.dumps(ckpt.config))
+    cfg.pop("quantization_config", None)
+    for key, value in plan.config_updates.items():
+        cfg[key] = value
+        if isinstance(cfg.get("text_config"), dict) and key in cfg["text_config"]:
+            cfg["text_config"][key] = value
+    cfg["quantization_config"] = layout.quantization_config(plan.scheme, ignore=plan.ignored)
+    return cfg
+
+
+def split_items(items: list[Item], part_bytes: int) -> list[tuple[Item, ...]]:
+    """A shard's items cut into runs of about ``part_bytes`` of source (a fixed size, so the parts
+    depend on the source alone): large shards are quantized by several workers at once."""
+    parts: list[list[Item]] = [[]]
+    acc = 0
+    for it in items:
+        if parts[-1] and acc >= part_bytes:
+            parts.append([])
+            acc = 0
+        parts[-1].append(it)
+        acc += it.src.info.nbytes if it.kind is not Kind.DROP else 0
+    return [tuple(p) for p in parts]
+
+
+def _terminate(ex: ProcessPoolExecutor) -> None:
+    for p in list(getattr(ex, "_processes", {}).values()):
+        if p.is_alive():
+            p.terminate()
+    ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_jobs(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> None:
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            run_job(job, prog.handle)
+        return
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+
+    def drain() -> None:
+        while True:
+            try:
+                prog.handle(events.get_nowait())
+            except queue_mod.Empty:
+                return
+
+    ex = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=init_worker,
+                             initargs=(events, 1))
+    try:
+        pending = {ex.submit(run_job, job) for job in jobs}
+        while pending:
+            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+            drain()
+            for f in done:
+                f.result()  # re-raises a worker's error here
+        drain()
+    except BaseException:
+        _terminate(ex)
+        raise
+    ex.shutdown(wait=True)
+
+
+def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme = "nvfp4-e5m3",
+                        format: str = "lowbit", *, workers: int = 2, ignore: Iterable[str] = (),
+                        include_lm_head: bool = False, resume: bool = True, overwrite: bool = False,
+                        progress: bool | None = None) -> Path:
+    """Quantize the safetensors checkpoint folder ``src`` into ``out`` without building the model.
+
+    scheme: a preset needing no calibration (w4a16, w8a16, nvfp4a16, w8a8-int8-dynamic,
+        w8a8-fp8-dynamic, nvfp4-e5m3, mxfp4, mxfp8) or such a Scheme.
+    format: "lowbit" or "compressed-tensors" (or "fake"): the layouts of ``lowbit.save``.
+    workers: processes quantizing shards in parallel (<= 1: in this process).
+    ignore: more linear modules to keep in float (exact names or full-match regular expressions).
+    include_lm_head: quantize the output embedding too.
+    resume: continue a run that was killed, skipping its finished shards (same arguments only).
+    overwrite: replace ``out`` if it exists.
+    progress: progress bars on stderr (default: when stderr is a terminal).
+    Returns the output folder. Raises SchemeError/FormatError/QuantizationError naming the option,
+    file or tensor; nothing is left half-written.
+    """
+    from lowbit.formats import CheckpointWriter, Format, get_layout
+
+    scheme = get_scheme(scheme)
+    check_model_free_scheme(scheme)
+    fmt = Format.parse(format)
+    layout = get_layout(fmt)
+    layout.check_scheme(scheme)
+    src_p, out_p = Path(src).resolve(), Path(out).resolve()
+    if out_p == src_p or out_p in src_p.parents:
+        raise FormatError(f"output folder {out_p} would overwrite the source checkpoint {src_p}")
+    ignore = list(ignore)
+    ckpt = Checkpoint(src_p)
+    plan = make_plan(ckpt, scheme, ignore, include_lm_head)
+    if not plan.quantized:
+        raise FormatError(f"{src_p}: no linear weights to quantize were found (config model_type "
+                          f"{ckpt.get('model_type')!r})")
+
+    fp = _fingerprint(ckpt, scheme, fmt.value, ignore, include_lm_head)
+    tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
+    same_run = resume and _previous_fingerprint(tmp) == fp
+    writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded)
+    state = writer.tmp / MARKER_DIR
+    state.mkdir(exist_ok=True)
+    for p in writer.tmp.glob("*.partial*"):
+        p.unlink()  # pieces of a shard that a killed run was writing
+    (state / RUN_FILE).write_text(json.dumps({"fingerprint": fp}))
+
+    jobs, done_bytes, multipart = [], 0, {}
+    for shard in ckpt.shards:
+        items = plan.shards[shard]
+        reserve = reserve_for([(it.name, it.kind is Kind.QUANTIZE) for it in items if it.kind is not Kind.DROP])
+        parts = split_items(items, PART_BYTES)
+        if read_marker(writer.tmp, shard, fp) is not None:
+            done_bytes += sum(it.src.info.nbytes for it in items)
+            continue
+        if len(parts) > 1:
+            multipart[shard] = (len(parts), reserve)
+        for k, part in enumerate(parts):
+            job = ShardJob(str(src_p), shard, str(writer.tmp), fp, part, scheme, fmt.value, plan.dtype,
+                           plan.fp8_block, reserve, k, len(parts))
+            if len(parts) > 1 and read_marker(writer.tmp, job.name, fp) is not None:
+                done_bytes += job.source_bytes
+            else:
+                jobs.append(job)
+    jobs.sort(key=lambda j: -j.source_bytes)  # largest first balances the workers
+    total = sum(it.src.info.nbytes for items in plan.shards.values() for it in items)
+    try:
+        with ShardProgress(progress, total, done_bytes, len(ckpt.shards)) as prog:
+            if done_bytes:
+                prog.log(f"resuming: {done_bytes / 1e9:.2f} of {total / 1e9:.2f} GB of source already done")
+            _run_jobs(jobs, workers, prog)
+        for shard, (n_parts, reserve) in multipart.items():
+            assemble_parts(writer.tmp, shard, n_parts, fp, reserve)
+        for p in writer.tmp.glob("*.part-*"):
+            p.unlink()  # nothing but whole shards goes into the output
+        for shard in ckpt.shards:
+            meta = read_marker(writer.tmp, shard, fp)
+            if meta is None:
+                raise FormatError(f"shard {shard} was not completed")  # pragma: no cover - defensive
+            if meta["tensors"]:
+                writer.write_shard(None, shard)
+        writer.write_json("config.json", _output_config(ckpt, plan, layout))
+        writer.copy_aux_files(src_p)
+        shutil.rmtree(state)
+        return writer.close()
+    except LowbitError:
+        writer.abort()  # bad data: nothing half-written stays behind
+        raise

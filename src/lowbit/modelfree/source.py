@@ -1,0 +1,203 @@
+"""A Hugging Face safetensors checkpoint read lazily: config, index, shard headers, tensors.
+
+Nothing here loads a whole shard. Headers are parsed directly (a few KB each) to know every
+tensor's shard, dtype, shape and byte range; tensor data is read with ``safe_open`` one tensor
+at a time, and the file handle is reopened every ``REOPEN_BYTES`` so that the mmap'd pages it
+touched are released (a handle held over a whole shard keeps the shard resident in RSS).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from lowbit.errors import FormatError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+REOPEN_BYTES = 64 << 20
+MAX_HEADER = 100 << 20
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+FLOAT_SOURCES = frozenset({"F32", "F16", "BF16"})
+FP8_SOURCES = frozenset({"F8_E4M3"})
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+CONFIG_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives and what it is, from its shard's header."""
+
+    name: str
+    shard: str
+    dtype: str      # safetensors dtype code ("BF16", "F8_E4M3"...)
+    shape: tuple[int, ...]
+    begin: int      # byte offsets in the shard's data section
+    end: int
+    data_start: int = 0  # file offset of the data section (8 + header length)
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """Parse and check one shard's header: (tensors by name, __metadata__).
+
+    A truncated or corrupt file is a FormatError naming it (checked against the file size, so
+    a shard cut short is caught before anything is written)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise FormatError(f"shard {path}: file is {size} bytes, too short for a safetensors header")
+            (n,) = struct.unpack("<Q", raw)
+            if n > MAX_HEADER or 8 + n > size:
+                raise FormatError(f"shard {path}: header length {n} does not fit in a {size}-byte file "
+                                  f"(truncated or not a safetensors file)")
+            header = json.loads(f.read(n))
+    except FileNotFoundError:
+        raise FormatError(f"shard {path} does not exist") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"shard {path}: corrupt safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise FormatError(f"shard {path}: corrupt safetensors header (not a JSON object)")
+    meta = header.pop("__metadata__", None) or {}
+    out: dict[str, TensorInfo] = {}
+    end_max = 0
+    for name, h in header.items():
+        try:
+            dtype, shape, (b, e) = h["dtype"], tuple(int(d) for d in h["shape"]), h["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise FormatError(f"shard {path}: malformed header entry for tensor {name!r}") from None
+        if dtype not in DTYPES:
+            raise FormatError(f"shard {path}: tensor {name!r} has unsupported dtype {dtype}")
+        nbytes = math.prod(shape) * DTYPES[dtype].itemsize
+        if e - b != nbytes or b < 0:
+            raise FormatError(f"shard {path}: tensor {name!r} byte range {b}..{e} does not match "
+                              f"{dtype}{list(shape)}")
+        out[name] = TensorInfo(name, path.name, dtype, shape, int(b), int(e), 8 + n)
+        end_max = max(end_max, int(e))
+    if 8 + n + end_max != size:
+        raise FormatError(f"shard {path}: header describes {8 + n + end_max} bytes but the file has {size} "
+                          f"(truncated or corrupt)")
+    return out, meta
+
+
+class Checkpoint:
+    """A source checkpoint folder: config.json, shards (from the index or model.safetensors)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FormatError(f"source checkpoint {self.root} is not a folder")
+        cfg_path = self.root / "config.json"
+        if not cfg_path.is_file():
+            raise FormatError(f"source checkpoint {self.root} has no config.json (model-free quantization "
+                              f"reads the architecture facts it needs from it)")
+        try:
+            self.config: dict[str, Any] = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise FormatError(f"{cfg_path}: invalid JSON ({e})") from None
+        self.index_path = self.root / INDEX_NAME
+        self.sharded = self.index_path.is_file()
+        if self.sharded:
+            try:
+                index = json.loads(self.index_path.read_text())
+                weight_map: dict[str, str] = dict(index["weight_map"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise FormatError(f"{self.index_path}: invalid index ({e!r})") from None
+            shards = sorted(set(weight_map.values()))
+            for s in shards:
+                if Path(s).name != s:
+                    raise FormatError(f"{self.index_path}: shard name {s!r} must be a plain file name")
+                if not (self.root / s).is_file():
+                    raise FormatError(f"{self.index_path} names shard {s!r}, which is missing from {self.root}")
+        elif (self.root / SINGLE_NAME).is_file():
+            weight_map, shards = {}, [SINGLE_NAME]
+        else:
+            raise FormatError(f"source checkpoint {self.root} has neither {INDEX_NAME} nor {SINGLE_NAME}")
+        self.shards: list[str] = shards
+        self.tensors: dict[str, TensorInfo] = {}
+        self.shard_tensors: dict[str, list[TensorInfo]] = {}
+        for s in shards:
+            infos, _ = read_header(self.root / s)
+            self.shard_tensors[s] = sorted(infos.values(), key=lambda t: t.begin)
+            for name, info in infos.items():
+                if name in self.tensors:
+                    raise FormatError(f"tensor {name!r} appears in both {self.tensors[name].shard} and {s}")
+                self.tensors[name] = info
+        for name, s in weight_map.items():
+            got = self.tensors.get(name)
+            if got is None or got.shard != s:
+                raise FormatError(f"{self.index_path} places tensor {name!r} in {s}, but that shard does not hold it")
+
+    # ------------------------------------------------------------------ config facts
+    @property
+    def text_config(self) -> dict[str, Any]:
+        """The language model's config (``text_config`` of multimodal models, else the config)."""
+        tc = self.config.get("text_config")
+        return tc if isinstance(tc, dict) else self.config
+
+    def get(self, key: str, default: Any = None) -> Any:
+        tc = self.text_config
+        return tc.get(key, self.config.get(key, default))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's float dtype (config ``dtype`` / ``torch_dtype``), bf16 when unstated."""
+        for cfg in (self.text_config, self.config):
+            for key in ("dtype", "torch_dtype"):
+                v = cfg.get(key)
+                if isinstance(v, str) and v in CONFIG_DTYPES:
+                    return CONFIG_DTYPES[v]
+        return torch.bfloat16
+
+
+class TensorReader:
+    """Reads tensors one at a time with ``safe_open``; reopens files to bound resident memory."""
+
+    def __init__(self, root: Path, reopen_bytes: int | None = None) -> None:
+        self.root = Path(root)
+        self.reopen_bytes = REOPEN_BYTES if reopen_bytes is None else reopen_bytes
+        self._handles: dict[str, Any] = {}
+        self._read: dict[str, int] = {}
+
+    def get(self, info: TensorInfo) -> torch.Tensor:
+        path = self.root / info.shard
+        h = self._handles.get(info.shard)
+        if h is None or self._read[info.shard] >= self.reopen_bytes:
+            self._handles.pop(info.shard, None)
+            try:
+                h = safe_open(str(path), framework="pt")
+            except Exception as e:  # safetensors raises its own error types
+                raise FormatError(f"shard {path}: cannot open ({e})") from None
+            self._handles[info.shard] = h
+            self._read[info.shard] = 0
+        try:
+            t = h.get_tensor(info.name)
+        except Exception as e:
+            raise FormatError(f"shard {path}: cannot read tensor {info.name!r} ({e})") from None
+        self._read[info.shard] += info.nbytes
+        return t
+
+    def close(self) -> None:
+        self._handles.clear()

@@ -1,0 +1,219 @@
+"""Quantize one source shard (or one part of it) into its output; runs in a worker process (or
+in-process).
+
+A job carries everything it needs (tensor locations, the scheme, the format) and returns
+metadata only. Tensors are read one at a time, large weights are quantized in row bands
+(bit-identical to quantizing the whole tensor: every weight scale is per row or per group of a
+row, and the NVFP4 global scale is computed first over the fused group), and written straight
+to disk by the streaming writer. The shard appears under its final name only when complete;
+then a done marker is written (after the rename), so a killed run never counts half a shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from lowbit.errors import LowbitError
+from lowbit.fusion import shared_amax
+from lowbit.modelfree.fp8 import dequantize_fp8_block
+from lowbit.modelfree.plan import Item, Kind, Source
+from lowbit.modelfree.stwriter import StreamingShardWriter, assemble
+from lowbit.modelfree.source import TensorReader
+from lowbit.quant import QuantizedTensor, global_scale_from_amax, quantize
+from lowbit.schemes import Granularity, QuantSpec, Scheme
+
+BAND_ELEMS = 1 << 22  # elements quantized at once (bounds float32 temporaries to ~100 MB)
+MARKER_DIR = ".modelfree"
+
+Report = Callable[[tuple[str, str, int]], None]
+_REPORT: Report | None = None
+_HOOK: Callable[[str, str, str], None] | None = None  # tests: called as (event, shard, tensor)
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """One shard, or one part of a shard (a contiguous run of its items; parts are cut at fixed
+    source sizes, so the same source always gives the same parts, whatever ``workers`` is)."""
+
+    src_root: str
+    shard: str
+    out_dir: str
+    fingerprint: str
+    items: tuple[Item, ...]
+    scheme: Scheme
+    fmt: str
+    model_dtype: torch.dtype
+    fp8_block: tuple[int, int] | None
+    reserve: int          # header room of the whole output shard
+    part: int = 0
+    n_parts: int = 1
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(it.src.info.nbytes for it in self.items)
+
+    @property
+    def name(self) -> str:
+        """The file this job writes (the shard itself, or a data-only part of it) and its marker."""
+        return self.shard if self.n_parts == 1 else part_name(self.shard, self.part, self.n_parts)
+
+
+def part_name(shard: str, part: int, n_parts: int) -> str:
+    return f"{shard}.part-{part + 1}-of-{n_parts}"
+
+
+def init_worker(queue: Any = None, threads: int = 1) -> None:
+    """Process initializer: one compute thread per worker, progress events to ``queue``."""
+    global _REPORT
+    torch.set_num_threads(threads)
+    _REPORT = None if queue is None else queue.put
+
+
+def marker_path(out_dir: str | Path, shard: str) -> Path:
+    return Path(out_dir) / MARKER_DIR / f"{shard}.done.json"
+
+
+def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str) -> QuantizedTensor:
+    """``lowbit.quant.quantize(w, spec, global_scale=...)`` computed in row bands."""
+    rows = max(1, BAND_ELEMS // max(1, w.shape[-1]))
+    if spec.granularity is Granularity.TENSOR or w.shape[0] <= rows:
+        return quantize(w, spec, global_scale=global_scale, name=name)
+    parts = [quantize(w[r:r + rows], spec, global_scale=global_scale, name=name) for r in range(0, w.shape[0], rows)]
+    zp = None if parts[0].zero_point is None else torch.cat([p.zero_point for p in parts])
+    return QuantizedTensor(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), spec, zp,
+                           parts[0].global_scale)
+
+
+class _ShardRun:
+    def __init__(self, job: ShardJob, report: Report | None) -> None:
+        from lowbit.formats import get_layout
+
+        self.job = job
+        self.report = report or (lambda e: None)
+        self.reader = TensorReader(Path(job.src_root))
+        self.layout = get_layout(job.fmt)
+        self.amax_cache: dict[str, torch.Tensor] = {}
+
+    def load(self, src: Source) -> torch.Tensor:
+        t = self.reader.get(src.info)
+        if src.scale_inv is not None:
+            t = dequantize_fp8_block(t, self.reader.get(src.scale_inv), self.job.fp8_block, self.job.model_dtype)
+        return t
+
+    def amax(self, src: Source, loaded: torch.Tensor | None = None) -> torch.Tensor:
+        key = src.info.name
+        if key not in self.amax_cache:
+            t = loaded if loaded is not None else self.load(src)
+            self.amax_cache[key] = shared_amax([t])
+        return self.amax_cache[key]
+
+    def quantized_tensors(self, item: Item, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        scheme = self.job.scheme
+        gs = None
+        if scheme.weights.global_scale:
+            group = item.group or (item.src,)
+            a = torch.stack([self.amax(s, w if s == item.src else None) for s in group]).amax().reshape(1)
+            gs = global_scale_from_amax(a, scheme.weights)
+        qt = quantize_rows(w, scheme.weights, gs, f"{item.src.info.name}")
+        return self.layout.linear_tensors(item.name, qt, scheme, dtype=w.dtype)
+
+    def run(self) -> dict[str, Any]:
+        job = self.job
+        self.report(("start", job.name, job.source_bytes))
+        written = [it for it in job.items if it.kind is not Kind.DROP]
+        writer = None
+        if written:
+            writer = StreamingShardWriter(Path(job.out_dir) / job.name, job.reserve, data_only=job.n_parts > 1)
+        n_quantized = 0
+        try:
+            for it in job.items:
+                if it.kind is Kind.COPY and it.src.scale_inv is None:  # as stored: bytes copied by the kernel
+                    i = it.src.info
+                    writer.add_raw(it.name, i.dtype, i.shape, Path(job.src_root) / i.shard, i.data_start + i.begin,
+                                   i.nbytes)
+                elif it.kind is Kind.COPY:  # FP8 kept in float: dequantized
+                    writer.add(it.name, self.load(it.src))
+                elif it.kind is Kind.QUANTIZE:
+                    w = self.load(it.src)
+                    for k, v in self.quantized_tensors(it, w).items():
+                        writer.add(k, v)
+                    del w
+                    n_quantized += 1
+                self.report(("advance", job.name, it.src.info.nbytes))
+                if _HOOK is not None:
+                    _HOOK("tensor", job.name, it.name)
+            size = writer.finish() if writer is not None else 0
+        except BaseException as e:
+            if writer is not None:
+                writer.abort()
+            if isinstance(e, LowbitError) and job.shard not in str(e):
+                raise type(e)(f"{Path(job.src_root) / job.shard}: {e}") from None
+            raise
+        finally:
+            self.reader.close()
+        result = {
+            "shard": job.name, "fingerprint": job.fingerprint, "file_size": size,
+            "tensors": writer.entries_meta() if writer is not None else {},
+            "quantized": n_quantized, "source_bytes": job.source_bytes,
+        }
+        write_marker(job.out_dir, job.name, result)
+        self.report(("done", job.name, 0))
+        if _HOOK is not None:
+            _HOOK("shard", job.name, "")
+        return result
+
+
+def run_job(job: ShardJob, report: Report | None = None) -> dict[str, Any]:
+    """Quantize one shard; returns its metadata (never tensors)."""
+    return _ShardRun(job, report or _REPORT).run()
+
+
+def write_marker(out_dir: str | Path, name: str, meta: dict[str, Any]) -> None:
+    m = marker_path(out_dir, name)
+    tmp = m.with_name(m.name + ".partial")
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, m)
+
+
+def assemble_parts(out_dir: str | Path, shard: str, n_parts: int, fingerprint: str, reserve: int) -> dict[str, Any]:
+    """Join a shard's finished parts into the shard (same bytes as writing it in one go), mark it
+    done, then remove the parts."""
+    out_dir = Path(out_dir)
+    names = [part_name(shard, k, n_parts) for k in range(n_parts)]
+    metas = [read_marker(out_dir, n, fingerprint) for n in names]
+    if any(m is None for m in metas):
+        raise LowbitError(f"shard {shard}: a part is missing, cannot assemble it")  # pragma: no cover
+    parts = [(out_dir / n, m["tensors"]) for n, m in zip(names, metas) if m["tensors"]]
+    size = assemble(out_dir / shard, reserve, parts) if parts else 0
+    tensors: dict[str, list] = {}
+    for _, t in parts:
+        tensors.update(t)
+    result = {"shard": shard, "fingerprint": fingerprint, "file_size": size, "tensors": tensors,
+              "quantized": sum(m["quantized"] for m in metas), "source_bytes": sum(m["source_bytes"] for m in metas)}
+    write_marker(out_dir, shard, result)
+    for n in names:
+        (out_dir / n).unlink(missing_ok=True)
+        marker_path(out_dir, n).unlink(missing_ok=True)
+    return result
+
+
+def read_marker(out_dir: str | Path, shard: str, fingerprint: str) -> dict[str, Any] | None:
+    """The metadata of a shard finished by an earlier run with the same arguments, else None."""
+    m = marker_path(out_dir, shard)
+    try:
+        meta = json.loads(m.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if meta.get("fingerprint") != fingerprint:
+        return None
+    p = Path(out_dir) / shard
+    if meta.get("file_size"):
+        if not p.is_file() or p.stat().st_size != meta["file_size"]:
+            return None
+    return meta

