@@ -97,30 +97,35 @@ class MiniFloat:
             raise ValueError(f"{self.name} has no NaN: cannot encode NaN input")
         if not self.signed and bool((x < 0).any()):
             raise ValueError(f"{self.name} is unsigned: cannot encode negative values")
-        mag_code = self._encode_magnitude(x.abs())
+        bits = x.view(torch.int32)
+        code = self._encode_magnitude(bits & 0x7FFFFFFF)
         if self.nan_code is not None:
-            mag_code = torch.where(nan, torch.full_like(mag_code, self.nan_code), mag_code)
+            code = torch.where(nan, torch.full_like(code, self.nan_code), code)
         if self.signed:
-            neg = torch.signbit(x) & ~nan
-            mag_code = mag_code | (neg.to(torch.int32) << (self.exp_bits + self.man_bits))
-        return mag_code.to(torch.uint8)
+            # sign bit of the input (-0.0 keeps its sign), except for NaN
+            sign = (bits >> 31) & 1
+            sign = torch.where(nan, torch.zeros_like(sign), sign)
+            code = code | (sign << (self.exp_bits + self.man_bits))
+        return code.to(torch.uint8)
 
-    def _encode_magnitude(self, a: torch.Tensor) -> torch.Tensor:
-        """int32 magnitude codes of the non-negative float32 tensor ``a`` (NaN -> garbage)."""
-        a = torch.clamp(a, max=self.max_finite)  # saturate (also +Inf)
-        _, e = torch.frexp(a)  # a = f * 2^e, f in [0.5, 1)
-        e = torch.clamp(e - 1, min=self.min_normal_exp)  # unbiased exponent of the binade
-        e = torch.where(a == 0, torch.full_like(e, self.min_normal_exp), e)  # frexp(0) gives e == 0
-        shift = (self.man_bits - e).to(torch.int32)
-        steps = torch.round(torch.ldexp(a, shift.to(torch.float32)))  # exact multiple of quantum
+    def _encode_magnitude(self, abs_bits: torch.Tensor) -> torch.Tensor:
+        """int32 magnitude codes from the int32 bit patterns of |x| (float32; NaN -> garbage).
+
+        Works on the bits: the binade exponent is read from the float32 exponent field (zero
+        and float32 subnormals fall below the format's smallest binade and are clamped to it),
+        and the scaling by 2^(man_bits - e) multiplies by a power of two built from its bits,
+        which is exact."""
+        a = torch.clamp(abs_bits.view(torch.float32), max=self.max_finite)  # saturate (also +Inf)
+        e = ((a.view(torch.int32) >> 23) & 0xFF) - 127  # unbiased float32 exponent
+        e = torch.clamp(e, min=self.min_normal_exp)  # binade exponent (subnormal range: emin)
+        factor = ((self.man_bits + 127 - e) << 23).view(torch.float32)  # 2^(man_bits - e), normal
+        steps = torch.round(a * factor).to(torch.int32)  # exact multiple of the binade's quantum
         # steps counts quanta of size 2^(e-man_bits). For a normal binade, steps lies in
         # [2^m, 2^(m+1)] and the code is (e+bias-1)*2^m + steps, which also covers the carry
         # into the next binade (steps == 2^(m+1)). For the subnormal range (e == emin),
         # steps in [0, 2^(m+1)] and the same formula with e+bias-1 == 0 holds.
-        steps = steps.to(torch.int32)
-        code = (e.to(torch.int32) + self.bias - 1) * (1 << self.man_bits) + steps
-        code = torch.clamp(code, max=self.max_code_magnitude)
-        return code
+        code = (e + (self.bias - 1)) * (1 << self.man_bits) + steps
+        return torch.clamp(code, max=self.max_code_magnitude)
 
     # ------------------------------------------------------------------ decode
     def decode(self, codes: torch.Tensor) -> torch.Tensor:

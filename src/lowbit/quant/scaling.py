@@ -90,6 +90,13 @@ def _elem_max(spec: QuantSpec) -> float:
     return get_format(spec.format).max_finite
 
 
+def _div(t: torch.Tensor, divisor: float) -> torch.Tensor:
+    """t / divisor, correctly rounded on every device: the divisor is a one-element tensor on
+    t's device, because CUDA turns division by a Python scalar into multiplication by its
+    (rounded) reciprocal, which differs from IEEE division in the last bit."""
+    return t / torch.tensor([divisor], dtype=torch.float32, device=t.device)
+
+
 def global_scale_from_amax(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """The NVFP4-style global scale, stored as the divisor scale_max * elem_max / amax.
 
@@ -105,14 +112,14 @@ def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tenso
     a = a.to(torch.float32)
     sf = spec.scale_format
     if sf is FormatName.FP32:
-        return a / _elem_max(spec)
+        return _div(a, _elem_max(spec))
     if sf is FormatName.E8M0:
         emax = int(E8M0.exponent_floor(torch.tensor(_elem_max(spec))))
         safe = torch.where(a > 0, a, torch.ones_like(a))
         e = torch.where(a > 0, E8M0.exponent_floor(safe) - emax, torch.full_like(a, -127, dtype=torch.int32))
         return E8M0.decode(E8M0.encode_exponent(torch.clamp(e, -127, 127)))
     fmt = get_format(sf)
-    raw = a / _elem_max(spec)
+    raw = _div(a, _elem_max(spec))
     if spec.global_scale:
         if global_scale is None:
             raise QuantizationError("this spec needs a global scale")
@@ -130,7 +137,7 @@ def effective_scale(scale: torch.Tensor, spec: QuantSpec, global_scale: torch.Te
 def _asymmetric(v: torch.Tensor, spec: QuantSpec, fmt: IntFormat) -> tuple[torch.Tensor, torch.Tensor]:
     lo = torch.clamp(_reduce(v, spec, lambda t, d: t.amin(d)), max=0.0)
     hi = torch.clamp(_reduce(v, spec, lambda t, d: t.amax(d)), min=0.0)
-    scale = (hi - lo) / float(fmt.qmax - fmt.qmin)
+    scale = _div(hi - lo, float(fmt.qmax - fmt.qmin))
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     zp = torch.clamp(torch.round(fmt.qmin - lo / safe), fmt.qmin, fmt.qmax)
     zp = torch.where(scale > 0, zp, torch.zeros_like(zp))
