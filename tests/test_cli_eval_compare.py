@@ -149,3 +149,22 @@ def test_compare_save_format_measures_disk(tiny_dir, text_file, tmp_path):
     assert row["size_source"] == "disk (lowbit)"
     ck = tmp_path / "rep" / "checkpoints" / "w8a16"
     assert row["size_bytes"] == sum(p.stat().st_size for p in ck.rglob("*.safetensors"))
+
+
+def test_eval_tasks_hands_model_to_lm_eval_with_local_task(capsys, monkeypatch, tiny_dir, text_file):
+    import lowbit.eval.harness as harness
+
+    seen = {}
+
+    def fake_run(model, tok, tasks, include_path=None, **kw):
+        seen.update(model=model, tasks=tasks, include_path=include_path)
+        return {"lowbit_lastword": {"acc,none": 0.5}}
+
+    monkeypatch.setattr(harness, "run_lm_eval", fake_run)
+    code, out, err = run(capsys, "eval", tiny_dir, "--text", text_file, "--limit", 20, "--lastword", 3,
+                         "--tasks", "lowbit_lastword", "--json", "--no-progress")
+    assert code == 0, err
+    assert json.loads(out)["lm_eval"] == {"lowbit_lastword": {"acc,none": 0.5}}
+    assert seen["tasks"] == ["lowbit_lastword"]
+    rows = (harness.Path(seen["include_path"]) / "lowbit_lastword.jsonl").read_text().splitlines()
+    assert len(rows) == 3 and json.loads(rows[0])["word"] == "garden"

@@ -245,6 +245,42 @@ def test_writer_explicit_shards_and_resume(tmp_path):
     assert idx["weight_map"] == {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
 
 
+def test_writer_weights_stem(tmp_path):
+    """The lowbit format's weight files have their own names (stock loaders must not find them);
+    the reader finds either naming."""
+    stem = get_layout(Format.LOWBIT).weights_stem
+    assert stem == "lowbit-model"
+    assert get_layout(Format.FAKE).weights_stem == get_layout(CT).weights_stem == "model"
+    tensors = {f"t{i}": torch.full((100,), float(i)) for i in range(3)}
+    with CheckpointWriter(tmp_path / "one", weights_stem=stem) as w:
+        w.add_tensors(tensors)
+        w.write_json("config.json", {})
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["config.json", "lowbit-model.safetensors"]
+    with CheckpointWriter(tmp_path / "many", weights_stem=stem, max_shard_bytes=500) as w:
+        w.add_tensors(tensors)
+        w.write_json("config.json", {})
+    idx = json.loads((tmp_path / "many" / "lowbit-model.safetensors.index.json").read_text())
+    assert sorted(set(idx["weight_map"].values())) == [f"lowbit-model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert not list((tmp_path / "many").glob("model*"))
+    for d in ("one", "many"):
+        f = SafetensorsFolder(tmp_path / d)
+        assert f.files.stem == stem and len(f) == 3 and torch.equal(f["t2"], tensors["t2"])
+    # explicit shards must carry the stem; an unknown stem is refused
+    w = CheckpointWriter(tmp_path / "bad", weights_stem=stem)
+    with pytest.raises(FormatError, match="invalid shard file name 'model-00001-of-00001.safetensors'"):
+        w.write_shard({"a": torch.ones(2)}, "model-00001-of-00001.safetensors")
+    # a standard-named weights file left in the temporary folder is never published
+    (w.tmp / "model.safetensors").write_bytes(b"stale")
+    w.write_shard({"a": torch.ones(2)}, "lowbit-model-00001-of-00001.safetensors")
+    w.write_json("config.json", {})
+    with pytest.raises(FormatError, match="model.safetensors.*does not belong"):
+        w.close()
+    assert not (tmp_path / "bad").exists()
+    w.abort()
+    with pytest.raises(FormatError, match="unknown weights file stem 'weights'"):
+        CheckpointWriter(tmp_path / "x", weights_stem="weights")
+
+
 def test_folder_reports_damaged_files(tmp_path):
     d = tmp_path / "f"
     d.mkdir()

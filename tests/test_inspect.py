@@ -67,3 +67,17 @@ def test_inspect_damaged_shard_and_unknown_format(folder, capsys):
         main(["inspect", str(folder)])
     assert e.value.code == 2
     assert "unknown quant_method 'hqq'" in capsys.readouterr().err
+
+
+def test_inspect_flags_lowbit_format_under_standard_names(tmp_path):
+    """A lowbit-format folder whose weights carry the standard names would be misread silently by
+    transformers: inspect says so (lowbit.load still reads it)."""
+    out = tmp_path / "lb"
+    lowbit.save(quantized_model("w4a16"), out, format="lowbit")
+    assert inspect_checkpoint(out)["inconsistencies"] == []
+    (out / "lowbit-model.safetensors").rename(out / "model.safetensors")
+    r = inspect_checkpoint(out)
+    assert len(r["inconsistencies"]) == 1
+    assert "model.safetensors" in r["inconsistencies"][0] and "lowbit-model" in r["inconsistencies"][0]
+    assert "uninitialised" in r["inconsistencies"][0]
+    assert r["groups"][0]["layers"] == 14  # the layers were still read

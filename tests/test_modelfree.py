@@ -89,12 +89,43 @@ def test_same_tensors_and_logits_as_in_memory(model, sharded, token_ids, tmp_pat
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"] == json.loads((ref / "config.json").read_text())["quantization_config"]
     assert (out / "tokenizer.json").read_text() == '{"fake": "tokenizer"}'
-    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    idx = json.loads((out / "lowbit-model.safetensors.index.json").read_text())  # the lowbit format's names
     assert idx["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in folder_tensors(out).values())
-    assert set(idx["weight_map"].values()) == {p.name for p in out.glob("*.safetensors")}
+    n = len(list(sharded.glob("*.safetensors")))
+    assert set(idx["weight_map"].values()) == {p.name for p in out.glob("*.safetensors")} == \
+        {f"lowbit-model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)}
+    assert not list(out.glob("model*"))  # nothing a stock loader would pick up
     loaded = lowbit.load(out)
     with torch.no_grad():
         assert torch.equal(loaded(token_ids).logits, q(token_ids).logits)
+
+
+def test_output_file_names_by_format(model, sharded, tmp_path):
+    """lowbit format: lowbit-model* files, which transformers refuses loudly (no weights file)
+    instead of loading uninitialised weights; compressed-tensors keeps the standard names; a
+    single-file source gives a single file."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    n = len(list(sharded.glob("*.safetensors")))
+    ct = mf(sharded, tmp_path / "ct", "w8a16", format="compressed-tensors")
+    assert {p.name for p in ct.glob("*.safetensors*")} == \
+        {f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)} | {"model.safetensors.index.json"}
+    q = lowbit.quantize(copy.deepcopy(model), "w8a16")
+    lowbit.save(q, tmp_path / "ct-ref", format="compressed-tensors")
+    assert_same_tensors(folder_tensors(ct), folder_tensors(tmp_path / "ct-ref"))
+    single = tmp_path / "single"
+    model.save_pretrained(single)
+    out = mf(single, tmp_path / "lb", "w8a16")
+    assert sorted(p.name for p in out.glob("*.safetensors*")) == ["lowbit-model.safetensors"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(OSError, match="model.safetensors"):
+            AutoModelForCausalLM.from_pretrained(str(out))
+    # a lowbit-format folder given as the source is named as already quantized
+    with pytest.raises(FormatError, match="already quantized.*'lowbit'"):
+        mf(out, tmp_path / "again", "w8a16")
 
 
 def round_robin_shards(model, d: Path, n: int = 4) -> Path:
@@ -174,6 +205,9 @@ def test_fp8_block_source_scales_in_another_shard(model, tmp_path, token_ids):
     assert_same_tensors(folder_tensors(out), folder_tensors(ref))
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "lowbit"
+    # the scale-only source shard writes nothing: two output shards, numbered without a gap
+    assert sorted(p.name for p in out.glob("*.safetensors")) == [f"lowbit-model-0000{i}-of-00002.safetensors"
+                                                                 for i in (1, 2)]
     with torch.no_grad():  # (a bf16 model built from its config differs from fp32.to(bf16) in rotary buffers)
         assert torch.equal(lowbit.load(out)(token_ids).logits, lowbit.load(ref)(token_ids).logits)
     # an FP8 layer left in float is written dequantized, in the model dtype

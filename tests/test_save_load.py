@@ -134,6 +134,53 @@ def test_plain_transformers_opens_fake_folder_as_float(tmp_path):
     torch.testing.assert_close(logits(plain, ids), logits(model, ids), rtol=1e-5, atol=1e-5)
 
 
+def test_plain_transformers_refuses_lowbit_folder(tmp_path):
+    """A stock loader must fail loudly on the lowbit format (it would otherwise only warn about the
+    unknown quant_method and load uninitialised weights for every quantized Linear): the weights
+    are under lowbit's own file names, so transformers finds none and raises."""
+    from transformers import AutoModelForCausalLM
+
+    model = quantized_model("w4a16")
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    lowbit.save(model, single, format="lowbit")
+    lowbit.save(model, sharded, format="lowbit", max_shard_size=20_000)
+    assert sorted(p.name for p in single.glob("*.safetensors*")) == ["lowbit-model.safetensors"]
+    names = sorted(p.name for p in sharded.glob("*.safetensors*"))
+    n = len(names) - 1
+    assert n > 1 and names == [f"lowbit-model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)] + \
+        ["lowbit-model.safetensors.index.json"]
+    for out in (single, sharded):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(OSError, match="model.safetensors"):
+                AutoModelForCausalLM.from_pretrained(str(out))
+        assert_same_layers(model, lowbit.load(out))  # lowbit itself reads it
+    # the formats stock loaders do read keep the standard names
+    lowbit.save(model, tmp_path / "fake", format="fake")
+    lowbit.save(quantized_model("w8a16"), tmp_path / "ct", format="compressed-tensors", max_shard_size=20_000)
+    assert (tmp_path / "fake" / "model.safetensors").is_file()
+    assert (tmp_path / "ct" / "model.safetensors.index.json").is_file()
+    assert not list((tmp_path / "fake").glob("lowbit-model*")) and not list((tmp_path / "ct").glob("lowbit-model*"))
+
+
+def test_lowbit_folder_with_standard_names_still_loads(tmp_path):
+    """Folders written by earlier lowbit versions (lowbit format under model*.safetensors) load."""
+    model = quantized_model("w8a8-int8")
+    out = tmp_path / "old"
+    lowbit.save(model, out, format="lowbit", max_shard_size=30_000)
+    index = json.loads((out / "lowbit-model.safetensors.index.json").read_text())
+    renames = {f: f.replace("lowbit-model", "model") for f in set(index["weight_map"].values())}
+    for a, b in renames.items():
+        (out / a).rename(out / b)
+    index["weight_map"] = {k: renames[v] for k, v in index["weight_map"].items()}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    (out / "lowbit-model.safetensors.index.json").unlink()
+    assert_same_layers(model, lowbit.load(out))
+    (out / "lowbit-model.safetensors").write_bytes(b"stale")  # two namings in one folder: refused
+    with pytest.raises(FormatError, match="two namings.*model.safetensors.index.json.*lowbit-model.safetensors"):
+        lowbit.load(out)
+
+
 # ---------------------------------------------------------------------------- bad input
 @pytest.fixture
 def saved(tmp_path):

@@ -53,6 +53,10 @@ def install_peer(root: Path, peer: str) -> tuple[Path, str | None]:
     return py, None
 
 
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -77,6 +81,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--work", default="/tmp/lowbit-peers/work")
+    ap.add_argument("--reuse", action="store_true", help="reuse a tool's result already in --work (same ids)")
     ap.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
     a = ap.parse_args()
 
@@ -95,7 +100,9 @@ def main() -> None:
     ids = tok(read_text(), add_special_tokens=False, return_tensors="pt").input_ids[0]
     n_windows = -(-a.limit // (a.window - 1))
     ids = ids[: n_windows * a.window].contiguous()
-    save_file({"ids": ids}, str(work / "ids.safetensors"))
+    ids_file = work / "ids.safetensors"
+    if not (a.reuse and ids_file.exists()):
+        save_file({"ids": ids}, str(ids_file))
     calib = str(default_calibration_text_path())
     start = dt.datetime.now(dt.timezone.utc)
     mach = machine()
@@ -114,7 +121,9 @@ def main() -> None:
         tools.append((p, py, err))
     for tool, py, err in tools:
         out = work / f"{tool}-{a.scheme}.json"
-        if err is None:
+        if a.reuse and out.exists():
+            r = json.loads(out.read_text())
+        elif err is None:
             print(f"[{tool}] quantizing {a.scheme} ...", flush=True)
             cmd = [str(py), str(HERE / "worker.py"), "--tool", tool, "--model", str(model), "--scheme", a.scheme,
                    "--ids", str(work / "ids.safetensors"), "--calib", calib, "--window", str(a.window),
@@ -135,15 +144,16 @@ def main() -> None:
              f"Machine: {mach}. Text: lowbit's built-in evaluation text (Persuasion), "
              f"{rows[0].get('tokens', '?')} tokens in {a.window}-token windows, identical ids for every tool. "
              f"Float perplexity: {base if base is None else f'{base:.3f}'}.\n",
-             "| tool | version | quantize s | peak RSS while quantizing (MB) | perplexity | change vs float |",
-             "|---|---|---|---|---|---|"]
+             "| tool | version | quantize wall s | quantize CPU s | peak RSS while quantizing (MB) | perplexity "
+             "| change vs float |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("status") == "ok":
             ch = f"{100 * (r['ppl'] / base - 1):+.2f}%" if base else "-"
-            lines.append(f"| {r['tool']} | {r.get('version', '?')} | {r['quant_s']:.1f} | {r['peak_rss_mb']:.0f} | "
-                         f"{r['ppl']:.3f} | {ch} |")
+            lines.append(f"| {r['tool']} | {r.get('version', '?')} | {r['quant_s']:.1f} | {_num(r.get('quant_cpu_s'))} | "
+                         f"{r['peak_rss_mb']:.0f} | {r['ppl']:.3f} | {ch} |")
         else:
-            lines.append(f"| {r['tool']} | {r.get('version', '-')} | failed: {r.get('error', '?')[:160]} | | | |")
+            lines.append(f"| {r['tool']} | {r.get('version', '-')} | failed: {r.get('error', '?')[:160]} | | | | |")
     text = "\n".join(lines) + "\n"
     print(text)
     (work / f"summary-{a.scheme}.json").write_text(json.dumps(rows, indent=2))

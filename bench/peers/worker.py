@@ -82,7 +82,7 @@ def q_lowbit(model, tok, scheme, calib):
 
 
 AUTOROUND_SCHEMES = {"w4a16": "W4A16", "w8a16": "W8A16", "nvfp4": "NVFP4", "mxfp4": "MXFP4",
-                     "w8a8-fp8": "FP8_STATIC", "nvfp4-e5m3": "NVFP4_E5M3"}
+                     "w8a8-fp8": "FP8_STATIC", "nvfp4-e5m3": "NVFP4_E5M3", "w8a8-int8-dynamic": "INT8"}
 
 
 def q_autoround(model, tok, scheme, calib):
@@ -91,8 +91,10 @@ def q_autoround(model, tok, scheme, calib):
 
     if scheme not in AUTOROUND_SCHEMES:
         raise ValueError(f"no auto-round preset mapped for {scheme}")
-    ar = AutoRound(model, tok, scheme=AUTOROUND_SCHEMES[scheme], iters=0, nsamples=16, seqlen=256,
-                   dataset=calib_texts(calib))
+    # iters=0 alone selects auto-round's *optimized* RTN (a calibrated scale search, minutes per
+    # layer here); disable_opt_rtn=True is plain round-to-nearest, like lowbit's RTN
+    ar = AutoRound(model, tok, scheme=AUTOROUND_SCHEMES[scheme], iters=0, disable_opt_rtn=True, nsamples=16,
+                   seqlen=256, dataset=calib_texts(calib), device_map="cpu")
     ar.quantize()
     return ar.model, auto_round.__version__
 
@@ -108,7 +110,10 @@ def q_llmcompressor(model, tok, scheme, calib):
 
     if scheme not in LLMC_SCHEMES:
         raise ValueError(f"no llm-compressor preset mapped for {scheme}")
-    recipe = QuantizationModifier(targets="Linear", scheme=LLMC_SCHEMES[scheme], ignore=["lm_head"])
+    # it refuses hidden 576 with group 128 (576 % 128 != 0) unless told the runtime copes; lowbit
+    # quantizes the ragged last group, so let llm-compressor do the same
+    recipe = QuantizationModifier(targets="Linear", scheme=LLMC_SCHEMES[scheme], ignore=["lm_head"],
+                                  bypass_divisibility_checks=True)
     kwargs = {}
     if scheme in ("nvfp4",):  # static input global scale: needs calibration data
         from datasets import Dataset
@@ -183,9 +188,10 @@ def main() -> None:
             out["float_eval_s"] = time.perf_counter() - t0
         out["rss_before_mb"] = rss_mb()
         with PeakRSS() as mem:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             model, version = TOOLS[a.tool](model, tok, a.scheme, a.calib)
             out["quant_s"] = time.perf_counter() - t0
+            out["quant_cpu_s"] = time.process_time() - c0  # all threads; robust to a shared machine
         out["peak_rss_mb"] = mem.peak
         out["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         out["version"] = version

@@ -4,7 +4,9 @@
                 tokenizer=None, source_dir=None, overwrite=False, max_shard_size=2 * 2**30)
 
 The folder holds config.json (the model config plus ``quantization_config``), the weights as
-safetensors (sharded with ``model.safetensors.index.json`` above ``max_shard_size`` bytes),
+safetensors (sharded with ``model.safetensors.index.json`` above ``max_shard_size`` bytes; the
+``lowbit`` format names them ``lowbit-model*.safetensors`` instead, so that stock loaders such as
+transformers fail on it rather than load uninitialised weights for its layers),
 generation_config.json, and the tokenizer (``tokenizer.save_pretrained``) or the tokenizer and
 generation files copied from ``source_dir`` (default: the folder the model was loaded from, when it
 is a local folder). Everything is written to a temporary folder renamed at the end: a failed save
@@ -180,7 +182,8 @@ def save(model: nn.Module, out_dir: str | Path, format: Format | str = Format.LO
     tensors, qcfg, untie = collect_tensors(model, fmt, dtype)
     config = _config_dict(model, dtype, qcfg, untie)
     src = _source_dir(model, source_dir)
-    with CheckpointWriter(out_dir, overwrite=overwrite, max_shard_bytes=max_shard_size) as w:
+    with CheckpointWriter(out_dir, overwrite=overwrite, max_shard_bytes=max_shard_size,
+                          weights_stem=get_layout(fmt).weights_stem) as w:
         w.add_tensors(tensors)
         w.write_json("config.json", config)
         gen = getattr(model, "generation_config", None)

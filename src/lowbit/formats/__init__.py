@@ -6,6 +6,7 @@
     tensors = layout.linear_tensors(prefix, qweight, scheme, bias=None, input_scale=None,
                                     input_global_scale=None, dtype=torch.bfloat16)
     qcfg = layout.quantization_config(scheme, ignore=["lm_head"])   # -> config.json["quantization_config"]
+    CheckpointWriter(out, weights_stem=layout.weights_stem)         # lowbit: lowbit-model*.safetensors files
 
     # reading back (no model needed):
     folder = SafetensorsFolder(path)
@@ -21,7 +22,7 @@ from lowbit.formats.base import Format, Layout, LinearRead, ParsedConfig
 from lowbit.formats.ct_layout import CompressedTensorsLayout
 from lowbit.formats.detect import detect_format, parse_quantization_config
 from lowbit.formats.fake_layout import FakeLayout, static_scale_entry
-from lowbit.formats.folder import SafetensorsFolder, read_config, read_header
+from lowbit.formats.folder import SafetensorsFolder, WeightFiles, find_weight_files, read_config, read_header
 from lowbit.formats.lowbit_layout import LowbitLayout
 from lowbit.formats.writer import CheckpointWriter, copy_aux_files, write_json_atomic, write_safetensors_atomic
 
@@ -38,5 +39,5 @@ __all__ = [
     "Format", "Layout", "LinearRead", "ParsedConfig", "get_layout", "LowbitLayout", "FakeLayout",
     "CompressedTensorsLayout", "CheckpointWriter", "SafetensorsFolder", "read_config", "read_header",
     "copy_aux_files", "write_json_atomic", "write_safetensors_atomic", "detect_format",
-    "parse_quantization_config", "static_scale_entry",
+    "parse_quantization_config", "static_scale_entry", "WeightFiles", "find_weight_files",
 ]

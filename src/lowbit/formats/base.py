@@ -187,9 +187,15 @@ def parse_dtype(name: str, option: str = "dtype") -> torch.dtype:
 
 
 class Layout(ABC):
-    """Per-layer tensor layout and config of one checkpoint format (pure functions, no model)."""
+    """Per-layer tensor layout and config of one checkpoint format (pure functions, no model).
+
+    weights_stem: the stem of the folder's weight file names (lowbit.formats.folder.WeightFiles),
+        given to CheckpointWriter: ``"model"`` for formats stock loaders read correctly,
+        ``"lowbit-model"`` for the ``lowbit`` format, which they must not find (they would load
+        uninitialised weights for its layers and only warn)."""
 
     format: Format
+    weights_stem: str
 
     @abstractmethod
     def check_scheme(self, scheme: Scheme) -> None:

@@ -30,6 +30,7 @@ from lowbit.formats.base import (
     FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
 )
 from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, named_scheme, spec_to_args
+from lowbit.formats.folder import STANDARD_STEM
 from lowbit.formats.lowbit_layout import read_bias, scale_shape
 from lowbit.numerics import E8M0, FormatName, get_format
 from lowbit.quant import QuantizedTensor, pack_int32, pack_nibbles, unpack_int32, unpack_nibbles
@@ -44,6 +45,7 @@ def _float_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class CompressedTensorsLayout(Layout):
     format = Format.COMPRESSED_TENSORS
+    weights_stem = STANDARD_STEM  # transformers and vLLM load these folders
 
     def check_scheme(self, scheme: Scheme) -> None:
         ct_format_of(scheme)

@@ -2,7 +2,8 @@
 
 Tensors of one quantized Linear ``P``: ``P.weight`` (dequantize(qweight) in the model dtype, the
 usual [out, in] float weight) and ``P.bias``, nothing else, so plain transformers opens the folder
-as a float model (it warns that it does not know quant_method "lowbit" and skips it).
+as a float model (it warns that it does not know quant_method "lowbit" and skips it); the weight
+files keep the standard names (``model.safetensors``...) for that reason.
 
 ``quantization_config`` is the lowbit one with ``"format": "fake"`` plus the static input scales
 (float32 values, exact through JSON) so that ``lowbit.load`` rebuilds modules that QDQ their
@@ -26,6 +27,7 @@ import torch
 
 from lowbit.errors import FormatError
 from lowbit.formats.base import FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_tensor, need
+from lowbit.formats.folder import STANDARD_STEM
 from lowbit.formats.lowbit_layout import FORMAT_VERSION, read_bias, scheme_groups
 from lowbit.quant import dequantize
 from lowbit.schemes import Dynamic, Scheme
@@ -42,6 +44,7 @@ def static_scale_entry(input_scale: torch.Tensor | None, input_global_scale: tor
 
 class FakeLayout(Layout):
     format = Format.FAKE
+    weights_stem = STANDARD_STEM  # plain float weights: stock loaders read them correctly
 
     def check_scheme(self, scheme: Scheme) -> None:
         return None

@@ -7,6 +7,14 @@
 
 Every shard's header is parsed by hand first (8-byte little-endian length, JSON, data offsets),
 so a missing shard, a truncated file or a corrupt header is a FormatError naming the file.
+
+Weight file names (``WeightFiles``): the standard Hugging Face names (stem ``model``:
+``model.safetensors``, ``model-0000i-of-0000n.safetensors``, ``model.safetensors.index.json``), used
+by the ``fake`` and ``compressed-tensors`` formats, which stock loaders read correctly; and the
+``lowbit`` format's own names (stem ``lowbit-model``), which stock loaders do not look for, so
+transformers fails loudly (no weights file) instead of loading uninitialised weights for layers
+it does not understand. The reader finds either naming (a folder holding both is an error);
+without an index or a single file of either naming it reads every ``*.safetensors`` in the folder.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,8 +31,55 @@ from safetensors import safe_open
 
 from lowbit.errors import FormatError
 
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
+STANDARD_STEM = "model"        # what transformers, vLLM and other stock loaders look for
+LOWBIT_STEM = "lowbit-model"   # the lowbit format's weights: invisible to stock loaders
+WEIGHT_STEMS = (STANDARD_STEM, LOWBIT_STEM)
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """The safetensors file names of one weights stem (see the module docstring)."""
+
+    stem: str = STANDARD_STEM
+
+    @property
+    def single(self) -> str:
+        return f"{self.stem}.safetensors"
+
+    @property
+    def index(self) -> str:
+        return f"{self.stem}.safetensors.index.json"
+
+    def shard(self, i: int, n: int) -> str:
+        """Shard ``i`` (1-based) of ``n``."""
+        return f"{self.stem}-{i:05d}-of-{n:05d}.safetensors"
+
+    def owns(self, filename: str) -> bool:
+        """A shard file name of this stem (the single file or ``<stem>-...safetensors``)."""
+        return filename == self.single or (filename.startswith(self.stem + "-") and filename.endswith(".safetensors"))
+
+
+def weight_files(stem: str) -> WeightFiles:
+    """The file names of a known weights stem (FormatError for any other)."""
+    if stem not in WEIGHT_STEMS:
+        raise FormatError(f"unknown weights file stem {stem!r}; expected one of {', '.join(WEIGHT_STEMS)}")
+    return WeightFiles(stem)
+
+
+def find_weight_files(path: Path) -> WeightFiles | None:
+    """The naming a folder's weights use: the stem whose index or single file is present (None: no
+    such file). A folder holding files of both namings is ambiguous: FormatError."""
+    found = [WeightFiles(s) for s in WEIGHT_STEMS
+             if (path / WeightFiles(s).index).is_file() or (path / WeightFiles(s).single).is_file()]
+    if len(found) > 1:
+        names = [n for f in found for n in (f.index, f.single) if (path / n).is_file()]
+        raise FormatError(f"checkpoint folder {str(path)!r} holds weights under two namings ({', '.join(names)}); "
+                          f"remove the stale ones")
+    return found[0] if found else None
+
+
+INDEX_NAME = WeightFiles(STANDARD_STEM).index
+SINGLE_NAME = WeightFiles(STANDARD_STEM).single
 MAX_HEADER = 100 * 1024 * 1024
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
@@ -83,8 +139,10 @@ class SafetensorsFolder(Mapping):
         self._where: dict[str, str] = {}
         self._headers: dict[str, dict[str, Any]] = {}
         self._handles: dict[str, Any] = {}
-        index = self.path / INDEX_NAME
-        if index.exists():
+        self.files = find_weight_files(self.path)
+        index = self.path / (self.files or WeightFiles()).index
+        self.index_path: Path | None = index if index.is_file() else None
+        if self.index_path is not None:
             try:
                 wm = json.loads(index.read_text())["weight_map"]
                 assert isinstance(wm, dict)
@@ -95,22 +153,22 @@ class SafetensorsFolder(Mapping):
                     raise FormatError(f"{str(index)!r} names an invalid shard file {shard!r} (a plain "
                                       f"*.safetensors file name in the folder is expected)")
                 if not (self.path / shard).exists():
-                    raise FormatError(f"shard {shard!r} named by {INDEX_NAME} is missing from {str(self.path)!r}")
+                    raise FormatError(f"shard {shard!r} named by {index.name} is missing from {str(self.path)!r}")
                 self._headers[shard] = read_header(self.path / shard)
             for name, shard in wm.items():
                 if name not in self._headers[shard]:
-                    raise FormatError(f"{INDEX_NAME} puts tensor {name!r} in {shard!r}, which does not contain it")
+                    raise FormatError(f"{index.name} puts tensor {name!r} in {shard!r}, which does not contain it")
             self._where = dict(wm)
             for shard, h in self._headers.items():  # tensors present but not indexed are still readable
                 for name in h:
                     if name != "__metadata__":
                         self._where.setdefault(name, shard)
         else:
-            shards = [SINGLE_NAME] if (self.path / SINGLE_NAME).exists() else \
+            shards = [self.files.single] if self.files is not None else \
                 sorted(p.name for p in self.path.glob("*.safetensors"))
             if not shards:
-                raise FormatError(f"no safetensors weights in {str(self.path)!r} (expected {SINGLE_NAME} or "
-                                  f"{INDEX_NAME})")
+                expected = " or ".join(n for s in WEIGHT_STEMS for n in (WeightFiles(s).single, WeightFiles(s).index))
+                raise FormatError(f"no safetensors weights in {str(self.path)!r} (expected {expected})")
             for shard in shards:
                 self._headers[shard] = read_header(self.path / shard)
                 for name in self._headers[shard]:

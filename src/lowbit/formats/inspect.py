@@ -5,7 +5,7 @@
 
 Keys: path, format, source, dtype, groups (scheme name, weights, input activations, every
 QuantSpec field, layer count, targets), layers (name -> scheme name), ignored (Linears left in
-float), size_on_disk (bytes of the weight files), float_size (the same model's parameters in its
+float), size_on_disk (bytes of the weight files: ``*.safetensors``), float_size (the same model's parameters in its
 float dtype, tied weights once), ratio, inconsistencies (one line each: file, tensor, what).
 
 The model's layers come from its config.json built on the meta device (no memory, no weights);
@@ -24,7 +24,7 @@ import torch.nn as nn
 from lowbit.errors import FormatError, LowbitError
 from lowbit.formats.base import Format, parse_dtype
 from lowbit.formats.detect import parse_quantization_config
-from lowbit.formats.folder import INDEX_NAME, SafetensorsFolder, read_config
+from lowbit.formats.folder import SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
 
 QUANT_SUFFIXES = ("weight_packed", "weight_codes", "weight_scale", "weight_zero_point", "weight_global_scale",
@@ -70,6 +70,14 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     except FormatError as e:
         problems.append(str(e))
         folder = None
+    native = config["quantization_config"].get("quant_method") == "lowbit"  # written by lowbit, not auto-round
+    if folder is not None and folder.files is not None and native and \
+            folder.files.stem != get_layout(fmt).weights_stem:
+        problems.append(f"{folder.files.single if folder.index_path is None else folder.index_path.name}: "
+                        f"'{fmt.value}' format weights belong in {get_layout(fmt).weights_stem}*.safetensors "
+                        f"files; under these names stock loaders (transformers) would "
+                        f"{'load uninitialised weights for its layers' if fmt is Format.LOWBIT else 'find no weights'}"
+                        f" (re-save it with lowbit.save)")
     try:
         model = _meta_model(path)
     except Exception as e:  # transformers raises many kinds for unknown configs
@@ -145,16 +153,16 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{scheme.input_activations.describe()}, {scheme.input_activations.dynamic.value}",
             "spec": scheme.to_dict(),
         })
-    if folder is not None and (path / INDEX_NAME).exists():
+    if folder is not None and folder.index_path is not None:
         import json
 
         try:
-            declared = json.loads((path / INDEX_NAME).read_text()).get("metadata", {}).get("total_size")
+            declared = json.loads(folder.index_path.read_text()).get("metadata", {}).get("total_size")
         except Exception:
             declared = None
         real = sum(folder.nbytes(k) for k in folder)
         if declared is not None and declared != real:
-            problems.append(f"{INDEX_NAME}: total_size {declared} differs from the tensors' {real} bytes")
+            problems.append(f"{folder.index_path.name}: total_size {declared} differs from the tensors' {real} bytes")
     return report
 
 

@@ -16,11 +16,25 @@ Tensors of one quantized Linear ``P`` (nothing else is stored for it):
 
 Scale shape: TENSOR [1], CHANNEL [out, 1], GROUP [out, ceil(in / group_size)].
 
+Weight files (``weights_stem = "lowbit-model"``):
+
+| file | when |
+|---|---|
+| ``lowbit-model.safetensors`` | one shard |
+| ``lowbit-model-0000i-of-0000n.safetensors`` | several shards (or a sharded model-free source) |
+| ``lowbit-model.safetensors.index.json`` | with several shards: ``{"metadata": {"total_size"}, "weight_map"}`` |
+
+Not the standard ``model*.safetensors`` names on purpose: transformers only warns about the unknown
+quant_method and would load uninitialised weights for every quantized Linear (its tensors are
+``weight_packed``/``weight_codes``, not ``weight``); with no weights file it finds, it raises an
+error naming the files it looked for. ``lowbit.load`` reads both namings (older lowbit folders
+used the standard names).
+
 ``quantization_config``::
 
     {"quant_method": "lowbit", "format": "lowbit", "format_version": 1,
      "config_groups": {"group_0": {"targets": ["Linear"] | [names], "scheme": Scheme.to_dict()}},
-     "ignore": [names...], "model_dtype": null}
+     "ignore": [names...]}
 
 Every QuantSpec field is written (QuantSpec.to_dict) and read back strictly (from_dict).
 """
@@ -35,6 +49,7 @@ from lowbit.errors import FormatError, SchemeError
 from lowbit.formats.base import (
     FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
 )
+from lowbit.formats.folder import LOWBIT_STEM
 from lowbit.numerics import FormatName, get_format
 from lowbit.quant import QuantizedTensor, num_groups, pack_nibbles, unpack_nibbles
 from lowbit.schemes import Granularity, QuantSpec, Scheme
@@ -88,6 +103,7 @@ def scheme_groups(qcfg: Mapping[str, Any], where_: str) -> list[tuple[Scheme, li
 
 class LowbitLayout(Layout):
     format = Format.LOWBIT
+    weights_stem = LOWBIT_STEM  # stock loaders find no weights: they fail instead of misreading
 
     def check_scheme(self, scheme: Scheme) -> None:
         return None  # every lowbit scheme is representable exactly

@@ -1,16 +1,22 @@
 """Atomic writing of a complete Hugging Face folder (shared by lowbit.save and model-free).
 
-    from lowbit.formats import CheckpointWriter
-    with CheckpointWriter(out_dir, overwrite=False, max_shard_bytes=2 * 2**30) as w:
+    from lowbit.formats import CheckpointWriter, get_layout
+    with CheckpointWriter(out_dir, overwrite=False, max_shard_bytes=2 * 2**30,
+                          weights_stem=get_layout(fmt).weights_stem) as w:   # "model" by default
         w.add_tensors({"model.embed_tokens.weight": t, ...})      # buffered; shards cut by size
-        w.write_shard({"a.weight": ...}, "model-00001-of-00002.safetensors")   # or explicit shards
+        w.write_shard({"a.weight": ...}, w.files.shard(1, 2))     # or explicit shards (<stem>-*.safetensors)
         w.write_json("config.json", config_dict)
         w.copy_aux_files(src_dir)     # tokenizer*, special_tokens_map, generation_config, chat template...
-    # on a clean exit: buffered shards are named model-0000i-of-0000n.safetensors (or
-    # model.safetensors when there is one and no explicit shard), model.safetensors.index.json is
+    # on a clean exit: buffered shards are named <stem>-0000i-of-0000n.safetensors (or
+    # <stem>.safetensors when there is one and no explicit shard), <stem>.safetensors.index.json is
     # written with the real total_size (sum of tensor bytes) whenever there is more than one shard
     # (or always_index=True), and the temporary folder is renamed to out_dir.
     # On an exception the temporary folder is removed; out_dir is untouched.
+
+``weights_stem`` names the weight files (lowbit.formats.folder.WeightFiles): ``model`` gives the
+standard names stock loaders read; ``lowbit-model`` (the ``lowbit`` format's layout) gives names
+they do not look for, so transformers refuses the folder loudly instead of misreading it. A folder
+is never closed with weight files of the other naming in it.
 
 The temporary folder is ``<parent>/.<name>.lowbit-tmp``; ``resume=True`` keeps shards already in it
 (``w.has_shard(filename)`` tells which; their tensor names are read back from their headers for
@@ -30,7 +36,7 @@ import torch
 from safetensors.torch import save_file
 
 from lowbit.errors import FormatError
-from lowbit.formats.folder import INDEX_NAME, SINGLE_NAME, read_header
+from lowbit.formats.folder import STANDARD_STEM, WEIGHT_STEMS, WeightFiles, read_header, weight_files
 
 AUX_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
              "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "tokenizer.model", "spiece.model",
@@ -86,7 +92,8 @@ def copy_aux_files(src: str | Path | None, dst: str | Path) -> list[str]:
 
 class CheckpointWriter:
     def __init__(self, out_dir: str | Path, *, overwrite: bool = False, max_shard_bytes: int = 2 * 2**30,
-                 resume: bool = False, always_index: bool = False) -> None:
+                 resume: bool = False, always_index: bool = False, weights_stem: str = STANDARD_STEM) -> None:
+        self.files = weight_files(weights_stem)
         self.out = Path(out_dir)
         if self.out.exists() and not overwrite and (not self.out.is_dir() or any(self.out.iterdir())):
             raise FormatError(f"output folder {str(self.out)!r} already exists and is not empty "
@@ -139,8 +146,9 @@ class CheckpointWriter:
     def write_shard(self, tensors: Mapping[str, torch.Tensor] | None, filename: str) -> None:
         """Write one shard under its final file name. ``tensors=None`` adopts a shard already present
         in the temporary folder (resume): its names and sizes are read from its header."""
-        if "/" in filename or not filename.endswith(".safetensors") or filename.startswith("auto-"):
-            raise FormatError(f"invalid shard file name {filename!r}")
+        if "/" in filename or not self.files.owns(filename):
+            raise FormatError(f"invalid shard file name {filename!r} (expected {self.files.single} or "
+                              f"{self.files.stem}-*.safetensors)")
         if filename in self._explicit:
             raise FormatError(f"shard {filename!r} written twice")
         if tensors is None:
@@ -173,9 +181,9 @@ class CheckpointWriter:
             raise FormatError(f"no tensors were written to {str(self.out)!r}")
         for i, (fname, names) in enumerate(self._auto):
             if total_shards == 1 and not self.always_index:
-                final = SINGLE_NAME
+                final = self.files.single
             else:
-                final = f"model-{i + 1:05d}-of-{n_auto:05d}.safetensors"
+                final = self.files.shard(i + 1, n_auto)
             if final in self._explicit:
                 raise FormatError(f"shard name {final!r} is used twice")
             os.replace(self.tmp / fname, self.tmp / final)
@@ -183,11 +191,16 @@ class CheckpointWriter:
             weight_map.update({n: final for n in names})
         for fname, names in self._explicit.items():
             weight_map.update({n: fname for n in names})
-        if total_shards > 1 or self.always_index or SINGLE_NAME not in self._sizes:
-            self.write_json(INDEX_NAME, {"metadata": {"total_size": sum(self._sizes.values())},
-                                         "weight_map": dict(sorted(weight_map.items()))})
+        if total_shards > 1 or self.always_index or self.files.single not in self._sizes:
+            self.write_json(self.files.index, {"metadata": {"total_size": sum(self._sizes.values())},
+                                               "weight_map": dict(sorted(weight_map.items()))})
         if not (self.tmp / "config.json").exists():
             raise FormatError(f"no config.json was written to {str(self.out)!r}")
+        for other in (WeightFiles(s) for s in WEIGHT_STEMS if s != self.files.stem):
+            stray = [n for n in (other.index, other.single) if (self.tmp / n).exists()]
+            if stray:  # e.g. left by a resumed run: a stock loader would read it instead of failing
+                raise FormatError(f"{str(self.tmp / stray[0])!r} does not belong in a folder whose weights are "
+                                  f"{self.files.stem}* files")
         self._finalize()
         self._closed = True
         return self.out

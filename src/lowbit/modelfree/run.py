@@ -12,6 +12,11 @@ shards there; the same command again skips them (a done marker is written after 
 atomic rename, and the run's arguments and source files are fingerprinted) and writes output
 byte-identical to an uninterrupted run. A data error (NaN, bad tensor) removes the temporary
 folder, so no half-written output is ever left.
+
+Output shards follow the source's, in order: one per source shard that has tensors to write,
+named by the format's weights stem (lowbit.formats.folder.WeightFiles):
+``lowbit-model-0000i-of-0000n.safetensors`` (or ``lowbit-model.safetensors`` for a single-file
+source) for the ``lowbit`` format, which stock loaders must not find; ``model-...`` for the others.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from lowbit.schemes import Scheme, get_scheme
 
 RUN_FILE = "run.json"
 PART_BYTES = 128 << 20  # source bytes per unit of work: shards larger than this are split
-LAYOUT_VERSION = 1  # bump when the bytes written for the same inputs change
+LAYOUT_VERSION = 2  # bump when the files written for the same inputs change (2: weight file names by format)
 # what to run instead of a scheme that needs calibration
 CALIBRATION_ALTERNATIVES = {
     "w8a8-int8": "w8a8-int8-dynamic", "w8a8-fp8": "w8a8-fp8-dynamic", "nvfp4": "nvfp4-e5m3 or nvfp4a16",
@@ -62,7 +67,7 @@ def _fingerprint(ckpt: Checkpoint, scheme: Scheme, fmt: str, ignore: list[str], 
     from lowbit import __version__
 
     src = []
-    for s in ckpt.shards + ["config.json"] + (["model.safetensors.index.json"] if ckpt.sharded else []):
+    for s in ckpt.shards + ["config.json"] + ([ckpt.index_path.name] if ckpt.sharded else []):
         st = (ckpt.root / s).stat()
         src.append([s, st.st_size, st.st_mtime_ns])
     blob = {"lowbit": __version__, "layout": LAYOUT_VERSION, "part_bytes": PART_BYTES, "scheme": scheme.to_dict(),
@@ -179,26 +184,36 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     fp = _fingerprint(ckpt, scheme, fmt.value, ignore, include_lm_head)
     tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
     same_run = resume and _previous_fingerprint(tmp) == fp
-    writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded)
+    writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded,
+                              weights_stem=layout.weights_stem)
     state = writer.tmp / MARKER_DIR
     state.mkdir(exist_ok=True)
     for p in writer.tmp.glob("*.partial*"):
         p.unlink()  # pieces of a shard that a killed run was writing
     (state / RUN_FILE).write_text(json.dumps({"fingerprint": fp}))
 
-    jobs, done_bytes, multipart = [], 0, {}
+    # output shard names: source shards that write nothing (a tied duplicate head, FP8 scales) get none
+    kept = [s for s in ckpt.shards if any(it.kind is not Kind.DROP for it in plan.shards[s])]
+    out_names = {s: writer.files.shard(i + 1, len(kept)) if ckpt.sharded or len(kept) > 1 else writer.files.single
+                 for i, s in enumerate(kept)}
+    jobs, done_bytes, skipped_bytes, multipart = [], 0, 0, {}
     for shard in ckpt.shards:
         items = plan.shards[shard]
+        if shard not in out_names:
+            skipped_bytes += sum(it.src.info.nbytes for it in items)
+            continue
+        out_name = out_names[shard]
         reserve = reserve_for([(it.name, it.kind is Kind.QUANTIZE) for it in items if it.kind is not Kind.DROP])
         parts = split_items(items, PART_BYTES)
-        if read_marker(writer.tmp, shard, fp) is not None:
+        if read_marker(writer.tmp, out_name, fp) is not None:
             done_bytes += sum(it.src.info.nbytes for it in items)
             continue
         if len(parts) > 1:
-            multipart[shard] = (len(parts), reserve)
+            multipart[out_name] = (len(parts), reserve)
         for k, part in enumerate(parts):
-            job = ShardJob(str(src_p), shard, str(writer.tmp), fp, part, scheme, fmt.value, plan.dtype,
-                           plan.fp8_block, reserve, k, len(parts))
+            job = ShardJob(src_root=str(src_p), shard=shard, out_name=out_name, out_dir=str(writer.tmp),
+                           fingerprint=fp, items=part, scheme=scheme, fmt=fmt.value, model_dtype=plan.dtype,
+                           fp8_block=plan.fp8_block, reserve=reserve, part=k, n_parts=len(parts))
             if len(parts) > 1 and read_marker(writer.tmp, job.name, fp) is not None:
                 done_bytes += job.source_bytes
             else:
@@ -206,20 +221,19 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     jobs.sort(key=lambda j: -j.source_bytes)  # largest first balances the workers
     total = sum(it.src.info.nbytes for items in plan.shards.values() for it in items)
     try:
-        with ShardProgress(progress, total, done_bytes, len(ckpt.shards)) as prog:
+        with ShardProgress(progress, total, done_bytes + skipped_bytes, len(out_names)) as prog:
             if done_bytes:
                 prog.log(f"resuming: {done_bytes / 1e9:.2f} of {total / 1e9:.2f} GB of source already done")
             _run_jobs(jobs, workers, prog)
-        for shard, (n_parts, reserve) in multipart.items():
-            assemble_parts(writer.tmp, shard, n_parts, fp, reserve)
+        for out_name, (n_parts, reserve) in multipart.items():
+            assemble_parts(writer.tmp, out_name, n_parts, fp, reserve)
         for p in writer.tmp.glob("*.part-*"):
             p.unlink()  # nothing but whole shards goes into the output
-        for shard in ckpt.shards:
-            meta = read_marker(writer.tmp, shard, fp)
+        for shard, out_name in out_names.items():
+            meta = read_marker(writer.tmp, out_name, fp)
             if meta is None:
-                raise FormatError(f"shard {shard} was not completed")  # pragma: no cover - defensive
-            if meta["tensors"]:
-                writer.write_shard(None, shard)
+                raise FormatError(f"shard {out_name} (from {shard}) was not completed")  # pragma: no cover
+            writer.write_shard(None, out_name)
         writer.write_json("config.json", _output_config(ckpt, plan, layout))
         writer.copy_aux_files(src_p)
         shutil.rmtree(state)

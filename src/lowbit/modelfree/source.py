@@ -20,9 +20,8 @@ import torch
 from safetensors import safe_open
 
 from lowbit.errors import FormatError
+from lowbit.formats.folder import INDEX_NAME, SINGLE_NAME, WeightFiles, find_weight_files
 
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
 REOPEN_BYTES = 64 << 20
 MAX_HEADER = 100 << 20
 
@@ -117,7 +116,9 @@ class Checkpoint:
             self.config: dict[str, Any] = json.loads(cfg_path.read_text())
         except json.JSONDecodeError as e:
             raise FormatError(f"{cfg_path}: invalid JSON ({e})") from None
-        self.index_path = self.root / INDEX_NAME
+        # either naming (a lowbit-format folder is then refused as already quantized, by make_plan)
+        files = find_weight_files(self.root) or WeightFiles()
+        self.index_path = self.root / files.index
         self.sharded = self.index_path.is_file()
         if self.sharded:
             try:
@@ -131,8 +132,8 @@ class Checkpoint:
                     raise FormatError(f"{self.index_path}: shard name {s!r} must be a plain file name")
                 if not (self.root / s).is_file():
                     raise FormatError(f"{self.index_path} names shard {s!r}, which is missing from {self.root}")
-        elif (self.root / SINGLE_NAME).is_file():
-            weight_map, shards = {}, [SINGLE_NAME]
+        elif (self.root / files.single).is_file():
+            weight_map, shards = {}, [files.single]
         else:
             raise FormatError(f"source checkpoint {self.root} has neither {INDEX_NAME} nor {SINGLE_NAME}")
         self.shards: list[str] = shards

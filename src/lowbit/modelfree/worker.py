@@ -42,7 +42,8 @@ class ShardJob:
     source sizes, so the same source always gives the same parts, whatever ``workers`` is)."""
 
     src_root: str
-    shard: str
+    shard: str            # the source shard (file name in src_root)
+    out_name: str         # the output shard it becomes (the format's weight file name)
     out_dir: str
     fingerprint: str
     items: tuple[Item, ...]
@@ -61,7 +62,7 @@ class ShardJob:
     @property
     def name(self) -> str:
         """The file this job writes (the shard itself, or a data-only part of it) and its marker."""
-        return self.shard if self.n_parts == 1 else part_name(self.shard, self.part, self.n_parts)
+        return self.out_name if self.n_parts == 1 else part_name(self.out_name, self.part, self.n_parts)
 
 
 def part_name(shard: str, part: int, n_parts: int) -> str:
@@ -182,8 +183,8 @@ def write_marker(out_dir: str | Path, name: str, meta: dict[str, Any]) -> None:
 
 
 def assemble_parts(out_dir: str | Path, shard: str, n_parts: int, fingerprint: str, reserve: int) -> dict[str, Any]:
-    """Join a shard's finished parts into the shard (same bytes as writing it in one go), mark it
-    done, then remove the parts."""
+    """Join the finished parts of output shard ``shard`` into it (same bytes as writing it in one
+    go), mark it done, then remove the parts."""
     out_dir = Path(out_dir)
     names = [part_name(shard, k, n_parts) for k in range(n_parts)]
     metas = [read_marker(out_dir, n, fingerprint) for n in names]
