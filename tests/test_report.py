@@ -80,10 +80,13 @@ def test_run_compare_tiny_writes_report_and_plot(tmp_path):
     for r in rows.values():
         assert r["status"] == "ok", r.get("error")
         assert r["ppl_change_pct"] == pytest.approx(100 * (r["perplexity"] / base["perplexity"] - 1))
-        assert len(r["layers"]) == 14
         assert r["size_bytes"] < base["size_bytes"]
         assert r["quant_seconds"] >= 0
+    assert len(rows["w8a16"]["layers"]) == len(rows["nvfp4-e5m3"]["layers"]) == 14
+    # SmoothQuant only for the static per-tensor scheme; its layers see rescaled inputs: no SQNR
     assert rows["w8a8-int8"]["calibrated"] is True and rows["w8a16"]["calibrated"] is False
+    assert rows["w8a8-int8"]["smoothquant"] == 0.8 and rows["nvfp4-e5m3"]["smoothquant"] is None
+    assert rows["w8a8-int8"]["layers"] == {} and "SmoothQuant" in rows["w8a8-int8"]["sqnr_note"]
     # int8 weight-only hurts less than 4-bit weights and activations
     assert rows["w8a16"]["mean_sqnr_db"] > rows["nvfp4-e5m3"]["mean_sqnr_db"]
     assert abs(rows["w8a16"]["ppl_change_pct"]) < abs(rows["nvfp4-e5m3"]["ppl_change_pct"]) + 1e-9
@@ -112,3 +115,13 @@ def test_run_compare_unknown_scheme_fails_before_work():
 
     with pytest.raises(SchemeError):
         run_compare(tiny_llama(), byte_tokenizer(), opts=CompareOptions(schemes=["nvfp5"], progress=False))
+
+
+def test_run_compare_without_smoothquant_measures_every_layer():
+    model, tok = tiny_llama(), byte_tokenizer()
+    opts = CompareOptions(schemes=["w8a8-int8"], limit=40, window=32, lastword=0, calib_samples=2,
+                          calib_seq_len=32, sqnr_tokens=16, smoothquant=None, progress=False)
+    row = run_compare(model, tok, opts=opts)["schemes"][0]
+    assert row["status"] == "ok", row.get("error")
+    assert row["calibrated"] is True and row["smoothquant"] is None
+    assert len(row["layers"]) == 14 and all(v is not None for v in row["layers"].values())

@@ -107,7 +107,7 @@ def main() -> None:
     start = dt.datetime.now(dt.timezone.utc)
     mach = machine()
 
-    rows = []
+    rows, reused = [], []
     tools = [("lowbit", Path(sys.executable), None)]
     for p in [p for p in a.peers.split(",") if p]:
         if p not in PEERS:
@@ -123,6 +123,7 @@ def main() -> None:
         out = work / f"{tool}-{a.scheme}.json"
         if a.reuse and out.exists():
             r = json.loads(out.read_text())
+            reused.append(out.stat().st_mtime)
         elif err is None:
             print(f"[{tool}] quantizing {a.scheme} ...", flush=True)
             cmd = [str(py), str(HERE / "worker.py"), "--tool", tool, "--model", str(model), "--scheme", a.scheme,
@@ -139,21 +140,23 @@ def main() -> None:
         rows.append(r)
         print(f"[{tool}] {r.get('status')}: {r.get('error') or ''}", flush=True)
 
+    if reused:  # date the section by when those results were measured
+        start = dt.datetime.fromtimestamp(min(reused), dt.timezone.utc)
     base = next((r.get("float_ppl") for r in rows if r.get("float_ppl")), None)
     lines = [f"\n## {a.scheme} on {Path(model).name}: {start:%Y-%m-%d %H:%M} UTC\n",
              f"Machine: {mach}. Text: lowbit's built-in evaluation text (Persuasion), "
              f"{rows[0].get('tokens', '?')} tokens in {a.window}-token windows, identical ids for every tool. "
              f"Float perplexity: {base if base is None else f'{base:.3f}'}.\n",
-             "| tool | version | quantize wall s | quantize CPU s | peak RSS while quantizing (MB) | perplexity "
-             "| change vs float |",
-             "|---|---|---|---|---|---|---|"]
+             "| tool | version | quantize wall s | quantize CPU s | peak RSS while quantizing (MB) "
+             "| RSS growth (MB) | perplexity | change vs float |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("status") == "ok":
             ch = f"{100 * (r['ppl'] / base - 1):+.2f}%" if base else "-"
             lines.append(f"| {r['tool']} | {r.get('version', '?')} | {r['quant_s']:.1f} | {_num(r.get('quant_cpu_s'))} | "
-                         f"{r['peak_rss_mb']:.0f} | {r['ppl']:.3f} | {ch} |")
+                         f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['rss_before_mb']:.0f} | {r['ppl']:.3f} | {ch} |")
         else:
-            lines.append(f"| {r['tool']} | {r.get('version', '-')} | failed: {r.get('error', '?')[:160]} | | | | |")
+            lines.append(f"| {r['tool']} | {r.get('version', '-')} | failed: {r.get('error', '?')[:160]} | | | | | |")
     text = "\n".join(lines) + "\n"
     print(text)
     (work / f"summary-{a.scheme}.json").write_text(json.dumps(rows, indent=2))

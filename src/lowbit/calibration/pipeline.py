@@ -239,6 +239,9 @@ class LayerwiseCalibrator:
                         outs = run_layer(layer, inputs)
                     inputs = [with_hidden(c, o) for c, o in zip(inputs, outs)]
             del inputs
+        elif self.maps:
+            warnings.warn("lowbit: no decoder layers found; the model is calibrated as a whole, without "
+                          "SmoothQuant", stacklevel=3)
         rest = [n for n in names if n not in done]
         if rest:
             self._whole_model(rest, tokens)

@@ -5,38 +5,53 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import human_bytes, model_arg, parse_list, parse_smoothquant, quiet_progress
 
 
+def short_layer(name: str) -> str:
+    """'model.layers.11.mlp.down_proj' -> 'L11 mlp.down_proj' (tables stay narrow)."""
+    parts = name.split(".")
+    for i, p in enumerate(parts[:-1]):
+        if p.isdigit() and i > 0 and parts[i - 1] in ("layers", "h", "blocks", "layer"):
+            return f"L{p} " + ".".join(parts[i + 1:])
+    return name
+
+
 def compare_table(report: dict) -> Table:
     base = report["float"]
     lw = "lastword_accuracy" in base
+    failed: list[str] = []
     t = Table(title=f"lowbit compare: {report['model']['path']}  "
                     f"({base['tokens_scored']} tokens, {base.get('lastword_examples', 0)} last-word examples)")
     for col in ("scheme", "perplexity", "Δ ppl", "bits/byte"):
-        t.add_column(col, justify="left" if col == "scheme" else "right")
+        t.add_column(col, justify="left" if col == "scheme" else "right", no_wrap=True)
     if lw:
-        t.add_column("last word", justify="right")
+        t.add_column("last word", justify="right", no_wrap=True)
     for col in ("size", "× float", "quant s", "worst layer (SQNR dB)"):
-        t.add_column(col, justify="left" if col.startswith("worst") else "right")
+        t.add_column(col, justify="left" if col.startswith("worst") else "right", no_wrap=True)
     row = ["float", f"{base['perplexity']:.3f}", "", f"{base['bits_per_byte']:.4f}"]
     if lw:
         row.append(f"{100 * base['lastword_accuracy']:.1f}%")
     t.add_row(*row, human_bytes(base["size_bytes"]), "1.00", "", "")
     for r in report["schemes"]:
         if r.get("status") != "ok":
-            t.add_row(r["scheme"], f"[red]{r.get('error', 'failed')}[/red]")
+            t.add_row(r["scheme"], "[red]failed[/red]")
+            failed.append(f"{r['scheme']}: {r.get('error', 'failed')}")
             continue
         worst = r["worst_layers"][0] if r.get("worst_layers") else None
         row = [r["scheme"], f"{r['perplexity']:.3f}", f"{r['ppl_change_pct']:+.2f}%", f"{r['bits_per_byte']:.4f}"]
         if lw:
             row.append(f"{100 * r['lastword_accuracy']:.1f}%")
         row += [human_bytes(r["size_bytes"]), f"{r['size_ratio']:.2f}", f"{r['quant_seconds']:.1f}",
-                f"{worst[0]} ({worst[1]:.1f})" if worst else "-"]
+                f"{short_layer(worst[0])} ({worst[1]:.1f})" if worst else
+                ("- (smoothed)" if r.get("smoothquant") is not None else "-")]
         t.add_row(*row)
+    if failed:
+        t.caption = "\n".join(failed)
     return t
 
 
@@ -45,16 +60,20 @@ def compare_cmd(
     model: Optional[str] = typer.Argument(None, help="Model folder (default: the built-in SmolLM2-135M)."),
     schemes: str = typer.Option("nvfp4,nvfp4-e5m3,w8a8-int8,w8a8-fp8", "--schemes", help="Comma-separated schemes."),
     output: str = typer.Option("lowbit-report", "--output", "-o", help="Folder for report.json and report.png."),
-    limit: int = typer.Option(2048, "--limit", help="Perplexity tokens to score."),
+    limit: int = typer.Option(1024, "--limit", help="Perplexity tokens to score."),
     window: int = typer.Option(512, "--window", help="Perplexity window (tokens)."),
     stride: Optional[int] = typer.Option(None, "--stride", help="Window stride (default: the window)."),
-    lastword: int = typer.Option(24, "--lastword", help="Last-word examples (0 skips)."),
+    lastword: int = typer.Option(16, "--lastword", help="Last-word examples (0 skips)."),
     lastword_context: int = typer.Option(96, "--lastword-context", help="Context tokens per last-word example."),
     text: Optional[str] = typer.Option(None, "--text", help="Evaluation text, one paragraph a line (default: built-in)."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text file (default: built-in)."),
-    calib_samples: int = typer.Option(16, "--calib-samples", help="Calibration windows."),
+    calib_samples: int = typer.Option(8, "--calib-samples", help="Calibration windows."),
     calib_seq_len: int = typer.Option(256, "--calib-seq-len", help="Tokens per calibration window."),
-    smoothquant: Optional[str] = typer.Option(None, "--smoothquant", help="SmoothQuant alpha in [0, 1] or 'auto'."),
+    smoothquant: str = typer.Option("0.8", "--smoothquant",
+                                    help="SmoothQuant alpha in [0, 1], 'auto' or 'none', for static per-tensor "
+                                         "activation schemes (w8a8-int8, w8a8-fp8)."),
+    sink_positions: Optional[int] = typer.Option(None, "--sink-positions",
+                                                 help="Leading positions per calibration window kept out of static scales."),
     backend: str = typer.Option("fast", "--backend",
                                 help="Backend for quantized layers: 'fast' (auto + weight cache), 'auto', 'reference'..."),
     save_format: Optional[str] = typer.Option(None, "--save-format",
@@ -69,14 +88,17 @@ def compare_cmd(
     quiet_progress(progress)
     opts = CompareOptions(schemes=parse_list(schemes, "--schemes"), limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
-                          calib_samples=calib_samples, calib_seq_len=calib_seq_len, smoothquant=parse_smoothquant(smoothquant),
+                          calib_samples=calib_samples, calib_seq_len=calib_seq_len,
+                          calib_options={} if sink_positions is None else {"sink_positions": sink_positions}, smoothquant=parse_smoothquant(smoothquant),
                           backend=backend, save_format=save_format, progress=progress)
     log = (lambda s: err_console.print(f"[dim]{s}[/dim]", highlight=False)) if progress else (lambda s: None)
     report = run_compare(model_path=model_arg(model), opts=opts, output_dir=output, log=log)
     if as_json:
         print(report_json(report))
         return
-    console.print(compare_table(report))
+    # piped output gets Rich's 80 columns by default: give the table the width it needs
+    out = console if console.is_terminal and console.width >= 140 else Console(width=160)
+    out.print(compare_table(report))
     files = report.get("files", {})
     if files:
         console.print(f"report: {files['json']}  plot: {files['png']}", highlight=False)
