@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lowbit.numerics import INT8, FormatName
-from lowbit.quant import check_finite, scales_from_amax
+from lowbit.backends.reference import row_input_scale
 from lowbit.schemes import Dynamic, Granularity, Scheme
 
 EXACT_LIMIT = 1 << 24           # float32 holds every integer up to 2^24
@@ -69,18 +69,8 @@ def int_accumulate(a_vals: torch.Tensor, w_vals: torch.Tensor, chunk: int = CHUN
 def quantize_input_values(module, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 values (as float32) and the scale ([1] or [M, 1]) of a 2-D input, bit-identical to
     ``lowbit.backends.reference.quantize_input`` (same division, same rounding)."""
-    spec = module.scheme.input_activations
-    name = f"{module.name}.input" if module.name else "input"
     x32 = x2.to(torch.float32)
-    if not bool(torch.isfinite(x32.sum())):  # one cheap reduction; the exact check only on suspicion
-        check_finite(x32, name)
-    if spec.dynamic is Dynamic.STATIC:
-        module.check_ready()
-        scale = module.input_scale.to(torch.float32)
-    else:
-        scale = scales_from_amax(x32.abs().amax(-1, keepdim=True), spec)
-    nonzero = scale > 0
-    safe = torch.where(nonzero, scale, torch.ones_like(scale))
+    scale, safe, nonzero = row_input_scale(module, x32)
     vals = x32 / safe  # INT8.round, in place: round half to even, then saturate
     vals.round_().clamp_(INT8.qmin, INT8.qmax)
     if not bool(nonzero.all()):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lowbit.quant import QuantizedTensor, dequantize, quantize
+from lowbit.quant import QuantizedTensor, check_finite, dequantize, quantize, scales_from_amax
 from lowbit.schemes import Dynamic
 
 
@@ -22,6 +22,23 @@ def quantize_input(module, x: torch.Tensor) -> QuantizedTensor:
     scale = module.input_scale if spec.dynamic is Dynamic.STATIC else None
     return quantize(x, spec, scale=scale, global_scale=module.input_global_scale,
                     name=f"{module.name}.input" if module.name else "input")
+
+
+def row_input_scale(module, x32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a per-tensor static or per-token dynamic input spec with fp32 scales: the scale
+    ([1] or [M, 1]), the divisor to use (1 where the scale is 0) and the nonzero mask, exactly
+    as ``quantize`` computes them. NaN/Inf in ``x32`` [M, in] (float32) is an error naming the
+    layer (one cheap reduction; the exact check only on suspicion)."""
+    spec = module.scheme.input_activations
+    if not bool(torch.isfinite(x32.sum())):
+        check_finite(x32, f"{module.name}.input" if module.name else "input")
+    if spec.dynamic is Dynamic.STATIC:
+        module.check_ready()
+        scale = module.input_scale.to(torch.float32)
+    else:
+        scale = scales_from_amax(x32.abs().amax(-1, keepdim=True), spec)
+    nonzero = scale > 0
+    return scale, torch.where(nonzero, scale, torch.ones_like(scale)), nonzero
 
 
 def qdq_input(module, x: torch.Tensor) -> torch.Tensor:

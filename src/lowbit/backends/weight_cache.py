@@ -15,10 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lowbit.backends.reference import qdq_input
+from lowbit.backends.reference import qdq_input, row_input_scale
 from lowbit.numerics import E4M3, FormatName
-from lowbit.quant import check_finite, scales_from_amax
-from lowbit.schemes import Dynamic, Granularity, Scheme
+from lowbit.schemes import Granularity, Scheme
 
 _KEY = "_lowbit_weight_cache"
 
@@ -43,17 +42,8 @@ def qdq_input_fp8(module, x: torch.Tensor) -> torch.Tensor:
     even, after clamping to +-448 so that it saturates as E4M3.encode does): bit-identical to
     the reference's ``dequantize(quantize_input(...))`` and about 10x faster than the generic
     encoder (tests/test_weight_cache.py checks equality on adversarial inputs)."""
-    spec = module.scheme.input_activations
     x32 = x.to(torch.float32)
-    if not bool(torch.isfinite(x32.sum())):
-        check_finite(x32, f"{module.name}.input" if module.name else "input")
-    if spec.dynamic is Dynamic.STATIC:
-        module.check_ready()
-        scale = module.input_scale.to(torch.float32)
-    else:
-        scale = scales_from_amax(x32.abs().amax(-1, keepdim=True), spec)
-    nonzero = scale > 0
-    safe = torch.where(nonzero, scale, torch.ones_like(scale))
+    scale, safe, nonzero = row_input_scale(module, x32)
     m = E4M3.max_finite
     q = (x32 / safe).clamp_(-m, m).to(torch.float8_e4m3fn).to(torch.float32)
     out = q.mul_(scale)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from lowbit.errors import LowbitError
+from lowbit.textfiles import builtin_calibration_text_path
+from lowbit.textfiles import read_paragraphs as _read_paragraphs
 
 BUILTIN = "builtin"
 
@@ -79,21 +80,11 @@ class CalibrationConfig:
 
 
 def builtin_text_path() -> Path:
-    return Path(str(resources.files("lowbit") / "data" / "calibration.txt"))
+    return builtin_calibration_text_path()
 
 
 def read_paragraphs(path: str | os.PathLike) -> list[str]:
-    p = Path(path)
-    if not p.is_file():
-        raise CalibrationError(f"calibration file {str(p)!r} does not exist")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise CalibrationError(f"calibration file {str(p)!r} is not UTF-8 text: {e}") from None
-    paras = [line.strip() for line in text.splitlines() if line.strip()]
-    if not paras:
-        raise CalibrationError(f"calibration file {str(p)!r} has no text")
-    return paras
+    return _read_paragraphs(path, kind="calibration", error=CalibrationError)
 
 
 def _token_ids(tokenizer, text: str) -> list[int]:

@@ -8,10 +8,11 @@ The built-in ``lowbit/data/evaluation.txt`` is the opening chapters of Jane Aust
 from __future__ import annotations
 
 import os
-from importlib import resources
 from pathlib import Path
 
 from lowbit.errors import LowbitError
+from lowbit.textfiles import builtin_calibration_text_path, builtin_evaluation_text_path
+from lowbit.textfiles import read_paragraphs as _read_paragraphs
 
 
 class EvalDataError(LowbitError, ValueError):
@@ -19,26 +20,17 @@ class EvalDataError(LowbitError, ValueError):
 
 
 def default_eval_text_path() -> Path:
-    return Path(str(resources.files("lowbit") / "data" / "evaluation.txt"))
+    return builtin_evaluation_text_path()
 
 
 def default_calibration_text_path() -> Path:
-    return Path(str(resources.files("lowbit") / "data" / "calibration.txt"))
+    return builtin_calibration_text_path()
 
 
 def read_paragraphs(path: str | os.PathLike | None = None) -> list[str]:
     """Non-empty stripped lines of ``path`` (default: the built-in evaluation text)."""
-    p = default_eval_text_path() if path is None else Path(path)
-    if not p.is_file():
-        raise EvalDataError(f"evaluation text not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise EvalDataError(f"{p} is not UTF-8 text ({e})") from e
-    paras = [line.strip() for line in text.splitlines() if line.strip()]
-    if not paras:
-        raise EvalDataError(f"{p} has no text")
-    return paras
+    return _read_paragraphs(default_eval_text_path() if path is None else path, kind="evaluation",
+                            error=EvalDataError)
 
 
 def read_text(path: str | os.PathLike | None = None) -> str:
