@@ -71,7 +71,7 @@ def compare_cmd(
     calib_seq_len: int = typer.Option(256, "--calib-seq-len", help="Tokens per calibration window."),
     smoothquant: str = typer.Option("0.8", "--smoothquant",
                                     help="SmoothQuant alpha in [0, 1], 'auto' or 'none', for static per-tensor "
-                                         "activation schemes (w8a8-int8, w8a8-fp8)."),
+                                         "INT8 activation schemes (w8a8-int8)."),
     sink_positions: Optional[int] = typer.Option(None, "--sink-positions",
                                                  help="Leading positions per calibration window kept out of static scales."),
     backend: str = typer.Option("fast", "--backend",
