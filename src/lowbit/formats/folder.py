@@ -88,6 +88,12 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16
 
 def read_header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file, checked against the file size."""
+    return read_header_and_offset(path)[0]
+
+
+def read_header_and_offset(path: Path) -> tuple[dict[str, Any], int]:
+    """(header, byte offset where the tensor data starts), checked against the file size: every
+    tensor's byte range matches its dtype and shape and the ranges end exactly at the file end."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -126,7 +132,7 @@ def read_header(path: Path) -> dict[str, Any]:
     if 8 + n + end != size:
         raise FormatError(f"safetensors file {str(path)!r} is truncated or has trailing bytes: header declares "
                           f"{8 + n + end} bytes, file has {size}")
-    return header
+    return header, 8 + n
 
 
 class SafetensorsFolder(Mapping):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,9 @@ import torch
 from safetensors import safe_open
 
 from lowbit.errors import FormatError
-from lowbit.formats.folder import INDEX_NAME, SINGLE_NAME, WeightFiles, find_weight_files
+from lowbit.formats.folder import INDEX_NAME, SINGLE_NAME, WeightFiles, find_weight_files, read_header_and_offset
 
 REOPEN_BYTES = 64 << 20
-MAX_HEADER = 100 << 20
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -60,44 +58,17 @@ class TensorInfo:
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Parse and check one shard's header: (tensors by name, __metadata__).
 
-    A truncated or corrupt file is a FormatError naming it (checked against the file size, so
-    a shard cut short is caught before anything is written)."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise FormatError(f"shard {path}: file is {size} bytes, too short for a safetensors header")
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER or 8 + n > size:
-                raise FormatError(f"shard {path}: header length {n} does not fit in a {size}-byte file "
-                                  f"(truncated or not a safetensors file)")
-            header = json.loads(f.read(n))
-    except FileNotFoundError:
-        raise FormatError(f"shard {path} does not exist") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(f"shard {path}: corrupt safetensors header ({e})") from None
-    if not isinstance(header, dict):
-        raise FormatError(f"shard {path}: corrupt safetensors header (not a JSON object)")
+    A truncated or corrupt file is a FormatError naming it (``lowbit.formats.folder`` checks the
+    header against the file size, so a shard cut short is caught before anything is written)."""
+    header, data_start = read_header_and_offset(path)
     meta = header.pop("__metadata__", None) or {}
     out: dict[str, TensorInfo] = {}
-    end_max = 0
     for name, h in header.items():
-        try:
-            dtype, shape, (b, e) = h["dtype"], tuple(int(d) for d in h["shape"]), h["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise FormatError(f"shard {path}: malformed header entry for tensor {name!r}") from None
-        if dtype not in DTYPES:
-            raise FormatError(f"shard {path}: tensor {name!r} has unsupported dtype {dtype}")
-        nbytes = math.prod(shape) * DTYPES[dtype].itemsize
-        if e - b != nbytes or b < 0:
-            raise FormatError(f"shard {path}: tensor {name!r} byte range {b}..{e} does not match "
-                              f"{dtype}{list(shape)}")
-        out[name] = TensorInfo(name, path.name, dtype, shape, int(b), int(e), 8 + n)
-        end_max = max(end_max, int(e))
-    if 8 + n + end_max != size:
-        raise FormatError(f"shard {path}: header describes {8 + n + end_max} bytes but the file has {size} "
-                          f"(truncated or corrupt)")
+        if h["dtype"] not in DTYPES:
+            raise FormatError(f"shard {path}: tensor {name!r} has unsupported dtype {h['dtype']}")
+        b, e = h["data_offsets"]
+        out[name] = TensorInfo(name, path.name, h["dtype"], tuple(int(d) for d in h["shape"]), int(b), int(e),
+                               data_start)
     return out, meta
 
 
