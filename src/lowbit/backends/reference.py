@@ -11,17 +11,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lowbit.quant import QuantizedTensor, check_finite, dequantize, quantize, scales_from_amax
+from lowbit.quant import QuantizedTensor, check_finite, fake_quantize, quantize, scales_from_amax
 from lowbit.schemes import Dynamic
+
+
+def _input_args(module) -> dict:
+    spec = module.scheme.input_activations
+    module.check_ready()
+    return {"scale": module.input_scale if spec.dynamic is Dynamic.STATIC else None,
+            "global_scale": module.input_global_scale,
+            "name": f"{module.name}.input" if module.name else "input"}
 
 
 def quantize_input(module, x: torch.Tensor) -> QuantizedTensor:
     """The input activation quantized exactly as every backend must (codes and scales)."""
-    spec = module.scheme.input_activations
-    module.check_ready()
-    scale = module.input_scale if spec.dynamic is Dynamic.STATIC else None
-    return quantize(x, spec, scale=scale, global_scale=module.input_global_scale,
-                    name=f"{module.name}.input" if module.name else "input")
+    return quantize(x, module.scheme.input_activations, **_input_args(module))
 
 
 def row_input_scale(module, x32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -42,9 +46,10 @@ def row_input_scale(module, x32: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def qdq_input(module, x: torch.Tensor) -> torch.Tensor:
+    """``dequantize(quantize_input(module, x))``, computed without building codes (bit-identical)."""
     if module.scheme.input_activations is None:
         return x.to(torch.float32)
-    return dequantize(quantize_input(module, x))
+    return fake_quantize(x, module.scheme.input_activations, **_input_args(module))
 
 
 class ReferenceBackend:

@@ -159,8 +159,28 @@ class MiniFloat:
 
     # ------------------------------------------------------------------ QDQ
     def qdq(self, x: torch.Tensor) -> torch.Tensor:
-        """Quantize-dequantize: the nearest representable float32 value of each element."""
-        return self.decode(self.encode(x))
+        """Quantize-dequantize: the nearest representable float32 value of each element.
+
+        Equal bit for bit to ``decode(encode(x))`` (zero signs and NaN included), computed in
+        float32 without building codes: the same binade exponent and power-of-two factor as
+        ``encode``, rounding, then scaling back by the inverse power of two (exact)."""
+        x = x.to(torch.float32)
+        nan = torch.isnan(x)
+        if self.nan_code is None and bool(nan.any()):
+            raise ValueError(f"{self.name} has no NaN: cannot encode NaN input")
+        if not self.signed and bool((x < 0).any()):
+            raise ValueError(f"{self.name} is unsigned: cannot encode negative values")
+        bits = x.view(torch.int32)
+        a = torch.clamp((bits & 0x7FFFFFFF).view(torch.float32), max=self.max_finite)
+        e = torch.clamp(((a.view(torch.int32) >> 23) & 0xFF) - 127, min=self.min_normal_exp)
+        factor = ((self.man_bits + 127 - e) << 23).view(torch.float32)  # 2^(man_bits - e)
+        inverse = ((127 - self.man_bits + e) << 23).view(torch.float32)  # 2^(e - man_bits)
+        q = torch.round(a * factor) * inverse
+        if self.signed:
+            q = (q.view(torch.int32) | (bits & -(1 << 31))).view(torch.float32)
+        if self.nan_code is not None:
+            q = torch.where(nan, torch.full_like(q, float("nan")), q)
+        return q
 
     def __repr__(self) -> str:  # keep reprs short in scheme listings
         return f"MiniFloat({self.name})"

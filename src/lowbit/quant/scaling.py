@@ -20,6 +20,8 @@ a division by zero. NaN or Inf in the input is a QuantizationError naming the te
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from lowbit.errors import QuantizationError
@@ -161,9 +163,35 @@ def quantize(
     global_scale: the NVFP4 divisor; computed from ``x`` when None (weights), given for
         LOCAL activations.
     """
+    p = _prepare(x, spec, scale, global_scale, name)
+    scaled = p.v / p.divisor
+    if p.zero_point is not None:  # round first, then add the zero point (the documented order)
+        scaled = torch.round(scaled) + p.zero_point.to(torch.float32).unsqueeze(-1)
+    codes = p.fmt.encode(scaled)
+    codes = torch.where(p.nonzero.unsqueeze(-1), codes, torch.zeros_like(codes))
+    codes = ungroup(codes, p.n)
+    return QuantizedTensor(codes=codes, scale=p.scale, spec=spec, zero_point=p.zero_point,
+                           global_scale=p.global_scale)
+
+
+@dataclass
+class _Prepared:
+    """Everything quantize and fake_quantize share: the group view and its scales."""
+
+    fmt: object
+    v: torch.Tensor               # [..., G, g] float32 group view
+    n: int                        # original last dimension
+    scale: torch.Tensor
+    zero_point: torch.Tensor | None
+    global_scale: torch.Tensor | None
+    eff: torch.Tensor             # effective scale (scale, or scale / global)
+    nonzero: torch.Tensor         # eff > 0
+    divisor: torch.Tensor         # eff with zeros replaced by 1, broadcastable to v
+
+
+def _prepare(x, spec, scale, global_scale, name) -> _Prepared:
     check_finite(x, name)
     x32 = x.to(torch.float32)
-    n = x32.shape[-1]
     fmt = get_format(spec.format)
     v = group_view(x32, spec, name)
     zp = None
@@ -178,15 +206,9 @@ def quantize(
         scale = scale.to(torch.float32)
     eff = effective_scale(scale, spec, global_scale)
     nonzero = eff > 0
-    eff_b = torch.where(nonzero, eff, torch.ones_like(eff)).unsqueeze(-1)
-    scaled = v / eff_b
-    if zp is not None:  # round first, then add the zero point (the documented order)
-        scaled = torch.round(scaled) + zp.to(torch.float32).unsqueeze(-1)
-    codes = fmt.encode(scaled)
-    codes = torch.where(nonzero.unsqueeze(-1), codes, torch.zeros_like(codes))
-    codes = ungroup(codes, n)
-    return QuantizedTensor(codes=codes, scale=scale, spec=spec, zero_point=zp,
-                           global_scale=None if not spec.global_scale else global_scale.reshape(1).to(torch.float32))
+    divisor = torch.where(nonzero, eff, torch.ones_like(eff)).unsqueeze(-1)
+    gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
+    return _Prepared(fmt, v, x32.shape[-1], scale, zp, gs, eff, nonzero, divisor)
 
 
 def dequantize(qt: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -208,8 +230,19 @@ def fake_quantize(
     global_scale: torch.Tensor | None = None,
     name: str = "tensor",
 ) -> torch.Tensor:
-    """Quantize-dequantize in float32 (the reference path for activations)."""
-    return dequantize(quantize(x, spec, scale=scale, global_scale=global_scale, name=name))
+    """Quantize-dequantize in float32 (the reference path for activations).
+
+    Bit-identical to ``dequantize(quantize(...))`` but without building codes: symmetric specs
+    round with the format's ``qdq`` (the same nearest value ``decode(encode(.))`` gives; +0.0
+    added for INT so that -0.0 becomes the +0.0 an integer code decodes to)."""
+    if not spec.symmetric:
+        return dequantize(quantize(x, spec, scale=scale, global_scale=global_scale, name=name))
+    p = _prepare(x, spec, scale, global_scale, name)
+    q = p.fmt.qdq(p.v / p.divisor)
+    if isinstance(p.fmt, IntFormat):
+        q = q + 0.0
+    q = torch.where(p.nonzero.unsqueeze(-1), q, torch.zeros_like(q))
+    return ungroup(q * p.eff.unsqueeze(-1), p.n)
 
 
 def static_scale_from_amax(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
