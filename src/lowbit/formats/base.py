@@ -207,7 +207,6 @@ class Layout(ABC):
                        dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
         """The tensors of one quantized Linear, keyed by full name (``prefix + "." + field``)."""
 
-    @abstractmethod
     def quantization_config(self, scheme: Scheme, ignore: Iterable[str] = (), *,
                             targets: Iterable[str] | None = None,
                             static_scales: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
@@ -218,14 +217,32 @@ class Layout(ABC):
         targets: exact layer names (default ``["Linear"]``: every Linear not ignored).
         static_scales: ``{layer: {"input_scale": float, "input_global_scale": float}}``, used by
             the ``fake`` format only (the others store them as tensors)."""
+        return self.quantization_config_groups([(scheme, list(targets) if targets is not None else ["Linear"])],
+                                               ignore, static_scales=static_scales)
 
+    @abstractmethod
     def quantization_config_groups(self, groups: list[tuple[Scheme, list[str]]], ignore: Iterable[str] = (), *,
                                    static_scales: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
         """As quantization_config, for several schemes each on named layers (mixed precision)."""
-        if len(groups) == 1:
-            s, t = groups[0]
-            return self.quantization_config(s, ignore, targets=t, static_scales=static_scales)
-        raise FormatError(f"format {self.format.value!r} holds one scheme per checkpoint")
+
+    @staticmethod
+    def common_tensors(prefix: str, qweight: QuantizedTensor, *, input_scale: torch.Tensor | None,
+                       input_global_scale: torch.Tensor | None, bias: torch.Tensor | None,
+                       dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The tensors every layout stores alike: int8 zero point, float32 [1] NVFP4 global scales,
+        the input scale as the caller converted it, the bias in the model dtype."""
+        t: dict[str, torch.Tensor] = {}
+        if qweight.zero_point is not None:
+            t[f"{prefix}.weight_zero_point"] = qweight.zero_point.to(torch.int8).contiguous()
+        if qweight.global_scale is not None:
+            t[f"{prefix}.weight_global_scale"] = qweight.global_scale.to(torch.float32).reshape(1).clone()
+        if input_scale is not None:
+            t[f"{prefix}.input_scale"] = input_scale.reshape(1).clone()
+        if input_global_scale is not None:
+            t[f"{prefix}.input_global_scale"] = input_global_scale.to(torch.float32).reshape(1).clone()
+        if bias is not None:
+            t[f"{prefix}.bias"] = bias.detach().to(dtype).contiguous()
+        return t
 
     @abstractmethod
     def parse_config(self, qcfg: Mapping[str, Any]) -> ParsedConfig:

@@ -82,21 +82,10 @@ class CompressedTensorsLayout(Layout):
             t[f"{prefix}.weight_scale"] = E8M0.encode(qweight.scale).contiguous()
         else:
             t[f"{prefix}.weight_scale"] = _float_scale(qweight.scale, dtype)
-        if qweight.zero_point is not None:
-            t[f"{prefix}.weight_zero_point"] = qweight.zero_point.to(torch.int8).contiguous()
-        if qweight.global_scale is not None:
-            t[f"{prefix}.weight_global_scale"] = qweight.global_scale.to(torch.float32).reshape(1).clone()
-        if input_scale is not None:
-            t[f"{prefix}.input_scale"] = _float_scale(input_scale.reshape(1), dtype).clone()
-        if input_global_scale is not None:
-            t[f"{prefix}.input_global_scale"] = input_global_scale.to(torch.float32).reshape(1).clone()
-        if bias is not None:
-            t[f"{prefix}.bias"] = bias.detach().to(dtype).contiguous()
+        stored_input_scale = None if input_scale is None else _float_scale(input_scale.reshape(1), dtype)
+        t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
+                                     input_global_scale=input_global_scale, bias=bias, dtype=dtype))
         return t
-
-    def quantization_config(self, scheme, ignore=(), *, targets=None, static_scales=None):
-        return self.quantization_config_groups([(scheme, list(targets) if targets is not None else ["Linear"])],
-                                               ignore)
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
         fmts = {ct_format_of(s) for s, _ in groups}

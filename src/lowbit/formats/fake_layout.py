@@ -58,10 +58,6 @@ class FakeLayout(Layout):
             t[f"{prefix}.bias"] = bias.detach().to(dtype).contiguous()
         return t
 
-    def quantization_config(self, scheme, ignore=(), *, targets=None, static_scales=None):
-        return self.quantization_config_groups([(scheme, list(targets) if targets is not None else ["Linear"])],
-                                               ignore, static_scales=static_scales)
-
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
         return {
             "quant_method": "lowbit",

@@ -122,21 +122,10 @@ class LowbitLayout(Layout):
         else:
             t[f"{prefix}.weight_codes"] = qweight.codes.to(torch.uint8).contiguous()
         t[f"{prefix}.weight_scale"] = encode_scale(qweight.scale, spec)
-        if qweight.zero_point is not None:
-            t[f"{prefix}.weight_zero_point"] = qweight.zero_point.to(torch.int8).contiguous()
-        if qweight.global_scale is not None:
-            t[f"{prefix}.weight_global_scale"] = qweight.global_scale.to(torch.float32).reshape(1).clone()
-        if input_scale is not None:
-            t[f"{prefix}.input_scale"] = input_scale.to(torch.float32).reshape(1).clone()
-        if input_global_scale is not None:
-            t[f"{prefix}.input_global_scale"] = input_global_scale.to(torch.float32).reshape(1).clone()
-        if bias is not None:
-            t[f"{prefix}.bias"] = bias.detach().to(dtype).contiguous()
+        stored_input_scale = None if input_scale is None else input_scale.to(torch.float32)
+        t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
+                                     input_global_scale=input_global_scale, bias=bias, dtype=dtype))
         return t
-
-    def quantization_config(self, scheme, ignore=(), *, targets=None, static_scales=None):
-        return self.quantization_config_groups([(scheme, list(targets) if targets is not None else ["Linear"])],
-                                               ignore)
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
         return {
