@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from lowbit.calibration.observers import ObserverKind
 from lowbit.errors import LowbitError
 from lowbit.textfiles import builtin_calibration_text_path
 from lowbit.textfiles import read_paragraphs as _read_paragraphs
@@ -61,7 +62,7 @@ class CalibrationConfig:
     num_samples: int = 16
     seq_len: int = 512
     batch_size: int = 4
-    observer: str = "max"
+    observer: ObserverKind = ObserverKind.MAX
     percentile: float = 99.99
     sink_positions: int = 0
     smooth_down_proj: bool = True
@@ -71,8 +72,11 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
             raise CalibrationError("num_samples, seq_len and batch_size must be positive")
-        if self.observer not in ("max", "percentile", "mse"):
-            raise CalibrationError(f"unknown observer {self.observer!r}; known: max, percentile, mse")
+        try:
+            object.__setattr__(self, "observer", ObserverKind(self.observer))
+        except ValueError:
+            raise CalibrationError(f"unknown observer {self.observer!r}; known: "
+                                   f"{', '.join(k.value for k in ObserverKind)}") from None
         if not 0 < self.percentile <= 100:
             raise CalibrationError(f"percentile must be in (0, 100], got {self.percentile}")
         if self.sink_positions < 0:

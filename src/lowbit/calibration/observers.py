@@ -15,6 +15,8 @@ per channel ([in], one per input column). Three kinds:
 
 from __future__ import annotations
 
+from enum import Enum
+
 import torch
 
 from lowbit.quant import fake_quantize, global_scale_from_amax, scales_from_amax
@@ -163,14 +165,24 @@ class MSEObserver(Observer):
         return torch.where(full > 0, best, full)
 
 
-def make_observer(kind: str, spec: QuantSpec | None, *, per_channel: bool = False, percentile: float = 99.99,
-                  max_rows: int = 2048) -> Observer:
-    if kind == "max":
+class ObserverKind(str, Enum):
+    """How static activation scales are chosen from calibration data."""
+
+    MAX = "max"                # running max
+    PERCENTILE = "percentile"  # a high percentile of |x|
+    MSE = "mse"                # the clipping that minimizes the QDQ error
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def make_observer(kind: ObserverKind | str, spec: QuantSpec | None, *, per_channel: bool = False,
+                  percentile: float = 99.99, max_rows: int = 2048) -> Observer:
+    kind = ObserverKind(kind)
+    if kind is ObserverKind.MAX:
         return MaxObserver(per_channel)
-    if kind == "percentile":
+    if kind is ObserverKind.PERCENTILE:
         return PercentileObserver(percentile, per_channel)
-    if kind == "mse":
-        if spec is None:
-            raise ValueError("the mse observer needs the activation spec")
-        return MSEObserver(spec, per_channel, max_rows)
-    raise ValueError(f"unknown observer {kind!r}")
+    if spec is None:
+        raise ValueError("the mse observer needs the activation spec")
+    return MSEObserver(spec, per_channel, max_rows)
