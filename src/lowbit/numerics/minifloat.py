@@ -91,13 +91,7 @@ class MiniFloat:
         largest finite value like every other out-of-range value. Unsigned formats refuse
         negative input (-0.0 encodes as 0).
         """
-        x = x.to(torch.float32)
-        nan = torch.isnan(x)
-        if self.nan_code is None and bool(nan.any()):
-            raise ValueError(f"{self.name} has no NaN: cannot encode NaN input")
-        if not self.signed and bool((x < 0).any()):
-            raise ValueError(f"{self.name} is unsigned: cannot encode negative values")
-        bits = x.view(torch.int32)
+        bits, nan = self._checked_bits(x)
         code = self._encode_magnitude(bits & 0x7FFFFFFF)
         if self.nan_code is not None:
             code = torch.where(nan, torch.full_like(code, self.nan_code), code)
@@ -108,17 +102,31 @@ class MiniFloat:
             code = code | (sign << (self.exp_bits + self.man_bits))
         return code.to(torch.uint8)
 
-    def _encode_magnitude(self, abs_bits: torch.Tensor) -> torch.Tensor:
-        """int32 magnitude codes from the int32 bit patterns of |x| (float32; NaN -> garbage).
+    def _checked_bits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int32 bit patterns of x as float32, NaN mask), refusing NaN for formats without NaN
+        and negative values for unsigned formats."""
+        x = x.to(torch.float32)
+        nan = torch.isnan(x)
+        if self.nan_code is None and bool(nan.any()):
+            raise ValueError(f"{self.name} has no NaN: cannot encode NaN input")
+        if not self.signed and bool((x < 0).any()):
+            raise ValueError(f"{self.name} is unsigned: cannot encode negative values")
+        return x.view(torch.int32), nan
 
-        Works on the bits: the binade exponent is read from the float32 exponent field (zero
-        and float32 subnormals fall below the format's smallest binade and are clamped to it),
-        and the scaling by 2^(man_bits - e) multiplies by a power of two built from its bits,
-        which is exact."""
+    def _binade(self, abs_bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(|x| saturated to max_finite, its binade exponent e, 2^(man_bits - e)) from the bits of |x|.
+
+        The exponent is read from the float32 exponent field; zero and float32 subnormals fall
+        below the format's smallest binade and are clamped to it. The factor is a normal power
+        of two built from its bits, so multiplying by it is exact."""
         a = torch.clamp(abs_bits.view(torch.float32), max=self.max_finite)  # saturate (also +Inf)
-        e = ((a.view(torch.int32) >> 23) & 0xFF) - 127  # unbiased float32 exponent
-        e = torch.clamp(e, min=self.min_normal_exp)  # binade exponent (subnormal range: emin)
-        factor = ((self.man_bits + 127 - e) << 23).view(torch.float32)  # 2^(man_bits - e), normal
+        e = torch.clamp(((a.view(torch.int32) >> 23) & 0xFF) - 127, min=self.min_normal_exp)
+        factor = ((self.man_bits + 127 - e) << 23).view(torch.float32)
+        return a, e, factor
+
+    def _encode_magnitude(self, abs_bits: torch.Tensor) -> torch.Tensor:
+        """int32 magnitude codes from the int32 bit patterns of |x| (float32; NaN -> garbage)."""
+        a, e, factor = self._binade(abs_bits)
         steps = torch.round(a * factor).to(torch.int32)  # exact multiple of the binade's quantum
         # steps counts quanta of size 2^(e-man_bits). For a normal binade, steps lies in
         # [2^m, 2^(m+1)] and the code is (e+bias-1)*2^m + steps, which also covers the carry
@@ -164,16 +172,8 @@ class MiniFloat:
         Equal bit for bit to ``decode(encode(x))`` (zero signs and NaN included), computed in
         float32 without building codes: the same binade exponent and power-of-two factor as
         ``encode``, rounding, then scaling back by the inverse power of two (exact)."""
-        x = x.to(torch.float32)
-        nan = torch.isnan(x)
-        if self.nan_code is None and bool(nan.any()):
-            raise ValueError(f"{self.name} has no NaN: cannot encode NaN input")
-        if not self.signed and bool((x < 0).any()):
-            raise ValueError(f"{self.name} is unsigned: cannot encode negative values")
-        bits = x.view(torch.int32)
-        a = torch.clamp((bits & 0x7FFFFFFF).view(torch.float32), max=self.max_finite)
-        e = torch.clamp(((a.view(torch.int32) >> 23) & 0xFF) - 127, min=self.min_normal_exp)
-        factor = ((self.man_bits + 127 - e) << 23).view(torch.float32)  # 2^(man_bits - e)
+        bits, nan = self._checked_bits(x)
+        a, e, factor = self._binade(bits & 0x7FFFFFFF)
         inverse = ((127 - self.man_bits + e) << 23).view(torch.float32)  # 2^(e - man_bits)
         q = torch.round(a * factor) * inverse
         if self.signed:
