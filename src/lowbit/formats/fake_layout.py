@@ -28,7 +28,7 @@ import torch
 from lowbit.errors import FormatError
 from lowbit.formats.base import FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_tensor, need
 from lowbit.formats.folder import STANDARD_STEM
-from lowbit.formats.lowbit_layout import FORMAT_VERSION, read_bias, scheme_groups
+from lowbit.formats.lowbit_layout import FORMAT_VERSION, lowbit_quantization_config, read_bias, scheme_groups
 from lowbit.quant import dequantize
 from lowbit.schemes import Dynamic, Scheme
 
@@ -59,15 +59,9 @@ class FakeLayout(Layout):
         return t
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
-        return {
-            "quant_method": "lowbit",
-            "format": Format.FAKE.value,
-            "format_version": FORMAT_VERSION,
-            "config_groups": {f"group_{i}": {"targets": list(t), "scheme": s.to_dict()}
-                              for i, (s, t) in enumerate(groups)},
-            "ignore": sorted(set(ignore)),
-            "static_scales": {k: dict(v) for k, v in sorted((static_scales or {}).items())},
-        }
+        cfg = lowbit_quantization_config(Format.FAKE, groups, ignore)
+        cfg["static_scales"] = {k: dict(v) for k, v in sorted((static_scales or {}).items())}
+        return cfg
 
     def parse_config(self, qcfg: Mapping[str, Any]) -> ParsedConfig:
         w = "config.json quantization_config (lowbit fake)"

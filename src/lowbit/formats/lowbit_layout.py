@@ -57,6 +57,19 @@ from lowbit.schemes import Granularity, QuantSpec, Scheme
 FORMAT_VERSION = 1
 
 
+def lowbit_quantization_config(fmt: Format, groups, ignore: Iterable[str]) -> dict[str, Any]:
+    """The ``quantization_config`` of lowbit's own formats (``lowbit`` and ``fake``): every
+    group's full scheme, field by field, and the ignored layers."""
+    return {
+        "quant_method": "lowbit",
+        "format": fmt.value,
+        "format_version": FORMAT_VERSION,
+        "config_groups": {f"group_{i}": {"targets": list(t), "scheme": s.to_dict()}
+                          for i, (s, t) in enumerate(groups)},
+        "ignore": sorted(set(ignore)),
+    }
+
+
 def scale_shape(spec: QuantSpec, out_f: int, in_f: int, name: str = "tensor") -> tuple[int, ...]:
     """The shape of the scales of an [out, in] weight under ``spec``."""
     if spec.granularity is Granularity.TENSOR:
@@ -128,14 +141,7 @@ class LowbitLayout(Layout):
         return t
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
-        return {
-            "quant_method": "lowbit",
-            "format": Format.LOWBIT.value,
-            "format_version": FORMAT_VERSION,
-            "config_groups": {f"group_{i}": {"targets": list(t), "scheme": s.to_dict()}
-                              for i, (s, t) in enumerate(groups)},
-            "ignore": sorted(set(ignore)),
-        }
+        return lowbit_quantization_config(Format.LOWBIT, groups, ignore)
 
     # ------------------------------------------------------------------ read
     def parse_config(self, qcfg):
