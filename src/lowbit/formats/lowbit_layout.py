@@ -50,7 +50,7 @@ from lowbit.formats.base import (
     FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
 )
 from lowbit.formats.folder import LOWBIT_STEM
-from lowbit.numerics import FormatName, get_format
+from lowbit.numerics import FormatName, fast_encode, get_format
 from lowbit.quant import QuantizedTensor, num_groups, pack_nibbles, unpack_nibbles
 from lowbit.schemes import Granularity, QuantSpec, Scheme
 
@@ -86,7 +86,7 @@ def _packs_nibbles(spec: QuantSpec, in_f: int) -> bool:
 def encode_scale(scale: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     if spec.scale_format is FormatName.FP32:
         return scale.to(torch.float32).contiguous()
-    return get_format(spec.scale_format).encode(scale).contiguous()
+    return fast_encode.encode(get_format(spec.scale_format), scale).contiguous()
 
 
 def decode_scale(stored: torch.Tensor, spec: QuantSpec) -> torch.Tensor:

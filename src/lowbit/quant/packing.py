@@ -19,10 +19,12 @@ def pack_nibbles(codes: torch.Tensor, name: str = "tensor") -> torch.Tensor:
         raise TypeError(f"pack_nibbles expects uint8 codes, got {codes.dtype}")
     if codes.shape[-1] % 2:
         raise QuantizationError(f"tensor {name!r}: last dimension {codes.shape[-1]} is odd, cannot pack nibbles")
-    if bool((codes > 15).any()):
+    if codes.numel() and int(codes.max()) > 15:
         raise QuantizationError(f"tensor {name!r}: codes above 15 cannot be packed into nibbles")
     c = codes.reshape(*codes.shape[:-1], -1, 2)
-    return (c[..., 0] | (c[..., 1] << 4)).contiguous()
+    packed = c[..., 1] << 4
+    packed |= c[..., 0]
+    return packed
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:

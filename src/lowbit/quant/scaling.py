@@ -25,14 +25,19 @@ from dataclasses import dataclass
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
+from lowbit.numerics import E8M0, FormatName, IntFormat, fast_encode, get_format
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.schemes import Dynamic, Granularity, QuantSpec
 
 
 # ---------------------------------------------------------------------------- checks & views
 def check_finite(x: torch.Tensor, name: str) -> None:
-    if not bool(torch.isfinite(x).all()):
+    """QuantizationError naming ``x`` if it holds NaN or Inf. One min/max pass (NaN propagates
+    into both, an Inf is one of them); the count is taken only for the error message."""
+    if not x.numel() or not x.is_floating_point():
+        return
+    lo, hi = torch.aminmax(x)
+    if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
         bad = int((~torch.isfinite(x)).sum())
         raise QuantizationError(f"tensor {name!r} (shape {tuple(x.shape)}) has {bad} NaN/Inf values")
 
@@ -167,8 +172,9 @@ def quantize(
     scaled = p.v / p.divisor
     if p.zero_point is not None:  # round first, then add the zero point (the documented order)
         scaled = torch.round(scaled) + p.zero_point.to(torch.float32).unsqueeze(-1)
-    codes = p.fmt.encode(scaled)
-    codes = torch.where(p.nonzero.unsqueeze(-1), codes, torch.zeros_like(codes))
+    codes = fast_encode.encode(p.fmt, scaled)  # p.fmt.encode, bit for bit
+    if not bool(p.nonzero.all()):
+        codes.masked_fill_(~p.nonzero.unsqueeze(-1), 0)
     codes = ungroup(codes, p.n)
     return QuantizedTensor(codes=codes, scale=p.scale, spec=spec, zero_point=p.zero_point,
                            global_scale=p.global_scale)
