@@ -35,7 +35,9 @@ def quantize_cmd(
     calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len", help="Tokens per calibration window."),
     smoothquant: Optional[str] = typer.Option(None, "--smoothquant", help="SmoothQuant alpha in [0, 1] or 'auto'."),
     model_free: bool = typer.Option(False, "--model-free", help="Quantize shards directly (no calibration, no forward)."),
-    workers: int = typer.Option(1, "--workers", help="Worker processes for --model-free."),
+    workers: int = typer.Option(1, "--workers", help="CPU cores for --model-free (worker processes or threads)."),
+    device: Optional[str] = typer.Option(None, "--device", help="Quantize on this torch device with --model-free "
+                                         "(cuda, cuda:N; default: the CPU); bit-identical output."),
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="Layer name or regex to keep in float (repeatable)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the output folder if it exists."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
@@ -59,9 +61,11 @@ def quantize_cmd(
         from lowbit.models import resolve_model_path
 
         quantize_checkpoint(resolve_model_path(src), out, scheme=sch.name, format=fmt, workers=workers,
-                            ignore=list(ignore or ()), overwrite=overwrite, progress=True)
+                            ignore=list(ignore or ()), overwrite=overwrite, progress=True, device=device)
         extra = {}
     else:
+        if device is not None:
+            raise OptionError("--device applies to --model-free quantization only: add --model-free or drop --device")
         from lowbit.models import load_model
 
         save = getattr(lowbit, "save", None)

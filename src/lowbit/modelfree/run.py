@@ -31,16 +31,21 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Iterable
 
+import torch
 from lowbit.errors import FormatError, LowbitError, SchemeError
 from lowbit.modelfree.plan import Item, Kind, Plan, make_plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
 from lowbit.modelfree.stwriter import reserve_for
-from lowbit.modelfree.worker import MARKER_DIR, ShardJob, assemble_parts, init_worker, read_marker, run_job
+from lowbit.modelfree.device import resolve_device
+from lowbit.modelfree.worker import (
+    MARKER_DIR, ShardJob, assemble_parts, init_worker, read_marker, run_job, warm_up,
+)
 from lowbit.schemes import Scheme, get_scheme
 
 RUN_FILE = "run.json"
 PART_BYTES = 128 << 20  # source bytes per unit of work: shards larger than this are split
+POOL_MIN_BYTES = 1 << 30  # less source than this runs in-process (worker start-up would not pay off)
 LAYOUT_VERSION = 2  # bump when the files written for the same inputs change (2: weight file names by format)
 # what to run instead of a scheme that needs calibration
 CALIBRATION_ALTERNATIVES = {
@@ -108,54 +113,77 @@ def split_items(items: list[Item], part_bytes: int) -> list[tuple[Item, ...]]:
     return [tuple(p) for p in parts]
 
 
-def _terminate(ex: ProcessPoolExecutor) -> None:
-    for p in list(getattr(ex, "_processes", {}).values()):
-        if p.is_alive():
-            p.terminate()
-    ex.shutdown(wait=True, cancel_futures=True)
+def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | None) -> int:
+    """How many worker processes to start: none (run in this process) for a device, one worker or
+    unit of work, or less than POOL_MIN_BYTES of source (start-up, ~1-3 s each to import torch,
+    would cost more than it saves); never more than the units of work."""
+    n = min(workers, n_jobs)
+    if device is not None or n <= 1 or job_bytes < POOL_MIN_BYTES:
+        return 0
+    return n
 
 
-def _run_jobs(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> None:
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            run_job(job, prog.handle)
-        return
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
+class _Pool:
+    """Spawned worker processes, started early (while the plan is made) and warmed up."""
 
-    def drain() -> None:
-        while True:
-            try:
-                prog.handle(events.get_nowait())
-            except queue_mod.Empty:
-                return
+    def __init__(self, n: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.events = ctx.Queue()
+        self.ex = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=init_worker,
+                                      initargs=(self.events, 1))
+        self.warm = [self.ex.submit(warm_up) for _ in range(n)]  # spawns them all now
 
-    ex = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx, initializer=init_worker,
-                             initargs=(events, 1))
-    try:
-        pending = {ex.submit(run_job, job) for job in jobs}
+    def run(self, jobs: list[ShardJob], prog: ShardProgress) -> None:
+        def drain() -> None:
+            while True:
+                try:
+                    prog.handle(self.events.get_nowait())
+                except queue_mod.Empty:
+                    return
+
+        pending = {self.ex.submit(run_job, job) for job in jobs}
         while pending:
             done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
             drain()
             for f in done:
                 f.result()  # re-raises a worker's error here
         drain()
-    except BaseException:
-        _terminate(ex)
-        raise
-    ex.shutdown(wait=True)
+
+    def close(self, ok: bool) -> None:
+        if ok:
+            self.ex.shutdown(wait=True)
+            return
+        for p in list(getattr(self.ex, "_processes", {}).values()):
+            if p.is_alive():
+                p.terminate()
+        self.ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_in_process(jobs: list[ShardJob], threads: int, prog: ShardProgress) -> None:
+    """Jobs one after another in this process, torch using ``threads`` threads (restored after)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        for job in jobs:
+            run_job(job, prog.handle)
+    finally:
+        torch.set_num_threads(before)
 
 
 def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme = "nvfp4-e5m3",
                         format: str = "lowbit", *, workers: int = 2, ignore: Iterable[str] = (),
                         include_lm_head: bool = False, resume: bool = True, overwrite: bool = False,
-                        progress: bool | None = None) -> Path:
+                        progress: bool | None = None, device: str | torch.device | None = None) -> Path:
     """Quantize the safetensors checkpoint folder ``src`` into ``out`` without building the model.
 
     scheme: a preset needing no calibration (w4a16, w8a16, nvfp4a16, w8a8-int8-dynamic,
         w8a8-fp8-dynamic, nvfp4-e5m3, mxfp4, mxfp8) or such a Scheme.
     format: "lowbit" or "compressed-tensors" (or "fake"): the layouts of ``lowbit.save``.
-    workers: processes quantizing shards in parallel (<= 1: in this process).
+    workers: CPU cores to use. Worker processes quantize shards (or 128 MB parts of them) in
+        parallel when there are at least two units of work and POOL_MIN_BYTES of source; else
+        everything runs in this process with ``workers`` torch threads (<= 1: one).
+    device: quantize on this torch device ("cuda", "cuda:1"; default: the CPU), in this process,
+        one tensor at a time; the output is bit-identical to the CPU's. OptionError if unavailable.
     ignore: more linear modules to keep in float (exact names or full-match regular expressions).
     include_lm_head: quantize the output embedding too.
     resume: continue a run that was killed, skipping its finished shards (same arguments only).
@@ -164,7 +192,7 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     Returns the output folder. Raises SchemeError/FormatError/QuantizationError naming the option,
     file or tensor; nothing is left half-written.
     """
-    from lowbit.formats import CheckpointWriter, Format, get_layout
+    from lowbit.formats import Format, get_layout
 
     scheme = get_scheme(scheme)
     check_model_free_scheme(scheme)
@@ -175,7 +203,29 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     if out_p == src_p or out_p in src_p.parents:
         raise FormatError(f"output folder {out_p} would overwrite the source checkpoint {src_p}")
     ignore = list(ignore)
+    dev = resolve_device(device)
     ckpt = Checkpoint(src_p)
+    # worker processes start now, importing torch while the plan is made and finished shards found
+    source_total = sum(i.nbytes for i in ckpt.tensors.values())
+    units = sum(max(1, -(-sum(i.nbytes for i in infos) // PART_BYTES)) for infos in ckpt.shard_tensors.values())
+    n_pool = use_pool(workers, units, source_total, dev)
+    pool = _Pool(n_pool) if n_pool else None
+    ok = False
+    try:
+        out_path = _quantize(ckpt, src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume, overwrite,
+                             progress, workers, dev, pool)
+        ok = True
+        return out_path
+    finally:
+        if pool is not None:
+            pool.close(ok)
+
+
+def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
+              include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
+              dev: torch.device | None, pool: _Pool | None) -> Path:
+    from lowbit.formats import CheckpointWriter
+
     plan = make_plan(ckpt, scheme, ignore, include_lm_head)
     if not plan.quantized:
         raise FormatError(f"{src_p}: no linear weights to quantize were found (config model_type "
@@ -213,7 +263,8 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
         for k, part in enumerate(parts):
             job = ShardJob(src_root=str(src_p), shard=shard, out_name=out_name, out_dir=str(writer.tmp),
                            fingerprint=fp, items=part, scheme=scheme, fmt=fmt.value, model_dtype=plan.dtype,
-                           fp8_block=plan.fp8_block, reserve=reserve, part=k, n_parts=len(parts))
+                           fp8_block=plan.fp8_block, reserve=reserve, part=k, n_parts=len(parts),
+                           device=None if dev is None else str(dev))
             if len(parts) > 1 and read_marker(writer.tmp, job.name, fp) is not None:
                 done_bytes += job.source_bytes
             else:
@@ -224,7 +275,10 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
         with ShardProgress(progress, total, done_bytes + skipped_bytes, len(out_names)) as prog:
             if done_bytes:
                 prog.log(f"resuming: {done_bytes / 1e9:.2f} of {total / 1e9:.2f} GB of source already done")
-            _run_jobs(jobs, workers, prog)
+            if pool is not None and len(jobs) > 1:
+                pool.run(jobs, prog)
+            else:
+                _run_in_process(jobs, workers, prog)
         for out_name, (n_parts, reserve) in multipart.items():
             assemble_parts(writer.tmp, out_name, n_parts, fp, reserve)
         for p in writer.tmp.glob("*.part-*"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +30,7 @@ from lowbit.quant import QuantizedTensor, global_scale_from_amax, quantize
 from lowbit.schemes import Granularity, QuantSpec, Scheme
 
 BAND_ELEMS = 1 << 22  # elements quantized at once (bounds float32 temporaries to ~100 MB)
+DEVICE_BAND_ELEMS = 1 << 25  # on an accelerator: larger bands, fewer launches (~1 GB of temporaries)
 MARKER_DIR = ".modelfree"
 
 Report = Callable[[tuple[str, str, int]], None]
@@ -54,6 +56,7 @@ class ShardJob:
     reserve: int          # header room of the whole output shard
     part: int = 0
     n_parts: int = 1
+    device: str | None = None  # quantize there (tensors moved one at a time); None: the CPU
 
     @property
     def source_bytes(self) -> int:
@@ -76,13 +79,21 @@ def init_worker(queue: Any = None, threads: int = 1) -> None:
     _REPORT = None if queue is None else queue.put
 
 
+def warm_up() -> None:
+    """A no-op task: submitting one per worker starts every process (and its imports) at once."""
+    from lowbit.formats import get_layout  # what run_job imports first (torch and lowbit.quant already are)
+
+    get_layout("lowbit")
+
+
 def marker_path(out_dir: str | Path, shard: str) -> Path:
     return Path(out_dir) / MARKER_DIR / f"{shard}.done.json"
 
 
-def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str) -> QuantizedTensor:
+def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str,
+                  band_elems: int = BAND_ELEMS) -> QuantizedTensor:
     """``lowbit.quant.quantize(w, spec, global_scale=...)`` computed in row bands."""
-    rows = max(1, BAND_ELEMS // max(1, w.shape[-1]))
+    rows = max(1, band_elems // max(1, w.shape[-1]))
     if spec.granularity is Granularity.TENSOR or w.shape[0] <= rows:
         return quantize(w, spec, global_scale=global_scale, name=name)
     parts = [quantize(w[r:r + rows], spec, global_scale=global_scale, name=name) for r in range(0, w.shape[0], rows)]
@@ -92,6 +103,11 @@ def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor |
 
 
 class _ShardRun:
+    """Quantizes one job as a pipeline: a reader thread loads the next tensor and a writer thread
+    writes the previous one while this thread quantizes (torch and file I/O release the GIL).
+    Every read goes through the one reader thread and every write through the one writer
+    thread, in item order, so the output bytes are those of a sequential run."""
+
     def __init__(self, job: ShardJob, report: Report | None) -> None:
         from lowbit.formats import get_layout
 
@@ -100,29 +116,44 @@ class _ShardRun:
         self.reader = TensorReader(Path(job.src_root))
         self.layout = get_layout(job.fmt)
         self.amax_cache: dict[str, torch.Tensor] = {}
+        self.device = None if job.device is None else torch.device(job.device)
+        self.band = BAND_ELEMS if self.device is None else DEVICE_BAND_ELEMS
+        self.io_read = ThreadPoolExecutor(1, thread_name_prefix="lowbit-read")
+        self.io_write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
 
     def load(self, src: Source) -> torch.Tensor:
+        """The source tensor in float (runs on the reader thread)."""
         t = self.reader.get(src.info)
         if src.scale_inv is not None:
             t = dequantize_fp8_block(t, self.reader.get(src.scale_inv), self.job.fp8_block, self.job.model_dtype)
         return t
 
+    def load_now(self, src: Source) -> torch.Tensor:
+        return self.io_read.submit(self.load, src).result()
+
     def amax(self, src: Source, loaded: torch.Tensor | None = None) -> torch.Tensor:
         key = src.info.name
         if key not in self.amax_cache:
-            t = loaded if loaded is not None else self.load(src)
+            t = loaded if loaded is not None else self.to_device(self.load_now(src))
             self.amax_cache[key] = shared_amax([t])
         return self.amax_cache[key]
 
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.device is None else t.to(self.device)
+
     def quantized_tensors(self, item: Item, w: torch.Tensor) -> dict[str, torch.Tensor]:
         scheme = self.job.scheme
+        w = self.to_device(w)
         gs = None
         if scheme.weights.global_scale:
             group = item.group or (item.src,)
             a = torch.stack([self.amax(s, w if s == item.src else None) for s in group]).amax().reshape(1)
             gs = global_scale_from_amax(a, scheme.weights)
-        qt = quantize_rows(w, scheme.weights, gs, f"{item.src.info.name}")
-        return self.layout.linear_tensors(item.name, qt, scheme, dtype=w.dtype)
+        qt = quantize_rows(w, scheme.weights, gs, f"{item.src.info.name}", self.band)
+        out = self.layout.linear_tensors(item.name, qt, scheme, dtype=w.dtype)
+        if self.device is not None:
+            out = {k: v.cpu() for k, v in out.items()}
+        return out
 
     def run(self) -> dict[str, Any]:
         job = self.job
@@ -131,32 +162,55 @@ class _ShardRun:
         writer = None
         if written:
             writer = StreamingShardWriter(Path(job.out_dir) / job.name, job.reserve, data_only=job.n_parts > 1)
+        loads = [it for it in job.items if it.kind is Kind.QUANTIZE or (it.kind is Kind.COPY and it.src.scale_inv)]
+        ahead: dict[int, Future] = {}  # id(item) -> its tensor being read
+        pending: Future | None = None  # the last write (one at a time: bounded memory)
+
+        def prefetch(k: int) -> None:
+            if k < len(loads) and id(loads[k]) not in ahead:
+                ahead[id(loads[k])] = self.io_read.submit(self.load, loads[k].src)
+
+        def write(fn: Callable[..., None], *args: Any) -> None:
+            nonlocal pending
+            if pending is not None:
+                pending.result()
+            pending = self.io_write.submit(fn, *args)
+
         n_quantized = 0
+        n_loaded = 0
         try:
+            prefetch(0)
             for it in job.items:
                 if it.kind is Kind.COPY and it.src.scale_inv is None:  # as stored: bytes copied by the kernel
                     i = it.src.info
-                    writer.add_raw(it.name, i.dtype, i.shape, Path(job.src_root) / i.shard, i.data_start + i.begin,
-                                   i.nbytes)
-                elif it.kind is Kind.COPY:  # FP8 kept in float: dequantized
-                    writer.add(it.name, self.load(it.src))
-                elif it.kind is Kind.QUANTIZE:
-                    w = self.load(it.src)
-                    for k, v in self.quantized_tensors(it, w).items():
-                        writer.add(k, v)
+                    write(writer.add_raw, it.name, i.dtype, i.shape, Path(job.src_root) / i.shard,
+                          i.data_start + i.begin, i.nbytes)
+                elif it.kind is not Kind.DROP:
+                    w = ahead.pop(id(it)).result()
+                    n_loaded += 1
+                    prefetch(n_loaded)  # the next tensor is read while this one is quantized
+                    if it.kind is Kind.COPY:  # FP8 kept in float: dequantized
+                        write(writer.add, it.name, w)
+                    else:
+                        tensors = self.quantized_tensors(it, w)
+                        write(_add_all, writer, tensors)
+                        n_quantized += 1
                     del w
-                    n_quantized += 1
                 self.report(("advance", job.name, it.src.info.nbytes))
                 if _HOOK is not None:
                     _HOOK("tensor", job.name, it.name)
+            if pending is not None:
+                pending.result()
             size = writer.finish() if writer is not None else 0
         except BaseException as e:
+            self._stop_io()
             if writer is not None:
                 writer.abort()
             if isinstance(e, LowbitError) and job.shard not in str(e):
                 raise type(e)(f"{Path(job.src_root) / job.shard}: {e}") from None
             raise
         finally:
+            self._stop_io()
             self.reader.close()
         result = {
             "shard": job.name, "fingerprint": job.fingerprint, "file_size": size,
@@ -168,6 +222,16 @@ class _ShardRun:
         if _HOOK is not None:
             _HOOK("shard", job.name, "")
         return result
+
+    def _stop_io(self) -> None:
+        """Wait for the I/O threads (queued work is dropped), so no thread touches the files after."""
+        self.io_read.shutdown(wait=True, cancel_futures=True)
+        self.io_write.shutdown(wait=True, cancel_futures=True)
+
+
+def _add_all(writer: StreamingShardWriter, tensors: dict[str, torch.Tensor]) -> None:
+    for k, v in tensors.items():
+        writer.add(k, v)
 
 
 def run_job(job: ShardJob, report: Report | None = None) -> dict[str, Any]:
