@@ -59,10 +59,18 @@ MF_CHILD = r"""
 import json, sys, time
 import lowbit
 import resource
+device = sys.argv[5] or None if len(sys.argv) > 5 else None
+if len(sys.argv) > 6:  # workers given as "Np": worker processes even below POOL_MIN_BYTES
+    import lowbit.modelfree.run
+    lowbit.modelfree.run.POOL_MIN_BYTES = int(sys.argv[6])
+if device:  # CUDA context creation is start-up, not work
+    import torch
+    torch.zeros(1, device=device)
 cpu0 = sum(getattr(resource.getrusage(resource.RUSAGE_SELF), k) for k in ("ru_utime", "ru_stime"))
 t0 = time.perf_counter()
 lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme=sys.argv[3], format="lowbit",
-                           workers=int(sys.argv[4]), progress=False)
+                           workers=int(sys.argv[4].rstrip("p")), progress=False,
+                           **({"device": device} if device else {}))
 import resource
 ru = resource.getrusage
 s, c = ru(resource.RUSAGE_SELF), ru(resource.RUSAGE_CHILDREN)
@@ -71,11 +79,16 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "maxrss": 1024 * max(s.ru
 """
 
 
-def run_measured(code: str, args: list[str]) -> dict:
-    """Run a child python; returns its reported seconds, wall time, peak RSS (tree sum, max single)."""
+def run_measured(code: str, args: list[str], lowbit_src: str | None = None) -> dict:
+    """Run a child python; returns its reported seconds, wall time, peak RSS (tree sum, max single).
+    ``lowbit_src``: import lowbit from this source folder (PYTHONPATH) instead of the default."""
+    env = dict(os.environ)
+    if lowbit_src:
+        env["PYTHONPATH"] = lowbit_src
+    load = os.getloadavg()[0]
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         cwd=ROOT)
+                         cwd=ROOT, env=env)
     peak_sum = peak_pss = 0
     stop = threading.Event()
 
@@ -114,7 +127,7 @@ def run_measured(code: str, args: list[str]) -> dict:
     if p.returncode != 0:
         raise RuntimeError(f"child failed ({p.returncode}): {err.decode()[-3000:]}")
     res = json.loads(out.decode().strip().splitlines()[-1])
-    res.update(wall=wall, peak_rss_sum=peak_sum, peak_pss_sum=peak_pss)
+    res.update(wall=wall, peak_rss_sum=peak_sum, peak_pss_sum=peak_pss, load=load)
     return res
 
 
@@ -196,7 +209,8 @@ def prepare(kind: str, work: Path, gb: float) -> Path:
     return Path(r.stdout.strip().splitlines()[-1])
 
 
-def bench_model(label: str, src: Path, schemes: list[str], workers: list[int], work: Path) -> list[dict]:
+def bench_model(label: str, src: Path, schemes: list[str], workers: list[int], work: Path,
+                compare: tuple[str, list[int]] | None = None, device: str | None = None) -> list[dict]:
     rows = []
     nbytes = source_bytes(src)
     out = work / "out"
@@ -207,35 +221,47 @@ def bench_model(label: str, src: Path, schemes: list[str], workers: list[int], w
     shutil.rmtree(out)
     copy_s = r["seconds"]
     rows.append(dict(model=label, job="safetensors copy", workers=1, **r, gbps=nbytes / 1e9 / r["seconds"],
-                     vs_copy=1.0, gb=nbytes / 1e9))
+                     vs_copy=1.0, gb=nbytes / 1e9, code=""))
     print(rows[-1], flush=True)
+    runs = [(None, "this tree", workers, "")] + ([(compare[0], "before", compare[1], "")] if compare else [])
+    runs += [(None, f"this tree, {device}", [1], device)] if device else []
     for scheme in schemes:
-        for w in workers:
-            r = run_measured(MF_CHILD, [str(src), str(out), scheme, str(w)])
-            out_gb = source_bytes(out) / 1e9
-            shutil.rmtree(out)
-            rows.append(dict(model=label, job=f"model-free {scheme}", workers=w, **r, gbps=nbytes / 1e9 / r["seconds"],
-                             vs_copy=r["seconds"] / copy_s, gb=nbytes / 1e9, out_gb=out_gb))
-            print(rows[-1], flush=True)
+        for lowbit_src, code, ws, dev in runs:
+            for w in ws:
+                extra = [dev or ""] + (["0"] if str(w).endswith("p") else [])
+                r = run_measured(MF_CHILD, [str(src), str(out), scheme, str(w)] + extra, lowbit_src)
+                out_gb = source_bytes(out) / 1e9
+                shutil.rmtree(out)
+                rows.append(dict(model=label, job=f"model-free {scheme}", workers=w, **r,
+                                 gbps=nbytes / 1e9 / r["seconds"], vs_copy=r["seconds"] / copy_s, gb=nbytes / 1e9,
+                                 out_gb=out_gb, code=code))
+                print(rows[-1], flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | source GB | job | workers | time s | CPU s | wall s (with imports) | GB/s | x copy | "
-             "peak PSS, all processes | peak RSS sum | peak RSS, largest process |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | source GB | job | code | workers | time s | CPU s | wall s (with imports) | GB/s | x copy | "
+             "peak PSS, all processes | peak RSS sum | peak RSS, largest process | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['gb']:.2f} | {r['job']} | {r['workers']} | {r['seconds']:.1f} | "
+        lines.append(f"| {r['model']} | {r['gb']:.2f} | {r['job']} | {r.get('code', '')} | {r['workers']} | "
+                     f"{r['seconds']:.1f} | "
                      f"{r.get('cpu', float('nan')):.1f} | {r['wall']:.1f} | {r['gbps']:.3f} | {r['vs_copy']:.1f} | "
                      f"{r.get('peak_pss_sum', float('nan')) / 2**30:.2f} GiB | {r['peak_rss_sum'] / 2**30:.2f} GiB | "
-                     f"{r.get('maxrss', 0) / 2**30:.2f} GiB |")
+                     f"{r.get('maxrss', 0) / 2**30:.2f} GiB | {r.get('load', float('nan')):.1f} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default="nvfp4-e5m3,w4a16")
-    ap.add_argument("--workers", default="2")
+    ap.add_argument("--workers", default="1,2", help="workers values to run (1: in this process; 'Np': N worker "
+                    "processes even below lowbit.modelfree.run.POOL_MIN_BYTES)")
+    ap.add_argument("--compare-src", default=None,
+                    help="also run the model-free jobs with lowbit imported from this src folder (e.g. an "
+                         "export of main: git archive main src | tar -x -C /tmp/base), labelled 'before'")
+    ap.add_argument("--compare-workers", default="2", help="workers values for the --compare-src runs")
+    ap.add_argument("--device", default=None, help="also run every model-free job with device=DEVICE (e.g. cuda)")
     ap.add_argument("--synthetic-gb", type=float, default=2.3)
     ap.add_argument("--skip-smollm2", action="store_true")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temporary folder)")
@@ -249,17 +275,20 @@ def main() -> None:
         print(dst)
         return
     schemes = args.schemes.split(",")
-    workers = [int(w) for w in args.workers.split(",")]
+    workers = args.workers.split(",")
+    compare = (str(Path(args.compare_src).resolve()), [int(w) for w in args.compare_workers.split(",")]) \
+        if args.compare_src else None
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="lowbit-bench-mf-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"scratch: {work}; cpus: {os.cpu_count()}; load average at start: {os.getloadavg()}", flush=True)
     rows = []
     try:
         if not args.skip_smollm2:
-            rows += bench_model("SmolLM2-135M bf16", prepare("smollm2", work, 0), schemes, workers, work)
+            rows += bench_model("SmolLM2-135M bf16", prepare("smollm2", work, 0), schemes, workers, work,
+                                compare, args.device)
         if args.synthetic_gb > 0:
             rows += bench_model(f"synthetic {args.synthetic_gb:g} GB bf16", prepare("synthetic", work, args.synthetic_gb),
-                                schemes, workers, work)
+                                schemes, workers, work, compare, args.device)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
