@@ -4,10 +4,15 @@
 
 No model class is built and nothing runs forward. Every check that needs no tensor data
 (scheme, format, shards, index, shapes against the block size, FP8 scales) runs before anything
-is written. Worker processes (spawn, one thread each) quantize shards in parallel (a shard
-larger than PART_BYTES of source is cut into parts, written separately and joined into the same
-bytes afterwards, so a single-file checkpoint uses every worker too) and return metadata only; the output is assembled in ``.<out>.lowbit-tmp`` (lowbit.formats'
-CheckpointWriter) and renamed into place at the end. A run killed part-way keeps its finished
+is written. Units of work are shards, and parts of shards larger than PART_BYTES of source
+(written separately and joined into the same bytes afterwards). With ``workers`` > 1, at least two
+units and POOL_MIN_BYTES of source, worker processes (spawn, one thread each, started before the
+plan is made) quantize units in parallel and return metadata only; otherwise everything runs in
+this process with ``workers`` torch threads (no start-up cost), and with ``device`` on that
+device. Either way each unit is a pipeline (lowbit.modelfree.worker): reading, quantizing and
+writing overlap, and the files are byte-identical whichever way they were made. The output is
+assembled in ``.<out>.lowbit-tmp`` (lowbit.formats' CheckpointWriter) and renamed into place at
+the end. A run killed part-way keeps its finished
 shards there; the same command again skips them (a done marker is written after each shard's
 atomic rename, and the run's arguments and source files are fingerprinted) and writes output
 byte-identical to an uninterrupted run. A data error (NaN, bad tensor) removes the temporary
@@ -141,13 +146,17 @@ class _Pool:
                 except queue_mod.Empty:
                     return
 
-        pending = {self.ex.submit(run_job, job) for job in jobs}
-        while pending:
-            done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+        try:
+            pending = {self.ex.submit(run_job, job) for job in jobs}
+            while pending:
+                done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+                drain()
+                for f in done:
+                    f.result()  # re-raises a worker's error here
             drain()
-            for f in done:
-                f.result()  # re-raises a worker's error here
-        drain()
+        except BaseException:
+            self.close(ok=False)  # before the caller removes the folder the other workers write into
+            raise
 
     def close(self, ok: bool) -> None:
         if ok:
