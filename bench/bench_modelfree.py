@@ -60,7 +60,7 @@ import json, sys, time
 import lowbit
 import resource
 device = sys.argv[5] or None if len(sys.argv) > 5 else None
-if len(sys.argv) > 6:  # workers given as "Np": worker processes even below POOL_MIN_BYTES
+if len(sys.argv) > 6:  # workers given as "Np" / "Nt": force worker processes / threads in this process
     import lowbit.modelfree.run
     lowbit.modelfree.run.POOL_MIN_BYTES = int(sys.argv[6])
 if device:  # CUDA context creation is start-up, not work
@@ -69,7 +69,7 @@ if device:  # CUDA context creation is start-up, not work
 cpu0 = sum(getattr(resource.getrusage(resource.RUSAGE_SELF), k) for k in ("ru_utime", "ru_stime"))
 t0 = time.perf_counter()
 lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme=sys.argv[3], format="lowbit",
-                           workers=int(sys.argv[4].rstrip("p")), progress=False,
+                           workers=int(sys.argv[4].rstrip("pt")), progress=False,
                            **({"device": device} if device else {}))
 import resource
 ru = resource.getrusage
@@ -228,7 +228,8 @@ def bench_model(label: str, src: Path, schemes: list[str], workers: list[int], w
     for scheme in schemes:
         for lowbit_src, code, ws, dev in runs:
             for w in ws:
-                extra = [dev or ""] + (["0"] if str(w).endswith("p") else [])
+                force = {"p": ["0"], "t": [str(1 << 62)]}.get(str(w)[-1], [])
+                extra = [dev or ""] + force
                 r = run_measured(MF_CHILD, [str(src), str(out), scheme, str(w)] + extra, lowbit_src)
                 out_gb = source_bytes(out) / 1e9
                 shutil.rmtree(out)
@@ -256,7 +257,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default="nvfp4-e5m3,w4a16")
     ap.add_argument("--workers", default="1,2", help="workers values to run (1: in this process; 'Np': N worker "
-                    "processes even below lowbit.modelfree.run.POOL_MIN_BYTES)")
+                    "processes even below lowbit.modelfree.run.POOL_MIN_BYTES, 'Nt': N threads in this process "
+                    "even above it)")
     ap.add_argument("--compare-src", default=None,
                     help="also run the model-free jobs with lowbit imported from this src folder (e.g. an "
                          "export of main: git archive main src | tar -x -C /tmp/base), labelled 'before'")

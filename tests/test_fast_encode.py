@@ -145,3 +145,17 @@ def test_check_finite_finds_every_position(dtype, n):
                 check_finite(x, "w")
     check_finite(torch.randn(n).to(dtype), "w")
     check_finite(torch.empty(0, dtype=dtype), "w")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_fast_paths_equal_the_cpu_reference():
+    for fmt in MINIFLOATS + [INT4, INT8]:
+        x = every_key_value()
+        x = encodable(fmt, x) if fmt in MINIFLOATS else x[~torch.isnan(x)]
+        assert torch.equal(fast_encode.encode(fmt, x.cuda()).cpu(), fmt.encode(x)), fmt.name
+    for name, spec in SPECS.items():
+        for dtype in (torch.float32, torch.bfloat16):
+            w = adversarial_weight(dtype)
+            a, b = quantize(w, spec), quantize(w.cuda(), spec).to("cpu")
+            assert a.equal(b), (name, dtype)

@@ -11,6 +11,7 @@ import torch
 import lowbit
 import lowbit.modelfree.run as run
 from conftest import tiny_llama
+from lowbit.errors import QuantizationError
 from lowbit.modelfree.device import DeviceError, resolve_device
 
 HAS_CUDA = torch.cuda.is_available()
@@ -56,7 +57,7 @@ def test_worker_processes_and_in_process_write_the_same_bytes(sharded, tmp_path,
     scheme = "nvfp4-e5m3"
     CountingPool.started.clear()
     monkeypatch.setattr(run, "_Pool", CountingPool)
-    inproc = mf(sharded, tmp_path / "inproc", scheme, workers=2)  # small: runs in this process
+    inproc = mf(sharded, tmp_path / "inproc", scheme, workers=2)  # small: two threads in this process
     assert CountingPool.started == []
     monkeypatch.setattr(run, "POOL_MIN_BYTES", 0)
     pooled = mf(sharded, tmp_path / "pooled", scheme, workers=2)
@@ -83,6 +84,18 @@ def test_in_process_threads_are_restored(sharded, tmp_path):
         worker._HOOK = orig
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == before
+
+
+def test_a_bad_tensor_in_one_thread_stops_the_run(tmp_path):
+    m = tiny_llama()
+    with torch.no_grad():
+        m.model.layers[1].mlp.down_proj.weight[3, 5] = float("nan")
+    src = tmp_path / "src"
+    m.save_pretrained(src, max_shard_size="100KB")
+    out = tmp_path / "out"
+    with pytest.raises(QuantizationError, match=r"model\.layers\.1\.mlp\.down_proj\.weight.*NaN"):
+        mf(src, out, "nvfp4-e5m3", workers=3)  # small: three threads in this process
+    assert not out.exists() and not any(tmp_path.glob(".out*"))
 
 
 def test_an_error_in_the_pipeline_leaves_nothing(sharded, tmp_path, monkeypatch):

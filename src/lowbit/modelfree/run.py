@@ -8,8 +8,8 @@ is written. Units of work are shards, and parts of shards larger than PART_BYTES
 (written separately and joined into the same bytes afterwards). With ``workers`` > 1, at least two
 units and POOL_MIN_BYTES of source, worker processes (spawn, one thread each, started before the
 plan is made) quantize units in parallel and return metadata only; otherwise everything runs in
-this process with ``workers`` torch threads (no start-up cost), and with ``device`` on that
-device. Either way each unit is a pipeline (lowbit.modelfree.worker): reading, quantizing and
+this process, ``workers`` units at once in threads (no start-up cost), and with ``device`` on
+that device. Either way each unit is a pipeline (lowbit.modelfree.worker): reading, quantizing and
 writing overlap, and the files are byte-identical whichever way they were made. The output is
 assembled in ``.<out>.lowbit-tmp`` (lowbit.formats' CheckpointWriter) and renamed into place at
 the end. A run killed part-way keeps its finished
@@ -32,7 +32,8 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import shutil
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+import threading
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -168,13 +169,30 @@ class _Pool:
         self.ex.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_in_process(jobs: list[ShardJob], threads: int, prog: ShardProgress) -> None:
-    """Jobs one after another in this process, torch using ``threads`` threads (restored after)."""
+def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> None:
+    """Jobs in this process: up to ``workers`` at once in threads (torch releases the GIL in its
+    kernels), each op single-threaded (intra-op thread pools spin-wait: on a busy machine they
+    burn 10x the CPU time); torch's thread count is restored after. The first error stops the
+    other jobs at their next tensor."""
     before = torch.get_num_threads()
-    torch.set_num_threads(max(1, threads))
+    torch.set_num_threads(1)
+    n = min(max(1, workers), len(jobs))
+    cancel = threading.Event()
     try:
-        for job in jobs:
-            run_job(job, prog.handle)
+        if n <= 1:
+            for job in jobs:
+                run_job(job, prog.handle)
+            return
+        with ThreadPoolExecutor(n, thread_name_prefix="lowbit-job") as ex:
+            futures = [ex.submit(run_job, job, prog.handle, cancel) for job in jobs]
+            try:
+                for f in as_completed(futures):
+                    f.result()
+            except BaseException:
+                cancel.set()
+                for f in futures:
+                    f.cancel()
+                raise
     finally:
         torch.set_num_threads(before)
 
@@ -190,7 +208,7 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     format: "lowbit" or "compressed-tensors" (or "fake"): the layouts of ``lowbit.save``.
     workers: CPU cores to use. Worker processes quantize shards (or 128 MB parts of them) in
         parallel when there are at least two units of work and POOL_MIN_BYTES of source; else
-        everything runs in this process with ``workers`` torch threads (<= 1: one).
+        they run in this process, ``workers`` at once in threads (<= 1: one after another).
     device: quantize on this torch device ("cuda", "cuda:1"; default: the CPU), in this process,
         one tensor at a time; the output is bit-identical to the CPU's. OptionError if unavailable.
     ignore: more linear modules to keep in float (exact names or full-match regular expressions).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,16 +103,21 @@ def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor |
                            parts[0].global_scale)
 
 
+class JobCancelled(Exception):
+    """A job stopped because another job of the same run failed (never the error reported)."""
+
+
 class _ShardRun:
     """Quantizes one job as a pipeline: a reader thread loads the next tensor and a writer thread
     writes the previous one while this thread quantizes (torch and file I/O release the GIL).
     Every read goes through the one reader thread and every write through the one writer
     thread, in item order, so the output bytes are those of a sequential run."""
 
-    def __init__(self, job: ShardJob, report: Report | None) -> None:
+    def __init__(self, job: ShardJob, report: Report | None, cancel: threading.Event | None = None) -> None:
         from lowbit.formats import get_layout
 
         self.job = job
+        self.cancel = cancel
         self.report = report or (lambda e: None)
         self.reader = TensorReader(Path(job.src_root))
         self.layout = get_layout(job.fmt)
@@ -181,6 +187,8 @@ class _ShardRun:
         try:
             prefetch(0)
             for it in job.items:
+                if self.cancel is not None and self.cancel.is_set():
+                    raise JobCancelled(f"{job.name}: stopped because another unit of work failed")
                 if it.kind is Kind.COPY and it.src.scale_inv is None:  # as stored: bytes copied by the kernel
                     i = it.src.info
                     write(writer.add_raw, it.name, i.dtype, i.shape, Path(job.src_root) / i.shard,
@@ -234,9 +242,10 @@ def _add_all(writer: StreamingShardWriter, tensors: dict[str, torch.Tensor]) -> 
         writer.add(k, v)
 
 
-def run_job(job: ShardJob, report: Report | None = None) -> dict[str, Any]:
-    """Quantize one shard; returns its metadata (never tensors)."""
-    return _ShardRun(job, report or _REPORT).run()
+def run_job(job: ShardJob, report: Report | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
+    """Quantize one shard; returns its metadata (never tensors). ``cancel``: set by another
+    thread to stop this job (JobCancelled) before its next tensor."""
+    return _ShardRun(job, report or _REPORT, cancel).run()
 
 
 def write_marker(out_dir: str | Path, name: str, meta: dict[str, Any]) -> None:
