@@ -51,7 +51,9 @@ from lowbit.schemes import Scheme, get_scheme
 
 RUN_FILE = "run.json"
 PART_BYTES = 128 << 20  # source bytes per unit of work: shards larger than this are split
-POOL_MIN_BYTES = 1 << 30  # less source than this runs in-process (worker start-up would not pay off)
+# less source than this runs in this process, in threads: measured (bench/RESULTS-modelfree.md) threads
+# beat spawned workers at 0.27 and 1.2 GB (each worker costs ~3 CPU-s and ~0.3 GB to start)
+POOL_MIN_BYTES = 4 << 30
 LAYOUT_VERSION = 2  # bump when the files written for the same inputs change (2: weight file names by format)
 # what to run instead of a scheme that needs calibration
 CALIBRATION_ALTERNATIVES = {
@@ -121,8 +123,8 @@ def split_items(items: list[Item], part_bytes: int) -> list[tuple[Item, ...]]:
 
 def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | None) -> int:
     """How many worker processes to start: none (run in this process) for a device, one worker or
-    unit of work, or less than POOL_MIN_BYTES of source (start-up, ~1-3 s each to import torch,
-    would cost more than it saves); never more than the units of work."""
+    unit of work, or less than POOL_MIN_BYTES of source (start-up, ~3 CPU-s each to import torch,
+    would cost more than it saves over threads); never more than the units of work."""
     n = min(workers, n_jobs)
     if device is not None or n <= 1 or job_bytes < POOL_MIN_BYTES:
         return 0
