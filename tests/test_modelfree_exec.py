@@ -146,3 +146,19 @@ def test_cuda_output_is_bit_identical_to_the_cpu(sharded, tmp_path, scheme):
     cpu = mf(sharded, tmp_path / "cpu", scheme)
     gpu = mf(sharded, tmp_path / "gpu", scheme, device="cuda")
     assert folder_bytes(gpu) == folder_bytes(cpu)
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4-e5m3", "nvfp4a16", "w4a16", "w8a8-fp8-dynamic", "mxfp4"])
+def test_row_bands_equal_the_whole_tensor(scheme):
+    from lowbit.modelfree.worker import quantize_rows
+    from lowbit.quant import global_scale_from_amax, quantize
+
+    from lowbit.schemes import get_scheme
+
+    spec = get_scheme(scheme).weights
+    w = (torch.randn(37, 256, generator=torch.Generator().manual_seed(4)) * 0.05).to(torch.bfloat16)
+    w[5] = 0.0
+    gs = global_scale_from_amax(w.float().abs().amax(), spec) if spec.global_scale else None
+    whole = quantize(w, spec, global_scale=gs, name="w")
+    for band in (256, 1000, 256 * 36):  # one row, ragged bands, one band short of the tensor
+        assert quantize_rows(w, spec, gs, "w", band).equal(whole)
