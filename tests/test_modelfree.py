@@ -342,7 +342,7 @@ def test_killed_run_resumes_byte_identical(sharded, tmp_path):
     finished = sorted(p for p in tmp.glob("*.safetensors"))
     assert len(finished) == 2 and list(tmp.glob("*.partial"))  # a half-written shard was left behind
     mtimes = {p.name: p.stat().st_mtime_ns for p in finished}
-    mf(sharded, out, "nvfp4a16", workers=2)  # same arguments: resumes, in parallel worker processes
+    mf(sharded, out, "nvfp4a16", workers=2)  # same arguments: resumes, two shards at once (threads)
     assert folder_bytes(out) == folder_bytes(full)
     assert {p: (out / p).stat().st_mtime_ns for p in mtimes} == mtimes  # finished shards were not redone
     assert not tmp.exists()
@@ -361,7 +361,7 @@ def test_changed_arguments_do_not_resume(sharded, tmp_path):
 @pytest.mark.slow
 def test_smollm2_same_logits_as_in_memory(tmp_path):
     """The real model (SmolLM2-135M-Instruct, expanded from its GGUF): model-free nvfp4-e5m3 output
-    loads with the same logits as quantizing the loaded model, with worker processes."""
+    loads with the same logits as quantizing the loaded model, two shards at a time."""
     from transformers import AutoModelForCausalLM
 
     from lowbit.models.builtin import ensure_builtin
