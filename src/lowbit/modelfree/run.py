@@ -212,7 +212,8 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
         parallel when there are at least two units of work and POOL_MIN_BYTES of source; else
         they run in this process, ``workers`` at once in threads (<= 1: one after another).
     device: quantize on this torch device ("cuda", "cuda:1"; default: the CPU), in this process,
-        one tensor at a time; the output is bit-identical to the CPU's. OptionError if unavailable.
+        one tensor at a time; the output is bit-identical to the CPU's. DeviceError (lowbit.modelfree.device)
+        if it is not available.
     ignore: more linear modules to keep in float (exact names or full-match regular expressions).
     include_lm_head: quantize the output embedding too.
     resume: continue a run that was killed, skipping its finished shards (same arguments only).
