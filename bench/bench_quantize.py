@@ -13,7 +13,8 @@ weight-cache for the others: numerically identical to the reference backend).
     .venv/bin/python bench/bench_quantize.py [--windows 4] [--samples 16] [--configs ...]
 
 A config is ``scheme[:smoothquant[:option=value,...]]``, e.g. ``w8a8-int8:0.8``,
-``w8a8-int8:auto``, ``w8a8-int8:0.8:sink_positions=0``, ``w8a8-fp8:none:observer=mse``.
+``w8a8-int8:auto``, ``w8a8-int8:0.8:sink_positions=0``, ``w8a8-fp8:none:observer=mse``,
+``w4a16:none:weight_rounding=gptq``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,18 @@ def load_smollm2():
         return model, AutoTokenizer.from_pretrained(folder, gguf_file=name)
 
 
+def _option_value(v: str) -> object:
+    """An option value as written: an int, a float, true/false, or else the string itself."""
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
 def parse_config(c: str) -> tuple[str, object, dict]:
     parts = c.split(":")
     scheme = parts[0]
@@ -85,7 +98,7 @@ def parse_config(c: str) -> tuple[str, object, dict]:
     if len(parts) > 2 and parts[2]:
         for kv in parts[2].split(","):
             k, v = kv.split("=")
-            opts[k] = v if k == "observer" else (float(v) if "." in v else int(v))
+            opts[k] = _option_value(v)
     return scheme, sq, opts
 
 

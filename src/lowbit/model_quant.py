@@ -15,7 +15,7 @@ import torch.nn as nn
 from lowbit.errors import QuantizationError
 from lowbit.fusion import fused_groups, shared_amax
 from lowbit.modules import QuantLinear
-from lowbit.quant import global_scale_from_amax
+from lowbit.quant import WeightRounding, global_scale_from_amax
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.targets import quantizable_linears
 
@@ -74,8 +74,9 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
 
     Without calibration, schemes that need none (weight-only, dynamic activations) are plain
     round-to-nearest (``quantize_rtn``; model-free quantization reproduces it bit for bit),
-    and so they are with calibration but without SmoothQuant. The calibration report is left
-    on ``model.lowbit_calibration``.
+    and so they are with calibration but without SmoothQuant or GPTQ
+    (``weight_rounding="gptq"``: the calibration data then feeds GPTQ's Hessians). The
+    calibration report is left on ``model.lowbit_calibration``.
     """
     from lowbit.calibration import CalibrationConfig, LayerwiseCalibrator, calibration_tokens
 
@@ -95,8 +96,11 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
             )
         if smoothquant is not None:
             raise QuantizationError("smoothquant needs calibration data (pass calibration=...)")
+        if cfg.weight_rounding is not WeightRounding.RTN:
+            raise QuantizationError(f"weight_rounding={cfg.weight_rounding.value!r} needs calibration data "
+                                    f"(pass calibration=...)")
         return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
-    if not scheme.needs_calibration and smoothquant is None:
+    if not scheme.needs_calibration and smoothquant is None and cfg.weight_rounding is WeightRounding.RTN:
         return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     names = quantizable_linears(model, ignore, include_lm_head)

@@ -24,6 +24,7 @@ import torch
 
 from lowbit.calibration.observers import ObserverKind
 from lowbit.errors import LowbitError
+from lowbit.quant.gptq import GPTQOptions, WeightRounding
 from lowbit.textfiles import builtin_calibration_text_path
 from lowbit.textfiles import read_paragraphs as _read_paragraphs
 
@@ -57,6 +58,16 @@ class CalibrationConfig:
         per-group weight scales absorb them at no cost.
     auto_alphas: the grid searched by ``smoothquant="auto"``.
     max_sample_rows: rows kept per layer input for the MSE observer and the alpha search.
+    weight_rounding: "rtn" (round to nearest) or "gptq" (GPTQ: each weight column's rounding
+        error is compensated on the columns not yet quantized, using the Hessian of the linear's
+        calibration inputs; scales are the RTN ones, so files stay standard). With "gptq",
+        calibration also runs for weight-only and dynamic-activation schemes (it then only
+        feeds the Hessians). DEFAULT_DECISION_PLACEHOLDER
+    gptq_damping: fraction of the mean Hessian diagonal added to its diagonal (GPTQ's
+        "percdamp"; raised tenfold automatically if the Hessian is still not positive definite).
+    gptq_block_size: columns per lazy batch update of GPTQ (speed only).
+    gptq_act_order: quantize columns by decreasing Hessian diagonal (scales still computed up
+        front, per group, so the files keep the standard layout).
     """
 
     num_samples: int = 16
@@ -68,6 +79,10 @@ class CalibrationConfig:
     smooth_down_proj: bool = True
     auto_alphas: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     max_sample_rows: int = 2048
+    weight_rounding: WeightRounding = WeightRounding.RTN
+    gptq_damping: float = 0.01
+    gptq_block_size: int = 128
+    gptq_act_order: bool = False
 
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
@@ -81,6 +96,23 @@ class CalibrationConfig:
             raise CalibrationError(f"percentile must be in (0, 100], got {self.percentile}")
         if self.sink_positions < 0:
             raise CalibrationError(f"sink_positions must be >= 0, got {self.sink_positions}")
+        try:
+            object.__setattr__(self, "weight_rounding", WeightRounding(self.weight_rounding))
+        except ValueError:
+            raise CalibrationError(f"unknown weight_rounding {self.weight_rounding!r}; known: "
+                                   f"{', '.join(k.value for k in WeightRounding)}") from None
+        if isinstance(self.gptq_damping, bool) or not isinstance(self.gptq_damping, (int, float)) \
+                or not 0.0 < self.gptq_damping <= 1.0:
+            raise CalibrationError(f"gptq_damping must be a fraction in (0, 1], got {self.gptq_damping!r}")
+        if isinstance(self.gptq_block_size, bool) or not isinstance(self.gptq_block_size, int) \
+                or self.gptq_block_size < 1:
+            raise CalibrationError(f"gptq_block_size must be a positive integer, got {self.gptq_block_size!r}")
+        if not isinstance(self.gptq_act_order, bool):
+            raise CalibrationError(f"gptq_act_order must be True or False, got {self.gptq_act_order!r}")
+
+    def gptq_options(self) -> GPTQOptions:
+        return GPTQOptions(damping=float(self.gptq_damping), block_size=self.gptq_block_size,
+                           act_order=self.gptq_act_order)
 
 
 def builtin_text_path() -> Path:

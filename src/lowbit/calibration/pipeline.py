@@ -4,13 +4,15 @@ For each decoder layer, on the inputs captured for it (the quantized outputs of 
 before; for layer 0, the embeddings):
 
 1. run the float layer once with hooks on one linear of each fused group (q/k/v and gate/up
-   read the same input): per-channel max over every position (SmoothQuant statistics), and
-   the static-scale observer over every position except the first ``sink_positions``;
+   read the same input): per-channel max over every position (SmoothQuant statistics), the
+   static-scale observer over every position except the first ``sink_positions``, and, for
+   GPTQ weight rounding, the input Hessian H = sum x^T x over every position (float64);
 2. SmoothQuant (when asked): per mapping, s from alpha (or the alpha search), folded into the
-   source and the targets; max observers are rescaled exactly, other observers see a second
-   run of the smoothed layer;
-3. quantize the layer's linears: weights RTN (NVFP4 weight global scale shared per fused
-   group), one static input scale / input global scale per fused group;
+   source and the targets; max observers and Hessians are rescaled exactly
+   (H -> diag(1/s) H diag(1/s)), other observers see a second run of the smoothed layer;
+3. quantize the layer's linears: weights RTN or GPTQ (one Hessian and one stacked solve per
+   fused group; NVFP4 weight global scale shared per fused group), one static input scale /
+   input global scale per fused group;
 4. run the quantized layer to produce the next layer's inputs.
 
 Only one layer's inputs are held at a time. Linears outside the decoder layers (lm_head when
@@ -19,6 +21,7 @@ asked) are calibrated afterwards with a forward of the whole, already quantized,
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from contextlib import contextmanager
@@ -36,6 +39,7 @@ from lowbit.calibration.observers import MaxObserver, Observer, make_observer
 from lowbit.calibration.scales import input_scales_from_amax
 from lowbit.fusion import fused_groups
 from lowbit.modules import QuantLinear
+from lowbit.quant.gptq import WeightRounding, gptq_quantize_shared
 from lowbit.schemes import Scheme
 from lowbit.smoothquant.fold import fold_smoothing, smooth_scales
 from lowbit.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
@@ -59,6 +63,8 @@ class CalibrationReport:
     observer: str
     smoothquant: object
     smoothing_family: str | None
+    weight_rounding: str = "rtn"
+    gptq: dict | None = None            # GPTQ options (damping, block_size, act_order) when used
     groups: dict[str, GroupReport] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -66,8 +72,10 @@ class CalibrationReport:
 class _GroupStats:
     """Statistics of one fused group's (shared) input during one layer pass."""
 
-    def __init__(self, scale_observer: Observer | None, sample_rows: int) -> None:
+    def __init__(self, scale_observer: Observer | None, sample_rows: int, hessian: bool = False) -> None:
         self.all_pos = MaxObserver(per_channel=True)     # every position
+        self.track_hessian = hessian
+        self.hessian: torch.Tensor | None = None         # sum x^T x over every position, float64
         self.scale_chan = MaxObserver(per_channel=True)  # positions that set static scales
         self.scale_obs = scale_observer
         self.sample_rows = sample_rows
@@ -76,6 +84,10 @@ class _GroupStats:
 
     def observe(self, x: torch.Tensor, sinks: int) -> None:
         self.all_pos.observe(x)
+        if self.track_hessian:
+            r = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
+            h = (r.T @ r).to(torch.float64)  # float32 per batch, float64 across batches
+            self.hessian = h if self.hessian is None else self.hessian + h
         xs = x[..., sinks:, :] if sinks and x.dim() >= 3 else x
         self.scale_chan.observe(xs)
         if self.scale_obs is not None and not isinstance(self.scale_obs, MaxObserver):
@@ -93,12 +105,28 @@ class _GroupStats:
         self.all_pos.rescale(s)
         self.scale_chan.rescale(s)
         self.samples = [t / s for t in self.samples]
+        if self.hessian is not None:
+            inv = 1.0 / s.to(torch.float64)
+            self.hessian = self.hessian * inv.unsqueeze(1) * inv.unsqueeze(0)
         return self.scale_obs is None or isinstance(self.scale_obs, MaxObserver)
 
     def scale_amax(self) -> torch.Tensor:
         if self.scale_obs is None or isinstance(self.scale_obs, MaxObserver):
             return self.scale_chan.amax().amax().reshape(1)
         return self.scale_obs.amax().reshape(-1).amax().reshape(1)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run GPTQ's column loop on one intra-op thread: it is hundreds of small sequential
+    operations per weight, where waking a second thread costs more than it saves (on a busy
+    2-core machine, 10x more). The caller's thread count is restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 @contextmanager
@@ -144,8 +172,11 @@ class LayerwiseCalibrator:
                 family = None
             else:
                 self.maps = maps
+        self.gptq = cfg.weight_rounding is WeightRounding.GPTQ
         self.report = CalibrationReport(scheme.name, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
-                                        smoothquant, family if self.maps else None)
+                                        smoothquant, family if self.maps else None,
+                                        weight_rounding=cfg.weight_rounding.value,
+                                        gptq=dataclasses.asdict(cfg.gptq_options()) if self.gptq else None)
 
     # ------------------------------------------------------------------ helpers
     def _new_stats(self) -> _GroupStats:
@@ -155,7 +186,7 @@ class LayerwiseCalibrator:
             obs = make_observer(self.cfg.observer, spec, percentile=self.cfg.percentile,
                                 max_rows=self.cfg.max_sample_rows)
         rows = self.cfg.max_sample_rows if self.smoothquant == "auto" else 0
-        return _GroupStats(obs, rows)
+        return _GroupStats(obs, rows, hessian=self.gptq)
 
     def _observe_pass(self, root: nn.Module, groups: list[list[str]], inputs: Inputs,
                       stats: dict[str, _GroupStats], rel: dict[str, str]) -> None:
@@ -214,8 +245,18 @@ class LayerwiseCalibrator:
                     amax = st.scale_amax()
                     rep.amax_used = float(amax)
                     sc = input_scales_from_amax(spec, amax)
-            for n, lin in lins.items():
-                q = QuantLinear.from_linear(lin, self.scheme, name=n, weight_global_scale=gscales.get(n), **sc)
+            hess = stats[g[0]].hessian if self.gptq and stats is not None and g[0] in stats else None
+            if hess is None:
+                for n, lin in lins.items():
+                    q = QuantLinear.from_linear(lin, self.scheme, name=n, weight_global_scale=gscales.get(n), **sc)
+                    set_submodule(root, rel[n], q)
+                continue
+            with _one_thread():
+                qts = gptq_quantize_shared([m.weight for m in lins.values()], hess, self.scheme.weights,
+                                           global_scales=[gscales.get(n) for n in lins],
+                                           options=self.cfg.gptq_options(), names=[f"{n}.weight" for n in lins])
+            for (n, lin), qt in zip(lins.items(), qts):
+                q = QuantLinear.from_quantized(qt, self.scheme, lin.bias, name=n, dtype=lin.weight.dtype, **sc)
                 set_submodule(root, rel[n], q)
 
     # ------------------------------------------------------------------ main
@@ -267,7 +308,7 @@ class LayerwiseCalibrator:
         groups = fused_groups(names)
         rel = {n: n for n in names}
         stats = None
-        if self.static:
+        if self.static or self.gptq:
             stats = {g[0]: self._new_stats() for g in groups}
             mods = {g[0]: self.model.get_submodule(g[0]) for g in groups}
             device = next(self.model.parameters()).device

@@ -1,5 +1,8 @@
 """Block scaling, quantization and packing: pure functions on tensors."""
 
+from lowbit.quant.gptq import (
+    GPTQOptions, WeightRounding, gptq_quantize, gptq_quantize_shared, inverse_hessian_factor,
+)
 from lowbit.quant.packing import pack_int32, pack_nibbles, unpack_int32, unpack_nibbles
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scaling import (
@@ -8,7 +11,8 @@ from lowbit.quant.scaling import (
 )
 
 __all__ = [
-    "QuantizedTensor", "quantize", "dequantize", "fake_quantize", "amax", "check_finite",
+    "QuantizedTensor", "quantize", "gptq_quantize", "gptq_quantize_shared", "WeightRounding", "GPTQOptions",
+    "inverse_hessian_factor", "dequantize", "fake_quantize", "amax", "check_finite",
     "effective_scale", "global_scale_from_amax", "scales_from_amax", "static_scale_from_amax",
     "num_groups", "allows_ragged", "pack_nibbles", "unpack_nibbles", "pack_int32", "unpack_int32",
 ]
