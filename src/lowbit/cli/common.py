@@ -40,6 +40,19 @@ def parse_smoothquant(value: str | None) -> float | str | None:
     return alpha
 
 
+def parse_weight_rounding(value: str | None):
+    """--weight-rounding: None (not given) or a lowbit.quant.WeightRounding."""
+    from lowbit.quant import WeightRounding
+
+    if value is None:
+        return None
+    try:
+        return WeightRounding(value.lower())
+    except ValueError:
+        raise OptionError(f"--weight-rounding must be one of {', '.join(k.value for k in WeightRounding)}, "
+                          f"got {value!r}") from None
+
+
 def parse_list(value: str, option: str) -> list[str]:
     items = [s.strip() for s in value.split(",") if s.strip()]
     if not items:

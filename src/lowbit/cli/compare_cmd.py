@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
-from lowbit.cli.common import human_bytes, model_arg, parse_list, parse_smoothquant, quiet_progress
+from lowbit.cli.common import (
+    human_bytes, model_arg, parse_list, parse_smoothquant, parse_weight_rounding, quiet_progress,
+)
 
 
 def short_layer(name: str) -> str:
@@ -74,6 +76,9 @@ def compare_cmd(
                                          "INT8 activation schemes (w8a8-int8)."),
     sink_positions: Optional[int] = typer.Option(None, "--sink-positions",
                                                  help="Leading positions per calibration window kept out of static scales."),
+    weight_rounding: Optional[str] = typer.Option(
+        None, "--weight-rounding",
+        help="'rtn' or 'gptq' (GPTQ calibrates every scheme, weight-only and dynamic ones too)."),
     backend: str = typer.Option("fast", "--backend",
                                 help="Backend for quantized layers: 'fast' (auto + weight cache), 'auto', 'reference'..."),
     save_format: Optional[str] = typer.Option(None, "--save-format",
@@ -86,10 +91,14 @@ def compare_cmd(
     from lowbit.report.writer import report_json
 
     quiet_progress(progress)
+    calib_options: dict = {} if sink_positions is None else {"sink_positions": sink_positions}
+    wr = parse_weight_rounding(weight_rounding)
+    if wr is not None:
+        calib_options["weight_rounding"] = wr.value
     opts = CompareOptions(schemes=parse_list(schemes, "--schemes"), limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,
-                          calib_options={} if sink_positions is None else {"sink_positions": sink_positions}, smoothquant=parse_smoothquant(smoothquant),
+                          calib_options=calib_options, smoothquant=parse_smoothquant(smoothquant),
                           backend=backend, save_format=save_format, progress=progress)
     log = (lambda s: err_console.print(f"[dim]{s}[/dim]", highlight=False)) if progress else (lambda s: None)
     report = run_compare(model_path=model_arg(model), opts=opts, output_dir=output, log=log)

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from lowbit.cli.app import app, console, err_console
-from lowbit.cli.common import OptionError, human_bytes, model_arg, parse_smoothquant
+from lowbit.cli.common import OptionError, human_bytes, model_arg, parse_smoothquant, parse_weight_rounding
 from lowbit.errors import LowbitError
 
 
@@ -34,6 +34,10 @@ def quantize_cmd(
     calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows."),
     calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len", help="Tokens per calibration window."),
     smoothquant: Optional[str] = typer.Option(None, "--smoothquant", help="SmoothQuant alpha in [0, 1] or 'auto'."),
+    weight_rounding: Optional[str] = typer.Option(
+        None, "--weight-rounding",
+        help="Weight rounding with calibration: 'rtn' (round to nearest) or 'gptq' (error-compensating; "
+             "calibrates weight-only and dynamic schemes too)."),
     model_free: bool = typer.Option(False, "--model-free", help="Quantize shards directly (no calibration, no forward)."),
     workers: int = typer.Option(1, "--workers", help="CPU cores for --model-free (worker processes or threads)."),
     device: Optional[str] = typer.Option(None, "--device", help="Quantize on this torch device with --model-free "
@@ -50,10 +54,12 @@ def quantize_cmd(
     src = model_arg(model)
     out = Path(output) if output else _default_output(src, sch.name)
     sq = parse_smoothquant(smoothquant)
+    wr = parse_weight_rounding(weight_rounding)
     t0 = time.perf_counter()
     if model_free:
-        if calib is not None or sq is not None:
-            raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant, or drop --model-free")
+        if calib is not None or sq is not None or wr is not None:
+            raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding, "
+                              "or drop --model-free")
         try:
             from lowbit.modelfree import quantize_checkpoint
         except ImportError as e:
@@ -80,7 +86,9 @@ def quantize_cmd(
             kwargs["num_samples"] = calib_samples
         if calib_seq_len is not None:
             kwargs["seq_len"] = calib_seq_len
-        needs = sch.needs_calibration or sq is not None
+        if wr is not None:
+            kwargs["weight_rounding"] = wr
+        needs = sch.needs_calibration or sq is not None or (wr is not None and wr.value != "rtn")
         if not needs and (calib is not None or kwargs):
             err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
         if needs:

@@ -27,6 +27,7 @@ from lowbit.eval.lastword import lastword_accuracy, lastword_examples
 from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
 from lowbit.eval.text import read_paragraphs
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
+from lowbit.quant import WeightRounding
 from lowbit.schemes import Dynamic, Granularity, get_scheme
 
 DEFAULT_SCHEMES = ("nvfp4", "nvfp4-e5m3", "w8a8-int8", "w8a8-fp8")
@@ -47,7 +48,8 @@ class CompareOptions:
     calib_samples: int = 8
     calib_seq_len: int = 256
     smoothquant: float | str | None = 0.8  # SmoothQuant alpha for static per-tensor activation schemes
-    calib_options: dict = field(default_factory=dict)  # more CalibrationConfig fields (sink_positions...)
+    calib_options: dict = field(default_factory=dict)  # more CalibrationConfig fields (sink_positions,
+    #                                                     weight_rounding...)
     backend: str = "fast"           # "fast": auto + dequantize-once weight cache; or any backend name
     sqnr_tokens: int = 128
     save_format: str | None = None  # also save each checkpoint (lowbit.save) and measure it on disk
@@ -84,7 +86,8 @@ def quantize_with_options(model, scheme_name: str, tokenizer, opts: CompareOptio
     (model, calibrated: bool, smoothquant alpha or None)."""
     scheme = get_scheme(scheme_name)
     sq = opts.smoothquant if smoothquant_for(scheme) else None
-    if not scheme.needs_calibration and sq is None:
+    gptq = WeightRounding(opts.calib_options.get("weight_rounding", WeightRounding.RTN)) is WeightRounding.GPTQ
+    if not scheme.needs_calibration and sq is None and not gptq:
         return lowbit.quantize(model, scheme), False, None
     calib = opts.calib if opts.calib is not None else "builtin"
     q = lowbit.quantize(model, scheme, calibration=calib, tokenizer=tokenizer, smoothquant=sq,

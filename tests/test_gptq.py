@@ -1,0 +1,259 @@
+"""GPTQ weight rounding: the pure solve (lowbit.quant.gptq) and its use in calibrated quantization."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import lowbit
+from conftest import tiny_llama
+from lowbit.calibration import CalibrationConfig, CalibrationError
+from lowbit.calibration.pipeline import _GroupStats
+from lowbit.errors import QuantizationError
+from lowbit.modules import QuantLinear
+from lowbit.numerics import FormatName
+from lowbit.quant import (GPTQOptions, WeightRounding, dequantize, gptq_quantize, gptq_quantize_shared,
+                          quantize)
+from lowbit.schemes import PRESETS, Granularity, QuantSpec
+
+INT4_G128 = PRESETS["w4a16"].weights      # 192 inputs: 128 + a ragged group of 64
+E4M3_CHANNEL = PRESETS["w8a8-fp8"].weights
+NVFP4 = PRESETS["nvfp4a16"].weights
+SPECS = {"int4-g128-ragged": INT4_G128, "e4m3-channel": E4M3_CHANNEL, "nvfp4": NVFP4}
+
+
+def correlated_inputs(n_in: int = 192, rows: int = 2048, seed: int = 0) -> torch.Tensor:
+    """Rows with strongly correlated columns and a few large channels, like LLM activations."""
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.eye(n_in) + 1.5 * torch.randn(n_in, n_in, generator=g) / n_in ** 0.5
+    x = torch.randn(rows, n_in, generator=g) @ mix
+    x[:, [3, n_in // 4]] *= 10.0
+    return x
+
+
+def weight(n_out: int = 96, n_in: int = 192, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n_out, n_in, generator=g) * 0.05
+
+
+def hessian(x: torch.Tensor) -> torch.Tensor:
+    x = x.to(torch.float64)
+    return x.T @ x
+
+
+def out_error(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor) -> float:
+    return float((x @ w.T - x @ q.T).norm())
+
+
+# ---------------------------------------------------------------------------- the solve
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_output_error_below_rtn(spec, act_order):
+    x, w = correlated_inputs(), weight()
+    qt = gptq_quantize(w, hessian(x), spec, options=GPTQOptions(act_order=act_order))
+    rtn = quantize(w, spec)
+    e_gptq, e_rtn = out_error(x, w, dequantize(qt)), out_error(x, w, dequantize(rtn))
+    # measured: 0.53-0.66 of RTN's error on these inputs
+    assert e_gptq < 0.8 * e_rtn, (e_gptq, e_rtn)
+    # the same scales as RTN, so every backend and file format takes it unchanged
+    assert torch.equal(qt.scale, rtn.scale) and qt.spec == rtn.spec
+    assert (qt.global_scale is None) == (rtn.global_scale is None)
+    if rtn.global_scale is not None:
+        assert torch.equal(qt.global_scale, rtn.global_scale)
+    assert qt.codes.shape == rtn.codes.shape and qt.codes.dtype == torch.uint8
+    assert not torch.equal(qt.codes, rtn.codes)
+
+
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
+def test_codes_are_quantize_of_the_gptq_weights_with_the_fixed_scales(spec):
+    x, w = correlated_inputs(), weight()
+    qt = gptq_quantize(w, hessian(x), spec)
+    again = quantize(dequantize(qt), spec, scale=qt.scale, global_scale=qt.global_scale)
+    assert again.equal(qt)
+
+
+def test_shared_nvfp4_global_scale_is_kept():
+    x = correlated_inputs()
+    ws = [weight(96, seed=1), 3.0 * weight(32, seed=2)]
+    gs = torch.tensor([123.0])
+    qts = gptq_quantize_shared(ws, hessian(x), NVFP4, global_scales=[gs, gs])
+    for w, qt in zip(ws, qts):
+        assert torch.equal(qt.global_scale, gs)
+        assert torch.equal(qt.scale, quantize(w, NVFP4, global_scale=gs).scale)
+
+
+def test_stacked_solve_matches_separate_solves():
+    x = correlated_inputs()
+    h = hessian(x)
+    a, b = weight(64, seed=1), weight(32, seed=2)
+    qa, qb = gptq_quantize_shared([a, b], h, E4M3_CHANNEL)
+    sa, sb = gptq_quantize(a, h, E4M3_CHANNEL), gptq_quantize(b, h, E4M3_CHANNEL)
+    # rows are independent; only float32 summation order may differ (a rare code flip)
+    for q, s in ((qa, sa), (qb, sb)):
+        assert torch.equal(q.scale, s.scale)
+        assert (q.codes != s.codes).float().mean() < 1e-3
+
+
+def test_block_size_changes_only_summation_order():
+    x, w = correlated_inputs(), weight()
+    a = dequantize(gptq_quantize(w, hessian(x), INT4_G128, options=GPTQOptions(block_size=128)))
+    b = dequantize(gptq_quantize(w, hessian(x), INT4_G128, options=GPTQOptions(block_size=7)))
+    assert (a != b).float().mean() < 1e-3
+
+
+def test_dead_input_columns_are_zero_and_the_rest_still_improves():
+    x, w = correlated_inputs(), weight()
+    dead = [0, 5, 130, 191]
+    x[:, dead] = 0.0
+    h = hessian(x)
+    qt = gptq_quantize(w, h, INT4_G128)
+    deq = dequantize(qt)
+    assert torch.all(deq[:, dead] == 0) and torch.all(qt.codes[:, dead] == 0)
+    assert torch.isfinite(deq).all()
+    rtn = dequantize(quantize(w, INT4_G128))
+    assert out_error(x, w, deq) < 0.8 * out_error(x, w, rtn)
+
+
+def test_rank_deficient_hessian_still_solves():
+    x = correlated_inputs(rows=40)  # 40 rows, 192 columns: H has rank 40
+    qt = gptq_quantize(weight(), hessian(x), E4M3_CHANNEL)
+    assert torch.isfinite(dequantize(qt)).all()
+
+
+def test_all_zero_weight_rows_and_groups_stay_zero():
+    x, w = correlated_inputs(), weight()
+    w[3] = 0.0
+    w[7, 128:] = 0.0
+    qt = gptq_quantize(w, hessian(x), INT4_G128)
+    deq = dequantize(qt)
+    assert torch.all(deq[3] == 0) and torch.all(deq[7, 128:] == 0)
+
+
+def test_solve_errors_name_the_weight():
+    x, w = correlated_inputs(), weight()
+    h = hessian(x)
+    with pytest.raises(QuantizationError, match="layers.0.q_proj.weight.*expected \\(192, 192\\)"):
+        gptq_quantize(w, h[:10, :10], INT4_G128, name="layers.0.q_proj.weight")
+    asym = QuantSpec(FormatName.INT4, Granularity.GROUP, 128, symmetric=False)
+    with pytest.raises(QuantizationError, match="asymmetric"):
+        gptq_quantize(w, h, asym, name="q")
+    bad = h.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(QuantizationError, match="NaN"):
+        gptq_quantize(w, bad, INT4_G128, name="q")
+    with pytest.raises(QuantizationError, match="2-D"):
+        gptq_quantize(w[0], h, INT4_G128, name="q")
+    with pytest.raises(QuantizationError, match="damping"):
+        GPTQOptions(damping=0.0)
+    with pytest.raises(QuantizationError, match="block_size"):
+        GPTQOptions(block_size=0)
+
+
+# ---------------------------------------------------------------------------- Hessian statistics
+def test_hessian_rescale_matches_observing_smoothed_inputs():
+    x = correlated_inputs(n_in=16, rows=64).reshape(2, 32, 16)
+    s = torch.rand(16, generator=torch.Generator().manual_seed(3)) + 0.5
+    a, b = _GroupStats(None, 0, hessian=True), _GroupStats(None, 0, hessian=True)
+    a.observe(x, 0)
+    a.rescale(s)
+    b.observe(x / s, 0)
+    torch.testing.assert_close(a.hessian, b.hessian, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(a.hessian, hessian(x.reshape(-1, 16) / s), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- calibrated quantization
+def _calib():
+    return torch.randint(0, 256, (8, 32), generator=torch.Generator().manual_seed(1))
+
+
+def _layers(model):
+    return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+
+
+@pytest.mark.parametrize("scheme,sq", [("w4a16", None), ("w8a8-fp8-dynamic", None), ("w8a8-int8", 0.8),
+                                       ("nvfp4", None), ("w8a8-fp8", 0.8)])
+def test_quantize_with_gptq_every_kind_of_scheme(scheme, sq):
+    base = tiny_llama()
+    rtn = lowbit.quantize(copy.deepcopy(base), scheme, _calib(), smoothquant=sq, num_samples=8, seq_len=32)
+    gq = lowbit.quantize(copy.deepcopy(base), scheme, _calib(), smoothquant=sq, num_samples=8, seq_len=32,
+                         weight_rounding="gptq")
+    rep = gq.lowbit_calibration
+    assert rep.weight_rounding == "gptq" and rep.gptq == {"damping": 0.01, "block_size": 128, "act_order": False}
+    rtn_rep = getattr(rtn, "lowbit_calibration", None)  # plain RTN needs no calibration pass
+    assert rtn_rep is None or (rtn_rep.weight_rounding == "rtn" and rtn_rep.gptq is None)
+    lr, lg = _layers(rtn), _layers(gq)
+    assert list(lr) == list(lg)
+    changed = 0
+    for n in lr:
+        changed += not torch.equal(lr[n].weight_codes, lg[n].weight_codes)
+        if not n.startswith("model.layers.0."):
+            continue  # later layers see GPTQ-quantized inputs: smoothing and static scales move
+        # layer 0 sees the same inputs: the same smoothing, weight scales and input scales
+        assert torch.equal(lr[n].weight_scale, lg[n].weight_scale), n
+        for attr in ("weight_global_scale", "input_scale", "input_global_scale"):
+            a, b = getattr(lr[n], attr), getattr(lg[n], attr)
+            assert (a is None and b is None) or torch.equal(a, b), (n, attr)
+    assert changed == len(lr)
+    if PRESETS[scheme].weights.global_scale:  # NVFP4: q/k/v and gate/up still share one
+        for i in range(2):
+            p = f"model.layers.{i}."
+            for group in (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                          ("mlp.gate_proj", "mlp.up_proj")):
+                gs = [lg[p + m].weight_global_scale for m in group]
+                assert all(torch.equal(gs[0], g) for g in gs[1:])
+
+
+def test_gptq_lowers_the_layer_output_error_in_the_model():
+    """On the tiny model, GPTQ's layer outputs on the calibration inputs are closer to float."""
+    base = tiny_llama()
+    ids = _calib()
+    acts: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, a, n=n: acts.__setitem__(n, a[0].detach()))
+             for n, m in base.named_modules() if n.endswith("mlp.down_proj")]
+    base(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    out = {}
+    for wr in ("rtn", "gptq"):
+        q = lowbit.quantize(copy.deepcopy(base), "w4a16", ids, num_samples=8, seq_len=32, weight_rounding=wr,
+                            gptq_block_size=32)
+        n = "model.layers.0.mlp.down_proj"
+        x = acts[n].reshape(-1, acts[n].shape[-1])
+        w = base.get_submodule(n).weight.detach()
+        out[wr] = out_error(x, w, _layers(q)[n].dequantized_weight())
+    assert out["gptq"] < 0.9 * out["rtn"], out
+
+
+@pytest.mark.parametrize("scheme,fmt", [("w4a16", "lowbit"), ("w8a8-fp8", "compressed-tensors"),
+                                        ("nvfp4", "compressed-tensors"), ("nvfp4a16", "lowbit")])
+def test_gptq_model_save_load_roundtrip(scheme, fmt, tmp_path):
+    ids = _calib()
+    model = lowbit.quantize(tiny_llama(), scheme, ids, num_samples=8, seq_len=32, weight_rounding="gptq")
+    lowbit.use_backend(model, "reference")
+    with torch.no_grad():
+        ref = model(input_ids=ids[:2]).logits
+    lowbit.save(model, tmp_path / fmt, format=fmt)
+    loaded = lowbit.load(tmp_path / fmt, backend="reference")
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids[:2]).logits, ref)
+
+
+def test_option_validation():
+    assert CalibrationConfig(weight_rounding="gptq").weight_rounding is WeightRounding.GPTQ
+    assert CalibrationConfig().weight_rounding is WeightRounding.RTN
+    with pytest.raises(CalibrationError, match="unknown weight_rounding 'gptqq'; known: rtn, gptq"):
+        CalibrationConfig(weight_rounding="gptqq")
+    with pytest.raises(CalibrationError, match="gptq_damping"):
+        CalibrationConfig(gptq_damping=0)
+    with pytest.raises(CalibrationError, match="gptq_damping"):
+        CalibrationConfig(gptq_damping=1.5)
+    with pytest.raises(CalibrationError, match="gptq_block_size"):
+        CalibrationConfig(gptq_block_size=0)
+    with pytest.raises(CalibrationError, match="gptq_act_order"):
+        CalibrationConfig(gptq_act_order="yes")
+    with pytest.raises(QuantizationError, match="weight_rounding='gptq' needs calibration data"):
+        lowbit.quantize(tiny_llama(), "w4a16", weight_rounding="gptq")
+    with pytest.raises(CalibrationError, match="unknown weight_rounding"):
+        lowbit.quantize(tiny_llama(), "w4a16", _calib(), weight_rounding="awq")
