@@ -176,7 +176,8 @@ def _layers(model):
                                        ("nvfp4", None), ("w8a8-fp8", 0.8)])
 def test_quantize_with_gptq_every_kind_of_scheme(scheme, sq):
     base = tiny_llama()
-    rtn = lowbit.quantize(copy.deepcopy(base), scheme, _calib(), smoothquant=sq, num_samples=8, seq_len=32)
+    rtn = lowbit.quantize(copy.deepcopy(base), scheme, _calib(), smoothquant=sq, num_samples=8, seq_len=32,
+                          weight_rounding="rtn")
     gq = lowbit.quantize(copy.deepcopy(base), scheme, _calib(), smoothquant=sq, num_samples=8, seq_len=32,
                          weight_rounding="gptq")
     rep = gq.lowbit_calibration
@@ -242,7 +243,13 @@ def test_gptq_model_save_load_roundtrip(scheme, fmt, tmp_path):
 
 def test_option_validation():
     assert CalibrationConfig(weight_rounding="gptq").weight_rounding is WeightRounding.GPTQ
-    assert CalibrationConfig().weight_rounding is WeightRounding.RTN
+    assert CalibrationConfig(weight_rounding="rtn").weight_rounding is WeightRounding.RTN
+    # not asked: GPTQ for schemes calibrated anyway (static activations), RTN for the others
+    assert CalibrationConfig().weight_rounding is None
+    assert CalibrationConfig().rounding_for(PRESETS["w8a8-fp8"]) is WeightRounding.GPTQ
+    assert CalibrationConfig().rounding_for(PRESETS["nvfp4"]) is WeightRounding.GPTQ
+    assert CalibrationConfig().rounding_for(PRESETS["w4a16"]) is WeightRounding.RTN
+    assert CalibrationConfig(weight_rounding="rtn").rounding_for(PRESETS["w8a8-fp8"]) is WeightRounding.RTN
     with pytest.raises(CalibrationError, match="unknown weight_rounding 'gptqq'; known: rtn, gptq"):
         CalibrationConfig(weight_rounding="gptqq")
     with pytest.raises(CalibrationError, match="gptq_damping"):
@@ -257,3 +264,32 @@ def test_option_validation():
         lowbit.quantize(tiny_llama(), "w4a16", weight_rounding="gptq")
     with pytest.raises(CalibrationError, match="unknown weight_rounding"):
         lowbit.quantize(tiny_llama(), "w4a16", _calib(), weight_rounding="awq")
+
+
+def test_lm_head_outside_the_layers_gets_gptq_too():
+    base = tiny_llama()
+    kw = dict(num_samples=8, seq_len=32, include_lm_head=True)
+    rtn = lowbit.quantize(copy.deepcopy(base), "w4a16", _calib(), **kw)
+    assert not hasattr(rtn, "lowbit_calibration")  # weight-only with calibration: plain RTN by default
+    gq = lowbit.quantize(copy.deepcopy(base), "w4a16", _calib(), weight_rounding="gptq", **kw)
+    a, b = _layers(rtn)["lm_head"], _layers(gq)["lm_head"]
+    assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
+
+
+def test_compare_calibrates_weight_only_schemes_for_gptq():
+    from eval_fixtures import byte_tokenizer
+    from lowbit.report.compare import CompareOptions, quantize_with_options
+
+    opts = CompareOptions(calib_samples=2, calib_seq_len=32, calib_options={"weight_rounding": "gptq"})
+    q, calibrated, sq = quantize_with_options(tiny_llama(), "w8a16", byte_tokenizer(), opts)
+    assert calibrated and sq is None and q.lowbit_calibration.weight_rounding == "gptq"
+    q, calibrated, _ = quantize_with_options(tiny_llama(), "w8a16", byte_tokenizer(), CompareOptions())
+    assert not calibrated
+
+
+def test_static_schemes_default_to_gptq_with_calibration():
+    base = tiny_llama()
+    d = lowbit.quantize(copy.deepcopy(base), "w8a8-fp8", _calib(), num_samples=8, seq_len=32)
+    g = lowbit.quantize(copy.deepcopy(base), "w8a8-fp8", _calib(), num_samples=8, seq_len=32, weight_rounding="gptq")
+    assert d.lowbit_calibration.weight_rounding == "gptq"
+    assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), g.state_dict().values()))

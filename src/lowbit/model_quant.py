@@ -96,11 +96,11 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
             )
         if smoothquant is not None:
             raise QuantizationError("smoothquant needs calibration data (pass calibration=...)")
-        if cfg.weight_rounding is not WeightRounding.RTN:
+        if cfg.weight_rounding is WeightRounding.GPTQ:
             raise QuantizationError(f"weight_rounding={cfg.weight_rounding.value!r} needs calibration data "
                                     f"(pass calibration=...)")
         return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
-    if not scheme.needs_calibration and smoothquant is None and cfg.weight_rounding is WeightRounding.RTN:
+    if not scheme.needs_calibration and smoothquant is None and cfg.rounding_for(scheme) is WeightRounding.RTN:
         return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     names = quantizable_linears(model, ignore, include_lm_head)

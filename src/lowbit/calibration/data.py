@@ -25,6 +25,7 @@ import torch
 from lowbit.calibration.observers import ObserverKind
 from lowbit.errors import LowbitError
 from lowbit.quant.gptq import GPTQOptions, WeightRounding
+from lowbit.schemes import Scheme
 from lowbit.textfiles import builtin_calibration_text_path
 from lowbit.textfiles import read_paragraphs as _read_paragraphs
 
@@ -79,7 +80,7 @@ class CalibrationConfig:
     smooth_down_proj: bool = True
     auto_alphas: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     max_sample_rows: int = 2048
-    weight_rounding: WeightRounding = WeightRounding.RTN
+    weight_rounding: WeightRounding | None = None
     gptq_damping: float = 0.01
     gptq_block_size: int = 128
     gptq_act_order: bool = False
@@ -97,7 +98,8 @@ class CalibrationConfig:
         if self.sink_positions < 0:
             raise CalibrationError(f"sink_positions must be >= 0, got {self.sink_positions}")
         try:
-            object.__setattr__(self, "weight_rounding", WeightRounding(self.weight_rounding))
+            if self.weight_rounding is not None:
+                object.__setattr__(self, "weight_rounding", WeightRounding(self.weight_rounding))
         except ValueError:
             raise CalibrationError(f"unknown weight_rounding {self.weight_rounding!r}; known: "
                                    f"{', '.join(k.value for k in WeightRounding)}") from None
@@ -110,9 +112,20 @@ class CalibrationConfig:
         if not isinstance(self.gptq_act_order, bool):
             raise CalibrationError(f"gptq_act_order must be True or False, got {self.gptq_act_order!r}")
 
+    def rounding_for(self, scheme: Scheme) -> WeightRounding:
+        """The weight rounding used for ``scheme`` when calibration data is given: the one asked
+        for, else ``default_weight_rounding(scheme)``."""
+        return self.weight_rounding if self.weight_rounding is not None else default_weight_rounding(scheme)
+
     def gptq_options(self) -> GPTQOptions:
         return GPTQOptions(damping=float(self.gptq_damping), block_size=self.gptq_block_size,
                            act_order=self.gptq_act_order)
+
+
+def default_weight_rounding(scheme: Scheme) -> WeightRounding:
+    """Weight rounding when calibration data is given and none is asked for (see
+    ``CalibrationConfig.weight_rounding``). Without calibration data it is always RTN."""
+    return WeightRounding.GPTQ if scheme.needs_calibration else WeightRounding.RTN
 
 
 def builtin_text_path() -> Path:

@@ -172,10 +172,11 @@ class LayerwiseCalibrator:
                 family = None
             else:
                 self.maps = maps
-        self.gptq = cfg.weight_rounding is WeightRounding.GPTQ
+        rounding = cfg.rounding_for(scheme)
+        self.gptq = rounding is WeightRounding.GPTQ
         self.report = CalibrationReport(scheme.name, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
                                         smoothquant, family if self.maps else None,
-                                        weight_rounding=cfg.weight_rounding.value,
+                                        weight_rounding=rounding.value,
                                         gptq=dataclasses.asdict(cfg.gptq_options()) if self.gptq else None)
 
     # ------------------------------------------------------------------ helpers

@@ -48,6 +48,7 @@ def quantize_cmd(
 ) -> None:
     """Quantize MODEL with SCHEME and write a checkpoint folder."""
     import lowbit
+    from lowbit.quant import WeightRounding
     from lowbit.schemes import get_scheme
 
     sch = get_scheme(scheme)
@@ -88,7 +89,7 @@ def quantize_cmd(
             kwargs["seq_len"] = calib_seq_len
         if wr is not None:
             kwargs["weight_rounding"] = wr
-        needs = sch.needs_calibration or sq is not None or (wr is not None and wr.value != "rtn")
+        needs = sch.needs_calibration or sq is not None or wr is WeightRounding.GPTQ
         if not needs and (calib is not None or kwargs):
             err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
         if needs:

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 import lowbit
+from lowbit.calibration import CalibrationConfig
 from lowbit.errors import LowbitError
 from lowbit.eval.lastword import lastword_accuracy, lastword_examples
 from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
@@ -86,7 +87,7 @@ def quantize_with_options(model, scheme_name: str, tokenizer, opts: CompareOptio
     (model, calibrated: bool, smoothquant alpha or None)."""
     scheme = get_scheme(scheme_name)
     sq = opts.smoothquant if smoothquant_for(scheme) else None
-    gptq = WeightRounding(opts.calib_options.get("weight_rounding", WeightRounding.RTN)) is WeightRounding.GPTQ
+    gptq = CalibrationConfig(**opts.calib_options).rounding_for(scheme) is WeightRounding.GPTQ
     if not scheme.needs_calibration and sq is None and not gptq:
         return lowbit.quantize(model, scheme), False, None
     calib = opts.calib if opts.calib is not None else "builtin"
