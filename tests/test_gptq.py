@@ -244,7 +244,9 @@ def test_gptq_model_save_load_roundtrip(scheme, fmt, tmp_path):
 def test_option_validation():
     assert CalibrationConfig(weight_rounding="gptq").weight_rounding is WeightRounding.GPTQ
     assert CalibrationConfig(weight_rounding="rtn").weight_rounding is WeightRounding.RTN
-    # not asked: GPTQ for schemes calibrated anyway (static activations), RTN for the others
+    # not asked: GPTQ for schemes calibrated anyway (static activations) with weights coarser
+    # than INT8, RTN for the others
+    assert CalibrationConfig().rounding_for(PRESETS["w8a8-int8"]) is WeightRounding.RTN
     assert CalibrationConfig().weight_rounding is None
     assert CalibrationConfig().rounding_for(PRESETS["w8a8-fp8"]) is WeightRounding.GPTQ
     assert CalibrationConfig().rounding_for(PRESETS["nvfp4"]) is WeightRounding.GPTQ

@@ -65,10 +65,13 @@ class CalibrationConfig:
         calibration also runs for weight-only and dynamic-activation schemes (it then only
         feeds the Hessians). Default (None): ``default_weight_rounding(scheme)``, decided on
         SmolLM2-135M (bench/RESULTS-quantize.md, 8 x 512 held-out tokens):
-        - GPTQ for schemes with static activation scales (w8a8-int8, w8a8-fp8, nvfp4): they
-          are calibrated layer by layer anyway, the Hessians come from the same pass, and GPTQ
-          measured better (w8a8-fp8 +3.35% -> +2.35% perplexity vs float) for about two more
-          minutes of calibration on 2 busy cores;
+        - GPTQ for schemes with static activation scales whose weights are coarser than INT8
+          (w8a8-fp8, nvfp4): they are calibrated layer by layer anyway, the Hessians come from
+          the same pass, and GPTQ measured better (perplexity vs float: w8a8-fp8 +3.35% ->
+          +2.35%, nvfp4 +41.5% -> +30.5%) for 1.5-3.5 more minutes of calibration on 2 busy
+          cores;
+        - RTN for w8a8-int8: its per-channel INT8 weight grid leaves little error to
+          compensate, and GPTQ measured worse with SmoothQuant 0.8 (+2.77% RTN, +3.82% GPTQ);
         - RTN for weight-only and dynamic-activation schemes, for which calibration data is
           optional: passing it alone keeps them bit for bit equal to plain (and model-free)
           RTN. Ask for "gptq" explicitly (w4a16 +53.2% -> +35.8%).
@@ -134,7 +137,9 @@ class CalibrationConfig:
 def default_weight_rounding(scheme: Scheme) -> WeightRounding:
     """Weight rounding when calibration data is given and none is asked for (see
     ``CalibrationConfig.weight_rounding``). Without calibration data it is always RTN."""
-    return WeightRounding.GPTQ if scheme.needs_calibration else WeightRounding.RTN
+    w = scheme.weights
+    int8_or_finer = w.is_integer and w.bits >= 8
+    return WeightRounding.GPTQ if scheme.needs_calibration and not int8_or_finer else WeightRounding.RTN
 
 
 def builtin_text_path() -> Path:
