@@ -68,7 +68,7 @@ class CalibrationConfig:
         - GPTQ for schemes with static activation scales whose weights are coarser than INT8
           (w8a8-fp8, nvfp4): they are calibrated layer by layer anyway, the Hessians come from
           the same pass, and GPTQ measured better (perplexity vs float: w8a8-fp8 +3.35% ->
-          +2.35%, nvfp4 +41.5% -> +30.5%) for 1.5-3.5 more minutes of calibration on 2 busy
+          +2.35%, with SmoothQuant 0.8 +4.31% -> +1.76%; nvfp4 +41.5% -> +30.5%) for 1.5-3.5 more minutes of calibration on 2 busy
           cores;
         - RTN for w8a8-int8: its per-channel INT8 weight grid leaves little error to
           compensate, and GPTQ measured worse with SmoothQuant 0.8 (+2.77% RTN, +3.82% GPTQ);
