@@ -125,3 +125,11 @@ def test_run_compare_without_smoothquant_measures_every_layer():
     assert row["status"] == "ok", row.get("error")
     assert row["calibrated"] is True and row["smoothquant"] is None
     assert len(row["layers"]) == 14 and all(v is not None for v in row["layers"].values())
+
+
+def test_smoothquant_only_for_static_per_tensor_inputs():
+    from lowbit.report.compare import smoothquant_for
+    from lowbit.schemes import PRESETS
+
+    smoothed = {name for name, s in PRESETS.items() if smoothquant_for(s)}
+    assert smoothed == {"w8a8-int8", "w8a8-fp8"}
