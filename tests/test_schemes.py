@@ -10,7 +10,8 @@ from lowbit.errors import SchemeError
 from lowbit.numerics import FormatName as F
 from lowbit.schemes import PRESETS, Dynamic, Granularity as G, QuantSpec, Scheme, get_scheme
 
-SPEC_FIELDS = {"format", "granularity", "group_size", "symmetric", "dynamic", "scale_format", "global_scale"}
+SPEC_FIELDS = {"format", "granularity", "group_size", "symmetric", "dynamic", "scale_format", "global_scale",
+               "observer"}
 EXPECTED_PRESETS = {
     "w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8", "w8a8-fp8-dynamic", "nvfp4", "nvfp4a16",
     "nvfp4-e5m3", "mxfp4", "mxfp8", "w4a16", "w8a16",
@@ -67,7 +68,8 @@ def test_preset_specs_round_trip_individually(name):
 def test_preset_contents():
     nv = PRESETS["nvfp4"]
     assert nv.weights.to_dict() == {"format": "e2m1", "granularity": "group", "group_size": 16, "symmetric": True,
-                                    "dynamic": "static", "scale_format": "ue4m3", "global_scale": True}
+                                    "dynamic": "static", "scale_format": "ue4m3", "global_scale": True,
+                                    "observer": "max"}
     assert nv.input_activations.dynamic is Dynamic.LOCAL and nv.input_activations.global_scale
     assert nv.needs_calibration and not nv.weight_only
     e5 = PRESETS["nvfp4-e5m3"]
@@ -115,13 +117,14 @@ def test_missing_field_refused(field):
 
 
 def test_unknown_field_refused():
-    with pytest.raises(SchemeError, match="observer"):
-        QuantSpec.from_dict(_valid_dict(observer="minmax"))
+    with pytest.raises(SchemeError, match="clip_ratio"):
+        QuantSpec.from_dict(_valid_dict(clip_ratio=0.9))
 
 
 @pytest.mark.parametrize("field,value", [
     ("format", "int9"), ("format", "fp4"), ("granularity", "row"), ("dynamic", "sometimes"),
-    ("scale_format", "e9m9"), ("dynamic", True),
+    ("scale_format", "e9m9"), ("dynamic", True), ("observer", "minmax"), ("observer", "percentile"),
+    ("observer", None), ("observer", True),
 ])
 def test_bad_enum_value_refused(field, value):
     with pytest.raises(SchemeError):

@@ -11,16 +11,18 @@ per channel ([in], one per input column). Three kinds:
   weighted by rows), never above the running max.
 - ``MSEObserver``: the clip c * max|x| (c on a grid) whose quantize-dequantize under the
   activation spec has the smallest squared error on a bounded sample of rows.
+
+``ObserverKind`` (defined with the schemes, re-exported here) names these kinds; a weight
+spec's ``observer`` takes its MAX or MSE, the same rules applied to each scale group of a
+weight (lowbit.quant.search).
 """
 
 from __future__ import annotations
 
-from enum import Enum
-
 import torch
 
 from lowbit.quant import fake_quantize, global_scale_from_amax, scales_from_amax
-from lowbit.schemes import Dynamic, Granularity, QuantSpec
+from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -163,17 +165,6 @@ class MSEObserver(Observer):
                 best_err = torch.where(better, err, best_err)
                 best = torch.where(better, clip, best)
         return torch.where(full > 0, best, full)
-
-
-class ObserverKind(str, Enum):
-    """How static activation scales are chosen from calibration data."""
-
-    MAX = "max"                # running max
-    PERCENTILE = "percentile"  # a high percentile of |x|
-    MSE = "mse"                # the clipping that minimizes the QDQ error
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def make_observer(kind: ObserverKind | str, spec: QuantSpec | None, *, per_channel: bool = False,

@@ -43,7 +43,7 @@ from lowbit.errors import FormatError, SchemeError
 from lowbit.formats.base import Format, ParsedConfig
 from lowbit.formats.ct_args import named_scheme
 from lowbit.numerics import FormatName
-from lowbit.schemes import Dynamic, Granularity, QuantSpec, Scheme
+from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec, Scheme
 
 PACKING = {
     "auto_round:fp8_static": Format.COMPRESSED_TENSORS,
@@ -55,6 +55,9 @@ PACKING = {
 SCHEME_KEYS = ("bits", "group_size", "sym", "data_type", "act_bits", "act_group_size", "act_sym", "act_data_type",
                "act_dynamic")
 E5M3_TYPES = ("nvfp4_v2", "fp4_v2")
+
+# auto-round's config records no scale rule: its weights read with lowbit's default observer
+WEIGHT_OBSERVER = ObserverKind.MAX
 
 
 def fill_defaults(fields_: Mapping[str, Any]) -> dict[str, Any]:
@@ -91,20 +94,23 @@ def _weight_spec(d: dict[str, Any], where: str) -> QuantSpec:
     dt, bits = d["data_type"], int(d["bits"])
     w = f"{where} (data_type {dt!r}, bits {bits})"
     if dt in E5M3_TYPES:
-        return QuantSpec(FormatName.E2M1, Granularity.GROUP, int(d["group_size"]), scale_format=FormatName.UE5M3)
+        return QuantSpec(FormatName.E2M1, Granularity.GROUP, int(d["group_size"]), scale_format=FormatName.UE5M3,
+                         observer=WEIGHT_OBSERVER)
     if dt in ("nv_fp", "nv_fp4", "nvfp4"):
         return QuantSpec(FormatName.E2M1, Granularity.GROUP, int(d["group_size"]), scale_format=FormatName.UE4M3,
-                         global_scale=True)
+                         global_scale=True, observer=WEIGHT_OBSERVER)
     if dt in ("mx_fp", "mx_fp4", "mx_fp8", "mx_fp_rceil"):
         elem = {4: FormatName.E2M1, 8: FormatName.E4M3}.get(bits)
         if elem is None:
             raise FormatError(f"{w}: MX with {bits} bits is not supported (4 or 8)")
-        return QuantSpec(elem, Granularity.GROUP, int(d["group_size"]), scale_format=FormatName.E8M0)
+        return QuantSpec(elem, Granularity.GROUP, int(d["group_size"]), scale_format=FormatName.E8M0,
+                         observer=WEIGHT_OBSERVER)
     gran, gs = _gran(d["group_size"], w, False)
     if dt in ("fp", "fp8", "fp8_e4m3", "float8_e4m3fn") and bits == 8:
-        return QuantSpec(FormatName.E4M3, gran, gs)
+        return QuantSpec(FormatName.E4M3, gran, gs, observer=WEIGHT_OBSERVER)
     if dt in ("int", "int_sym", "int_asym") and 2 <= bits <= 8:
-        return QuantSpec(FormatName(f"int{bits}"), gran, gs, symmetric=bool(d["sym"]) and dt != "int_asym")
+        return QuantSpec(FormatName(f"int{bits}"), gran, gs, symmetric=bool(d["sym"]) and dt != "int_asym",
+                         observer=WEIGHT_OBSERVER)
     raise FormatError(f"{w}: this weight data type is not supported by lowbit")
 
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from lowbit.errors import FormatError, SchemeError
 from lowbit.numerics import FormatName
-from lowbit.schemes import PRESETS, Dynamic, Granularity, QuantSpec, Scheme
+from lowbit.schemes import PRESETS, Dynamic, Granularity, ObserverKind, QuantSpec, Scheme
 
 
 class CTFormat(str, Enum):
@@ -28,6 +28,12 @@ class CTFormat(str, Enum):
 
 ARGS_KEYS = ("num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
              "actorder", "scale_dtype", "zp_dtype", "observer", "observer_kwargs")
+
+# compressed-tensors' weight observer names. Reading: llm-compressor's MSE observers give "mse",
+# every other name (minmax, static/memoryless variants, none) gives "max", the scales in the file
+# being what they are; the observer only says how lowbit would quantize the weights again.
+_CT_WEIGHT_OBSERVER = {ObserverKind.MAX: "minmax", ObserverKind.MSE: "mse"}
+_MSE_OBSERVERS = frozenset({"mse", "memoryless_mse", "static_mse"})
 
 _SCALE_DTYPE = {FormatName.UE4M3: "torch.float8_e4m3fn", FormatName.E8M0: "torch.uint8"}
 
@@ -54,7 +60,7 @@ def spec_to_args(spec: QuantSpec, scheme: Scheme, is_weight: bool) -> dict[str, 
         strategy = spec.granularity.value
     dynamic: bool | str = {Dynamic.STATIC: False, Dynamic.DYNAMIC: True, Dynamic.LOCAL: "local"}[spec.dynamic]
     if is_weight:
-        observer = "minmax"
+        observer = _CT_WEIGHT_OBSERVER[spec.observer]
     else:
         observer = {Dynamic.STATIC: "minmax", Dynamic.DYNAMIC: None, Dynamic.LOCAL: "static_minmax"}[spec.dynamic]
     return {
@@ -109,7 +115,9 @@ def _dtype_key(v: Any) -> str | None:
 def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_weight: bool) -> QuantSpec:
     """A QuantSpec from a compressed-tensors ARGS dict, filling the schema's defaults explicitly:
     num_bits 8, type int, symmetric true, group_size null, strategy inferred from group_size
-    (null: tensor, -1: channel, > 0: group), dynamic false, scale_dtype by format."""
+    (null: tensor, -1: channel, > 0: group), dynamic false, scale_dtype by format; the weight
+    observer "mse" (and llm-compressor's MSE variants) reads as observer mse, any other (or none)
+    as max; input activations always read as max."""
     if not isinstance(args, Mapping):
         raise FormatError(f"{where}: quantization args must be a mapping, got {args!r}")
     unknown = set(args) - set(ARGS_KEYS)
@@ -123,6 +131,7 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
     strategy = args.get("strategy")
     dynamic = args.get("dynamic", False)
     scale_dtype = _dtype_key(args.get("scale_dtype"))
+    observer = ObserverKind.MSE if is_weight and args.get("observer") in _MSE_OBSERVERS else ObserverKind.MAX
     if args.get("block_structure") is not None or strategy == "block":
         raise FormatError(f"{where}: block-wise scales (block_structure {args.get('block_structure')}) are not a "
                           f"lowbit scheme; dequantize such a checkpoint first")
@@ -172,7 +181,7 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
         raise FormatError(f"{where}: type {typ!r} with num_bits {bits} is not supported")
     try:
         return QuantSpec(fmt, gran, group_size if gran is Granularity.GROUP else None, bool(symmetric), dyn,
-                         scale_format, global_scale)
+                         scale_format, global_scale, observer)
     except SchemeError as e:
         raise FormatError(f"{where}: {e}") from e
 

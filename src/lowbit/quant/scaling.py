@@ -14,6 +14,10 @@ the contract (every backend reproduces it bit for bit):
 - block, E8M0 (MX): s = 2^clamp(floor(log2 amax_b) - floor(log2 elem_max), -127, 127)
                    q = elem(x / s)    (saturating, as the OCP MX rule implies)
 
+These are the ``max`` observer's scales. A spec with observer ``mse`` starts from them and
+keeps, per scale group, the candidate scale with the smallest squared error
+(lowbit.quant.search); the global scale stays amax-based. Given scales are used as they are.
+
 A zero scale (all-zero group, or a block scale that rounds to zero) gives zero codes, never
 a division by zero. NaN or Inf in the input is a QuantizationError naming the tensor.
 """
@@ -24,131 +28,17 @@ from dataclasses import dataclass
 
 import torch
 
-from lowbit.errors import QuantizationError
-from lowbit.numerics import E8M0, FormatName, IntFormat, fast_encode, get_format
+from lowbit.numerics import IntFormat, fast_encode, get_format
+from lowbit.quant.groups import (  # noqa: F401  (re-exported: the views belong to this API)
+    allows_ragged, amax, check_finite, group_view, num_groups, reduce_groups, ungroup,
+)
 from lowbit.quant.qtensor import QuantizedTensor
-from lowbit.schemes import Dynamic, Granularity, QuantSpec
-
-
-# ---------------------------------------------------------------------------- checks & views
-def check_finite(x: torch.Tensor, name: str) -> None:
-    """QuantizationError naming ``x`` if it holds NaN or Inf. One min/max pass (NaN propagates
-    into both, an Inf is one of them); the count is taken only for the error message."""
-    if not x.numel() or not x.is_floating_point():
-        return
-    lo, hi = torch.aminmax(x)
-    if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
-        bad = int((~torch.isfinite(x)).sum())
-        raise QuantizationError(f"tensor {name!r} (shape {tuple(x.shape)}) has {bad} NaN/Inf values")
-
-
-def allows_ragged(spec: QuantSpec) -> bool:
-    """A last group shorter than group_size is exact for plain fp32-scaled groups (it has its
-    own amax); microscaled formats need whole blocks, as their file layouts do."""
-    return spec.granularity is Granularity.GROUP and not spec.is_microscaled
-
-
-def num_groups(in_features: int, spec: QuantSpec, name: str = "tensor", shape: tuple = ()) -> int:
-    if spec.granularity is not Granularity.GROUP:
-        return 1
-    g = spec.group_size
-    assert g is not None
-    if in_features % g and not allows_ragged(spec):
-        raise QuantizationError(
-            f"tensor {name!r} with shape {tuple(shape) or (in_features,)}: last dimension {in_features} "
-            f"is not a multiple of the block size {g} required by {spec.describe()}"
-        )
-    return -(-in_features // g)
-
-
-def group_view(x: torch.Tensor, spec: QuantSpec, name: str = "tensor") -> torch.Tensor:
-    """x [..., in] as [..., G, g] (zero-padded if the last group is ragged); G = 1 unless GROUP."""
-    n = x.shape[-1]
-    if spec.granularity is not Granularity.GROUP:
-        return x.unsqueeze(-2)
-    G = num_groups(n, spec, name, tuple(x.shape))
-    g = spec.group_size
-    if G * g != n:
-        x = torch.nn.functional.pad(x, (0, G * g - n))
-    return x.reshape(*x.shape[:-1], G, g)
-
-
-def ungroup(v: torch.Tensor, in_features: int) -> torch.Tensor:
-    """Inverse of group_view: [..., G, g] -> [..., in] (drops padding)."""
-    v = v.reshape(*v.shape[:-2], v.shape[-2] * v.shape[-1])
-    return v[..., :in_features] if v.shape[-1] != in_features else v
-
-
-def _reduce(v: torch.Tensor, spec: QuantSpec, op) -> torch.Tensor:
-    """Reduce a group view [..., G, g] to the scale shape of ``spec``."""
-    if spec.granularity is Granularity.TENSOR:
-        return op(v.reshape(-1), 0).reshape(1)
-    return op(v, -1)  # [..., G]; G == 1 for CHANNEL/TOKEN
-
-
-def amax(x: torch.Tensor, spec: QuantSpec, name: str = "tensor") -> torch.Tensor:
-    """Absolute max per scale group (the shape of the scales of ``spec``), float32."""
-    v = group_view(x.to(torch.float32), spec, name).abs()
-    return _reduce(v, spec, lambda t, d: t.amax(d))
-
-
-# ---------------------------------------------------------------------------- scales
-def _elem_max(spec: QuantSpec) -> float:
-    return get_format(spec.format).max_finite
-
-
-def _div(t: torch.Tensor, divisor: float) -> torch.Tensor:
-    """t / divisor, correctly rounded on every device: the divisor is a one-element tensor on
-    t's device, because CUDA turns division by a Python scalar into multiplication by its
-    (rounded) reciprocal, which differs from IEEE division in the last bit."""
-    return t / torch.tensor([divisor], dtype=torch.float32, device=t.device)
-
-
-def global_scale_from_amax(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """The NVFP4-style global scale, stored as the divisor scale_max * elem_max / amax.
-
-    An all-zero tensor gets 1.0 (its block scales are then all zero)."""
-    a = tensor_amax.to(torch.float32).reshape(1)
-    num = torch.tensor([get_format(spec.scale_format).max_finite * _elem_max(spec)], dtype=torch.float32,
-                       device=a.device)
-    return torch.where(a > 0, num / torch.where(a > 0, a, torch.ones_like(a)), torch.ones_like(a))
-
-
-def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Scales (symmetric) from an amax tensor, following the rules in the module docstring."""
-    a = a.to(torch.float32)
-    sf = spec.scale_format
-    if sf is FormatName.FP32:
-        return _div(a, _elem_max(spec))
-    if sf is FormatName.E8M0:
-        emax = int(E8M0.exponent_floor(torch.tensor(_elem_max(spec))))
-        safe = torch.where(a > 0, a, torch.ones_like(a))
-        e = torch.where(a > 0, E8M0.exponent_floor(safe) - emax, torch.full_like(a, -127, dtype=torch.int32))
-        return E8M0.decode(E8M0.encode_exponent(torch.clamp(e, -127, 127)))
-    fmt = get_format(sf)
-    raw = _div(a, _elem_max(spec))
-    if spec.global_scale:
-        if global_scale is None:
-            raise QuantizationError("this spec needs a global scale")
-        raw = raw * global_scale.to(torch.float32)
-    return fmt.qdq(raw)
-
-
-def effective_scale(scale: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
-    """The factor that multiplies element values: scale, or scale / global for NVFP4."""
-    if spec.global_scale:
-        return scale / global_scale.to(torch.float32)
-    return scale
-
-
-def _asymmetric(v: torch.Tensor, spec: QuantSpec, fmt: IntFormat) -> tuple[torch.Tensor, torch.Tensor]:
-    lo = torch.clamp(_reduce(v, spec, lambda t, d: t.amin(d)), max=0.0)
-    hi = torch.clamp(_reduce(v, spec, lambda t, d: t.amax(d)), min=0.0)
-    scale = _div(hi - lo, float(fmt.qmax - fmt.qmin))
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    zp = torch.clamp(torch.round(fmt.qmin - lo / safe), fmt.qmin, fmt.qmax)
-    zp = torch.where(scale > 0, zp, torch.zeros_like(zp))
-    return scale, zp.to(torch.int8)
+from lowbit.quant.scales import (  # noqa: F401  (re-exported)
+    asymmetric_from_range, effective_scale, global_scale_from_amax, group_range, scales_from_amax,
+    static_scale_from_amax,
+)
+from lowbit.quant.search import search_scales
+from lowbit.schemes import ObserverKind, QuantSpec
 
 
 # ---------------------------------------------------------------------------- quantize
@@ -205,9 +95,11 @@ def _prepare(x, spec, scale, global_scale, name) -> _Prepared:
         global_scale = global_scale_from_amax(x32.abs().amax(), spec)
     if scale is None:
         if not spec.symmetric:
-            scale, zp = _asymmetric(v, spec, fmt)
+            scale, zp = asymmetric_from_range(*group_range(v, spec), fmt)
         else:
-            scale = scales_from_amax(_reduce(v.abs(), spec, lambda t, d: t.amax(d)), spec, global_scale)
+            scale = scales_from_amax(reduce_groups(v.abs(), spec, lambda t, d: t.amax(d)), spec, global_scale)
+        if spec.observer is ObserverKind.MSE:
+            scale, zp = search_scales(v, spec, scale, zp, global_scale)
     else:
         scale = scale.to(torch.float32)
     eff = effective_scale(scale, spec, global_scale)
@@ -249,11 +141,3 @@ def fake_quantize(
         q = q + 0.0
     q = torch.where(p.nonzero.unsqueeze(-1), q, torch.zeros_like(q))
     return ungroup(q * p.eff.unsqueeze(-1), p.n)
-
-
-def static_scale_from_amax(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """Per-tensor static scale for an activation spec from a calibrated amax (> 0)."""
-    if spec.granularity is not Granularity.TENSOR or spec.dynamic is not Dynamic.STATIC:
-        raise QuantizationError(f"static scales are per-tensor and static, not {spec.describe()}")
-    a = a.to(torch.float32).reshape(1)
-    return scales_from_amax(torch.where(a > 0, a, torch.ones_like(a)), spec)

@@ -37,6 +37,26 @@ class Dynamic(str, Enum):
         return self.value
 
 
+class ObserverKind(str, Enum):
+    """How a scale is chosen from data: for weights, the spec's ``observer`` (each scale group
+    from its own values); for static activation scales, ``CalibrationConfig.observer``.
+
+    MAX: the extreme values (symmetric: amax; asymmetric: min and max) give the scale.
+    PERCENTILE: a high percentile of |x| (calibration of activations only).
+    MSE: the scale (or clip) with the smallest squared quantize-dequantize error.
+    """
+
+    MAX = "max"
+    PERCENTILE = "percentile"
+    MSE = "mse"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+WEIGHT_OBSERVERS = (ObserverKind.MAX, ObserverKind.MSE)
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     """How one tensor is quantized.
@@ -49,6 +69,11 @@ class QuantSpec:
         (block scale rounded to that format), E8M0 (power of two, OCP MX rule).
     global_scale: a per-tensor FP32 second-level scale (NVFP4), stored as the divisor
         ``scale_max * elem_max / amax``; block scales are computed after multiplying by it.
+    observer: how scales computed from the tensor itself are chosen (weights): MAX, the
+        extreme-value rule, or MSE, a per-group search for the smallest squared error
+        (lowbit.quant.search). The NVFP4 global scale stays amax-based. Dynamic specs and the
+        input activations of a scheme keep MAX (static activation scales are chosen by
+        ``CalibrationConfig.observer``).
     """
 
     format: FormatName
@@ -58,6 +83,7 @@ class QuantSpec:
     dynamic: Dynamic = Dynamic.STATIC
     scale_format: FormatName = FormatName.FP32
     global_scale: bool = False
+    observer: ObserverKind = ObserverKind.MAX
 
     def __post_init__(self) -> None:
         # normalise strings given by callers into the enums
@@ -65,6 +91,11 @@ class QuantSpec:
         object.__setattr__(self, "granularity", Granularity(self.granularity))
         object.__setattr__(self, "dynamic", Dynamic(self.dynamic))
         object.__setattr__(self, "scale_format", FormatName(self.scale_format))
+        try:
+            object.__setattr__(self, "observer", ObserverKind(self.observer))
+        except ValueError:
+            raise SchemeError(f"unknown observer {self.observer!r}; a spec takes "
+                              f"{' or '.join(repr(k.value) for k in WEIGHT_OBSERVERS)}") from None
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -90,6 +121,12 @@ class QuantSpec:
             raise SchemeError("dynamic 'local' means dynamic block scales under a static global scale")
         if self.dynamic is Dynamic.STATIC and self.granularity is Granularity.TOKEN:
             raise SchemeError("per-token scales are necessarily dynamic")
+        if self.observer not in WEIGHT_OBSERVERS:
+            raise SchemeError(f"observer {self.observer.value!r} is a calibration observer of activations; "
+                              f"a spec takes {' or '.join(repr(k.value) for k in WEIGHT_OBSERVERS)}")
+        if self.dynamic is not Dynamic.STATIC and self.observer is not ObserverKind.MAX:
+            raise SchemeError(f"observer {self.observer.value!r} needs static scales: {self.dynamic.value} "
+                              f"scales are computed at run time with the 'max' rule")
 
     # ------------------------------------------------------------------ derived facts
     @property
@@ -120,13 +157,15 @@ class QuantSpec:
             "dynamic": self.dynamic.value,
             "scale_format": self.scale_format.value,
             "global_scale": self.global_scale,
+            "observer": self.observer.value,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "QuantSpec":
         if not isinstance(d, dict):
             raise SchemeError(f"a quantization spec must be a mapping, got {d!r}")
-        expected = {"format", "granularity", "group_size", "symmetric", "dynamic", "scale_format", "global_scale"}
+        expected = {"format", "granularity", "group_size", "symmetric", "dynamic", "scale_format", "global_scale",
+                    "observer"}
         missing, unknown = expected - set(d), set(d) - expected
         if missing or unknown:
             raise SchemeError(
@@ -155,6 +194,8 @@ class QuantSpec:
             parts.append("+ fp32 global")
         if not self.symmetric:
             parts.append("asymmetric")
+        if self.observer is not ObserverKind.MAX:
+            parts.append(f"{self.observer.value} scales")
         return ", ".join(parts)
 
 
@@ -169,6 +210,11 @@ class Scheme:
     def __post_init__(self) -> None:
         if self.weights.dynamic is not Dynamic.STATIC:
             raise SchemeError(f"scheme {self.name}: weights are quantized statically")
+        a = self.input_activations
+        if a is not None and a.observer is not ObserverKind.MAX:
+            raise SchemeError(f"scheme {self.name}: input activations keep observer 'max' (static activation "
+                              f"scales are chosen by the calibration observer, CalibrationConfig.observer), "
+                              f"got {a.observer.value!r}")
 
     @property
     def needs_calibration(self) -> bool:

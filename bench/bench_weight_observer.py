@@ -1,0 +1,112 @@
+"""Weight observer ``max`` vs ``mse`` on the real SmolLM2-135M: perplexity vs float and RTN time.
+
+For each scheme, the preset with its weight spec's observer set to "max" and to "mse" (every
+other field unchanged), in one process side by side with the float model, on the same
+held-out windows of *Persuasion* (``--windows`` x ``--window`` tokens, the first token of each
+window not scored). Schemes with static activation scales (nvfp4: the static input global
+scale) are calibrated on the packaged Emma text (``--samples`` x 512 tokens, the same for both
+observers); the others are plain RTN. ``rtn s``: seconds to quantize every linear of the model
+(``quantize_rtn`` on a copy: scales, codes, packing), the extra cost of the search.
+
+A peer row ``w4a16-fullrange`` measures auto-round's symmetric INT4 rule instead of ours
+(scale = signed extreme / -8, codes -8..7: the extreme always lands on -8), as float QDQ.
+
+    PYTHONPATH=src .venv/bin/python bench/bench_weight_observer.py [--windows 8] [--schemes ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import lowbit
+from lowbit.backends import use_backend
+from lowbit.model_quant import quantize_rtn
+from lowbit.schemes import PRESETS, ObserverKind, Scheme
+from lowbit.targets import quantizable_linears
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_quantize import SHARED, load_smollm2, perplexity  # noqa: E402
+
+SCHEMES = ["w4a16", "nvfp4a16", "nvfp4", "nvfp4-e5m3", "mxfp4", "mxfp8", "w8a16", "w8a8-fp8-dynamic"]
+
+
+def with_observer(name: str, observer: ObserverKind) -> Scheme:
+    p = PRESETS[name]
+    return Scheme(name, dataclasses.replace(p.weights, observer=observer), p.input_activations)
+
+
+@torch.no_grad()
+def full_range_int4(model, group: int = 128) -> None:
+    """auto-round's symmetric INT4 as float QDQ, in place: per group, scale = e / -8 where e is
+    the element of largest magnitude (signed), codes clamp(round(w / scale), -8, 7)."""
+    for n in quantizable_linears(model, (), False):
+        w = model.get_submodule(n).weight
+        for s in range(0, w.shape[1], group):
+            blk = w[:, s:s + group]
+            e = blk.gather(1, blk.abs().argmax(1, keepdim=True))
+            scale = torch.where(e != 0, e / -8.0, torch.ones_like(e))
+            blk.copy_(torch.clamp(torch.round(blk / scale), -8, 7) * scale)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--schemes", nargs="+", default=SCHEMES)
+    ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--samples", type=int, default=4, help="calibration windows for schemes that need them")
+    ap.add_argument("--no-fullrange", action="store_true")
+    ap.add_argument("--eval-file", default=str(SHARED / "persuasion.txt"))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    model, tok = load_smollm2()
+    text = Path(args.eval_file).read_text(encoding="utf-8")
+    ids = torch.tensor(tok(text[: 40 * args.window * args.windows], add_special_tokens=False)["input_ids"])
+    windows = ids[: args.windows * args.window].reshape(args.windows, args.window)
+    print(f"# SmolLM2-135M, eval {args.windows} x {args.window} tokens of {Path(args.eval_file).name}; "
+          f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()}", flush=True)
+    ppl_f, _ = perplexity(model, windows)
+    print(f"float32 ppl {ppl_f:.3f}", flush=True)
+    rows = [dict(config="float32", ppl=ppl_f)]
+    print("| scheme | observer | ppl | vs float | rtn s | load |\n|---|---|---|---|---|---|", flush=True)
+    for name in args.schemes:
+        for obs in (ObserverKind.MAX, ObserverKind.MSE):
+            scheme = with_observer(name, obs)
+            m = copy.deepcopy(model)
+            t = time.perf_counter()
+            quantize_rtn(m, scheme)
+            rtn_s = time.perf_counter() - t
+            if scheme.needs_calibration:
+                m = lowbit.quantize(copy.deepcopy(model), scheme, "builtin", tokenizer=tok,
+                                    num_samples=args.samples, seq_len=512)
+            use_backend(m, "weight-cache")
+            ppl, _ = perplexity(m, windows)
+            row = dict(scheme=name, observer=obs.value, ppl=ppl, delta_pct=100 * (ppl / ppl_f - 1), rtn_s=rtn_s,
+                       load=os.getloadavg()[0])
+            rows.append(row)
+            print(f"| {name} | {obs.value} | {ppl:.3f} | {row['delta_pct']:+.2f}% | {rtn_s:.1f} | {row['load']:.1f} |",
+                  flush=True)
+            del m
+    if not args.no_fullrange:
+        m = copy.deepcopy(model)
+        full_range_int4(m)
+        ppl, _ = perplexity(m, windows)
+        rows.append(dict(scheme="w4a16-fullrange", observer="-", ppl=ppl, delta_pct=100 * (ppl / ppl_f - 1)))
+        print(f"| w4a16-fullrange (auto-round rule) | - | {ppl:.3f} | {rows[-1]['delta_pct']:+.2f}% | - | - |",
+              flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Scale rules: the scales (and zero points, global scales) of each scale group.
+
+The arithmetic is float32 and its order of operations is part of the contract (see
+lowbit.quant.scaling for the whole list of rules).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lowbit.errors import QuantizationError
+from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
+from lowbit.quant.groups import reduce_groups
+from lowbit.schemes import Dynamic, Granularity, QuantSpec
+
+
+def elem_max(spec: QuantSpec) -> float:
+    """The largest finite element value of the spec's format (qmax for INT)."""
+    return get_format(spec.format).max_finite
+
+
+def divide(t: torch.Tensor, divisor: float) -> torch.Tensor:
+    """t / divisor, correctly rounded on every device: the divisor is a one-element tensor on
+    t's device, because CUDA turns division by a Python scalar into multiplication by its
+    (rounded) reciprocal, which differs from IEEE division in the last bit."""
+    return t / torch.tensor([divisor], dtype=torch.float32, device=t.device)
+
+
+def global_scale_from_amax(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The NVFP4-style global scale, stored as the divisor scale_max * elem_max / amax.
+
+    An all-zero tensor gets 1.0 (its block scales are then all zero)."""
+    a = tensor_amax.to(torch.float32).reshape(1)
+    num = torch.tensor([get_format(spec.scale_format).max_finite * elem_max(spec)], dtype=torch.float32,
+                       device=a.device)
+    return torch.where(a > 0, num / torch.where(a > 0, a, torch.ones_like(a)), torch.ones_like(a))
+
+
+def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Scales (symmetric) from an amax tensor, following the rules of lowbit.quant.scaling."""
+    a = a.to(torch.float32)
+    sf = spec.scale_format
+    if sf is FormatName.FP32:
+        return divide(a, elem_max(spec))
+    if sf is FormatName.E8M0:
+        emax = int(E8M0.exponent_floor(torch.tensor(elem_max(spec))))
+        safe = torch.where(a > 0, a, torch.ones_like(a))
+        e = torch.where(a > 0, E8M0.exponent_floor(safe) - emax, torch.full_like(a, -127, dtype=torch.int32))
+        return E8M0.decode(E8M0.encode_exponent(torch.clamp(e, -127, 127)))
+    fmt = get_format(sf)
+    raw = divide(a, elem_max(spec))
+    if spec.global_scale:
+        if global_scale is None:
+            raise QuantizationError("this spec needs a global scale")
+        raw = raw * global_scale.to(torch.float32)
+    return fmt.qdq(raw)
+
+
+def effective_scale(scale: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
+    """The factor that multiplies element values: scale, or scale / global for NVFP4."""
+    if spec.global_scale:
+        return scale / global_scale.to(torch.float32)
+    return scale
+
+
+def group_range(v: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of each scale group of the group view ``v``, widened to include 0."""
+    lo = torch.clamp(reduce_groups(v, spec, lambda t, d: t.amin(d)), max=0.0)
+    hi = torch.clamp(reduce_groups(v, spec, lambda t, d: t.amax(d)), min=0.0)
+    return lo, hi
+
+
+def asymmetric_from_range(lo: torch.Tensor, hi: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric INT scale and int8 zero point from a range lo <= 0 <= hi."""
+    scale = divide(hi - lo, float(fmt.qmax - fmt.qmin))
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zp = torch.clamp(torch.round(fmt.qmin - lo / safe), fmt.qmin, fmt.qmax)
+    zp = torch.where(scale > 0, zp, torch.zeros_like(zp))
+    return scale, zp.to(torch.int8)
+
+
+def static_scale_from_amax(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Per-tensor static scale for an activation spec from a calibrated amax (> 0)."""
+    if spec.granularity is not Granularity.TENSOR or spec.dynamic is not Dynamic.STATIC:
+        raise QuantizationError(f"static scales are per-tensor and static, not {spec.describe()}")
+    a = a.to(torch.float32).reshape(1)
+    return scales_from_amax(torch.where(a > 0, a, torch.ones_like(a)), spec)
