@@ -57,6 +57,15 @@ def full_range_int4(model, group: int = 128) -> None:
             blk.copy_(torch.clamp(torch.round(blk / scale), -8, 7) * scale)
 
 
+def fullrange_row(model, windows, ppl_f: float) -> dict:
+    m = copy.deepcopy(model)
+    full_range_int4(m)
+    ppl, _ = perplexity(m, windows)
+    row = dict(scheme="w4a16-fullrange", observer="-", ppl=ppl, delta_pct=100 * (ppl / ppl_f - 1))
+    print(f"| w4a16-fullrange (auto-round rule) | - | {ppl:.3f} | {row['delta_pct']:+.2f}% | - | - |", flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--schemes", nargs="+", default=SCHEMES)
@@ -64,6 +73,9 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--samples", type=int, default=4, help="calibration windows for schemes that need them")
     ap.add_argument("--no-fullrange", action="store_true")
+    ap.add_argument("--fullrange-first", action="store_true", help="measure the w4a16-fullrange row first")
+    ap.add_argument("--float-ppl", type=float, default=None,
+                    help="the float model's perplexity on the same windows from an earlier run (skips it)")
     ap.add_argument("--eval-file", default=str(SHARED / "persuasion.txt"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -75,10 +87,12 @@ def main() -> None:
     windows = ids[: args.windows * args.window].reshape(args.windows, args.window)
     print(f"# SmolLM2-135M, eval {args.windows} x {args.window} tokens of {Path(args.eval_file).name}; "
           f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()}", flush=True)
-    ppl_f, _ = perplexity(model, windows)
-    print(f"float32 ppl {ppl_f:.3f}", flush=True)
+    ppl_f = args.float_ppl if args.float_ppl is not None else perplexity(model, windows)[0]
+    print(f"float32 ppl {ppl_f:.3f}{' (given)' if args.float_ppl is not None else ''}", flush=True)
     rows = [dict(config="float32", ppl=ppl_f)]
     print("| scheme | observer | ppl | vs float | rtn s | load |\n|---|---|---|---|---|---|", flush=True)
+    if args.fullrange_first and not args.no_fullrange:
+        rows.append(fullrange_row(model, windows, ppl_f))
     for name in args.schemes:
         for obs in (ObserverKind.MAX, ObserverKind.MSE):
             scheme = with_observer(name, obs)
@@ -97,13 +111,8 @@ def main() -> None:
             print(f"| {name} | {obs.value} | {ppl:.3f} | {row['delta_pct']:+.2f}% | {rtn_s:.1f} | {row['load']:.1f} |",
                   flush=True)
             del m
-    if not args.no_fullrange:
-        m = copy.deepcopy(model)
-        full_range_int4(m)
-        ppl, _ = perplexity(m, windows)
-        rows.append(dict(scheme="w4a16-fullrange", observer="-", ppl=ppl, delta_pct=100 * (ppl / ppl_f - 1)))
-        print(f"| w4a16-fullrange (auto-round rule) | - | {ppl:.3f} | {rows[-1]['delta_pct']:+.2f}% | - | - |",
-              flush=True)
+    if not args.no_fullrange and not args.fullrange_first:
+        rows.append(fullrange_row(model, windows, ppl_f))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

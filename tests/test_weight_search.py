@@ -310,3 +310,29 @@ def test_layout_round_trip_of_an_mse_scheme(fmt, key):
     else:
         assert r.qweight.equal(qw)
 
+
+
+# ---------------------------------------------------------------------------- model-free
+@pytest.mark.parametrize("key", ["int4-g128", "nvfp4-e5m3", "mxfp4"])
+def test_model_free_equals_in_memory_with_mse(tmp_path, key):
+    import copy
+
+    import lowbit
+    from conftest import tiny_llama
+    from test_modelfree import assert_same_tensors, folder_tensors
+
+    model = tiny_llama()
+    src = tmp_path / "src"
+    model.save_pretrained(src, max_shard_size="100KB")
+    scheme = Scheme(f"custom-{key}-mse", _obs(SPECS[key], MSE), None)
+    out = lowbit.quantize_checkpoint(src, tmp_path / "mf", scheme=scheme, workers=0, progress=False)
+    q = lowbit.quantize(copy.deepcopy(model), scheme)
+    lowbit.save(q, tmp_path / "ref")
+    assert_same_tensors(folder_tensors(out), folder_tensors(tmp_path / "ref"))
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["config_groups"]["group_0"]["scheme"]["weights"]["observer"] == "mse"
+    # and the search did change the weights compared with the max rule
+    q_max = lowbit.quantize(copy.deepcopy(model), Scheme("m", SPECS[key], None))
+    name = "model.layers.0.mlp.down_proj"
+    assert not torch.equal(q.get_submodule(name).weight_qtensor().scale,
+                           q_max.get_submodule(name).weight_qtensor().scale)
