@@ -13,14 +13,14 @@ from conftest import tiny_llama
 from lowbit.fusion import fused_groups
 from lowbit.model_quant import quantize_rtn
 from lowbit.modules import QuantLinear
-from lowbit.schemes import PRESETS, Dynamic
+from lowbit.schemes import Dynamic, Scheme, get_scheme
 
 
 def quant_layers(model) -> dict[str, torch.nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
 
 
-def quantized_model(scheme: str, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides):
+def quantized_model(scheme: str | Scheme, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides):
     """tiny_llama quantized by RTN; static input scales set per fused group (shared by q/k/v and
     gate/up, different between groups), as calibration would."""
     model = tiny_llama(seed=seed, **overrides)
@@ -30,7 +30,7 @@ def quantized_model(scheme: str, dtype: torch.dtype = torch.float32, seed: int =
         model.to(dtype)
         for n, b in keep.items():
             setattr(rot, n, b)
-    s = PRESETS[scheme]
+    s = get_scheme(scheme)
     quantize_rtn(model, s)
     a = s.input_activations
     layers = quant_layers(model)

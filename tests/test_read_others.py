@@ -6,6 +6,7 @@ scales), so nothing here needs those tools installed."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from lowbit.model_quant import quantize_rtn
 from lowbit.modules import QuantLinear
 from lowbit.numerics import E4M3, INT8
 from lowbit.quant import dequantize, pack_nibbles, quantize
-from lowbit.schemes import PRESETS, QuantSpec, Scheme
+from lowbit.schemes import PRESETS, ObserverKind, QuantSpec, Scheme
 from test_formats_support import (
     assert_same_layers, float_tensors, llama_config, logits, quant_layers, quantized_model, write_folder,
 )
@@ -33,6 +34,10 @@ LINEARS = [f"model.layers.{i}.{m}" for i in range(2) for m in
 
 def _ids():
     return torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(3))
+
+
+def _max_observer(spec: QuantSpec) -> QuantSpec:
+    return dataclasses.replace(spec, observer=ObserverKind.MAX)
 
 
 def _args(**kw):
@@ -104,7 +109,7 @@ def test_llm_compressor_nvfp4(tmp_path, version):
     """NVFP4 with the bf16 weight global scale bf16(bf16(1/amax) * 2688), shared by q/k/v, gate/up."""
     model = tiny_llama().to(torch.bfloat16)
     tensors = float_tensors(model)
-    spec = PRESETS["nvfp4"].weights
+    spec = _max_observer(PRESETS["nvfp4"].weights)  # llm-compressor's minmax rule
     expect = {}
     for group in fused_groups(LINEARS):
         ws = {n: tensors.pop(f"{n}.weight") for n in group}
@@ -124,7 +129,9 @@ def test_llm_compressor_nvfp4(tmp_path, version):
     loaded = lowbit.load(write_folder(tmp_path / "nv", cfg, tensors), backend="reference")
     for n, qt in expect.items():
         m = quant_layers(loaded)[n]
-        assert m.scheme is PRESETS["nvfp4"]
+        # llm-compressor's "minmax" weight observer reads as "max": the nvfp4 preset's specs but
+        # for the weight observer (the preset searches its weight scales), so not its name
+        assert m.scheme == Scheme("ct-group_0", spec, PRESETS["nvfp4"].input_activations)
         assert m.weight_qtensor().equal(qt), n
         assert torch.equal(m.input_global_scale, torch.tensor([123.5]))
     assert bool(torch.isfinite(logits(loaded, _ids())).all())
@@ -200,7 +207,9 @@ def test_autoround_fp8_static(tmp_path):
 
 
 def test_autoround_llm_compressor_nvfp4(tmp_path):
-    ref = quantized_model("nvfp4")
+    # auto-round records no observer: its weights read with "max" (not the nvfp4 preset's "mse")
+    nv = PRESETS["nvfp4"]
+    ref = quantized_model(Scheme("auto-round-nv_fp-w4", _max_observer(nv.weights), nv.input_activations))
     lowbit.use_backend(ref, "reference")
     tensors = float_tensors(tiny_llama())
     ct = get_layout("compressed-tensors")

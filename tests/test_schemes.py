@@ -69,7 +69,7 @@ def test_preset_contents():
     nv = PRESETS["nvfp4"]
     assert nv.weights.to_dict() == {"format": "e2m1", "granularity": "group", "group_size": 16, "symmetric": True,
                                     "dynamic": "static", "scale_format": "ue4m3", "global_scale": True,
-                                    "observer": "max"}
+                                    "observer": "mse"}
     assert nv.input_activations.dynamic is Dynamic.LOCAL and nv.input_activations.global_scale
     assert nv.needs_calibration and not nv.weight_only
     e5 = PRESETS["nvfp4-e5m3"]
@@ -95,7 +95,7 @@ def test_get_scheme_unknown_and_passthrough():
 
 
 def test_describe():
-    assert PRESETS["nvfp4"].weights.describe() == "e2m1, group 16, ue4m3 scales, + fp32 global"
+    assert PRESETS["nvfp4"].weights.describe() == "e2m1, group 16, ue4m3 scales, + fp32 global, mse observer"
     assert QuantSpec(F.INT8, G.CHANNEL, symmetric=False).describe() == "int8, per channel, asymmetric"
     assert PRESETS["mxfp4"].weights.describe() == "e2m1, group 32, e8m0 scales"
 

@@ -250,7 +250,7 @@ def test_observer_field_serialized_and_strict():
     del d["observer"]
     with pytest.raises(SchemeError, match="observer"):
         QuantSpec.from_dict(d)
-    assert "mse scales" in spec.describe()
+    assert spec.describe() == "int4, group 128, mse observer"
 
 
 def test_observer_validation():

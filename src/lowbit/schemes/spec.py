@@ -195,7 +195,7 @@ class QuantSpec:
         if not self.symmetric:
             parts.append("asymmetric")
         if self.observer is not ObserverKind.MAX:
-            parts.append(f"{self.observer.value} scales")
+            parts.append(f"{self.observer.value} observer")
         return ", ".join(parts)
 
 
