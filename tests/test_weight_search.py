@@ -15,7 +15,7 @@ from lowbit.formats.ct_args import args_to_spec, spec_to_args
 from lowbit.numerics import FormatName as F
 from lowbit.quant import dequantize, fake_quantize, group_error, quantize
 from lowbit.quant.groups import group_view
-from lowbit.schemes import PRESETS, Dynamic, Granularity as G, ObserverKind, QuantSpec, Scheme
+from lowbit.schemes import Dynamic, Granularity as G, ObserverKind, QuantSpec, Scheme
 
 MAX, MSE = ObserverKind.MAX, ObserverKind.MSE
 

@@ -29,16 +29,23 @@ from dataclasses import dataclass
 import torch
 
 from lowbit.numerics import IntFormat, fast_encode, get_format
-from lowbit.quant.groups import (  # noqa: F401  (re-exported: the views belong to this API)
+from lowbit.quant.groups import (
     allows_ragged, amax, check_finite, group_view, num_groups, reduce_groups, ungroup,
 )
 from lowbit.quant.qtensor import QuantizedTensor
-from lowbit.quant.scales import (  # noqa: F401  (re-exported)
+from lowbit.quant.scales import (
     asymmetric_from_range, effective_scale, global_scale_from_amax, group_range, scales_from_amax,
     static_scale_from_amax,
 )
 from lowbit.quant.search import search_scales
 from lowbit.schemes import ObserverKind, QuantSpec
+
+# the views and scale rules (lowbit.quant.groups, lowbit.quant.scales) stay importable from here
+__all__ = [
+    "quantize", "dequantize", "fake_quantize", "allows_ragged", "amax", "check_finite", "group_view",
+    "num_groups", "reduce_groups", "ungroup", "asymmetric_from_range", "effective_scale",
+    "global_scale_from_amax", "group_range", "scales_from_amax", "static_scale_from_amax",
+]
 
 
 # ---------------------------------------------------------------------------- quantize
