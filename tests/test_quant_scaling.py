@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,13 +14,19 @@ from lowbit.quant import (
     QuantizedTensor, allows_ragged, amax, check_finite, dequantize, effective_scale, fake_quantize,
     global_scale_from_amax, num_groups, quantize, scales_from_amax, static_scale_from_amax,
 )
-from lowbit.schemes import PRESETS, Dynamic, Granularity as G, QuantSpec
+from lowbit.schemes import PRESETS, Dynamic, Granularity as G, ObserverKind, QuantSpec
 
-NVFP4 = PRESETS["nvfp4"].weights
+
+def _max_rule(spec: QuantSpec) -> QuantSpec:
+    """These tests check the max rule's scales (the mse observer: tests/test_weight_search.py)."""
+    return dataclasses.replace(spec, observer=ObserverKind.MAX)
+
+
+NVFP4 = _max_rule(PRESETS["nvfp4"].weights)
 NVFP4_ACT = PRESETS["nvfp4"].input_activations
-E5M3 = PRESETS["nvfp4-e5m3"].weights
-MXFP4 = PRESETS["mxfp4"].weights
-MXFP8 = PRESETS["mxfp8"].weights
+E5M3 = _max_rule(PRESETS["nvfp4-e5m3"].weights)
+MXFP4 = _max_rule(PRESETS["mxfp4"].weights)
+MXFP8 = _max_rule(PRESETS["mxfp8"].weights)
 INT8_CH = QuantSpec(F.INT8, G.CHANNEL)
 INT4_CH = QuantSpec(F.INT4, G.CHANNEL)
 FP8_CH = QuantSpec(F.E4M3, G.CHANNEL)
