@@ -1,4 +1,4 @@
-"""Weight observer ``max`` vs ``mse`` on the real SmolLM2-135M: perplexity vs float and RTN time.
+"""Weight observers (``max``, ``mse``, ``full-range``) on the real SmolLM2-135M: perplexity vs float and RTN time.
 
 For each scheme, the preset with its weight spec's observer set to "max" and to "mse" (every
 other field unchanged), in one process side by side with the float model, on the same
@@ -8,8 +8,8 @@ scale) are calibrated on the packaged Emma text (``--samples`` x 512 tokens, the
 observers); the others are plain RTN. ``rtn s``: seconds to quantize every linear of the model
 (``quantize_rtn`` on a copy: scales, codes, packing), the extra cost of the search.
 
-A peer row ``w4a16-fullrange`` measures auto-round's symmetric INT4 rule instead of ours
-(scale = signed extreme / -8, codes -8..7: the extreme always lands on -8), as float QDQ.
+``--observers`` picks among max, mse and full-range (symmetric INT weights only: scale = signed
+extreme / -8, the rule auto-round uses for symmetric INT4).
 
     PYTHONPATH=src .venv/bin/python bench/bench_weight_observer.py [--windows 8] [--schemes ...]
 """
@@ -30,8 +30,8 @@ import torch
 import lowbit
 from lowbit.backends import use_backend
 from lowbit.model_quant import quantize_rtn
+from lowbit.errors import SchemeError
 from lowbit.schemes import PRESETS, ObserverKind, Scheme
-from lowbit.targets import quantizable_linears
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quantize import SHARED, load_smollm2, perplexity  # noqa: E402
@@ -44,26 +44,16 @@ def with_observer(name: str, observer: ObserverKind) -> Scheme:
     return Scheme(name, dataclasses.replace(p.weights, observer=observer), p.input_activations)
 
 
-@torch.no_grad()
-def full_range_int4(model, group: int = 128) -> None:
-    """auto-round's symmetric INT4 as float QDQ, in place: per group, scale = e / -8 where e is
-    the element of largest magnitude (signed), codes clamp(round(w / scale), -8, 7)."""
-    for n in quantizable_linears(model, (), False):
-        w = model.get_submodule(n).weight
-        for s in range(0, w.shape[1], group):
-            blk = w[:, s:s + group]
-            e = blk.gather(1, blk.abs().argmax(1, keepdim=True))
-            scale = torch.where(e != 0, e / -8.0, torch.ones_like(e))
-            blk.copy_(torch.clamp(torch.round(blk / scale), -8, 7) * scale)
-
-
-def fullrange_row(model, windows, ppl_f: float) -> dict:
-    m = copy.deepcopy(model)
-    full_range_int4(m)
-    ppl, _ = perplexity(m, windows)
-    row = dict(scheme="w4a16-fullrange", observer="-", ppl=ppl, delta_pct=100 * (ppl / ppl_f - 1))
-    print(f"| w4a16-fullrange (auto-round rule) | - | {ppl:.3f} | {row['delta_pct']:+.2f}% | - | - |", flush=True)
-    return row
+def observers_for(name: str, wanted) -> list[ObserverKind]:
+    """The wanted observers that the preset's weight spec accepts (full-range: symmetric INT)."""
+    out = []
+    for obs in wanted:
+        try:
+            with_observer(name, obs)
+        except SchemeError:
+            continue
+        out.append(obs)
+    return out
 
 
 def main() -> None:
@@ -72,8 +62,8 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--samples", type=int, default=4, help="calibration windows for schemes that need them")
-    ap.add_argument("--no-fullrange", action="store_true")
-    ap.add_argument("--fullrange-first", action="store_true", help="measure the w4a16-fullrange row first")
+    ap.add_argument("--observers", nargs="+", default=["max", "mse", "full-range"],
+                    help="weight observers to compare (each where the scheme's weight spec takes it)")
     ap.add_argument("--float-ppl", type=float, default=None,
                     help="the float model's perplexity on the same windows from an earlier run (skips it)")
     ap.add_argument("--eval-file", default=str(SHARED / "persuasion.txt"))
@@ -91,10 +81,8 @@ def main() -> None:
     print(f"float32 ppl {ppl_f:.3f}{' (given)' if args.float_ppl is not None else ''}", flush=True)
     rows = [dict(config="float32", ppl=ppl_f)]
     print("| scheme | observer | ppl | vs float | rtn s | load |\n|---|---|---|---|---|---|", flush=True)
-    if args.fullrange_first and not args.no_fullrange:
-        rows.append(fullrange_row(model, windows, ppl_f))
     for name in args.schemes:
-        for obs in (ObserverKind.MAX, ObserverKind.MSE):
+        for obs in observers_for(name, [ObserverKind(o) for o in args.observers]):
             scheme = with_observer(name, obs)
             m = copy.deepcopy(model)
             t = time.perf_counter()
@@ -111,8 +99,6 @@ def main() -> None:
             print(f"| {name} | {obs.value} | {ppl:.3f} | {row['delta_pct']:+.2f}% | {rtn_s:.1f} | {row['load']:.1f} |",
                   flush=True)
             del m
-    if not args.no_fullrange and not args.fullrange_first:
-        rows.append(fullrange_row(model, windows, ppl_f))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -32,7 +32,7 @@ ARGS_KEYS = ("num_bits", "type", "symmetric", "group_size", "strategy", "block_s
 # compressed-tensors' weight observer names. Reading: llm-compressor's MSE observers give "mse",
 # every other name (minmax, static/memoryless variants, none) gives "max", the scales in the file
 # being what they are; the observer only says how lowbit would quantize the weights again.
-_CT_WEIGHT_OBSERVER = {ObserverKind.MAX: "minmax", ObserverKind.MSE: "mse"}
+_CT_WEIGHT_OBSERVER = {ObserverKind.MAX: "minmax", ObserverKind.MSE: "mse", ObserverKind.FULL_RANGE: "full-range"}
 _MSE_OBSERVERS = frozenset({"mse", "memoryless_mse", "static_mse"})
 
 _SCALE_DTYPE = {FormatName.UE4M3: "torch.float8_e4m3fn", FormatName.E8M0: "torch.uint8"}
@@ -131,7 +131,11 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
     strategy = args.get("strategy")
     dynamic = args.get("dynamic", False)
     scale_dtype = _dtype_key(args.get("scale_dtype"))
-    observer = ObserverKind.MSE if is_weight and args.get("observer") in _MSE_OBSERVERS else ObserverKind.MAX
+    observer = ObserverKind.MAX
+    if is_weight and args.get("observer") in _MSE_OBSERVERS:
+        observer = ObserverKind.MSE
+    elif is_weight and args.get("observer") == _CT_WEIGHT_OBSERVER[ObserverKind.FULL_RANGE]:
+        observer = ObserverKind.FULL_RANGE
     if args.get("block_structure") is not None or strategy == "block":
         raise FormatError(f"{where}: block-wise scales (block_structure {args.get('block_structure')}) are not a "
                           f"lowbit scheme; dequantize such a checkpoint first")

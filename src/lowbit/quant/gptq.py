@@ -162,7 +162,7 @@ def _solve(W: torch.Tensor, H: torch.Tensor, eff: torch.Tensor, spec: QuantSpec,
         W, H, eff = W[:, perm], H[perm][:, perm], eff[:, perm]
     U = inverse_hessian_factor(H, float(options.damping), name).to(torch.float32)
     del H
-    nonzero = eff > 0
+    nonzero = eff != 0  # the full-range rule's scales may be negative
     divisor = torch.where(nonzero, eff, torch.ones_like(eff))
     is_int = isinstance(fmt, IntFormat)
 

@@ -85,3 +85,17 @@ def static_scale_from_amax(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
         raise QuantizationError(f"static scales are per-tensor and static, not {spec.describe()}")
     a = a.to(torch.float32).reshape(1)
     return scales_from_amax(torch.where(a > 0, a, torch.ones_like(a)), spec)
+
+
+def full_range_scales(v: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The ``full-range`` rule for symmetric INT: scale = extreme / qmin per scale group, where
+    the extreme is the group's value of largest magnitude with its sign (the negative one when
+    +a and -a tie, so that the scale is positive). It maps the extreme exactly onto qmin and
+    uses all 2^bits codes; the scale is negative when the extreme is positive. An all-zero
+    group gets +0.0 (zero codes)."""
+    fmt = get_format(spec.format)
+    assert isinstance(fmt, IntFormat)
+    lo = reduce_groups(v, spec, lambda t, d: t.amin(d))
+    hi = reduce_groups(v, spec, lambda t, d: t.amax(d))
+    extreme = torch.where(-lo >= hi, lo, hi)
+    return divide(extreme, float(fmt.qmin)) + 0.0

@@ -34,7 +34,7 @@ from lowbit.quant.groups import (
 )
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scales import (
-    asymmetric_from_range, effective_scale, global_scale_from_amax, group_range, scales_from_amax,
+    asymmetric_from_range, effective_scale, full_range_scales, global_scale_from_amax, group_range, scales_from_amax,
     static_scale_from_amax,
 )
 from lowbit.quant.search import search_scales
@@ -88,7 +88,7 @@ class _Prepared:
     zero_point: torch.Tensor | None
     global_scale: torch.Tensor | None
     eff: torch.Tensor             # effective scale (scale, or scale / global)
-    nonzero: torch.Tensor         # eff > 0
+    nonzero: torch.Tensor         # eff != 0
     divisor: torch.Tensor         # eff with zeros replaced by 1, broadcastable to v
 
 
@@ -103,6 +103,8 @@ def _prepare(x, spec, scale, global_scale, name) -> _Prepared:
     if scale is None:
         if not spec.symmetric:
             scale, zp = asymmetric_from_range(*group_range(v, spec), fmt)
+        elif spec.observer is ObserverKind.FULL_RANGE:
+            scale = full_range_scales(v, spec)
         else:
             scale = scales_from_amax(reduce_groups(v.abs(), spec, lambda t, d: t.amax(d)), spec, global_scale)
         if spec.observer is ObserverKind.MSE:
@@ -110,7 +112,7 @@ def _prepare(x, spec, scale, global_scale, name) -> _Prepared:
     else:
         scale = scale.to(torch.float32)
     eff = effective_scale(scale, spec, global_scale)
-    nonzero = eff > 0
+    nonzero = eff != 0  # the full-range rule's scales may be negative
     divisor = torch.where(nonzero, eff, torch.ones_like(eff)).unsqueeze(-1)
     gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
     return _Prepared(fmt, v, x32.shape[-1], scale, zp, gs, eff, nonzero, divisor)

@@ -1,18 +1,19 @@
 """The named preset schemes. One name per scheme everywhere: API, CLI, files and docs.
 
-Weight observer (``QuantSpec.observer``): ``mse`` (per-group scale search, lowbit.quant.search)
-where it measurably helped on SmolLM2-135M, ``max`` where it did not or was not measured
+Weight observer (``QuantSpec.observer``): ``full-range`` for INT4 (scale = signed extreme / -8),
+``mse`` (per-group scale search, lowbit.quant.search) where it measurably helped on
+SmolLM2-135M, ``max`` where it did not or was not measured
 (bench/bench_weight_observer.py, bench/RESULTS-quantize.md "Weight observer"; perplexity change
 vs float32 on 8 x 512 held-out tokens of Persuasion, float ppl 47.492, weight-only RTN):
 
-    scheme       max        mse        default
-    w4a16        +53.16 %   +46.79 %   mse
+    scheme       max        mse        full-range   default
+    w4a16        +53.16 %   +46.79 %   +26.95 %     full-range
     nvfp4a16     +20.74 %   +18.96 %   mse (also nvfp4: the same weight spec)
     others       (not measured in time: loaded machine)    max, as before
 
-A better INT4 rule exists: auto-round's full-range symmetric INT4 (scale = signed extreme / -8,
-codes -8..7, the extreme exact at -8) measured +26.95 % on the same windows, far ahead of the
-search; it needs negative fp32 scales, which lowbit's formats do not allow today.
+The full-range rule is auto-round's symmetric INT4 (codes -8..7, the signed extreme exact at -8,
+so the scale is negative when the extreme is positive; every format stores fp32 scales with
+their sign); the w4a16 figure was measured with that rule applied as QDQ in the bench.
 
 The search costs time at quantization only (RTN of the whole model, loaded machine: w4a16
 45 s -> 296 s, nvfp4a16 219 s -> 311 s); files and every backend are unchanged by it.
@@ -25,7 +26,7 @@ from lowbit.errors import SchemeError
 from lowbit.numerics import FormatName as F
 from lowbit.schemes.spec import Dynamic, Granularity as G, ObserverKind, QuantSpec, Scheme
 
-MAX, MSE = ObserverKind.MAX, ObserverKind.MSE
+MAX, MSE, FULL_RANGE = ObserverKind.MAX, ObserverKind.MSE, ObserverKind.FULL_RANGE
 
 
 def _nvfp4(dynamic: Dynamic = Dynamic.STATIC, observer: ObserverKind = MAX) -> QuantSpec:
@@ -53,7 +54,7 @@ PRESETS: dict[str, Scheme] = {
         Scheme("nvfp4-e5m3", _e5m3(), _e5m3(Dynamic.DYNAMIC)),
         Scheme("mxfp4", _mx(F.E2M1), _mx(F.E2M1, Dynamic.DYNAMIC)),
         Scheme("mxfp8", _mx(F.E4M3), _mx(F.E4M3, Dynamic.DYNAMIC)),
-        Scheme("w4a16", QuantSpec(F.INT4, G.GROUP, 128, observer=MSE), None),
+        Scheme("w4a16", QuantSpec(F.INT4, G.GROUP, 128, observer=FULL_RANGE), None),
         Scheme("w8a16", QuantSpec(F.INT8, G.CHANNEL), None),
     ]
 }

@@ -44,17 +44,22 @@ class ObserverKind(str, Enum):
     MAX: the extreme values (symmetric: amax; asymmetric: min and max) give the scale.
     PERCENTILE: a high percentile of |x| (calibration of activations only).
     MSE: the scale (or clip) with the smallest squared quantize-dequantize error.
+    FULL_RANGE: symmetric INT weights only: the group's signed extreme maps to the most
+        negative code, scale = extreme / qmin (negative when the extreme is positive), so all
+        2^bits codes are used (INT4: step amax/8 instead of amax/7; auto-round's symmetric
+        INT4 rule).
     """
 
     MAX = "max"
     PERCENTILE = "percentile"
     MSE = "mse"
+    FULL_RANGE = "full-range"
 
     def __str__(self) -> str:
         return self.value
 
 
-WEIGHT_OBSERVERS = (ObserverKind.MAX, ObserverKind.MSE)
+WEIGHT_OBSERVERS = (ObserverKind.MAX, ObserverKind.MSE, ObserverKind.FULL_RANGE)
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,8 @@ class QuantSpec:
         ``scale_max * elem_max / amax``; block scales are computed after multiplying by it.
     observer: how scales computed from the tensor itself are chosen (weights): MAX, the
         extreme-value rule, or MSE, a per-group search for the smallest squared error
-        (lowbit.quant.search). The NVFP4 global scale stays amax-based. Dynamic specs and the
+        (lowbit.quant.search), or FULL_RANGE (symmetric fp32-scaled INT only: scale = signed
+        extreme / qmin, see ObserverKind). The NVFP4 global scale stays amax-based. Dynamic specs and the
         input activations of a scheme keep MAX (static activation scales are chosen by
         ``CalibrationConfig.observer``).
     """
@@ -124,6 +130,11 @@ class QuantSpec:
         if self.observer not in WEIGHT_OBSERVERS:
             raise SchemeError(f"observer {self.observer.value!r} is a calibration observer of activations; "
                               f"a spec takes {' or '.join(repr(k.value) for k in WEIGHT_OBSERVERS)}")
+        if self.observer is ObserverKind.FULL_RANGE and not (
+                self.is_integer and self.symmetric and self.scale_format is FormatName.FP32):
+            raise SchemeError("observer 'full-range' is a rule for symmetric INT formats with fp32 scales, "
+                              f"not {self.format.value} / {self.scale_format.value} scales"
+                              f"{'' if self.symmetric else ' (asymmetric)'}")
         if self.dynamic is not Dynamic.STATIC and self.observer is not ObserverKind.MAX:
             raise SchemeError(f"observer {self.observer.value!r} needs static scales: {self.dynamic.value} "
                               f"scales are computed at run time with the 'max' rule")
