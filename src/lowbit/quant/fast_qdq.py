@@ -99,7 +99,7 @@ def fast_fake_quantize(
     name: str = "tensor",
 ) -> torch.Tensor:
     """``fake_quantize(x, spec, scale=..., global_scale=..., name=...)``, bit for bit, faster."""
-    if x.dim() >= 1 and x.numel() > 0:
+    if x.device.type == "cpu" and x.dim() >= 1 and x.numel() > 0:
         if block_route(spec, x.shape[-1], scale):
             return _block_qdq(x, spec, global_scale, name)
         if row_route(spec, scale):
