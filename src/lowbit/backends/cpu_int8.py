@@ -7,7 +7,8 @@ dimension cut into chunks of at most 2^24 / 2^14 = 1024 every partial sum, in an
 GEMM chooses (FMA included), is an integer of magnitude <= 2^24 and so exactly representable
 in float32. Chunk results are summed in int32. The accumulator therefore equals the exact
 integer dot product (the reference's codes multiplied in int64), and the output is
-``float32(acc) * (input_scale * weight_scale)`` (+ bias), equal to the reference's
+``float32(acc) * (input_scale * weight_scale) + bias`` (per token: ``(float32(acc) *
+input_scale) * weight_scale + bias``), equal to the reference's
 F.linear(QDQ(x), dequant(W)) within float32 rounding.
 
 The weight's integer values are decoded to float32 once and cached per module (keyed on the
@@ -110,12 +111,15 @@ class CpuInt8Backend:
                                         lambda: quantize_input_values(module, x.reshape(-1, x.shape[-1])))
         acc = int_matmul_exact(vals, st["chunks"], st["bounds"])
         y = acc if acc.dtype == torch.float32 else acc.to(torch.float32)
-        if a_scale.numel() > 1:  # per token: [M, 1] then per channel [1, N]
-            y = y.mul_(a_scale).mul_(st["w_scale"])
+        if a_scale.numel() > 1:  # per token: [M, 1], then per channel [1, N]
+            y = y.mul_(a_scale)
+            scale = st["w_scale"]
         else:
-            y = y.mul_(st["w_scale"] * a_scale)
-        if module.bias is not None:
-            y = y.add_(module.bias.to(torch.float32))
+            scale = st["w_scale"] * a_scale
+        if module.bias is None:
+            y = y.mul_(scale)
+        else:  # y * scale + bias in one pass over [M, N]
+            y = torch.addcmul(module.bias.to(torch.float32), y, scale, out=y)
         return y.reshape(*x.shape[:-1], module.out_features).to(x.dtype)
 
     def release(self, module) -> None:

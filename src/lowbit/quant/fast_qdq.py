@@ -6,11 +6,14 @@ functions in ``lowbit.quant.scaling`` stay the definition; this module only reor
 that is exact in float32:
 
 - Finiteness is read from the amax the scales need anyway (max propagates NaN and Inf), or
-  from one sum for static per-tensor scales (a sum of finite values is finite or +-Inf, never
-  NaN, and a NaN or Inf element makes it non-finite); the reference check runs only then, so
-  the error is the reference's.
-- Scales come from the reference functions (``scales_from_amax``, ``effective_scale``), on
-  tensors of one value per block or row: small.
+  from one sum for static per-tensor scales (a NaN or Inf element makes the sum non-finite);
+  only a non-finite amax or sum runs the reference check, so the error is the reference's
+  (an overflowing sum of finite values just costs that check).
+- Scales are computed on tensors of one value per block or row (small): per-tensor and
+  per-token ones by the reference functions (``scales_from_amax``, ``effective_scale``);
+  block scales by ``block_scales``, which reproduces ``scales_from_amax`` bit for bit with
+  exponent-field arithmetic (E8M0) or the rounding below (UE4M3 / UE5M3), because frexp and
+  ldexp cost more than the whole element path.
 - The element division is the reference's division by the same divisor. For E8M0 scales the
   divisor is a power of two 2^k with |k| <= 127 whose inverse is a normal float32, and
   ``v * 2^-k`` is the correctly rounded ``v / 2^k`` just as the division is: equal.
@@ -215,8 +218,8 @@ def _row_divided(x, spec, scale, name):
 
 def int_row_values(x: torch.Tensor, spec: QuantSpec, scale: torch.Tensor | None = None,
                    name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
-    """The integer element values (float32, +0.0 for zero) and the effective scale ([1] or
-    [..., 1]) of an INT row-route spec: ``fake_quantize`` == values * scale, bit for bit, and
+    """The integer element values (float32) and the effective scale ([1] or [..., 1]) of an
+    INT row-route spec: ``fake_quantize`` == values * scale, bit for bit, and
     the values are the decoded codes of ``quantize`` (0 where the scale is 0), except that a
     negative value that rounds to zero is -0.0 here (the same integer; the +0.0 pass is left
     out because the values feed a matmul)."""
