@@ -146,24 +146,3 @@ def test_model_cpu_int8_equals_reference(llama, token_ids, scheme):
     assert use_backend(q, "auto") == {"cpu-int8": 14}
     out = q(token_ids).logits
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-
-
-def test_siblings_share_the_quantized_input_and_inplace_changes_invalidate():
-    torch.manual_seed(3)
-    scheme = get_scheme("w8a8-int8")
-    scale = torch.tensor([0.02])
-    q = QuantLinear.from_linear(nn.Linear(32, 16), scheme, name="q", input_scale=scale)
-    k = QuantLinear.from_linear(nn.Linear(32, 8), scheme, name="k", input_scale=scale)
-    other = QuantLinear.from_linear(nn.Linear(32, 8), scheme, name="o", input_scale=torch.tensor([0.05]))
-    be = CpuInt8Backend()
-    x = torch.randn(2, 5, 32)
-    be.forward(q, x)
-    cached = x.__dict__["_lowbit_cpu_int8_input"][2]
-    be.forward(k, x)
-    assert x.__dict__["_lowbit_cpu_int8_input"][2] is cached  # k reused q's quantized input
-    torch.testing.assert_close(be.forward(k, x), ReferenceBackend().forward(k, x), rtol=1e-6, atol=1e-5)
-    # a different scale is not a hit
-    torch.testing.assert_close(be.forward(other, x), ReferenceBackend().forward(other, x), rtol=1e-6, atol=1e-5)
-    x.mul_(3.0)  # in place: the version changes
-    torch.testing.assert_close(be.forward(k, x), ReferenceBackend().forward(k, x), rtol=1e-6, atol=1e-5)
-    assert x.__dict__["_lowbit_cpu_int8_input"][2] is not cached

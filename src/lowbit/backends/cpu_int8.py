@@ -7,7 +7,8 @@ dimension cut into chunks of at most 2^24 / 2^14 = 1024 every partial sum, in an
 GEMM chooses (FMA included), is an integer of magnitude <= 2^24 and so exactly representable
 in float32. Chunk results are summed in int32. The accumulator therefore equals the exact
 integer dot product (the reference's codes multiplied in int64), and the output is
-``float32(acc) * (input_scale * weight_scale)`` (+ bias), equal to the reference's
+``float32(acc) * (input_scale * weight_scale) + bias`` (per token: ``(float32(acc) *
+input_scale) * weight_scale + bias``), equal to the reference's
 F.linear(QDQ(x), dequant(W)) within float32 rounding.
 
 The weight's integer values are decoded to float32 once and cached per module (keyed on the
@@ -20,7 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from lowbit.numerics import INT8, FormatName
-from lowbit.backends.reference import row_input_scale
+from lowbit.backends.reference import input_args
+from lowbit.backends.shared_input import SharedInput, input_key
+from lowbit.quant.fast_qdq import int_row_values
 from lowbit.schemes import Dynamic, Granularity, Scheme
 
 EXACT_LIMIT = 1 << 24           # float32 holds every integer up to 2^24
@@ -67,43 +70,17 @@ def int_accumulate(a_vals: torch.Tensor, w_vals: torch.Tensor, chunk: int = CHUN
 
 
 def quantize_input_values(module, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 values (as float32) and the scale ([1] or [M, 1]) of a 2-D input, bit-identical to
-    ``lowbit.backends.reference.quantize_input`` (same division, same rounding)."""
-    x32 = x2.to(torch.float32)
-    scale, safe, nonzero = row_input_scale(module, x32)
-    vals = x32 / safe  # INT8.round, in place: round half to even, then saturate
-    vals.round_().clamp_(INT8.qmin, INT8.qmax)
-    if not bool(nonzero.all()):
-        vals = torch.where(nonzero, vals, torch.zeros_like(vals))
-    return vals, scale
-
-
-_XKEY = "_lowbit_cpu_int8_input"
-
-
-def shared_input_values(module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_input_values`` of x, computed once for linears that read the same tensor.
-
-    q/k/v (and gate/up) receive the very same input tensor and share one static input scale,
-    so their quantized inputs are identical: the first one attaches them to the input tensor
-    (keyed on its version counter, the activation spec and the scale), the siblings reuse them.
-    The attachment lives and dies with that (transient) activation tensor."""
-    spec = module.scheme.input_activations
-    if spec.dynamic is Dynamic.STATIC:
-        module.check_ready()
-        skey = (spec, float(module.input_scale))
-    else:
-        skey = (spec, None)
-    hit = x.__dict__.get(_XKEY)
-    if hit is not None and hit[0] == x._version and hit[1] == skey and hit[2].shape[-1] == module.in_features:
-        return hit[2], hit[3]
-    vals, scale = quantize_input_values(module, x.reshape(-1, x.shape[-1]))
-    x.__dict__[_XKEY] = (x._version, skey, vals, scale)
-    return vals, scale
+    """int8 values (as float32) and the scale ([1] or [M, 1]) of a 2-D input: the codes and
+    scale of ``lowbit.backends.reference.quantize_input``, bit for bit (lowbit.quant.fast_qdq)."""
+    args = input_args(module)
+    return int_row_values(x2, module.scheme.input_activations, args["scale"], args["name"])
 
 
 class CpuInt8Backend:
     name = "cpu-int8"
+
+    def __init__(self) -> None:
+        self.shared = SharedInput()  # q/k/v and gate/up quantize their common input once
 
     def _weights(self, module) -> dict:
         key = (module.weight_codes.data_ptr(), module.weight_codes._version,
@@ -130,15 +107,19 @@ class CpuInt8Backend:
 
     def forward(self, module, x: torch.Tensor) -> torch.Tensor:
         st = self._weights(module)
-        vals, a_scale = shared_input_values(module, x)
+        vals, a_scale = self.shared.get(x, input_key(module, "int8"),
+                                        lambda: quantize_input_values(module, x.reshape(-1, x.shape[-1])))
         acc = int_matmul_exact(vals, st["chunks"], st["bounds"])
         y = acc if acc.dtype == torch.float32 else acc.to(torch.float32)
-        if a_scale.numel() > 1:  # per token: [M, 1] then per channel [1, N]
-            y = y.mul_(a_scale).mul_(st["w_scale"])
+        if a_scale.numel() > 1:  # per token: [M, 1], then per channel [1, N]
+            y = y.mul_(a_scale)
+            scale = st["w_scale"]
         else:
-            y = y.mul_(st["w_scale"] * a_scale)
-        if module.bias is not None:
-            y = y.add_(module.bias.to(torch.float32))
+            scale = st["w_scale"] * a_scale
+        if module.bias is None:
+            y = y.mul_(scale)
+        else:  # y * scale + bias in one pass over [M, N]
+            y = torch.addcmul(module.bias.to(torch.float32), y, scale, out=y)
         return y.reshape(*x.shape[:-1], module.out_features).to(x.dtype)
 
     def release(self, module) -> None:

@@ -5,7 +5,9 @@ the layer shape) and a priority; ``select_backend`` picks the highest-priority b
 supports a layer, and ``use_backend`` sets one by name (or "auto") on every QuantLinear of a
 model. A backend is an object with ``name`` and ``forward(module, x)``; it may keep per-module
 state (caches) in the module's ``__dict__`` under its own key, and should implement
-``release(module)`` to drop it.
+``release(module)`` to drop it. ``use_backend`` gives every layer of a model that runs on one
+backend the same instance (state shared across layers, such as a quantized input that sibling
+layers reuse, lives on the instance).
 """
 
 from __future__ import annotations
@@ -65,17 +67,25 @@ class BackendRegistry:
         except KeyError:
             raise LowbitError(f"unknown backend {name!r}; known: {', '.join(self._specs)} or 'auto'") from None
 
-    def select(self, module) -> Backend:
+    def best(self, module) -> BackendSpec:
+        """The highest-priority automatic backend that supports ``module``."""
         cands = [s for s in self._specs.values() if s.auto and s.accepts(module)]
         if not cands:
             raise LowbitError(f"no backend supports layer {module.name!r} ({module.scheme.name})")
-        return max(cands, key=lambda s: s.priority).instance()
+        return max(cands, key=lambda s: s.priority)
+
+    def select(self, module) -> Backend:
+        return self.best(module).instance()
 
     def use(self, model: nn.Module, name: str = "auto") -> dict[str, int]:
-        """Set ``name`` (or the best automatic choice) on every QuantLinear; returns counts per backend."""
+        """Set ``name`` (or the best automatic choice) on every QuantLinear; returns counts per backend.
+
+        All the layers of ``model`` that get one backend share one instance of it, so that its
+        per-model state (the quantized input sibling linears share) is shared among them."""
         from lowbit.modules import QuantLinear
 
         counts: dict[str, int] = {}
+        instances: dict[str, Backend] = {}
         for mod in model.modules():
             if not isinstance(mod, QuantLinear):
                 continue
@@ -83,7 +93,7 @@ class BackendRegistry:
             if old is not None and hasattr(old, "release"):
                 old.release(mod)
             if name == "auto":
-                be = self.select(mod)
+                spec = self.best(mod)
             else:
                 spec = self.get(name)
                 if not spec.accepts(mod):
@@ -92,7 +102,9 @@ class BackendRegistry:
                         f"(scheme {mod.scheme.name}, device {mod.weight_codes.device.type}, "
                         f"shape {mod.out_features}x{mod.in_features})"
                     )
-                be = spec.instance()
+            be = instances.get(spec.name)
+            if be is None:
+                be = instances[spec.name] = spec.instance()
             mod.backend = be
             counts[be.name] = counts.get(be.name, 0) + 1
         return counts

@@ -2,7 +2,8 @@
 
 For weight-only schemes (w4a16, w8a16, nvfp4a16) and FP schemes (w8a8-fp8, nvfp4, mxfp...),
 whose weights the reference backend dequantizes again on every call. The result equals the
-reference backend's exactly (same dequantized weight, same input QDQ, same F.linear); the
+reference backend's exactly (same dequantized weight, same input QDQ, same F.linear; sibling
+linears reading one input share its QDQ, see ``lowbit.backends.shared_input``); the
 price is a float32 copy of every weight in memory, which is why it is opt-in
 (``use_backend(model, "weight-cache")``), never chosen automatically.
 
@@ -15,9 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lowbit.backends.reference import qdq_input, row_input_scale
-from lowbit.numerics import E4M3, FormatName
-from lowbit.schemes import Granularity, Scheme
+from lowbit.backends.reference import qdq_input
+from lowbit.backends.shared_input import SharedInput, input_key
+from lowbit.schemes import Scheme
 
 _KEY = "_lowbit_weight_cache"
 
@@ -32,28 +33,11 @@ def _buffers(module) -> tuple:
                            module.weight_global_scale))
 
 
-def _fp8_fast_path(spec) -> bool:
-    return (spec is not None and spec.format is FormatName.E4M3 and spec.scale_format is FormatName.FP32
-            and spec.granularity in (Granularity.TENSOR, Granularity.TOKEN))
-
-
-def qdq_input_fp8(module, x: torch.Tensor) -> torch.Tensor:
-    """E4M3 per-tensor/per-token input QDQ through torch's float8_e4m3fn cast (round to nearest
-    even, after clamping to +-448 so that it saturates as E4M3.encode does): bit-identical to
-    the reference's ``dequantize(quantize_input(...))`` and about 10x faster than the generic
-    encoder (tests/test_weight_cache.py checks equality on adversarial inputs)."""
-    x32 = x.to(torch.float32)
-    scale, safe, nonzero = row_input_scale(module, x32)
-    m = E4M3.max_finite
-    q = (x32 / safe).clamp_(-m, m).to(torch.float8_e4m3fn).to(torch.float32)
-    out = q.mul_(scale)
-    if not bool(nonzero.all()):
-        out = torch.where(nonzero, out, torch.zeros_like(out))
-    return out
-
-
 class WeightCacheBackend:
     name = "weight-cache"
+
+    def __init__(self) -> None:
+        self.shared = SharedInput()  # q/k/v and gate/up QDQ their common input once
 
     def weight(self, module) -> torch.Tensor:
         key = _buffers(module)
@@ -64,8 +48,10 @@ class WeightCacheBackend:
         return st[1]
 
     def forward(self, module, x: torch.Tensor) -> torch.Tensor:
-        spec = module.scheme.input_activations
-        xq = qdq_input_fp8(module, x) if _fp8_fast_path(spec) else qdq_input(module, x)
+        if module.scheme.input_activations is None:
+            xq = x.to(torch.float32)
+        else:
+            xq = self.shared.get(x, input_key(module, "qdq"), lambda: qdq_input(module, x))
         b = None if module.bias is None else module.bias.to(torch.float32)
         return F.linear(xq, self.weight(module), b).to(x.dtype)
 
