@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--work", default="/tmp/lowbit-peers/work")
     ap.add_argument("--reuse", action="store_true", help="reuse a tool's result already in --work (same ids)")
+    ap.add_argument("--lowbit-gptq", action="store_true", help="also run lowbit with GPTQ weight rounding")
     ap.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
     a = ap.parse_args()
 
@@ -109,6 +110,8 @@ def main() -> None:
 
     rows, reused = [], []
     tools = [("lowbit", Path(sys.executable), None)]
+    if a.lowbit_gptq:
+        tools.append(("lowbit-gptq", Path(sys.executable), None))
     for p in [p for p in a.peers.split(",") if p]:
         if p not in PEERS:
             raise SystemExit(f"unknown peer {p!r}; known: {', '.join(PEERS)}")

@@ -81,6 +81,19 @@ def q_lowbit(model, tok, scheme, calib):
     return model, lowbit.__version__
 
 
+def q_lowbit_gptq(model, tok, scheme, calib):
+    """lowbit with GPTQ weight rounding (calibrated on the same text as the peers, 16 x 256)."""
+    import lowbit
+
+    from lowbit.report.compare import set_backends, smoothquant_for
+
+    s = lowbit.get_scheme(scheme)
+    lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256,
+                    weight_rounding="gptq", smoothquant=0.8 if smoothquant_for(s) else None)
+    set_backends(model, "fast")
+    return model, lowbit.__version__
+
+
 AUTOROUND_SCHEMES = {"w4a16": "W4A16", "w8a16": "W8A16", "nvfp4": "NVFP4", "mxfp4": "MXFP4",
                      "w8a8-fp8": "FP8_STATIC", "nvfp4-e5m3": "NVFP4_E5M3", "w8a8-int8-dynamic": "INT8"}
 
@@ -150,7 +163,7 @@ def q_torchao(model, tok, scheme, calib):
     return model, torchao.__version__
 
 
-TOOLS = {"lowbit": q_lowbit, "auto-round": q_autoround, "llmcompressor": q_llmcompressor, "torchao": q_torchao}
+TOOLS = {"lowbit": q_lowbit, "lowbit-gptq": q_lowbit_gptq, "auto-round": q_autoround, "llmcompressor": q_llmcompressor, "torchao": q_torchao}
 
 
 def calib_texts(path):
