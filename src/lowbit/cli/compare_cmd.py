@@ -72,8 +72,8 @@ def compare_cmd(
     calib_samples: int = typer.Option(8, "--calib-samples", help="Calibration windows."),
     calib_seq_len: int = typer.Option(256, "--calib-seq-len", help="Tokens per calibration window."),
     smoothquant: str = typer.Option("0.8", "--smoothquant",
-                                    help="SmoothQuant alpha in [0, 1], 'auto' or 'none', for static per-tensor "
-                                         "INT8 activation schemes (w8a8-int8)."),
+                                    help="SmoothQuant alpha in [0, 1], 'auto' or 'none', for schemes with static "
+                                         "per-tensor input scales (w8a8-int8, w8a8-fp8)."),
     sink_positions: Optional[int] = typer.Option(None, "--sink-positions",
                                                  help="Leading positions per calibration window kept out of static scales."),
     weight_rounding: Optional[str] = typer.Option(
