@@ -42,6 +42,13 @@ DEFAULT_CONFIGS = [
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "text"
 
 
+def eval_windows(tok, path: str, n: int, window: int) -> torch.Tensor:
+    """The first ``n`` windows of ``window`` token ids of the text file at ``path``, [n, window]."""
+    text = Path(path).read_text(encoding="utf-8")
+    ids = torch.tensor(tok(text[: 40 * window * n], add_special_tokens=False)["input_ids"])
+    return ids[: n * window].reshape(n, window)
+
+
 def _reset_peak() -> None:
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -131,9 +138,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     model, tok = load_smollm2()
-    text = Path(args.eval_file).read_text(encoding="utf-8")
-    ids = torch.tensor(tok(text[: 40 * args.window * args.windows], add_special_tokens=False)["input_ids"])
-    windows = ids[: args.windows * args.window].reshape(args.windows, args.window)
+    windows = eval_windows(tok, args.eval_file, args.windows, args.window)
     print(f"# SmolLM2-135M, eval {args.windows} x {args.window} tokens of {Path(args.eval_file).name}, "
           f"calibration {args.samples} x {args.seq_len} tokens of the packaged Emma text; "
           f"torch threads {torch.get_num_threads()}, load average at start {os.getloadavg()}", flush=True)

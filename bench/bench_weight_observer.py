@@ -34,7 +34,7 @@ from lowbit.errors import SchemeError
 from lowbit.schemes import PRESETS, ObserverKind, Scheme
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quantize import SHARED, load_smollm2, perplexity  # noqa: E402
+from bench_quantize import SHARED, eval_windows, load_smollm2, perplexity  # noqa: E402
 
 SCHEMES = ["w4a16", "nvfp4a16", "nvfp4", "nvfp4-e5m3", "mxfp4", "mxfp8", "w8a16", "w8a8-fp8-dynamic"]
 
@@ -72,9 +72,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     model, tok = load_smollm2()
-    text = Path(args.eval_file).read_text(encoding="utf-8")
-    ids = torch.tensor(tok(text[: 40 * args.window * args.windows], add_special_tokens=False)["input_ids"])
-    windows = ids[: args.windows * args.window].reshape(args.windows, args.window)
+    windows = eval_windows(tok, args.eval_file, args.windows, args.window)
     print(f"# SmolLM2-135M, eval {args.windows} x {args.window} tokens of {Path(args.eval_file).name}; "
           f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()}", flush=True)
     ppl_f = args.float_ppl if args.float_ppl is not None else perplexity(model, windows)[0]

@@ -79,7 +79,7 @@ def group_error(
     """Squared quantize-dequantize error of each scale group of ``v`` (float64, scale shape)."""
     fmt = get_format(spec.format)
     eff = effective_scale(scale.to(torch.float32), spec, global_scale)
-    divisor = torch.where(eff > 0, eff, torch.ones_like(eff)).unsqueeze(-1)
+    divisor = torch.where(eff != 0, eff, torch.ones_like(eff)).unsqueeze(-1)
     t = v / divisor
     if isinstance(fmt, IntFormat):  # IntFormat.round (v is finite: no NaN check), in place
         if zero_point is None:
