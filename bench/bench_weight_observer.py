@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 import lowbit
-from lowbit.backends import use_backend
 from lowbit.model_quant import quantize_rtn
+from lowbit.report.compare import set_backends
 from lowbit.errors import SchemeError
 from lowbit.schemes import PRESETS, ObserverKind, Scheme
 
@@ -89,7 +89,7 @@ def main() -> None:
             if scheme.needs_calibration:
                 m = lowbit.quantize(copy.deepcopy(model), scheme, "builtin", tokenizer=tok,
                                     num_samples=args.samples, seq_len=512)
-            use_backend(m, "weight-cache")
+            set_backends(m, "fast")  # the automatic exact backend; weight cache where that is the reference
             ppl, _ = perplexity(m, windows)
             row = dict(scheme=name, observer=obs.value, ppl=ppl, delta_pct=100 * (ppl / ppl_f - 1), rtn_s=rtn_s,
                        load=os.getloadavg()[0])

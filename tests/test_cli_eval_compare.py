@@ -84,6 +84,9 @@ def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
     (["compare", "--schemes", "nvfp5"], "nvfp5"),
     (["quantize", "builtin", "--scheme", "w8a16", "--model-free", "--calib", "x.txt"], "--model-free takes no calibration"),
     (["quantize", "builtin", "--scheme", "w8a8-int8", "--smoothquant", "1.5"], "--smoothquant"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8", "--smoothquant", "often"], "'default' or 'none'"),
+    (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--smoothquant", "0.5"],
+     "--model-free takes no calibration"),
     (["quantize", "builtin", "--scheme", "w4a16", "--weight-rounding", "awq"],
      "--weight-rounding must be one of rtn, gptq, got 'awq'"),
     (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--weight-rounding", "gptq"],
@@ -189,3 +192,15 @@ def test_quantize_weight_rounding_gptq_calibrates_a_weight_only_scheme(capsys, t
     a = outs["rtn"].get_submodule("model.layers.0.mlp.down_proj")
     b = outs["gptq"].get_submodule("model.layers.0.mlp.down_proj")
     assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
+
+
+@pytest.mark.skipif(not hasattr(lowbit, "save"), reason="lowbit.save (issue 4) not in this build yet")
+@pytest.mark.parametrize("scheme,option,alpha", [
+    ("w8a8-fp8", None, 0.5), ("w8a8-int8", None, 0.8), ("w8a8-int8", "none", None), ("w8a8-fp8", "0.3", 0.3),
+])
+def test_quantize_smooths_static_schemes_by_default(capsys, tiny_dir, text_file, tmp_path, scheme, option, alpha):
+    args = ["--smoothquant", option] if option else []
+    code, out, err = run(capsys, "quantize", tiny_dir, "--scheme", scheme, "--output", tmp_path / "q", "--calib",
+                         text_file, "--calib-samples", 2, "--calib-seq-len", 32, *args, "--json")
+    assert code == 0, err
+    assert json.loads(out)["smoothquant"] == alpha

@@ -128,8 +128,24 @@ def test_run_compare_without_smoothquant_measures_every_layer():
 
 
 def test_smoothquant_only_for_static_per_tensor_inputs():
-    from lowbit.report.compare import smoothquant_for
     from lowbit.schemes import PRESETS
+    from lowbit.smoothquant.defaults import smoothquant_applies
 
-    smoothed = {name for name, s in PRESETS.items() if smoothquant_for(s)}
+    smoothed = {name for name, s in PRESETS.items() if smoothquant_applies(s)}
     assert smoothed == {"w8a8-int8", "w8a8-fp8"}
+
+
+def test_default_alpha_per_activation_format():
+    from lowbit.schemes import PRESETS
+    from lowbit.smoothquant.defaults import DEFAULT, default_alpha, resolve_alpha
+
+    alphas = {name: default_alpha(s) for name, s in PRESETS.items()}
+    assert alphas.pop("w8a8-int8") == 0.8 and alphas.pop("w8a8-fp8") == 0.5
+    assert set(alphas.values()) == {None}
+    fp8, nv = PRESETS["w8a8-fp8"], PRESETS["nvfp4"]
+    assert resolve_alpha(DEFAULT, fp8, static_only=True) == 0.5
+    assert resolve_alpha(DEFAULT, nv, static_only=False) is None
+    # an explicit choice is kept; compare applies it to static per-tensor schemes only
+    assert resolve_alpha(0.3, fp8, static_only=True) == 0.3 and resolve_alpha("auto", fp8, static_only=True) == "auto"
+    assert resolve_alpha(0.3, nv, static_only=True) is None and resolve_alpha(0.3, nv, static_only=False) == 0.3
+    assert resolve_alpha(None, fp8, static_only=True) is None

@@ -85,11 +85,12 @@ def q_lowbit_gptq(model, tok, scheme, calib):
     """lowbit with GPTQ weight rounding (calibrated on the same text as the peers, 16 x 256)."""
     import lowbit
 
-    from lowbit.report.compare import set_backends, smoothquant_for
+    from lowbit.report.compare import set_backends
+    from lowbit.smoothquant.defaults import default_alpha
 
     s = lowbit.get_scheme(scheme)
     lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256,
-                    weight_rounding="gptq", smoothquant=0.8 if smoothquant_for(s) else None)
+                    weight_rounding="gptq", smoothquant=default_alpha(s))
     set_backends(model, "fast")
     return model, lowbit.__version__
 

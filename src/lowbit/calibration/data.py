@@ -105,8 +105,8 @@ class CalibrationConfig:
         except ValueError:
             raise CalibrationError(f"unknown observer {self.observer!r}; known: "
                                    f"{', '.join(k.value for k in ObserverKind)}") from None
-        if self.observer is ObserverKind.FULL_RANGE:
-            raise CalibrationError("observer 'full-range' is a weight scale rule (QuantSpec.observer); "
+        if self.observer in (ObserverKind.FULL_RANGE, ObserverKind.HALF_STEP):
+            raise CalibrationError(f"observer {self.observer.value!r} is a weight scale rule (QuantSpec.observer); "
                                    "static activation scales take 'max', 'percentile' or 'mse'")
         if not 0 < self.percentile <= 100:
             raise CalibrationError(f"percentile must be in (0, 100], got {self.percentile}")

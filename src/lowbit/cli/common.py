@@ -27,14 +27,18 @@ def model_arg(value: str | None) -> str | None:
 
 
 def parse_smoothquant(value: str | None) -> float | str | None:
+    """--smoothquant: 'default' (the per-format alpha, lowbit.smoothquant.defaults), an alpha in
+    [0, 1], 'auto' (per-layer search) or 'none'."""
+    from lowbit.smoothquant.defaults import DEFAULT
+
     if value is None or value.lower() in ("none", "off"):
         return None
-    if value == "auto":
-        return "auto"
+    if value in ("auto", DEFAULT):
+        return value
     try:
         alpha = float(value)
     except ValueError:
-        raise OptionError(f"--smoothquant must be an alpha in [0, 1] or 'auto', got {value!r}") from None
+        raise OptionError(f"--smoothquant must be an alpha in [0, 1], 'auto', 'default' or 'none', got {value!r}") from None
     if not 0.0 <= alpha <= 1.0:
         raise OptionError(f"--smoothquant alpha must be in [0, 1], got {alpha}")
     return alpha

@@ -71,9 +71,10 @@ def compare_cmd(
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text file (default: built-in)."),
     calib_samples: int = typer.Option(8, "--calib-samples", help="Calibration windows."),
     calib_seq_len: int = typer.Option(256, "--calib-seq-len", help="Tokens per calibration window."),
-    smoothquant: str = typer.Option("0.8", "--smoothquant",
-                                    help="SmoothQuant alpha in [0, 1], 'auto' or 'none', for schemes with static "
-                                         "per-tensor input scales (w8a8-int8, w8a8-fp8)."),
+    smoothquant: str = typer.Option("default", "--smoothquant",
+                                    help="SmoothQuant for schemes with static per-tensor input scales (w8a8-int8, "
+                                         "w8a8-fp8): 'default' (alpha 0.8 for INT8, 0.5 for FP8 inputs), an alpha "
+                                         "in [0, 1], 'auto' or 'none'."),
     sink_positions: Optional[int] = typer.Option(None, "--sink-positions",
                                                  help="Leading positions per calibration window kept out of static scales."),
     weight_rounding: Optional[str] = typer.Option(

@@ -12,6 +12,7 @@ import typer
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import OptionError, human_bytes, model_arg, parse_smoothquant, parse_weight_rounding
+from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.errors import LowbitError
 
 
@@ -33,7 +34,10 @@ def quantize_cmd(
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text, one paragraph a line (default: built-in)."),
     calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows."),
     calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len", help="Tokens per calibration window."),
-    smoothquant: Optional[str] = typer.Option(None, "--smoothquant", help="SmoothQuant alpha in [0, 1] or 'auto'."),
+    smoothquant: str = typer.Option(
+        "default", "--smoothquant",
+        help="SmoothQuant alpha in [0, 1], 'auto' (per-layer search), 'none', or 'default': 0.8 for schemes with "
+             "static per-tensor INT8 inputs (w8a8-int8), 0.5 for FP8 ones (w8a8-fp8), none for the others."),
     weight_rounding: Optional[str] = typer.Option(
         None, "--weight-rounding",
         help="Weight rounding with calibration: 'rtn' (round to nearest) or 'gptq' (error-compensating; "
@@ -54,11 +58,12 @@ def quantize_cmd(
     sch = get_scheme(scheme)
     src = model_arg(model)
     out = Path(output) if output else _default_output(src, sch.name)
-    sq = parse_smoothquant(smoothquant)
+    sq_choice = parse_smoothquant(smoothquant)
+    sq = resolve_alpha(sq_choice, sch, static_only=False)
     wr = parse_weight_rounding(weight_rounding)
     t0 = time.perf_counter()
     if model_free:
-        if calib is not None or sq is not None or wr is not None:
+        if calib is not None or sq_choice != DEFAULT or wr is not None:
             raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding, "
                               "or drop --model-free")
         try:
@@ -100,7 +105,7 @@ def quantize_cmd(
             qmodel = lowbit.quantize(qmodel, sch, ignore=list(ignore or ()))
         t_quant = time.perf_counter() - t0
         save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
-        extra = {"quant_seconds": t_quant}
+        extra = {"quant_seconds": t_quant, "smoothquant": sq}
     summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
                "seconds": time.perf_counter() - t0, "size_bytes": _folder_bytes(out), **extra}
     if as_json:

@@ -30,12 +30,24 @@ ARGS_KEYS = ("num_bits", "type", "symmetric", "group_size", "strategy", "block_s
              "actorder", "scale_dtype", "zp_dtype", "observer", "observer_kwargs")
 
 # compressed-tensors' weight observer names. Reading: llm-compressor's MSE observers give "mse",
-# every other name (minmax, static/memoryless variants, none) gives "max", the scales in the file
-# being what they are; the observer only says how lowbit would quantize the weights again.
-_CT_WEIGHT_OBSERVER = {ObserverKind.MAX: "minmax", ObserverKind.MSE: "mse", ObserverKind.FULL_RANGE: "full-range"}
+# lowbit's own names ("full-range", "half-step") themselves, every other name (minmax,
+# static/memoryless variants, none) gives "max", the scales in the file being what they are; the
+# observer only says how lowbit would quantize the weights again. (compressed-tensors' minmax
+# rule for symmetric INT is amax / ((qmax - qmin) / 2), lowbit's half-step; files written by
+# llm-compressor read as max, as lowbit's w8a8-int8 preset quantizes.)
+_CT_WEIGHT_OBSERVER = {ObserverKind.MAX: "minmax", ObserverKind.MSE: "mse", ObserverKind.FULL_RANGE: "full-range",
+                       ObserverKind.HALF_STEP: "half-step"}
 _MSE_OBSERVERS = frozenset({"mse", "memoryless_mse", "static_mse"})
 
 _SCALE_DTYPE = {FormatName.UE4M3: "torch.float8_e4m3fn", FormatName.E8M0: "torch.uint8"}
+
+
+def _read_weight_observer(name: Any) -> ObserverKind:
+    if name in _MSE_OBSERVERS:
+        return ObserverKind.MSE
+    if name in (_CT_WEIGHT_OBSERVER[ObserverKind.FULL_RANGE], _CT_WEIGHT_OBSERVER[ObserverKind.HALF_STEP]):
+        return ObserverKind(name)
+    return ObserverKind.MAX
 
 
 def _refuse(scheme: Scheme, why: str) -> FormatError:
@@ -116,8 +128,8 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
     """A QuantSpec from a compressed-tensors ARGS dict, filling the schema's defaults explicitly:
     num_bits 8, type int, symmetric true, group_size null, strategy inferred from group_size
     (null: tensor, -1: channel, > 0: group), dynamic false, scale_dtype by format; the weight
-    observer "mse" (and llm-compressor's MSE variants) reads as observer mse, any other (or none)
-    as max; input activations always read as max."""
+    observer as described at _CT_WEIGHT_OBSERVER above (mse, full-range, half-step, else max);
+    input activations always read as max."""
     if not isinstance(args, Mapping):
         raise FormatError(f"{where}: quantization args must be a mapping, got {args!r}")
     unknown = set(args) - set(ARGS_KEYS)
@@ -132,10 +144,8 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
     dynamic = args.get("dynamic", False)
     scale_dtype = _dtype_key(args.get("scale_dtype"))
     observer = ObserverKind.MAX
-    if is_weight and args.get("observer") in _MSE_OBSERVERS:
-        observer = ObserverKind.MSE
-    elif is_weight and args.get("observer") == _CT_WEIGHT_OBSERVER[ObserverKind.FULL_RANGE]:
-        observer = ObserverKind.FULL_RANGE
+    if is_weight:
+        observer = _read_weight_observer(args.get("observer"))
     if args.get("block_structure") is not None or strategy == "block":
         raise FormatError(f"{where}: block-wise scales (block_structure {args.get('block_structure')}) are not a "
                           f"lowbit scheme; dequantize such a checkpoint first")

@@ -11,12 +11,22 @@ import torch
 from lowbit.errors import QuantizationError
 from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.quant.groups import reduce_groups
-from lowbit.schemes import Dynamic, Granularity, QuantSpec
+from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec
 
 
 def elem_max(spec: QuantSpec) -> float:
     """The largest finite element value of the spec's format (qmax for INT)."""
     return get_format(spec.format).max_finite
+
+
+def amax_divisor(spec: QuantSpec) -> float:
+    """What an amax is divided by to give an fp32 scale: the format's largest finite value, or
+    for the ``half-step`` observer (symmetric INT) (qmax - qmin) / 2 = qmax + 1/2."""
+    if spec.observer is ObserverKind.HALF_STEP:
+        fmt = get_format(spec.format)
+        assert isinstance(fmt, IntFormat)
+        return (fmt.qmax - fmt.qmin) / 2
+    return elem_max(spec)
 
 
 def divide(t: torch.Tensor, divisor: float) -> torch.Tensor:
@@ -41,7 +51,7 @@ def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tenso
     a = a.to(torch.float32)
     sf = spec.scale_format
     if sf is FormatName.FP32:
-        return divide(a, elem_max(spec))
+        return divide(a, amax_divisor(spec))
     if sf is FormatName.E8M0:
         emax = int(E8M0.exponent_floor(torch.tensor(elem_max(spec))))
         safe = torch.where(a > 0, a, torch.ones_like(a))

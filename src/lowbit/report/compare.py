@@ -29,7 +29,8 @@ from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
 from lowbit.eval.text import read_paragraphs
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
 from lowbit.quant import WeightRounding
-from lowbit.schemes import Dynamic, Granularity, get_scheme
+from lowbit.schemes import get_scheme
+from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
 
 DEFAULT_SCHEMES = ("nvfp4", "nvfp4-e5m3", "w8a8-int8", "w8a8-fp8")
 
@@ -48,7 +49,9 @@ class CompareOptions:
     calib: str | None = None        # calibration text file (default: lowbit's built-in calibration text)
     calib_samples: int = 8
     calib_seq_len: int = 256
-    smoothquant: float | str | None = 0.8  # SmoothQuant alpha for static per-tensor activation schemes
+    # SmoothQuant for schemes with static per-tensor input scales: DEFAULT (the per-format alpha of
+    # lowbit.smoothquant.defaults: 0.8 INT8, 0.5 FP8), an alpha in [0, 1], "auto" or None (off)
+    smoothquant: float | str | None = DEFAULT
     calib_options: dict = field(default_factory=dict)  # more CalibrationConfig fields (sink_positions,
     #                                                     weight_rounding...)
     backend: str = "fast"           # "fast": auto + dequantize-once weight cache; or any backend name
@@ -70,22 +73,11 @@ def _finite(x: float) -> float | None:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def smoothquant_for(scheme) -> bool:
-    """SmoothQuant is applied to schemes whose input activations share one static scale per
-    tensor (w8a8-int8, w8a8-fp8): one outlier channel sets that scale for every token. Block and
-    per-token scales handle outliers locally. Measured on SmolLM2 (bench/RESULTS-quantize.md):
-    w8a8-int8 +94.9% perplexity unsmoothed vs +4.1% with alpha 0.8 (3 x 512 tokens); w8a8-fp8
-    with GPTQ weights (its calibrated default) +2.35% unsmoothed vs +1.76% with alpha 0.8
-    (8 x 512 tokens; with round-to-nearest weights smoothing did not help FP8: +3.35% vs +4.31%)."""
-    a = scheme.input_activations
-    return a is not None and a.dynamic is Dynamic.STATIC and a.granularity is Granularity.TENSOR
-
-
 def quantize_with_options(model, scheme_name: str, tokenizer, opts: CompareOptions):
     """``lowbit.quantize`` with calibration when the scheme (or SmoothQuant) needs it; returns
     (model, calibrated: bool, smoothquant alpha or None)."""
     scheme = get_scheme(scheme_name)
-    sq = opts.smoothquant if smoothquant_for(scheme) else None
+    sq = resolve_alpha(opts.smoothquant, scheme, static_only=True)
     gptq = CalibrationConfig(**opts.calib_options).rounding_for(scheme) is WeightRounding.GPTQ
     if not scheme.needs_calibration and sq is None and not gptq:
         return lowbit.quantize(model, scheme), False, None

@@ -48,18 +48,23 @@ class ObserverKind(str, Enum):
         negative code, scale = extreme / qmin (negative when the extreme is positive), so all
         2^bits codes are used (INT4: step amax/8 instead of amax/7; auto-round's symmetric
         INT4 rule).
+    HALF_STEP: symmetric INT weights only: scale = amax / ((qmax - qmin) / 2) = amax / (qmax + 1/2)
+        (INT8: amax / 127.5; the symmetric rule of compressed-tensors and torchao). -amax lands
+        on qmin exactly and +amax is clipped to qmax by half a step, so the worst-case error
+        stays half a step while the step shrinks by qmax / (qmax + 1/2).
     """
 
     MAX = "max"
     PERCENTILE = "percentile"
     MSE = "mse"
     FULL_RANGE = "full-range"
+    HALF_STEP = "half-step"
 
     def __str__(self) -> str:
         return self.value
 
 
-WEIGHT_OBSERVERS = (ObserverKind.MAX, ObserverKind.MSE, ObserverKind.FULL_RANGE)
+WEIGHT_OBSERVERS = (ObserverKind.MAX, ObserverKind.MSE, ObserverKind.FULL_RANGE, ObserverKind.HALF_STEP)
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,8 @@ class QuantSpec:
     observer: how scales computed from the tensor itself are chosen (weights): MAX, the
         extreme-value rule, or MSE, a per-group search for the smallest squared error
         (lowbit.quant.search), or FULL_RANGE (symmetric fp32-scaled INT only: scale = signed
-        extreme / qmin, see ObserverKind). The NVFP4 global scale stays amax-based. Dynamic specs and the
+        extreme / qmin) or HALF_STEP (the same formats: scale = amax / (qmax + 1/2); see
+        ObserverKind). The NVFP4 global scale stays amax-based. Dynamic specs and the
         input activations of a scheme keep MAX (static activation scales are chosen by
         ``CalibrationConfig.observer``).
     """
@@ -130,9 +136,9 @@ class QuantSpec:
         if self.observer not in WEIGHT_OBSERVERS:
             raise SchemeError(f"observer {self.observer.value!r} is a calibration observer of activations; "
                               f"a spec takes {' or '.join(repr(k.value) for k in WEIGHT_OBSERVERS)}")
-        if self.observer is ObserverKind.FULL_RANGE and not (
+        if self.observer in (ObserverKind.FULL_RANGE, ObserverKind.HALF_STEP) and not (
                 self.is_integer and self.symmetric and self.scale_format is FormatName.FP32):
-            raise SchemeError("observer 'full-range' is a rule for symmetric INT formats with fp32 scales, "
+            raise SchemeError(f"observer {self.observer.value!r} is a rule for symmetric INT formats with fp32 scales, "
                               f"not {self.format.value} / {self.scale_format.value} scales"
                               f"{'' if self.symmetric else ' (asymmetric)'}")
         if self.dynamic is not Dynamic.STATIC and self.observer is not ObserverKind.MAX:
