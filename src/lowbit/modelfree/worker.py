@@ -27,7 +27,7 @@ from lowbit.modelfree.fp8 import dequantize_fp8_block
 from lowbit.modelfree.plan import Item, Kind, Source
 from lowbit.modelfree.stwriter import StreamingShardWriter, assemble
 from lowbit.modelfree.source import TensorReader
-from lowbit.quant import QuantizedTensor, global_scale_from_amax, quantize
+from lowbit.quant import QuantizedTensor, global_scale_from_amax, native_quant, quantize
 from lowbit.schemes import Granularity, QuantSpec, Scheme
 
 BAND_ELEMS = 1 << 20  # elements quantized at once: float32 temporaries of ~4 MB stay in cache (faster than 4 M)
@@ -97,10 +97,31 @@ def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor |
     rows = max(1, band_elems // max(1, w.shape[-1]))
     if spec.granularity is Granularity.TENSOR or w.shape[0] <= rows:
         return quantize(w, spec, global_scale=global_scale, name=name)
+    if w.dim() == 2 and native_quant.supports(w, spec):
+        qt = _native_rows(w.contiguous(), spec, global_scale, name, rows)
+        if qt is not None:
+            return qt
     parts = [quantize(w[r:r + rows], spec, global_scale=global_scale, name=name) for r in range(0, w.shape[0], rows)]
     zp = None if parts[0].zero_point is None else torch.cat([p.zero_point for p in parts])
     return QuantizedTensor(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), spec, zp,
                            parts[0].global_scale)
+
+
+def _native_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str,
+                 rows: int) -> QuantizedTensor | None:
+    """quantize_rows through the native kernels, each band's codes written straight into one
+    buffer (no concatenation); None if a band is refused (the caller's torch path decides)."""
+    codes = torch.empty(w.shape, dtype=torch.uint8)
+    scales = []
+    qt = None
+    for r in range(0, w.shape[0], rows):
+        res = native_quant.quantize_native(w[r:r + rows], spec, global_scale, name, out=codes[r:r + rows])
+        if res is None:
+            return None
+        qt = res[0]
+        scales.append(qt.scale)
+    assert qt is not None
+    return QuantizedTensor(codes, torch.cat(scales), spec, None, qt.global_scale)
 
 
 class JobCancelled(Exception):

@@ -14,6 +14,9 @@ gather replace the reference's ~20 eager passes.
 
 IntFormat: round half to even, clamp, cast; NaN detected from a min/max pass (NaN propagates).
 E8M0 and anything else: the reference encoder.
+
+On the CPU, when the native library is available (lowbit.numerics.native), table formats and
+INTn take one C pass with the same table and the same rounding instead (``encode_native``).
 """
 
 from __future__ import annotations
@@ -96,10 +99,36 @@ def encode_int(fmt: IntFormat, x: torch.Tensor) -> torch.Tensor:
     return codes
 
 
+def encode_native(fmt: object, x: torch.Tensor) -> torch.Tensor | None:
+    """``fmt.encode(x)`` in one C pass (same table, same rounding: lowbit.numerics.native), or
+    None when it does not apply (not CPU, no library, another format, or an input the reference
+    refuses or encodes as NaN: the torch path then gives its error or code)."""
+    from lowbit.numerics import native
+
+    if not x.numel() or not (has_table(fmt) or isinstance(fmt, IntFormat)) or not native.usable(x):
+        return None
+    codes = native.encode(x.reshape(1, -1).contiguous(), 0, None, fmt)
+    return None if codes is None else codes.reshape(x.shape)
+
+
 def encode(fmt: object, x: torch.Tensor) -> torch.Tensor:
     """``fmt.encode(x)``, bit for bit, by the fastest exact path for ``fmt``."""
+    codes = encode_native(fmt, x)
+    if codes is not None:
+        return codes
     if has_table(fmt):
         return encode_minifloat(fmt, x)
     if isinstance(fmt, IntFormat):
         return encode_int(fmt, x)
     return fmt.encode(x)
+
+
+def qdq(fmt: object, x: torch.Tensor) -> torch.Tensor:
+    """``fmt.qdq(x)``, bit for bit: for a table format on the CPU, ``decode(encode(x))`` through
+    the native encoder (a minifloat's qdq equals decode(encode(.)) bit for bit, its documented
+    contract, tested); else ``fmt.qdq`` itself."""
+    if has_table(fmt):
+        codes = encode_native(fmt, x)
+        if codes is not None:
+            return fmt.decode(codes)
+    return fmt.qdq(x)
