@@ -58,21 +58,22 @@ def encode(x: torch.Tensor, g: int, eff: torch.Tensor | None, fmt: object, *, pa
     itself), nibble-packed into [rows, cols / 2] when ``pack``; written into ``out`` if given.
     None when the library is unavailable or a value needs the reference encoder (NaN, negative
     input of an unsigned format): the caller's torch path then raises the reference's error."""
-    from lowbit.numerics.fast_encode import code_table, has_table
+    from lowbit.numerics.fast_encode import native_table
     from lowbit.numerics.integer import IntFormat
 
     lib = library()
     if lib is None:
         return None
     rows, cols = _rows_cols(x)
-    if has_table(fmt):
-        table, qmin, qmax, bits, neg = code_table(fmt), 0, 0, 8, not fmt.signed
+    table = native_table(fmt)
+    if table is not None:
+        qmin, qmax, bits, neg = 0, 0, 8, not getattr(fmt, "signed", False)
     elif isinstance(fmt, IntFormat):
         table, qmin, qmax, bits, neg = None, fmt.qmin, fmt.qmax, fmt.bits, False
     else:
         return None
-    if pack and cols % 2:
-        raise ValueError(f"nibble packing needs an even last dimension, got {cols}")
+    if pack and (cols % 2 or fmt.bits != 4):
+        raise ValueError(f"nibble packing needs 4-bit codes and an even last dimension, got {fmt.name}, {cols}")
     shape = (rows, cols // 2 if pack else cols)
     if out is None:
         out = torch.empty(shape, dtype=torch.uint8)
