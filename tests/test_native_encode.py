@@ -17,7 +17,7 @@ from lowbit.modelfree.worker import quantize_rows
 from lowbit.numerics import E2M1, E4M3, E5M2, E8M0, INT2, INT4, INT8, UE4M3, UE5M3, fast_encode, native
 from lowbit.numerics import FormatName as F
 from lowbit.numerics.native import build
-from lowbit.quant import native_quant, pack_nibbles, quantize
+from lowbit.quant import PackedQuantizedTensor, QuantizedTensor, native_quant, nibbles, pack_nibbles, quantize
 from lowbit.schemes import Granularity as G, ObserverKind, QuantSpec, get_scheme
 
 pytestmark = pytest.mark.skipif(build.library() is None,
@@ -146,12 +146,12 @@ def test_ties_round_to_even_on_the_native_path():
     spec = get_scheme("nvfp4-e5m3").weights
     # scale 1: 6 is the extreme; 0.25 -> 0, 0.75 -> 1.0 (code 2), 1.25 -> 1.0, 1.75 -> 2.0, 2.5 -> 2.0, 3.5 -> 4.0, 5 -> 4.0
     x = torch.tensor([[6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -5.0, 0.0, -0.0, 0.0, 0.0, 0.0]])
-    qt = native_quant.quantize_native(x.to(torch.bfloat16), spec)[0]
+    qt = native_quant.quantize_native(x.to(torch.bfloat16), spec)
     assert qt.codes.tolist() == [[7, 0, 2, 2, 4, 4, 6, 6, 8, 10, 14, 0, 8, 0, 0, 0]]
     assert qt.scale.tolist() == [[1.0]]
     w4 = get_scheme("w4a16").weights                          # full range: scale = -8 / -8 = 1
     y = torch.tensor([[-8.0, 0.5, 1.5, 2.5, -0.5, -1.5, 7.5, -7.5] + [0.0] * 120])
-    qt = native_quant.quantize_native(y, w4)[0]
+    qt = native_quant.quantize_native(y, w4)
     assert qt.codes[0, :8].tolist() == [c & 0xF for c in [-8, 0, 2, 2, 0, -2, 7, -8]]
 
 
@@ -286,19 +286,42 @@ def test_pack_nibbles_native_equals_torch_and_refuses_wide_codes():
 
 # ----------------------------------------------------------------------------- model-free
 @pytest.mark.parametrize("name", SCHEMES)
-def test_model_free_bands_and_layout_equal_the_torch_path(name):
+@pytest.mark.parametrize("fmt", ["lowbit", "compressed-tensors"])
+def test_model_free_bands_and_layout_equal_the_torch_path(name, fmt):
     scheme = get_scheme(name)
     spec = scheme.weights
+    layout = get_layout(fmt)
+    try:
+        layout.check_scheme(scheme)
+    except Exception:  # noqa: BLE001 - a scheme this format does not hold
+        pytest.skip(f"{fmt} does not hold {name}")
     w = adversarial_weight(torch.bfloat16, cols=256).repeat(5, 1)  # 120 rows: bands of 16 rows
     gs = None
     if spec.global_scale:
         from lowbit.quant import global_scale_from_amax
         gs = global_scale_from_amax(w.float().abs().amax(), spec)
-    layout = get_layout("lowbit")
-    a = layout.linear_tensors("p", quantize_rows(w, spec, gs, "w", band_elems=16 * 256), scheme, dtype=w.dtype)
+    pack = layout.nibble_packed(scheme, w.shape[-1])
+    assert pack == (spec.bits == 4 and (fmt == "lowbit" or not spec.is_integer))
+    qa = quantize_rows(w, spec, gs, "w", band_elems=16 * 256, pack=pack)
+    assert isinstance(qa, PackedQuantizedTensor) == (pack and name in NATIVE)
+    a = layout.linear_tensors("p", qa, scheme, dtype=w.dtype)
     with torch_path():
-        b = layout.linear_tensors("p", quantize_rows(w, spec, gs, "w", band_elems=16 * 256), scheme, dtype=w.dtype)
+        qb = quantize_rows(w, spec, gs, "w", band_elems=16 * 256, pack=pack)
+        assert type(qb) is QuantizedTensor
+        b = layout.linear_tensors("p", qb, scheme, dtype=w.dtype)
         c = layout.linear_tensors("p", quantize(w, spec, global_scale=gs), scheme, dtype=w.dtype)
+    assert qa.equal(qb) and qa.shape == qb.shape == w.shape
     assert a.keys() == b.keys() == c.keys()
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]), k
+
+
+def test_packed_quantized_tensor_reads_as_its_codes():
+    spec = get_scheme("nvfp4-e5m3").weights
+    w = adversarial_weight(torch.float32, cols=64)
+    packed = native_quant.quantize_native(w, spec, pack=True)
+    plain = native_quant.quantize_native(w, spec)
+    assert isinstance(packed, PackedQuantizedTensor) and packed.packed.shape == (24, 32)
+    assert packed.shape == (24, 64) and torch.equal(packed.codes, plain.codes) and packed.equal(plain)
+    assert torch.equal(nibbles(packed), packed.packed) and torch.equal(nibbles(plain), packed.packed)
+    assert torch.equal(packed.to("cpu").codes, plain.codes)

@@ -21,7 +21,7 @@ from lowbit.numerics import IntFormat, get_format
 from lowbit.numerics import native
 from lowbit.numerics.fast_encode import has_table
 from lowbit.quant.groups import check_finite, num_groups
-from lowbit.quant.qtensor import QuantizedTensor
+from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor
 from lowbit.quant.scales import effective_scale, full_range_from_range, global_scale_from_amax, scales_from_amax
 from lowbit.schemes import Granularity, ObserverKind, QuantSpec
 
@@ -37,13 +37,12 @@ def supports(x: torch.Tensor, spec: QuantSpec) -> bool:
 
 def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None = None,
                     name: str = "tensor", *, pack: bool = False,
-                    out: torch.Tensor | None = None) -> tuple[QuantizedTensor, torch.Tensor] | None:
-    """``(qt, codes)`` as ``quantize(x, spec, global_scale=...)`` gives, or None (torch path).
+                    out: torch.Tensor | None = None) -> QuantizedTensor | None:
+    """What ``quantize(x, spec, global_scale=...)`` gives, or None (then the torch path decides).
 
-    ``codes`` is ``qt.codes``, or with ``pack`` the nibble-packed codes [..., n / 2] (n even, a
-    4-bit format) and then ``qt.codes`` is None: the caller stores the packed form only.
-    ``out``: where the codes go (contiguous uint8 of the codes' shape), e.g. a slice of a
-    whole-tensor buffer being filled band by band."""
+    ``pack``: the codes nibble-packed as they are encoded (a 4-bit format, even last dimension),
+    returned as a PackedQuantizedTensor. ``out``: where the (packed) codes go, contiguous uint8,
+    e.g. a slice of a whole-tensor buffer being filled band by band."""
     if not supports(x, spec):
         return None
     n = x.shape[-1]
@@ -82,5 +81,4 @@ def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor
         scale = scale.reshape(*lead, G)
     gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
     codes = codes.reshape(*lead, codes.shape[-1])
-    qt = QuantizedTensor(None if pack else codes, scale, spec, None, gs)  # type: ignore[arg-type]
-    return qt, codes
+    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes, scale, spec, None, gs)

@@ -70,9 +70,9 @@ def quantize(
     (lowbit.quant.native_quant: two C passes) when its library is available; same bits.
     """
     if scale is None and native_quant.supports(x, spec):
-        r = native_quant.quantize_native(x, spec, global_scale, name)
-        if r is not None:
-            return r[0]
+        qt = native_quant.quantize_native(x, spec, global_scale, name)
+        if qt is not None:
+            return qt
     p = _prepare(x, spec, scale, global_scale, name)
     scaled = p.v / p.divisor
     if p.zero_point is not None:  # round first, then add the zero point (the documented order)
