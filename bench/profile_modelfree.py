@@ -67,10 +67,11 @@ def profile_native(scheme_name: str, w: torch.Tensor, gs, repeat: int) -> dict[s
     out["scales"], scale = best(lambda: scales_from_amax(a, spec, gs), repeat)
     eff = effective_scale(scale, spec, gs).contiguous()
     out["encode"], _ = best(lambda: native.encode(w, g, eff, get_format(spec.format)), repeat)
-    qt = quantize_rows(w, spec, gs, "w", BAND_ELEMS)
+    pack = layout.nibble_packed(scheme, w.shape[-1])  # the worker's fused encode + pack
+    qt = quantize_rows(w, spec, gs, "w", BAND_ELEMS, pack=pack)
     out["layout"], _ = best(lambda: layout.linear_tensors("w", qt, scheme, dtype=w.dtype), repeat)
-    out["whole"], _ = best(lambda: layout.linear_tensors("w", quantize_rows(w, spec, gs, "w", BAND_ELEMS), scheme,
-                                                         dtype=w.dtype), repeat)
+    out["whole"], _ = best(lambda: layout.linear_tensors("w", quantize_rows(w, spec, gs, "w", BAND_ELEMS, pack=pack),
+                                                         scheme, dtype=w.dtype), repeat)
     return out
 
 
