@@ -16,7 +16,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#define NO_CODE 0xFF /* table entry of keys the reference encoder refuses (fast_encode._NO_CODE) */
 
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
