@@ -9,8 +9,13 @@ it is timed (best of --repeat): read, to float32, NaN/Inf check, amax + scales (
 ``_prepare``), divide, encode, zero-scale mask, layout tensors (packing + scale encoding), write.
 "reference" runs the functions as they were before the fast path (isfinite pass, the format's
 ``encode``, ``torch.where`` mask, the old nibble packing); "fast" runs what ``lowbit.quant.quantize``
-now does. Both produce the same bytes (asserted here). Also: the start-up of a worker process
-(spawn + imports), measured as a fresh interpreter importing lowbit.modelfree.worker.
+did before the native kernels (run here with them switched off). "native" runs the C path
+(lowbit.numerics.native, lowbit.quant.native_quant): one pass for the per-group amax with the
+NaN/Inf flag, the scale rules in torch on the amaxes, one fused divide + encode pass, native
+nibble packing and scale encoding in the layout; "whole" is the worker's quantize_rows + layout.
+All produce the same bytes (asserted here). Times are CPU seconds of this process (robust to
+other load on the machine). Also: the start-up of a worker process (spawn + imports), measured
+as a fresh interpreter importing lowbit.modelfree.worker.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from safetensors.torch import save_file
 from lowbit.formats import get_layout
 from lowbit.modelfree.stwriter import StreamingShardWriter
 from lowbit.numerics import fast_encode
-from lowbit.quant import QuantizedTensor, check_finite, quantize
+from lowbit.numerics.native import build as native_build
+from lowbit.quant import QuantizedTensor, check_finite, native_quant, quantize
 from lowbit.quant import scaling as S
 from lowbit.schemes import get_scheme
 
@@ -38,10 +44,35 @@ from lowbit.schemes import get_scheme
 def best(f, repeat: int):
     t, r = float("inf"), None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         r = f()
-        t = min(t, time.perf_counter() - t0)
+        t = min(t, time.process_time() - t0)
     return t * 1e3, r
+
+
+def profile_native(scheme_name: str, w: torch.Tensor, gs, repeat: int) -> dict[str, float]:
+    """CPU ms of the native stages on ``w`` (bands of the worker's size), and the whole path."""
+    from lowbit.numerics import get_format, native
+    from lowbit.modelfree.worker import BAND_ELEMS, quantize_rows
+    from lowbit.quant.scales import effective_scale, scales_from_amax
+
+    scheme = get_scheme(scheme_name)
+    spec = scheme.weights
+    layout = get_layout("lowbit")
+    if not native_quant.supports(w, spec):
+        return {}
+    g = spec.group_size or w.shape[-1]
+    out: dict[str, float] = {}
+    out["amax"], (a, _) = best(lambda: native.group_amax(w, g), repeat)
+    out["scales"], scale = best(lambda: scales_from_amax(a, spec, gs), repeat)
+    eff = effective_scale(scale, spec, gs).contiguous()
+    out["encode"], _ = best(lambda: native.encode(w, g, eff, get_format(spec.format)), repeat)
+    pack = layout.nibble_packed(scheme, w.shape[-1])  # the worker's fused encode + pack
+    qt = quantize_rows(w, spec, gs, "w", BAND_ELEMS, pack=pack)
+    out["layout"], _ = best(lambda: layout.linear_tensors("w", qt, scheme, dtype=w.dtype), repeat)
+    out["whole"], _ = best(lambda: layout.linear_tensors("w", quantize_rows(w, spec, gs, "w", BAND_ELEMS, pack=pack),
+                                                         scheme, dtype=w.dtype), repeat)
+    return out
 
 
 def old_check_finite(x: torch.Tensor) -> None:
@@ -159,14 +190,26 @@ def main() -> None:
         w = (torch.randn(5632, 2048, generator=torch.Generator().manual_seed(0)) * 0.02).to(torch.bfloat16)
         save_file({"w": w}, str(d / "w.safetensors"))
         n = w.numel()
+        print(f"native library: {native_build.library()} {native_build.unavailable_reason() or ''}")
         for s in args.schemes.split(","):
+            native_build.ENABLED = False
             rows = profile(s, d / "w.safetensors", d, args.repeat)
+            native_build.ENABLED = True
+            spec = get_scheme(s).weights
+            gs = S.global_scale_from_amax(w.float().abs().amax(), spec) if spec.global_scale else None
+            nat = profile_native(s, w, gs, args.repeat)
+            stage_native = {"NaN/Inf check": "(in amax)", "to float32": "(fused)",
+                            "amax + scales (rest of _prepare)": f"{nat.get('amax', 0):.1f} + {nat.get('scales', 0):.1f}",
+                            "divide by the scales": "(fused)", "encode": f"{nat.get('encode', 0):.1f}",
+                            "zero-scale mask": "(fused)", "layout tensors (pack, scale codes)": f"{nat.get('layout', 0):.1f}",
+                            "whole: quantize + layout": f"{nat.get('whole', 0):.1f}"}
             print(f"\n### {s}: one bf16 weight [5632, 2048] ({n / 1e6:.1f} M elements)\n")
-            print("| stage | reference ms | fast ms |\n|---|---|---|")
+            print("| stage | reference ms | fast ms | native ms |\n|---|---|---|---|")
             for stage, r, f in rows:
-                print(f"| {stage} | {r:.1f} | {f:.1f} |")
+                print(f"| {stage} | {r:.1f} | {f:.1f} | {stage_native.get(stage, f'{f:.1f}') if nat else '-'} |")
             whole_r, whole_f = rows[-1][1], rows[-1][2]
-            print(f"| **M weights/s (quantize + layout)** | {n / whole_r / 1e3:.0f} | {n / whole_f / 1e3:.0f} |")
+            wn = f"{n / nat['whole'] / 1e3:.0f}" if nat else "-"
+            print(f"| **M weights/s (quantize + layout)** | {n / whole_r / 1e3:.0f} | {n / whole_f / 1e3:.0f} | {wn} |")
     print(f"\nworker start-up (fresh interpreter importing lowbit.modelfree.worker): {startup_seconds():.2f} s; "
           f"load average {os.getloadavg()}")
 

@@ -201,6 +201,11 @@ class Layout(ABC):
     def check_scheme(self, scheme: Scheme) -> None:
         """Raise FormatError (naming the scheme and the format) if this format cannot hold it."""
 
+    def nibble_packed(self, scheme: Scheme, in_features: int) -> bool:
+        """Whether this layout stores the weight codes of ``scheme`` nibble-packed (then a
+        PackedQuantizedTensor is written as it is, without unpacking)."""
+        return False
+
     @abstractmethod
     def linear_tensors(self, prefix: str, qweight: QuantizedTensor, scheme: Scheme, bias: torch.Tensor | None = None,
                        input_scale: torch.Tensor | None = None, input_global_scale: torch.Tensor | None = None,

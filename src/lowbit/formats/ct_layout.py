@@ -33,7 +33,7 @@ from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, named_s
 from lowbit.formats.folder import STANDARD_STEM
 from lowbit.formats.lowbit_layout import read_bias, scale_shape
 from lowbit.numerics import E8M0, FormatName, get_format
-from lowbit.quant import QuantizedTensor, pack_int32, pack_nibbles, unpack_int32, unpack_nibbles
+from lowbit.quant import QuantizedTensor, nibbles, pack_int32, unpack_int32, unpack_nibbles
 from lowbit.schemes import Dynamic, Scheme
 
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose layouts these files were checked against
@@ -50,6 +50,9 @@ class CompressedTensorsLayout(Layout):
     def check_scheme(self, scheme: Scheme) -> None:
         ct_format_of(scheme)
 
+    def nibble_packed(self, scheme: Scheme, in_features: int) -> bool:
+        return ct_format_of(scheme) in (CTFormat.NVFP4_PACK_QUANTIZED, CTFormat.MXFP4_PACK_QUANTIZED)
+
     # ------------------------------------------------------------------ write
     def linear_tensors(self, prefix, qweight, scheme, bias=None, input_scale=None, input_global_scale=None,
                        dtype=torch.bfloat16):
@@ -58,8 +61,7 @@ class CompressedTensorsLayout(Layout):
         if qweight.spec != spec:
             raise FormatError(f"layer {prefix!r}: weight spec {qweight.spec.describe()} is not the weights of "
                               f"scheme {scheme.name}")
-        codes = qweight.codes
-        out_f, in_f = codes.shape
+        out_f, in_f = qweight.shape
         if spec.group_size and in_f % spec.group_size:
             raise FormatError(f"layer {prefix!r} ({scheme.name}): compressed-tensors needs the input dimension "
                               f"{in_f} to be a multiple of the group size {spec.group_size}; ignore this layer or "
@@ -67,15 +69,15 @@ class CompressedTensorsLayout(Layout):
         t: dict[str, torch.Tensor] = {}
         if fmt in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
             if spec.is_integer:
-                t[f"{prefix}.weight"] = get_format(spec.format).codes_to_int(codes).to(torch.int8).contiguous()
+                t[f"{prefix}.weight"] = get_format(spec.format).codes_to_int(qweight.codes).to(torch.int8).contiguous()
             else:
-                t[f"{prefix}.weight"] = codes.contiguous().view(torch.float8_e4m3fn)
+                t[f"{prefix}.weight"] = qweight.codes.contiguous().view(torch.float8_e4m3fn)
         elif fmt is CTFormat.PACK_QUANTIZED:
-            vals = get_format(spec.format).codes_to_int(codes)
+            vals = get_format(spec.format).codes_to_int(qweight.codes)
             t[f"{prefix}.weight_packed"] = pack_int32(vals, spec.bits)
             t[f"{prefix}.weight_shape"] = torch.tensor([out_f, in_f], dtype=torch.int64)
         else:  # nvfp4 / mxfp4: nibble-packed E2M1 codes
-            t[f"{prefix}.weight_packed"] = pack_nibbles(codes, f"{prefix}.weight")
+            t[f"{prefix}.weight_packed"] = nibbles(qweight, f"{prefix}.weight")
         if spec.scale_format is FormatName.UE4M3:
             t[f"{prefix}.weight_scale"] = qweight.scale.to(torch.float32).to(torch.float8_e4m3fn).contiguous()
         elif spec.scale_format is FormatName.E8M0:

@@ -51,7 +51,7 @@ from lowbit.formats.base import (
 )
 from lowbit.formats.folder import LOWBIT_STEM
 from lowbit.numerics import FormatName, fast_encode, get_format
-from lowbit.quant import QuantizedTensor, num_groups, pack_nibbles, unpack_nibbles
+from lowbit.quant import QuantizedTensor, nibbles, num_groups, unpack_nibbles
 from lowbit.schemes import Granularity, QuantSpec, Scheme
 
 FORMAT_VERSION = 1
@@ -121,6 +121,9 @@ class LowbitLayout(Layout):
     def check_scheme(self, scheme: Scheme) -> None:
         return None  # every lowbit scheme is representable exactly
 
+    def nibble_packed(self, scheme: Scheme, in_features: int) -> bool:
+        return _packs_nibbles(scheme.weights, in_features)
+
     # ------------------------------------------------------------------ write
     def linear_tensors(self, prefix, qweight, scheme, bias=None, input_scale=None, input_global_scale=None,
                        dtype=torch.bfloat16):
@@ -128,10 +131,10 @@ class LowbitLayout(Layout):
         if qweight.spec != spec:
             raise FormatError(f"layer {prefix!r}: weight spec {qweight.spec.describe()} is not the weights of "
                               f"scheme {scheme.name}")
-        out_f, in_f = qweight.codes.shape
+        out_f, in_f = qweight.shape
         t: dict[str, torch.Tensor] = {}
         if _packs_nibbles(spec, in_f):
-            t[f"{prefix}.weight_packed"] = pack_nibbles(qweight.codes, f"{prefix}.weight")
+            t[f"{prefix}.weight_packed"] = nibbles(qweight, f"{prefix}.weight")
         else:
             t[f"{prefix}.weight_codes"] = qweight.codes.to(torch.uint8).contiguous()
         t[f"{prefix}.weight_scale"] = encode_scale(qweight.scale, spec)

@@ -27,7 +27,7 @@ from lowbit.modelfree.fp8 import dequantize_fp8_block
 from lowbit.modelfree.plan import Item, Kind, Source
 from lowbit.modelfree.stwriter import StreamingShardWriter, assemble
 from lowbit.modelfree.source import TensorReader
-from lowbit.quant import QuantizedTensor, global_scale_from_amax, quantize
+from lowbit.quant import PackedQuantizedTensor, QuantizedTensor, global_scale_from_amax, native_quant, quantize
 from lowbit.schemes import Granularity, QuantSpec, Scheme
 
 BAND_ELEMS = 1 << 20  # elements quantized at once: float32 temporaries of ~4 MB stay in cache (faster than 4 M)
@@ -92,15 +92,39 @@ def marker_path(out_dir: str | Path, shard: str) -> Path:
 
 
 def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str,
-                  band_elems: int = BAND_ELEMS) -> QuantizedTensor:
-    """``lowbit.quant.quantize(w, spec, global_scale=...)`` computed in row bands."""
+                  band_elems: int = BAND_ELEMS, pack: bool = False) -> QuantizedTensor:
+    """``lowbit.quant.quantize(w, spec, global_scale=...)`` computed in row bands. ``pack``: the
+    layout stores the codes nibble-packed; the native path then encodes straight into packed
+    bytes (a PackedQuantizedTensor; the torch path packs later, in the layout)."""
     rows = max(1, band_elems // max(1, w.shape[-1]))
+    if w.dim() == 2 and spec.granularity is not Granularity.TENSOR and native_quant.supports(w, spec):
+        qt = _native_rows(w.contiguous(), spec, global_scale, name, rows, pack)
+        if qt is not None:
+            return qt
     if spec.granularity is Granularity.TENSOR or w.shape[0] <= rows:
         return quantize(w, spec, global_scale=global_scale, name=name)
     parts = [quantize(w[r:r + rows], spec, global_scale=global_scale, name=name) for r in range(0, w.shape[0], rows)]
     zp = None if parts[0].zero_point is None else torch.cat([p.zero_point for p in parts])
     return QuantizedTensor(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), spec, zp,
                            parts[0].global_scale)
+
+
+def _native_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str,
+                 rows: int, pack: bool) -> QuantizedTensor | None:
+    """quantize_rows through the native kernels, each band's (packed) codes written straight into
+    one buffer (no concatenation); None if a band is refused (the caller's torch path decides)."""
+    if spec.global_scale and global_scale is None:
+        return None  # one global scale for all bands: the caller computes it first
+    pack = pack and spec.bits == 4 and w.shape[-1] % 2 == 0
+    codes = torch.empty(w.shape[0], w.shape[-1] // 2 if pack else w.shape[-1], dtype=torch.uint8)
+    scales = []
+    for r in range(0, w.shape[0], rows):
+        qt = native_quant.quantize_native(w[r:r + rows], spec, global_scale, name, pack=pack, out=codes[r:r + rows])
+        if qt is None:
+            return None
+        scales.append(qt.scale)
+    gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
+    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes, torch.cat(scales), spec, None, gs)
 
 
 class JobCancelled(Exception):
@@ -155,7 +179,8 @@ class _ShardRun:
             group = item.group or (item.src,)
             a = torch.stack([self.amax(s, w if s == item.src else None) for s in group]).amax().reshape(1)
             gs = global_scale_from_amax(a, scheme.weights)
-        qt = quantize_rows(w, scheme.weights, gs, f"{item.src.info.name}", self.band)
+        qt = quantize_rows(w, scheme.weights, gs, f"{item.src.info.name}", self.band,
+                           pack=self.layout.nibble_packed(scheme, w.shape[-1]))
         out = self.layout.linear_tensors(item.name, qt, scheme, dtype=w.dtype)
         if self.device is not None:
             out = {k: v.cpu() for k, v in out.items()}

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import torch
 
 
+_LUT: dict = {}
+
+
 @dataclass(frozen=True)
 class E8M0Format:
     name: str = "e8m0"
@@ -66,9 +69,17 @@ class E8M0Format:
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         if codes.dtype != torch.uint8:
             raise TypeError(f"e8m0.decode expects uint8 codes, got {codes.dtype}")
-        c = codes.to(torch.int32)
-        v = torch.ldexp(torch.ones_like(c, dtype=torch.float32), (c - self.bias).to(torch.float32))
-        return torch.where(c == self.nan_code, torch.full_like(v, float("nan")), v)
+        return self._lut().to(codes.device).index_select(0, codes.reshape(-1).to(torch.int32)).reshape(codes.shape)
+
+    def _lut(self) -> torch.Tensor:
+        """float32 [256]: 2^(code - 127) for each code, NaN for 0xFF (built once; a lookup is
+        much faster than ldexp per element)."""
+        cache = _LUT.get(self)
+        if cache is None:
+            c = torch.arange(256, dtype=torch.int32)
+            v = torch.ldexp(torch.ones(256, dtype=torch.float32), (c - self.bias).to(torch.float32))
+            cache = _LUT[self] = torch.where(c == self.nan_code, torch.full_like(v, float("nan")), v)
+        return cache
 
     def qdq(self, x: torch.Tensor, rounding: str = "floor") -> torch.Tensor:
         return self.decode(self.encode(x, rounding))

@@ -14,6 +14,10 @@ gather replace the reference's ~20 eager passes.
 
 IntFormat: round half to even, clamp, cast; NaN detected from a min/max pass (NaN propagates).
 E8M0 and anything else: the reference encoder.
+
+On the CPU, when the native library is available (lowbit.numerics.native), table formats and
+INTn take one C pass with the same table and the same rounding instead (``encode_native``), and
+so does E8M0 (floor) through a key table filled by ``E8M0.encode``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from functools import lru_cache
 
 import torch
 
+from lowbit.numerics.e8m0 import E8M0Format
 from lowbit.numerics.integer import IntFormat
 from lowbit.numerics.minifloat import MiniFloat
 
@@ -50,7 +55,8 @@ def _table(fmt: MiniFloat, device: str) -> torch.Tensor:
     keys = torch.arange(1 << KEY_BITS, dtype=torch.int64)
     vals = ((keys << KEY_BITS) & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
     nan = torch.isnan(vals)
-    usable = ~nan if fmt.signed else ~nan & ~(vals < 0)
+    signed = getattr(fmt, "signed", False)  # E8M0 has no sign
+    usable = ~nan if signed else ~nan & ~(vals < 0)
     table = torch.full((1 << KEY_BITS,), _NO_CODE, dtype=torch.uint8)
     table[usable] = fmt.encode(vals[usable])
     if fmt.nan_code is not None:
@@ -96,10 +102,45 @@ def encode_int(fmt: IntFormat, x: torch.Tensor) -> torch.Tensor:
     return codes
 
 
+def native_table(fmt: object) -> torch.Tensor | None:
+    """The key table the native encoder uses for ``fmt``, or None: the minifloat tables, and
+    E8M0's (its floor rounding reads only the exponent field, which the key keeps, and every
+    float32 subnormal encodes to code 0; negative keys are refused before any lookup)."""
+    if has_table(fmt) or isinstance(fmt, E8M0Format):
+        return code_table(fmt)  # type: ignore[arg-type]
+    return None
+
+
+def encode_native(fmt: object, x: torch.Tensor) -> torch.Tensor | None:
+    """``fmt.encode(x)`` in one C pass (same table, same rounding: lowbit.numerics.native), or
+    None when it does not apply (not CPU, no library, another format, or an input the reference
+    refuses or encodes as NaN: the torch path then gives its error or code)."""
+    from lowbit.numerics import native
+
+    if not x.numel() or not (native_table(fmt) is not None or isinstance(fmt, IntFormat)) or not native.usable(x):
+        return None
+    codes = native.encode(x.reshape(1, -1).contiguous(), 0, None, fmt)
+    return None if codes is None else codes.reshape(x.shape)
+
+
 def encode(fmt: object, x: torch.Tensor) -> torch.Tensor:
     """``fmt.encode(x)``, bit for bit, by the fastest exact path for ``fmt``."""
+    codes = encode_native(fmt, x)
+    if codes is not None:
+        return codes
     if has_table(fmt):
         return encode_minifloat(fmt, x)
     if isinstance(fmt, IntFormat):
         return encode_int(fmt, x)
     return fmt.encode(x)
+
+
+def qdq(fmt: object, x: torch.Tensor) -> torch.Tensor:
+    """``fmt.qdq(x)``, bit for bit: for a table format on the CPU, ``decode(encode(x))`` through
+    the native encoder (a minifloat's qdq equals decode(encode(.)) bit for bit, its documented
+    contract, tested); else ``fmt.qdq`` itself."""
+    if has_table(fmt):
+        codes = encode_native(fmt, x)
+        if codes is not None:
+            return fmt.decode(codes)
+    return fmt.qdq(x)

@@ -140,7 +140,7 @@ class MiniFloat:
         """float32 values of uint8 ``codes`` (NaN codes decode to NaN, Inf codes to Inf)."""
         if codes.dtype != torch.uint8:
             raise TypeError(f"{self.name}.decode expects uint8 codes, got {codes.dtype}")
-        return self._lut().to(codes.device)[codes.to(torch.int64)]
+        return self._lut().to(codes.device).index_select(0, codes.reshape(-1).to(torch.int32)).reshape(codes.shape)
 
     def _lut(self) -> torch.Tensor:
         cache = self.__dict__.get("_lut_cache")

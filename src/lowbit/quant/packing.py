@@ -19,12 +19,27 @@ def pack_nibbles(codes: torch.Tensor, name: str = "tensor") -> torch.Tensor:
         raise TypeError(f"pack_nibbles expects uint8 codes, got {codes.dtype}")
     if codes.shape[-1] % 2:
         raise QuantizationError(f"tensor {name!r}: last dimension {codes.shape[-1]} is odd, cannot pack nibbles")
+    native = _pack_native(codes)
+    if native is not None:
+        packed, top = native
+        if top > 15:
+            raise QuantizationError(f"tensor {name!r}: codes above 15 cannot be packed into nibbles")
+        return packed
     if codes.numel() and int(codes.max()) > 15:
         raise QuantizationError(f"tensor {name!r}: codes above 15 cannot be packed into nibbles")
     c = codes.reshape(*codes.shape[:-1], -1, 2)
     packed = c[..., 1] << 4
     packed |= c[..., 0]
     return packed
+
+
+def _pack_native(codes: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(packed, largest code) in one C pass (lowbit.numerics.native), or None (torch path)."""
+    from lowbit.numerics import native
+
+    if not codes.numel() or codes.device.type != "cpu" or not codes.is_contiguous():
+        return None
+    return native.pack_nibbles(codes)
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:

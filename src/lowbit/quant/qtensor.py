@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from lowbit.numerics import FormatName, get_format
+from lowbit.quant.packing import pack_nibbles, unpack_nibbles
 from lowbit.schemes import QuantSpec
 
 
@@ -56,3 +57,33 @@ class QuantizedTensor:
             return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
         return (self.spec == other.spec and same(self.codes, other.codes) and same(self.scale, other.scale)
                 and same(self.zero_point, other.zero_point) and same(self.global_scale, other.global_scale))
+
+
+class PackedQuantizedTensor(QuantizedTensor):
+    """A QuantizedTensor whose 4-bit codes are held nibble-packed (``packed`` [..., n / 2], element
+    2i in the low nibble), as the lowbit and compressed-tensors layouts store them: produced by
+    the native model-free path, which encodes and packs in one pass. ``codes`` unpacks on access
+    (any consumer still works); ``nibbles`` hands the packed bytes to a layout as they are."""
+
+    def __init__(self, packed: torch.Tensor, scale: torch.Tensor, spec: QuantSpec,
+                 zero_point: torch.Tensor | None = None, global_scale: torch.Tensor | None = None) -> None:
+        self.packed = packed
+        self.scale = scale
+        self.spec = spec
+        self.zero_point = zero_point
+        self.global_scale = global_scale
+
+    @property  # type: ignore[override]
+    def codes(self) -> torch.Tensor:
+        return unpack_nibbles(self.packed)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.packed.shape[:-1], 2 * self.packed.shape[-1]))
+
+
+def nibbles(qt: QuantizedTensor, name: str = "tensor") -> torch.Tensor:
+    """The nibble-packed codes of ``qt``: its packed bytes when it holds them, else packed now."""
+    if isinstance(qt, PackedQuantizedTensor):
+        return qt.packed
+    return pack_nibbles(qt.codes, name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
+from lowbit.numerics import E8M0, FormatName, IntFormat, fast_encode, get_format
 from lowbit.quant.groups import reduce_groups
 from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec
 
@@ -63,7 +63,7 @@ def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tenso
         if global_scale is None:
             raise QuantizationError("this spec needs a global scale")
         raw = raw * global_scale.to(torch.float32)
-    return fmt.qdq(raw)
+    return fast_encode.qdq(fmt, raw)  # fmt.qdq(raw), bit for bit
 
 
 def effective_scale(scale: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
@@ -103,9 +103,14 @@ def full_range_scales(v: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     +a and -a tie, so that the scale is positive). It maps the extreme exactly onto qmin and
     uses all 2^bits codes; the scale is negative when the extreme is positive. An all-zero
     group gets +0.0 (zero codes)."""
-    fmt = get_format(spec.format)
-    assert isinstance(fmt, IntFormat)
     lo = reduce_groups(v, spec, lambda t, d: t.amin(d))
     hi = reduce_groups(v, spec, lambda t, d: t.amax(d))
+    return full_range_from_range(lo, hi, spec)
+
+
+def full_range_from_range(lo: torch.Tensor, hi: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The ``full-range`` scales from each group's signed min and max (see full_range_scales)."""
+    fmt = get_format(spec.format)
+    assert isinstance(fmt, IntFormat)
     extreme = torch.where(-lo >= hi, lo, hi)
     return divide(extreme, float(fmt.qmin)) + 0.0

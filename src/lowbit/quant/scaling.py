@@ -32,6 +32,7 @@ from lowbit.numerics import IntFormat, fast_encode, get_format
 from lowbit.quant.groups import (
     allows_ragged, amax, check_finite, group_view, num_groups, reduce_groups, ungroup,
 )
+from lowbit.quant import native_quant
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scales import (
     asymmetric_from_range, effective_scale, full_range_scales, global_scale_from_amax, group_range, scales_from_amax,
@@ -64,7 +65,14 @@ def quantize(
         None the scale is computed from ``x`` (weights, dynamic activations).
     global_scale: the NVFP4 divisor; computed from ``x`` when None (weights), given for
         LOCAL activations.
+
+    CPU tensors under symmetric ``max``/``full-range`` specs take the native path
+    (lowbit.quant.native_quant: two C passes) when its library is available; same bits.
     """
+    if scale is None and native_quant.supports(x, spec):
+        qt = native_quant.quantize_native(x, spec, global_scale, name)
+        if qt is not None:
+            return qt
     p = _prepare(x, spec, scale, global_scale, name)
     scaled = p.v / p.divisor
     if p.zero_point is not None:  # round first, then add the zero point (the documented order)

@@ -1,0 +1,132 @@
+"""Build and load the native kernels (lowbit_native.c) at first use.
+
+The C source ships in the package; the first call compiles it with the system C compiler into
+the user cache directory, ``<cache>/native/lowbit_native-<hash>.so``, where the hash covers the
+source, the flags, the compiler and what ``-march=native`` means on this machine (the compiler's
+predefined macros), so an edited source, other flags or another CPU get their own library. The
+library is written under a temporary name and renamed, so concurrent builds (threads, worker
+processes) never load a half-written file. It is loaded with ctypes (calls release the GIL).
+
+No compiler, a failed build or a failed load: ``library()`` returns None (one debug log line)
+and lowbit uses its torch path, bit-identical by construction and by test. The flags keep IEEE
+float32 arithmetic: no -ffast-math, no FMA contraction. Nothing here reads the environment
+except the cache directory's location (platformdirs); numerics never depend on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("lowbit_native.c")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
+COMPILERS = ("cc", "gcc", "clang")  # the first one found is used (tests monkeypatch this)
+ABI_VERSION = 1                      # lb_version() of a usable library
+
+ENABLED = True  # module-level switch (tests): False forces the torch path everywhere
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "lib": the loaded library or None once tried; "error": why not
+
+
+def cache_dir() -> Path:
+    from lowbit.models.builtin import default_cache_dir
+
+    return default_cache_dir() / "native"
+
+
+def find_compiler() -> str | None:
+    for c in COMPILERS:
+        p = shutil.which(c)
+        if p:
+            return p
+    return None
+
+
+def library_key(compiler: str) -> str:
+    """Hash of the source, the flags and the compiler with its target (predefined macros under
+    the flags: version, and the instruction sets -march=native enables here)."""
+    macros = subprocess.run([compiler, *FLAGS, "-dM", "-E", "-x", "c", os.devnull], capture_output=True,
+                            text=True, timeout=60, check=True).stdout
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), macros.encode()):
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:20]
+
+
+def build(compiler: str, target: Path) -> None:
+    """Compile SOURCE into ``target`` atomically (temporary name in the same folder, then rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError(f"{compiler} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.lb_version.argtypes, lib.lb_version.restype = [], I
+    lib.lb_group_amax.argtypes, lib.lb_group_amax.restype = [P, I, L, L, L, P], I
+    lib.lb_group_minmax.argtypes, lib.lb_group_minmax.restype = [P, I, L, L, L, P, P], I
+    lib.lb_encode.argtypes = [P, I, L, L, L, P, P, I, I, I, I, I, P]
+    lib.lb_encode.restype = I
+    lib.lb_pack_nibbles.argtypes, lib.lb_pack_nibbles.restype = [P, L, P], I
+    return lib
+
+
+def load() -> ctypes.CDLL:
+    """Build (if needed) and load the library; raises on any failure."""
+    compiler = find_compiler()
+    if compiler is None:
+        raise RuntimeError(f"no C compiler found (looked for {', '.join(COMPILERS)})")
+    target = cache_dir() / f"lowbit_native-{library_key(compiler)}.so"
+    if not target.is_file():
+        build(compiler, target)
+    lib = _declare(ctypes.CDLL(str(target)))
+    if lib.lb_version() != ABI_VERSION:
+        raise RuntimeError(f"{target}: ABI version {lib.lb_version()}, expected {ABI_VERSION}")
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded native library, or None (disabled, or it could not be built: torch path)."""
+    if not ENABLED:
+        return None
+    lib = _state.get("lib", False)
+    if lib is not False:
+        return lib  # type: ignore[return-value]
+    with _lock:
+        if "lib" not in _state:
+            try:
+                _state["lib"] = load()
+            except Exception as e:  # noqa: BLE001 - any failure means the torch path
+                _state["lib"], _state["error"] = None, f"{type(e).__name__}: {e}"
+                log.debug("lowbit native kernels unavailable, using torch: %s", _state["error"])
+    return _state["lib"]  # type: ignore[return-value]
+
+
+def reset() -> None:
+    """Forget the loaded library (tests: rebuild or retry with other settings)."""
+    with _lock:
+        _state.clear()
+
+
+def unavailable_reason() -> str | None:
+    """Why library() is None (after it was tried), else None."""
+    return _state.get("error")  # type: ignore[return-value]

@@ -1,0 +1,84 @@
+"""The native path of ``lowbit.quant.scaling.quantize``: two C passes over the tensor.
+
+1. per-group extremes (absolute max, or signed min and max for ``full-range``) with a NaN/Inf
+   flag (lowbit.numerics.native.group_amax / group_minmax);
+2. divide by the effective scale and encode (optionally nibble packed) in one pass.
+
+Between them the scales come from the torch scale rules of lowbit.quant.scales, applied to the
+per-group extremes (1/16 to 1/128 of the data for group specs), so every rule keeps one
+definition. Bit-identical to the torch path (tests/test_native_encode.py). It takes CPU tensors
+of float32/bfloat16/float16, symmetric specs with the ``max`` or ``full-range`` observer, element
+formats encoded by a key table or INTn, and no given scale; ``quantize_native`` returns None for
+anything else (or when the library is unavailable, or an input needs the reference's error),
+and the caller runs the torch path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lowbit.numerics import IntFormat, get_format
+from lowbit.numerics import native
+from lowbit.numerics.fast_encode import has_table
+from lowbit.quant.groups import check_finite, num_groups
+from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor
+from lowbit.quant.scales import effective_scale, full_range_from_range, global_scale_from_amax, scales_from_amax
+from lowbit.schemes import Granularity, ObserverKind, QuantSpec
+
+OBSERVERS = (ObserverKind.MAX, ObserverKind.FULL_RANGE)
+
+
+def supports(x: torch.Tensor, spec: QuantSpec) -> bool:
+    """Whether ``quantize_native`` takes ``x`` under ``spec`` (before trying the library)."""
+    fmt = get_format(spec.format)
+    return (spec.symmetric and spec.observer in OBSERVERS and x.dim() >= 1 and x.numel() > 0
+            and (has_table(fmt) or isinstance(fmt, IntFormat)) and native.usable(x))
+
+
+def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None = None,
+                    name: str = "tensor", *, pack: bool = False,
+                    out: torch.Tensor | None = None) -> QuantizedTensor | None:
+    """What ``quantize(x, spec, global_scale=...)`` gives, or None (then the torch path decides).
+
+    ``pack``: the codes nibble-packed as they are encoded (a 4-bit format, even last dimension),
+    returned as a PackedQuantizedTensor. ``out``: where the (packed) codes go, contiguous uint8,
+    e.g. a slice of a whole-tensor buffer being filled band by band."""
+    if not supports(x, spec):
+        return None
+    n = x.shape[-1]
+    G = num_groups(n, spec, name, tuple(x.shape))  # the torch path's error for a ragged micro block
+    g = spec.group_size if spec.granularity is Granularity.GROUP else n
+    x2 = x.reshape(-1, n).contiguous()
+    lead = tuple(x.shape[:-1])
+    tensor_wide = spec.granularity is Granularity.TENSOR
+    if spec.observer is ObserverKind.FULL_RANGE:
+        r = native.group_minmax(x2, g)
+        if r is None:
+            return None
+        lo, hi, bad = r
+    else:
+        r = native.group_amax(x2, g)
+        if r is None:
+            return None
+        a, bad = r
+    if bad:
+        check_finite(x, name)  # raises the QuantizationError naming the tensor
+        return None  # pragma: no cover - the flag and check_finite agree
+    if spec.observer is ObserverKind.FULL_RANGE:
+        if tensor_wide:
+            lo, hi = lo.amin().reshape(1), hi.amax().reshape(1)
+        scale = full_range_from_range(lo, hi, spec)
+    else:
+        if spec.global_scale and global_scale is None:
+            global_scale = global_scale_from_amax(a.amax(), spec)
+        scale = scales_from_amax(a.amax().reshape(1) if tensor_wide else a, spec, global_scale)
+    eff = effective_scale(scale, spec, global_scale).to(torch.float32)
+    eff2 = eff.expand(x2.shape[0], 1) if tensor_wide else eff
+    codes = native.encode(x2, g, eff2.contiguous(), get_format(spec.format), pack=pack, out=out)
+    if codes is None:
+        return None
+    if not tensor_wide:
+        scale = scale.reshape(*lead, G)
+    gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
+    codes = codes.reshape(*lead, codes.shape[-1])
+    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes, scale, spec, None, gs)

@@ -1,0 +1,112 @@
+"""The native library's build: compiled once into the cache (atomically, keyed by source, flags
+and compiler), loaded from there afterwards, and a silent torch fallback when there is no
+compiler or the build fails (same bits either way)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+
+from lowbit.numerics.native import build
+from lowbit.quant import native_quant, quantize
+from lowbit.schemes import get_scheme
+
+HAS_CC = build.find_compiler() is not None
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """An empty cache folder and no loaded library; restored afterwards."""
+    monkeypatch.setattr(build, "cache_dir", lambda: tmp_path / "native")
+    build.reset()
+    yield tmp_path / "native"
+    build.reset()
+
+
+def _weight():
+    return (torch.randn(16, 64, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
+
+
+def test_no_compiler_falls_back_to_torch_with_one_debug_line(fresh, monkeypatch, caplog):
+    monkeypatch.setattr(build, "COMPILERS", ("lowbit-no-such-compiler",))
+    w, spec = _weight(), get_scheme("nvfp4-e5m3").weights
+    with caplog.at_level(logging.DEBUG, logger=build.__name__):
+        assert build.library() is None
+        assert build.library() is None  # tried once
+    assert "no C compiler" in build.unavailable_reason()
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+    assert not native_quant.supports(w, spec) and native_quant.quantize_native(w, spec) is None
+    qt = quantize(w, spec)  # the torch path
+    assert qt.codes.shape == (16, 64) and qt.scale.shape == (16, 4)
+    assert not fresh.exists() or not any(fresh.iterdir())
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
+def test_failed_build_falls_back_and_leaves_no_file(fresh, monkeypatch):
+    monkeypatch.setattr(build, "FLAGS", build.FLAGS + ("-lowbit-invalid-flag",))
+    assert build.library() is None
+    assert "failed" in build.unavailable_reason()
+    assert list(fresh.iterdir()) == []  # the temporary output was removed
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
+def test_native_and_fallback_give_the_same_bits(fresh, monkeypatch):
+    w = _weight()
+    for name in ("nvfp4-e5m3", "w4a16", "mxfp4", "w8a8-int8-dynamic"):
+        spec = get_scheme(name).weights
+        build.reset()
+        native = quantize(w, spec)
+        assert native_quant.quantize_native(w, spec) is not None
+        monkeypatch.setattr(build, "COMPILERS", ("lowbit-no-such-compiler",))
+        build.reset()
+        assert native.equal(quantize(w, spec)), name
+        monkeypatch.undo()
+        monkeypatch.setattr(build, "cache_dir", lambda: fresh)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
+def test_build_is_atomic_cached_and_keyed(fresh, monkeypatch):
+    seen = []
+    real_run = build.subprocess.run
+
+    def spy(cmd, *a, **kw):
+        if "-o" in cmd:
+            out = cmd[cmd.index("-o") + 1]
+            seen.append(out)
+            assert not list(fresh.glob("*.so")), "the library appears only when complete"
+            assert out.endswith(".tmp") and out.startswith(str(fresh))
+        return real_run(cmd, *a, **kw)
+
+    monkeypatch.setattr(build.subprocess, "run", spy)
+    assert build.library() is not None
+    libs = list(fresh.glob("*.so"))
+    assert len(seen) == 1 and len(libs) == 1 and not list(fresh.glob("*.tmp"))
+    key = build.library_key(build.find_compiler())
+    assert libs[0].name == f"lowbit_native-{key}.so"
+    build.reset()
+    mtime = libs[0].stat().st_mtime_ns
+    assert build.library() is not None and len(seen) == 1  # loaded from the cache, not rebuilt
+    assert libs[0].stat().st_mtime_ns == mtime
+    monkeypatch.setattr(build, "FLAGS", build.FLAGS + ("-DLOWBIT_TEST_FLAG=1",))
+    assert build.library_key(build.find_compiler()) != key  # other flags: another library
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
+def test_concurrent_first_use_builds_once_per_process(fresh):
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(build.library())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4 and all(r is results[0] for r in results) and results[0] is not None
+    assert len(list(fresh.glob("*.so"))) == 1
+
+
+def test_switch_forces_the_torch_path(monkeypatch):
+    monkeypatch.setattr(build, "ENABLED", False)
+    assert build.library() is None
+    assert not native_quant.supports(_weight(), get_scheme("w4a16").weights)
