@@ -76,7 +76,8 @@ def boundary_points(spec) -> tuple[float, torch.Tensor]:
     if spec.is_integer:
         q = INT4 if fmt is F.INT4 else INT8
         vals = torch.arange(q.qmin - 1, q.qmax + 2, dtype=torch.float32)
-        anchor = float(q.qmin) if spec.observer is ObserverKind.FULL_RANGE else float(q.qmax)
+        anchor = {ObserverKind.FULL_RANGE: float(q.qmin), ObserverKind.HALF_STEP: q.qmax + 0.5}.get(
+            spec.observer, float(q.qmax))
         return anchor, torch.cat([vals, vals + 0.5])
     e = E2M1 if fmt is F.E2M1 else E4M3
     v = e.values()
@@ -162,6 +163,7 @@ def test_ties_round_to_even_on_the_native_path():
     QuantSpec(F.E4M3, G.GROUP, 100),
     QuantSpec(F.INT8, G.CHANNEL),
     QuantSpec(F.INT4, G.CHANNEL, observer=ObserverKind.FULL_RANGE),
+    QuantSpec(F.INT4, G.GROUP, 128, observer=ObserverKind.HALF_STEP),
 ], ids=lambda s: s.describe())
 def test_ragged_groups_match_zero_padding(dtype, spec):
     for cols in (576, 200, 33, 1):
@@ -186,6 +188,7 @@ def test_ragged_microscaled_is_the_same_error():
     QuantSpec(F.E5M2, G.CHANNEL),
     QuantSpec(F.INT2, G.GROUP, 8, observer=ObserverKind.FULL_RANGE),
     QuantSpec(F.INT4, G.TENSOR, observer=ObserverKind.FULL_RANGE),
+    QuantSpec(F.INT8, G.TENSOR, observer=ObserverKind.HALF_STEP),
 ], ids=lambda s: s.describe())
 def test_other_granularities_and_leading_dims(spec):
     for dtype in DTYPES:

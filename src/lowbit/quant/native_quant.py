@@ -7,7 +7,7 @@
 Between them the scales come from the torch scale rules of lowbit.quant.scales, applied to the
 per-group extremes (1/16 to 1/128 of the data for group specs), so every rule keeps one
 definition. Bit-identical to the torch path (tests/test_native_encode.py). It takes CPU tensors
-of float32/bfloat16/float16, symmetric specs with the ``max`` or ``full-range`` observer, element
+of float32/bfloat16/float16, symmetric specs with the ``max``, ``half-step`` or ``full-range`` observer, element
 formats encoded by a key table or INTn, and no given scale; ``quantize_native`` returns None for
 anything else (or when the library is unavailable, or an input needs the reference's error),
 and the caller runs the torch path.
@@ -25,7 +25,7 @@ from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor
 from lowbit.quant.scales import effective_scale, full_range_from_range, global_scale_from_amax, scales_from_amax
 from lowbit.schemes import Granularity, ObserverKind, QuantSpec
 
-OBSERVERS = (ObserverKind.MAX, ObserverKind.FULL_RANGE)
+OBSERVERS = (ObserverKind.MAX, ObserverKind.HALF_STEP, ObserverKind.FULL_RANGE)  # half-step: max's extremes
 
 
 def supports(x: torch.Tensor, spec: QuantSpec) -> bool:

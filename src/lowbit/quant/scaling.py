@@ -66,7 +66,7 @@ def quantize(
     global_scale: the NVFP4 divisor; computed from ``x`` when None (weights), given for
         LOCAL activations.
 
-    CPU tensors under symmetric ``max``/``full-range`` specs take the native path
+    CPU tensors under symmetric ``max``/``half-step``/``full-range`` specs take the native path
     (lowbit.quant.native_quant: two C passes) when its library is available; same bits.
     """
     if scale is None and native_quant.supports(x, spec):
