@@ -30,7 +30,8 @@ from enum import Enum
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics import IntFormat, get_format
+from lowbit.numerics import get_format
+from lowbit.quant.gptq_round import column_rounder
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scaling import effective_scale, quantize
 from lowbit.schemes import Granularity, QuantSpec
@@ -147,49 +148,57 @@ def gptq_quantize_shared(Ws: list[torch.Tensor], H: torch.Tensor, spec: QuantSpe
 
 def _solve(W: torch.Tensor, H: torch.Tensor, eff: torch.Tensor, spec: QuantSpec, options: GPTQOptions,
            name: str) -> torch.Tensor:
-    """The GPTQ-rounded (dequantized) weights [out, in] for fixed effective scales ``eff``."""
+    """The GPTQ-rounded (dequantized) weights [out, in] for fixed effective scales ``eff``.
+
+    Works on transposed copies [in, out], so that a column of W is a contiguous row, with the
+    rows of U divided by their diagonal (Ub = diag(U)^-1 U): the update of column k by column j
+    is then w_k -= (w_j - q_j) * Ub[j, k], and the lazy block updates take the differences
+    w_j - q_j as they are. A zero effective scale (all-zero group) gives q = round(w) * 0 = 0."""
     out_f, in_f = W.shape
-    fmt = get_format(spec.format)
-    W = W.clone()
+    Wt = W.t().contiguous()
     H = H.detach().to(torch.float64).clone()
     dead = torch.diagonal(H) == 0
     if bool(dead.any()):
         H[dead, dead] = 1.0
-        W[:, dead] = 0.0
+        Wt[dead] = 0.0
+    eff_t = eff.t()
     perm = None
     if options.act_order:
         perm = torch.argsort(torch.diagonal(H), descending=True, stable=True)
-        W, H, eff = W[:, perm], H[perm][:, perm], eff[:, perm]
+        Wt, H, eff_t = Wt[perm], H[perm][:, perm], eff_t[perm]
     U = inverse_hessian_factor(H, float(options.damping), name).to(torch.float32)
     del H
-    nonzero = eff != 0  # the full-range rule's scales may be negative
-    divisor = torch.where(nonzero, eff, torch.ones_like(eff))
-    is_int = isinstance(fmt, IntFormat)
+    neg_ub = U / (-torch.diagonal(U)).unsqueeze(1)  # -Ub
+    del U
+    eff_t = eff_t.to(torch.float32).contiguous()
+    div_rows = torch.where(eff_t != 0, eff_t, torch.ones((), dtype=torch.float32)).unbind(0)
+    eff_rows = eff_t.unbind(0)
+    y, round_ = column_rounder(get_format(spec.format), out_f)
 
-    Q = torch.zeros_like(W)
+    Qt = torch.empty_like(Wt)
+    q_rows = Qt.unbind(0)
     bs = options.block_size
     for i1 in range(0, in_f, bs):
         i2 = min(i1 + bs, in_f)
-        W1 = W[:, i1:i2].clone()
-        E1 = torch.zeros_like(W1)
-        U1 = U[i1:i2, i1:i2]
+        W1 = Wt[i1:i2]
+        w_rows = W1.unbind(0)
+        E1 = torch.empty_like(W1)
+        e_rows = E1.unbind(0)
+        U1 = neg_ub[i1:i2, i1:i2]
         for s1 in range(0, i2 - i1, _SUB):
             s2 = min(s1 + _SUB, i2 - i1)
             for i in range(s1, s2):
                 j = i1 + i
-                w = W1[:, i]
-                q = fmt.qdq(w / divisor[:, j])
-                if is_int:
-                    q = q + 0.0
-                q = torch.where(nonzero[:, j], q * eff[:, j], torch.zeros_like(q))
-                Q[:, j] = q
-                e = (w - q) / U1[i, i]
-                W1[:, i + 1:s2] -= e.unsqueeze(1) * U1[i, i + 1:s2].unsqueeze(0)
-                E1[:, i] = e
+                w = w_rows[i]
+                torch.div(w, div_rows[j], out=y)
+                q = torch.mul(round_(), eff_rows[j], out=q_rows[j])
+                e = torch.sub(w, q, out=e_rows[i])
+                if i + 1 < s2:
+                    W1[i + 1:s2].addr_(U1[i, i + 1:s2], e)
             if s2 < i2 - i1:
-                W1[:, s2:] -= E1[:, s1:s2] @ U1[s1:s2, s2:]
+                W1[s2:].addmm_(U1[s1:s2, s2:].t(), E1[s1:s2])
         if i2 < in_f:
-            W[:, i2:] -= E1 @ U[i1:i2, i2:]
+            Wt[i2:].addmm_(neg_ub[i1:i2, i2:].t(), E1)
     if perm is not None:
-        Q = Q[:, torch.argsort(perm)]
-    return Q
+        Qt = Qt[torch.argsort(perm)]
+    return Qt.t().contiguous()
