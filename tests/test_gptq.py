@@ -15,7 +15,7 @@ from lowbit.errors import QuantizationError
 from lowbit.modules import QuantLinear
 from lowbit.numerics import FormatName
 from lowbit.quant import (GPTQOptions, WeightRounding, dequantize, gptq_quantize, gptq_quantize_shared,
-                          quantize)
+                          inverse_hessian_factor, quantize)
 from lowbit.schemes import PRESETS, Granularity, QuantSpec
 
 INT4_G128 = PRESETS["w4a16"].weights      # 192 inputs: 128 + a ragged group of 64
@@ -295,3 +295,14 @@ def test_static_schemes_default_to_gptq_with_calibration():
     g = lowbit.quantize(copy.deepcopy(base), "w8a8-fp8", _calib(), num_samples=8, seq_len=32, weight_rounding="gptq")
     assert d.lowbit_calibration.weight_rounding == "gptq"
     assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), g.state_dict().values()))
+
+
+@pytest.mark.parametrize("n", [4, 129, 192, 300])  # 129, 300: the triangular inverse by halves
+def test_inverse_hessian_factor_is_the_upper_cholesky_of_the_damped_inverse(n):
+    x = correlated_inputs(n_in=n, rows=4 * n + 8, seed=n)
+    h = hessian(x)
+    U = inverse_hessian_factor(h, 0.01)
+    damped = h + 0.01 * float(h.diagonal().mean()) * torch.eye(n, dtype=torch.float64)
+    want = torch.linalg.cholesky(torch.linalg.inv(damped), upper=True)
+    assert U.dtype == torch.float64 and torch.equal(U, U.triu()) and bool((U.diagonal() > 0).all())
+    torch.testing.assert_close(U, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
