@@ -31,7 +31,7 @@ import torch
 
 from lowbit.errors import QuantizationError
 from lowbit.numerics import get_format
-from lowbit.quant.gptq_round import column_rounder
+from lowbit.quant.nearest import column_rounder
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scaling import effective_scale, quantize
 from lowbit.schemes import Granularity, QuantSpec

@@ -1,11 +1,11 @@
-"""lowbit.quant.gptq_round: GPTQ's in-place column rounding equals the reference qdq (up to the
-sign of zero) on adversarial values."""
+"""lowbit.quant.nearest: in-place nearest rounding (GPTQ's columns, the mse search) equals the
+reference qdq, up to the sign of zero, on adversarial values."""
 
 import pytest
 import torch
 
 from lowbit.numerics import E2M1, E4M3, E5M2, UE4M3, IntFormat
-from lowbit.quant.gptq_round import column_rounder
+from lowbit.quant.nearest import column_rounder, round_nearest_
 from test_fast_act_qdq import _finite_half_patterns, _ties, _wide_random
 
 
@@ -19,10 +19,15 @@ def _int_ties(fmt: IntFormat) -> torch.Tensor:
 
 
 def _round(fmt, x: torch.Tensor) -> torch.Tensor:
+    """The column rounder's result, checked equal to round_nearest_'s on the same values."""
     y, f = column_rounder(fmt, x.numel())
     y.copy_(x)
     out = f()
     assert out.data_ptr() == y.data_ptr()  # in place
+    t = x.clone().reshape(-1, 2) if x.numel() % 2 == 0 else x.clone()  # any shape
+    t2 = round_nearest_(t, fmt)
+    assert t2.data_ptr() == t.data_ptr()
+    assert torch.equal(t2.reshape(-1).view(torch.int32), out.view(torch.int32))
     return out.clone()
 
 
@@ -67,3 +72,5 @@ def test_rounders_do_not_share_buffers():
 def test_unsupported_format_is_refused():
     with pytest.raises(ValueError, match="ue4m3"):
         column_rounder(UE4M3, 4)
+    with pytest.raises(ValueError, match="ue4m3"):
+        round_nearest_(torch.ones(4), UE4M3)
