@@ -163,6 +163,25 @@ def test_hessian_rescale_matches_observing_smoothed_inputs():
     torch.testing.assert_close(a.hessian, hessian(x.reshape(-1, 16) / s), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n", [16, 300, 600])  # one block; blocks of 128 with a ragged last; of 150
+def test_hessian_sum_of_batches_is_the_symmetric_float64_product(n):
+    from lowbit.calibration.hessian import HessianSum
+
+    x = correlated_inputs(n_in=n, rows=96, seed=n).reshape(3, 32, n)
+    acc = HessianSum()
+    assert acc.value() is None
+    for b in x:
+        acc.add(b.unsqueeze(0))
+    h = acc.value()
+    assert h.dtype == torch.float64 and torch.equal(h, h.T)
+    want = hessian(x.reshape(-1, n))
+    torch.testing.assert_close(h, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    s = torch.rand(n, generator=torch.Generator().manual_seed(2), dtype=torch.float64) + 0.5
+    acc.rescale(1.0 / s)
+    torch.testing.assert_close(acc.value(), want / s.unsqueeze(1) / s.unsqueeze(0), rtol=1e-5,
+                               atol=1e-5 * float(want.abs().max()))
+
+
 # ---------------------------------------------------------------------------- calibrated quantization
 def _calib():
     return torch.randint(0, 256, (8, 32), generator=torch.Generator().manual_seed(1))

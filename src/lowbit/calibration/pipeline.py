@@ -35,6 +35,7 @@ from lowbit.calibration.capture import (
     Inputs, capture_layer_inputs, find_decoder_layers, observing, run_layer, with_hidden,
 )
 from lowbit.calibration.data import CalibrationConfig
+from lowbit.calibration.hessian import HessianSum
 from lowbit.calibration.observers import MaxObserver, Observer, make_observer
 from lowbit.calibration.scales import input_scales_from_amax
 from lowbit.fusion import fused_groups
@@ -74,8 +75,7 @@ class _GroupStats:
 
     def __init__(self, scale_observer: Observer | None, sample_rows: int, hessian: bool = False) -> None:
         self.all_pos = MaxObserver(per_channel=True)     # every position
-        self.track_hessian = hessian
-        self.hessian: torch.Tensor | None = None         # sum x^T x over every position, float64
+        self._hessian = HessianSum() if hessian else None  # sum x^T x over every position
         self.scale_chan = MaxObserver(per_channel=True)  # positions that set static scales
         self.scale_obs = scale_observer
         self.sample_rows = sample_rows
@@ -84,10 +84,8 @@ class _GroupStats:
 
     def observe(self, x: torch.Tensor, sinks: int) -> None:
         self.all_pos.observe(x)
-        if self.track_hessian:
-            r = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
-            h = (r.T @ r).to(torch.float64)  # float32 per batch, float64 across batches
-            self.hessian = h if self.hessian is None else self.hessian + h
+        if self._hessian is not None:
+            self._hessian.add(x)
         xs = x[..., sinks:, :] if sinks and x.dim() >= 3 else x
         self.scale_chan.observe(xs)
         if self.scale_obs is not None and not isinstance(self.scale_obs, MaxObserver):
@@ -105,10 +103,14 @@ class _GroupStats:
         self.all_pos.rescale(s)
         self.scale_chan.rescale(s)
         self.samples = [t / s for t in self.samples]
-        if self.hessian is not None:
-            inv = 1.0 / s.to(torch.float64)
-            self.hessian = self.hessian * inv.unsqueeze(1) * inv.unsqueeze(0)
+        if self._hessian is not None:
+            self._hessian.rescale(1.0 / s.to(torch.float64))
         return self.scale_obs is None or isinstance(self.scale_obs, MaxObserver)
+
+    @property
+    def hessian(self) -> torch.Tensor | None:
+        """sum x^T x over every position seen (float64), None without Hessian tracking or data."""
+        return None if self._hessian is None else self._hessian.value()
 
     def scale_amax(self) -> torch.Tensor:
         if self.scale_obs is None or isinstance(self.scale_obs, MaxObserver):
