@@ -81,10 +81,11 @@ def _column_scales(qt: QuantizedTensor, in_features: int) -> torch.Tensor:
     return eff.reshape(-1, 1).expand(out, in_features)  # CHANNEL [out, 1] or TENSOR [1]
 
 
-def inverse_hessian_factor(H: torch.Tensor, damping: float, name: str = "weight") -> torch.Tensor:
-    """Upper Cholesky factor U of (H + damping * mean(diag H) * I)^-1 (U^T U = H^-1), float64 (H:
-    dead columns already fixed). The damping is raised tenfold (up to 4 times) if H is not
-    positive definite.
+def inverse_hessian_factor(H: torch.Tensor, damping: float, name: str = "weight",
+                           dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Upper Cholesky factor U of (H + damping * mean(diag H) * I)^-1 (U^T U = H^-1), computed
+    and returned in ``dtype`` (H: dead columns already fixed; the damping is added in float64).
+    The damping is raised tenfold (up to 4 times) if H is not positive definite.
 
     With J the reversal permutation and L the lower Cholesky factor of J H J: H^-1 = J L^-T L^-1 J
     = U^T U for U = J L^-1 J, upper triangular with a positive diagonal, so one Cholesky and one
@@ -94,35 +95,35 @@ def inverse_hessian_factor(H: torch.Tensor, damping: float, name: str = "weight"
     mean_diag = float(torch.diagonal(H).mean())
     if mean_diag <= 0:
         mean_diag = 1.0
-    eye = torch.eye(n, dtype=torch.float64, device=H.device)
-    reversed_h = H.flip(0, 1)
     d = damping
     for _ in range(5):
-        L, info = torch.linalg.cholesky_ex(reversed_h + (d * mean_diag) * eye)
+        damped = H.flip(0, 1)
+        damped.diagonal().add_(d * mean_diag)
+        L, info = torch.linalg.cholesky_ex(damped.to(dtype))
+        del damped
         if int(info) == 0:
-            U = _lower_triangular_inverse(L).flip(0, 1)
-            if bool(torch.isfinite(U).all()):
-                return U
+            inv = torch.zeros_like(L)
+            _lower_triangular_inverse(L, inv)
+            if bool(torch.isfinite(inv).all()):
+                return inv.flip(0, 1)
         d *= 10.0
     raise QuantizationError(f"gptq: the Hessian of {name!r} is not positive definite even with damping {d / 10:g}")
 
 
-def _lower_triangular_inverse(L: torch.Tensor, base: int = 128) -> torch.Tensor:
-    """L^-1 of a lower triangular L with a nonzero diagonal, by halves: [[A, 0], [B, C]]^-1 =
+def _lower_triangular_inverse(L: torch.Tensor, out: torch.Tensor, base: int = 128) -> None:
+    """Write L^-1 of a lower triangular L with a nonzero diagonal into the lower triangle of
+    ``out`` (its strict upper triangle is not touched), by halves: [[A, 0], [B, C]]^-1 =
     [[A^-1, 0], [-C^-1 B A^-1, C^-1]] (n^3 / 3 multiply-adds, where a triangular solve against
     the identity does n^3)."""
     n = L.shape[0]
     if n <= base:
-        return torch.linalg.solve_triangular(L, torch.eye(n, dtype=L.dtype, device=L.device), upper=False)
+        out.copy_(torch.linalg.solve_triangular(L, torch.eye(n, dtype=L.dtype, device=L.device), upper=False))
+        return
     h = n // 2
-    a_inv = _lower_triangular_inverse(L[:h, :h], base)
-    c_inv = _lower_triangular_inverse(L[h:, h:], base)
-    out = torch.zeros_like(L)
-    out[:h, :h] = a_inv
-    out[h:, h:] = c_inv
-    torch.matmul(c_inv, L[h:, :h] @ a_inv, out=out[h:, :h])
+    _lower_triangular_inverse(L[:h, :h], out[:h, :h], base)
+    _lower_triangular_inverse(L[h:, h:], out[h:, h:], base)
+    torch.matmul(out[h:, h:], L[h:, :h] @ out[:h, :h], out=out[h:, :h])
     out[h:, :h].neg_()
-    return out
 
 
 def _check(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, name: str) -> None:
