@@ -14,8 +14,8 @@ from lowbit.calibration.pipeline import _GroupStats
 from lowbit.errors import QuantizationError
 from lowbit.modules import QuantLinear
 from lowbit.numerics import FormatName
-from lowbit.quant import (GPTQOptions, WeightRounding, dequantize, gptq_quantize, gptq_quantize_shared,
-                          inverse_hessian_factor, quantize)
+from lowbit.quant import (GPTQOptions, WeightRounding, dequantize, gptq_quantize, gptq_quantize_groups,
+                          gptq_quantize_shared, inverse_hessian_factor, quantize)
 from lowbit.schemes import PRESETS, Granularity, QuantSpec
 
 INT4_G128 = PRESETS["w4a16"].weights      # 192 inputs: 128 + a ragged group of 64
@@ -94,6 +94,26 @@ def test_stacked_solve_matches_separate_solves():
     for q, s in ((qa, sa), (qb, sb)):
         assert torch.equal(q.scale, s.scale)
         assert (q.codes != s.codes).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_groups_solved_together_match_separate_solves(act_order):
+    """Groups with their own Hessians: two of one input width share a column loop, a third of
+    another width runs on its own; each equals its separate solve up to summation order."""
+    xa, xb, xc = correlated_inputs(seed=0), correlated_inputs(seed=5), correlated_inputs(n_in=96, seed=6)
+    groups = [[weight(64, seed=1), weight(32, seed=2)], [weight(48, seed=3)], [weight(40, 96, seed=4)]]
+    hs = [hessian(xa), hessian(xb), hessian(xc)]
+    opts = GPTQOptions(act_order=act_order)
+    gs = torch.tensor([50.0])
+    together = gptq_quantize_groups(groups, hs, NVFP4, global_scales=[[gs, gs], [None], [None]], options=opts)
+    for ws, h, gss, got in zip(groups, hs, [[gs, gs], [None], [None]], together):
+        alone = gptq_quantize_shared(ws, h, NVFP4, global_scales=gss, options=opts)
+        assert len(got) == len(ws)
+        for q, s, w in zip(got, alone, ws):
+            assert torch.equal(q.scale, s.scale) and torch.equal(q.global_scale, s.global_scale)
+            assert q.codes.shape == s.codes.shape
+            assert (q.codes != s.codes).float().mean() < 1e-3
+            assert not torch.equal(q.codes, quantize(w, NVFP4, global_scale=gss[0]).codes)
 
 
 def test_block_size_changes_only_summation_order():

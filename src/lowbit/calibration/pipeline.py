@@ -40,7 +40,7 @@ from lowbit.calibration.observers import MaxObserver, Observer, make_observer
 from lowbit.calibration.scales import input_scales_from_amax
 from lowbit.fusion import fused_groups
 from lowbit.modules import QuantLinear
-from lowbit.quant.gptq import WeightRounding, gptq_quantize_shared
+from lowbit.quant.gptq import WeightRounding, gptq_quantize_groups
 from lowbit.schemes import Scheme
 from lowbit.smoothquant.fold import fold_smoothing, smooth_scales
 from lowbit.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
@@ -236,6 +236,7 @@ class LayerwiseCalibrator:
         from lowbit.model_quant import set_submodule, shared_weight_global_scales
 
         spec = self.scheme.input_activations
+        solve = []  # (linears, weight global scales, input scales, Hessian) of the GPTQ groups
         for g in groups:
             lins = {n: root.get_submodule(rel[n]) for n in g}
             gscales = shared_weight_global_scales({n: m.weight for n, m in lins.items()}, self.scheme)
@@ -254,11 +255,17 @@ class LayerwiseCalibrator:
                     q = QuantLinear.from_linear(lin, self.scheme, name=n, weight_global_scale=gscales.get(n), **sc)
                     set_submodule(root, rel[n], q)
                 continue
-            with _one_thread():
-                qts = gptq_quantize_shared([m.weight for m in lins.values()], hess, self.scheme.weights,
-                                           global_scales=[gscales.get(n) for n in lins],
-                                           options=self.cfg.gptq_options(), names=[f"{n}.weight" for n in lins])
-            for (n, lin), qt in zip(lins.items(), qts):
+            solve.append((lins, gscales, sc, hess))
+        if not solve:
+            return
+        with _one_thread():  # every group at once: groups of one input width share the column loop
+            qts = gptq_quantize_groups([[m.weight for m in lins.values()] for lins, _, _, _ in solve],
+                                       [hess for _, _, _, hess in solve], self.scheme.weights,
+                                       global_scales=[[gs.get(n) for n in lins] for lins, gs, _, _ in solve],
+                                       options=self.cfg.gptq_options(),
+                                       names=[[f"{n}.weight" for n in lins] for lins, _, _, _ in solve])
+        for (lins, _, sc, _), group_qts in zip(solve, qts):
+            for (n, lin), qt in zip(lins.items(), group_qts):
                 q = QuantLinear.from_quantized(qt, self.scheme, lin.bias, name=n, dtype=lin.weight.dtype, **sc)
                 set_submodule(root, rel[n], q)
 

@@ -31,7 +31,7 @@ import torch
 
 from lowbit.errors import QuantizationError
 from lowbit.numerics import get_format
-from lowbit.quant.nearest import column_rounder
+from lowbit.quant.gptq_solve import solve_columns
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scaling import effective_scale, quantize
 from lowbit.schemes import Granularity, QuantSpec
@@ -45,12 +45,6 @@ class WeightRounding(str, Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-# columns updated one by one inside a block before a matrix update of the rest of the block:
-# keeps the per-column updates small (single-threaded, cache-resident); the result differs
-# from a column-by-column update of the whole block only in float32 summation order
-_SUB = 16
 
 
 @dataclass(frozen=True)
@@ -154,75 +148,61 @@ def gptq_quantize_shared(Ws: list[torch.Tensor], H: torch.Tensor, spec: QuantSpe
     """``gptq_quantize`` of several weights that read the same input (q/k/v, gate/up: one
     Hessian), solved as one stacked matrix (rows are independent in GPTQ, so this equals
     separate solves up to float32 summation order); each keeps its own scales."""
-    names = names or [f"weight{i}" for i in range(len(Ws))]
-    global_scales = global_scales or [None] * len(Ws)
-    for W, n in zip(Ws, names):
-        _check(W, H, spec, n)
-    Ws = [W.detach().to(torch.float32) for W in Ws]
-    rtns = [quantize(W, spec, global_scale=g, name=n) for W, g, n in zip(Ws, global_scales, names)]
-    eff = torch.cat([_column_scales(r, W.shape[1]) for r, W in zip(rtns, Ws)])
-    Q = _solve(torch.cat(Ws), H, eff, spec, options, names[0])
-    out, r0 = [], 0
-    for W, r, n in zip(Ws, rtns, names):
-        q = Q[r0:r0 + W.shape[0]]
-        r0 += W.shape[0]
-        out.append(quantize(q, spec, scale=r.scale, global_scale=r.global_scale, name=n))
+    return gptq_quantize_groups([Ws], [H], spec, global_scales=[global_scales] if global_scales else None,
+                                options=options, names=[names] if names else None)[0]
+
+
+def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor], spec: QuantSpec, *,
+                         global_scales: list[list[torch.Tensor | None]] | None = None,
+                         options: GPTQOptions = GPTQOptions(),
+                         names: list[list[str]] | None = None) -> list[list[QuantizedTensor]]:
+    """``gptq_quantize_shared`` of several groups, each with its own Hessian (the fused groups
+    of one decoder layer). Without act_order, groups of the same input width share one column
+    loop (``lowbit.quant.gptq_solve``): the same numbers as separate solves up to float32
+    summation order, in fewer (larger) operations."""
+    names = names or [[f"group{g}.weight{i}" for i in range(len(Ws))] for g, Ws in enumerate(groups)]
+    global_scales = global_scales or [[None] * len(Ws) for Ws in groups]
+    for Ws, H, ns in zip(groups, Hs, names):
+        for W, n in zip(Ws, ns):
+            _check(W, H, spec, n)
+    batches: dict[int, list[int]] = {}
+    for k, Ws in enumerate(groups):
+        batches.setdefault(Ws[0].shape[1] if not options.act_order else -1 - k, []).append(k)
+    out: list[list[QuantizedTensor]] = [[] for _ in groups]
+    for ks in batches.values():  # one batch at a time: its inverse Hessian factors are alive together
+        parts, perms, rtns = [], [], {}
+        for k in ks:
+            Ws = [W.detach().to(torch.float32) for W in groups[k]]
+            rtns[k] = [quantize(W, spec, global_scale=g, name=n) for W, g, n in zip(Ws, global_scales[k], names[k])]
+            eff = torch.cat([_column_scales(r, W.shape[1]) for r, W in zip(rtns[k], Ws)])
+            W, u, eff, perm = _prepare_part(torch.cat(Ws), Hs[k], eff, options, names[k][0])
+            parts.append((W, u, eff))
+            perms.append(perm)
+        qs = solve_columns(parts, get_format(spec.format), options.block_size)
+        del parts
+        for k, Q, perm in zip(ks, qs, perms):
+            if perm is not None:
+                Q = Q[:, torch.argsort(perm)]
+            r0 = 0
+            for r, n in zip(rtns[k], names[k]):
+                q = Q[r0:r0 + r.codes.shape[0]]
+                r0 += r.codes.shape[0]
+                out[k].append(quantize(q, spec, scale=r.scale, global_scale=r.global_scale, name=n))
     return out
 
 
-def _solve(W: torch.Tensor, H: torch.Tensor, eff: torch.Tensor, spec: QuantSpec, options: GPTQOptions,
-           name: str) -> torch.Tensor:
-    """The GPTQ-rounded (dequantized) weights [out, in] for fixed effective scales ``eff``.
-
-    Works on transposed copies [in, out], so that a column of W is a contiguous row, with the
-    rows of U divided by their diagonal (Ub = diag(U)^-1 U): the update of column k by column j
-    is then w_k -= (w_j - q_j) * Ub[j, k], and the lazy block updates take the differences
-    w_j - q_j as they are. A zero effective scale (all-zero group) gives q = round(w) * 0 = 0."""
-    out_f, in_f = W.shape
-    Wt = W.t().contiguous()
+def _prepare_part(W: torch.Tensor, H: torch.Tensor, eff: torch.Tensor, options: GPTQOptions, name: str):
+    """(W, -Ub, eff, perm) for ``solve_columns``: dead inputs (H[i, i] == 0) zeroed in W with
+    H[i, i] = 1, columns permuted by decreasing H[i, i] under act_order (perm, else None)."""
     H = H.detach().to(torch.float64).clone()
     dead = torch.diagonal(H) == 0
     if bool(dead.any()):
         H[dead, dead] = 1.0
-        Wt[dead] = 0.0
-    eff_t = eff.t()
+        W = W.clone()
+        W[:, dead] = 0.0
     perm = None
     if options.act_order:
         perm = torch.argsort(torch.diagonal(H), descending=True, stable=True)
-        Wt, H, eff_t = Wt[perm], H[perm][:, perm], eff_t[perm]
+        W, H, eff = W[:, perm], H[perm][:, perm], eff[:, perm]
     U = inverse_hessian_factor(H, float(options.damping), name).to(torch.float32)
-    del H
-    neg_ub = U / (-torch.diagonal(U)).unsqueeze(1)  # -Ub
-    del U
-    eff_t = eff_t.to(torch.float32).contiguous()
-    div_rows = torch.where(eff_t != 0, eff_t, torch.ones((), dtype=torch.float32)).unbind(0)
-    eff_rows = eff_t.unbind(0)
-    y, round_ = column_rounder(get_format(spec.format), out_f)
-
-    Qt = torch.empty_like(Wt)
-    q_rows = Qt.unbind(0)
-    bs = options.block_size
-    for i1 in range(0, in_f, bs):
-        i2 = min(i1 + bs, in_f)
-        W1 = Wt[i1:i2]
-        w_rows = W1.unbind(0)
-        E1 = torch.empty_like(W1)
-        e_rows = E1.unbind(0)
-        U1 = neg_ub[i1:i2, i1:i2]
-        for s1 in range(0, i2 - i1, _SUB):
-            s2 = min(s1 + _SUB, i2 - i1)
-            for i in range(s1, s2):
-                j = i1 + i
-                w = w_rows[i]
-                torch.div(w, div_rows[j], out=y)
-                q = torch.mul(round_(), eff_rows[j], out=q_rows[j])
-                e = torch.sub(w, q, out=e_rows[i])
-                if i + 1 < s2:
-                    W1[i + 1:s2].addr_(U1[i, i + 1:s2], e)
-            if s2 < i2 - i1:
-                W1[s2:].addmm_(U1[s1:s2, s2:].t(), E1[s1:s2])
-        if i2 < in_f:
-            Wt[i2:].addmm_(neg_ub[i1:i2, i2:].t(), E1)
-    if perm is not None:
-        Qt = Qt[torch.argsort(perm)]
-    return Qt.t().contiguous()
+    return W, U / (-torch.diagonal(U)).unsqueeze(1), eff, perm
