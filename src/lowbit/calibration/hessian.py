@@ -39,4 +39,7 @@ class HessianSum:
         """The full symmetric float64 sum (None before any add)."""
         if self._upper is None:
             return None
-        return torch.triu(self._upper) + torch.triu(self._upper, 1).T
+        strict = torch.triu(self._upper, 1)
+        full = strict + strict.T
+        full.diagonal().copy_(self._upper.diagonal())
+        return full

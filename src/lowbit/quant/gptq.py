@@ -194,9 +194,10 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
 def _prepare_part(W: torch.Tensor, H: torch.Tensor, eff: torch.Tensor, options: GPTQOptions, name: str):
     """(W, -Ub, eff, perm) for ``solve_columns``: dead inputs (H[i, i] == 0) zeroed in W with
     H[i, i] = 1, columns permuted by decreasing H[i, i] under act_order (perm, else None)."""
-    H = H.detach().to(torch.float64).clone()
+    H = H.detach().to(torch.float64)
     dead = torch.diagonal(H) == 0
     if bool(dead.any()):
+        H = H.clone()
         H[dead, dead] = 1.0
         W = W.clone()
         W[:, dead] = 0.0
