@@ -4,7 +4,7 @@ For each decoder layer, on the inputs captured for it (the quantized outputs of 
 before; for layer 0, the embeddings):
 
 1. run the float layer once with hooks on one linear of each fused group (q/k/v and gate/up
-   read the same input): per-channel max over every position (SmoothQuant statistics), the
+   read the same input), up to the last of them (``observe_layer``): per-channel max over every position (SmoothQuant statistics), the
    static-scale observer over every position except the first ``sink_positions``, and, for
    GPTQ weight rounding, the input Hessian H = sum x^T x over every position (float64);
 2. SmoothQuant (when asked): per mapping, s from alpha (or the alpha search), folded into the
@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.calibration.capture import (
-    Inputs, capture_layer_inputs, find_decoder_layers, observing, run_layer, with_hidden,
+    Inputs, capture_layer_inputs, find_decoder_layers, observe_layer, observing, run_layer, with_hidden,
 )
 from lowbit.calibration.data import CalibrationConfig
 from lowbit.calibration.hessian import HessianSum
@@ -195,8 +195,7 @@ class LayerwiseCalibrator:
                       stats: dict[str, _GroupStats], rel: dict[str, str]) -> None:
         mods = {g[0]: root.get_submodule(rel[g[0]]) for g in groups}
         sinks = self.cfg.sink_positions
-        with observing(mods, lambda n, x: stats[n].observe(x, sinks)):
-            run_layer(root, inputs)
+        observe_layer(root, inputs, mods, lambda n, x: stats[n].observe(x, sinks))
 
     def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
                 stats: dict[str, _GroupStats]) -> list[str]:
