@@ -205,5 +205,5 @@ def _prepare_part(W: torch.Tensor, H: torch.Tensor, eff: torch.Tensor, options: 
     if options.act_order:
         perm = torch.argsort(torch.diagonal(H), descending=True, stable=True)
         W, H, eff = W[:, perm], H[perm][:, perm], eff[:, perm]
-    U = inverse_hessian_factor(H, float(options.damping), name).to(torch.float32)
+    U = inverse_hessian_factor(H, float(options.damping), name, dtype=torch.float32)
     return W, U / (-torch.diagonal(U)).unsqueeze(1), eff, perm
