@@ -12,14 +12,16 @@ keep sharing it) and stay fixed, so the result is a ``QuantizedTensor`` of exact
 round-to-nearest produces and every backend and file format takes it unchanged. Its codes are
 ``quantize(Q, spec, scale=..., global_scale=...)`` of the GPTQ-rounded weights Q.
 
-Steps (float64 Cholesky, float32 updates):
+Steps (H summed and damped in float64; factorization and updates in float32, as in the
+reference GPTQ code):
 1. dead inputs (H[i, i] == 0): the column of W is set to zero and H[i, i] to 1;
 2. act_order (optional): columns are visited by decreasing H[i, i] (each still uses its own
    group's scale, fixed up front);
 3. damping: H += damp * mean(diag H) * I (raised tenfold up to 4 times if Cholesky fails);
 4. U = upper Cholesky factor of H^-1; for each column j in blocks of ``block_size``:
    q_j = qdq(w_j) with its fixed scale, e = (w_j - q_j) / U[j, j],
-   w_k -= e * U[j, k] for k > j (inside the block at once, the rest lazily per block).
+   w_k -= e * U[j, k] for k > j (inside the block at once, the rest lazily per block)
+   (``lowbit.quant.gptq_solve``, where the fused groups of one layer share the loop).
 """
 
 from __future__ import annotations
