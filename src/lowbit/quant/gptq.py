@@ -66,15 +66,19 @@ class GPTQOptions:
             raise QuantizationError(f"gptq block_size must be a positive integer, got {self.block_size!r}")
 
 
-def _column_scales(qt: QuantizedTensor, in_features: int) -> torch.Tensor:
-    """The effective scale of every weight element [out, in] (0 where the group is all zero)."""
+def _column_scales(qt: QuantizedTensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(effective scale, divisor) of every weight element, transposed: [in, out] each (the
+    divisor is the scale, 1 where the scale is 0: an all-zero group). Made from the per-group
+    scales without an [out, in] intermediate; per-channel and per-tensor ones are expanded
+    views."""
     spec = qt.spec
     eff = effective_scale(qt.scale, spec, qt.global_scale).to(torch.float32)
+    div = torch.where(eff != 0, eff, torch.ones((), dtype=torch.float32))
     out = qt.codes.shape[0]
-    if spec.granularity is Granularity.GROUP:
+    if spec.granularity is Granularity.GROUP:  # [out, G] -> [G * g, out] -> [in, out]
         g = spec.group_size
-        return eff.repeat_interleave(g, dim=-1)[:, :in_features].expand(out, in_features)
-    return eff.reshape(-1, 1).expand(out, in_features)  # CHANNEL [out, 1] or TENSOR [1]
+        return tuple(t.t().repeat_interleave(g, dim=0)[:in_features] for t in (eff, div))
+    return tuple(t.reshape(1, -1).expand(in_features, out) for t in (eff, div))  # CHANNEL [out, 1], TENSOR [1]
 
 
 def inverse_hessian_factor(H: torch.Tensor, damping: float, name: str = "weight",
@@ -122,7 +126,8 @@ def _lower_triangular_inverse(L: torch.Tensor, out: torch.Tensor, base: int = 12
     out[h:, :h].neg_()
 
 
-def _check(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, name: str) -> None:
+def _check(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, name: str, first: bool = True) -> None:
+    """Shapes and spec of one weight; the values of H only for the ``first`` weight reading it."""
     if W.dim() != 2:
         raise QuantizationError(f"gptq: weight {name!r} must be 2-D [out, in], got shape {tuple(W.shape)}")
     in_f = W.shape[1]
@@ -130,7 +135,7 @@ def _check(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, name: str) -> None
         raise QuantizationError(f"gptq: Hessian of {name!r} has shape {tuple(H.shape)}, expected ({in_f}, {in_f})")
     if not spec.symmetric:
         raise QuantizationError(f"gptq: weight {name!r}: asymmetric weight specs ({spec.describe()}) are not supported")
-    if not bool(torch.isfinite(H).all()):
+    if first and not bool(torch.isfinite(H.sum())) and not bool(torch.isfinite(H).all()):  # sum: one pass
         raise QuantizationError(f"gptq: Hessian of {name!r} has NaN/Inf values")
 
 
@@ -165,23 +170,28 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
     names = names or [[f"group{g}.weight{i}" for i in range(len(Ws))] for g, Ws in enumerate(groups)]
     global_scales = global_scales or [[None] * len(Ws) for Ws in groups]
     for Ws, H, ns in zip(groups, Hs, names):
-        for W, n in zip(Ws, ns):
-            _check(W, H, spec, n)
+        for i, (W, n) in enumerate(zip(Ws, ns)):
+            _check(W, H, spec, n, first=i == 0)
     batches: dict[int, list[int]] = {}
     for k, Ws in enumerate(groups):
         batches.setdefault(Ws[0].shape[1] if not options.act_order else -1 - k, []).append(k)
     out: list[list[QuantizedTensor]] = [[] for _ in groups]
     for ks in batches.values():  # one batch at a time: its inverse Hessian factors are alive together
-        parts, perms, rtns = [], [], {}
+        parts, perms, rtns, scales = [], [], {}, []
         for k in ks:
             Ws = [W.detach().to(torch.float32) for W in groups[k]]
             rtns[k] = [quantize(W, spec, global_scale=g, name=n) for W, g, n in zip(Ws, global_scales[k], names[k])]
-            eff = torch.cat([_column_scales(r, W.shape[1]) for r, W in zip(rtns[k], Ws)])
-            W, u, eff, perm = _prepare_part(torch.cat(Ws), Hs[k], eff, options, names[k][0])
-            parts.append((W, u, eff))
+            W, u, perm = _prepare_part(torch.cat(Ws), Hs[k], options, names[k][0])
+            for r in rtns[k]:
+                eff_t, div_t = _column_scales(r, W.shape[1])
+                scales.append((eff_t, div_t) if perm is None else (eff_t[perm], div_t[perm]))
+            parts.append((W, u))
             perms.append(perm)
-        qs = solve_columns(parts, get_format(spec.format), options.block_size)
-        del parts
+        eff_t = torch.cat([e for e, _ in scales], dim=1)
+        div_t = torch.cat([d for _, d in scales], dim=1)
+        del scales
+        qs = solve_columns(parts, eff_t, div_t, get_format(spec.format), options.block_size)
+        del parts, eff_t, div_t
         for k, Q, perm in zip(ks, qs, perms):
             if perm is not None:
                 Q = Q[:, torch.argsort(perm)]
@@ -193,8 +203,8 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
     return out
 
 
-def _prepare_part(W: torch.Tensor, H: torch.Tensor, eff: torch.Tensor, options: GPTQOptions, name: str):
-    """(W, -Ub, eff, perm) for ``solve_columns``: dead inputs (H[i, i] == 0) zeroed in W with
+def _prepare_part(W: torch.Tensor, H: torch.Tensor, options: GPTQOptions, name: str):
+    """(W, -Ub, perm) for ``solve_columns``: dead inputs (H[i, i] == 0) zeroed in W with
     H[i, i] = 1, columns permuted by decreasing H[i, i] under act_order (perm, else None)."""
     H = H.detach().to(torch.float64)
     dead = torch.diagonal(H) == 0
@@ -206,6 +216,6 @@ def _prepare_part(W: torch.Tensor, H: torch.Tensor, eff: torch.Tensor, options: 
     perm = None
     if options.act_order:
         perm = torch.argsort(torch.diagonal(H), descending=True, stable=True)
-        W, H, eff = W[:, perm], H[perm][:, perm], eff[:, perm]
+        W, H = W[:, perm], H[perm][:, perm]
     U = inverse_hessian_factor(H, float(options.damping), name, dtype=torch.float32)
-    return W, U / (-torch.diagonal(U)).unsqueeze(1), eff, perm
+    return W, U / (-torch.diagonal(U)).unsqueeze(1), perm

@@ -1,7 +1,8 @@
 """GPTQ's column loop over one or several weights of the same input width (pure function).
 
-Each part p is (W_p [out_p, in], -Ub_p [in, in], effective scales [out_p, in]) with
-Ub = diag(U)^-1 U for U the upper Cholesky factor of the part's damped inverse Hessian: the
+Each part p is (W_p [out_p, in], -Ub_p [in, in]) with Ub = diag(U)^-1 U for U the upper
+Cholesky factor of the part's damped inverse Hessian (the effective scales of all rows come
+transposed, [in, rows], so that a column's are one contiguous row): the
 update of column k by column j is then w_k -= (w_j - q_j) * Ub[j, k], and the lazy block
 updates take the differences w_j - q_j as they are. The parts' rows are stacked (rows are
 independent in GPTQ) and transposed to [in, rows], so that a column is one contiguous row and
@@ -27,19 +28,21 @@ from lowbit.quant.nearest import column_rounder
 SUB = 16
 
 
-def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], fmt,
-                  block_size: int) -> list[torch.Tensor]:
-    """The GPTQ-rounded (dequantized) weights [out_p, in] of each part (see the module doc)."""
+def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor]], eff_t: torch.Tensor, div_t: torch.Tensor,
+                  fmt, block_size: int) -> list[torch.Tensor]:
+    """The GPTQ-rounded (dequantized) weights [out_p, in] of each part (W_p, -Ub_p); ``eff_t`` and
+    ``div_t`` [in, rows]: the effective scales and divisors of the stacked rows, transposed."""
     in_f = parts[0][0].shape[1]
-    Wt = torch.cat([w for w, _, _ in parts]).t().contiguous()          # [in, rows]
-    eff_t = torch.cat([e for _, _, e in parts]).t().to(torch.float32).contiguous()
-    div_rows = torch.where(eff_t != 0, eff_t, torch.ones((), dtype=torch.float32)).unbind(0)
-    eff_rows = eff_t.unbind(0)
+    rows = sum(w.shape[0] for w, _ in parts)
+    Wt = torch.empty(in_f, rows, dtype=torch.float32)                 # [in, rows]
     spans, r0 = [], 0
-    for w, _, _ in parts:
+    for w, _ in parts:
         spans.append((r0, r0 + w.shape[0]))
+        Wt[:, r0:r0 + w.shape[0]].copy_(w.t())
         r0 += w.shape[0]
-    us = [u for _, u, _ in parts]
+    div_rows = div_t.contiguous().unbind(0)
+    eff_rows = eff_t.contiguous().unbind(0)
+    us = [u for _, u in parts]
     y, round_ = column_rounder(fmt, Wt.shape[1])
 
     for i1 in range(0, in_f, block_size):
@@ -49,7 +52,9 @@ def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], 
         w_rows = W1.unbind(0)
         E1 = torch.empty_like(W1)
         e_rows = E1.unbind(0)
+        # per part: its columns of the block, of its errors (as rows) and its block of -Ub
         blocks = [(W1[:, a:b], E1[:, a:b], u[i1:i2, i1:i2]) for (a, b), u in zip(spans, us)]
+        rank1 = [(wp, up, e_rows if len(parts) == 1 else ep.unbind(0)) for wp, ep, up in blocks]
         for s1 in range(0, n, SUB):
             s2 = min(s1 + SUB, n)
             for i in range(s1, s2):
@@ -57,13 +62,10 @@ def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], 
                 w = w_rows[i]
                 torch.div(w, div_rows[j], out=y)
                 round_()
-                e = torch.addcmul(w, y, eff_rows[j], value=-1.0, out=e_rows[i])
+                torch.addcmul(w, y, eff_rows[j], value=-1.0, out=e_rows[i])
                 if i + 1 < s2:
-                    if len(parts) == 1:
-                        W1[i + 1:s2].addr_(blocks[0][2][i, i + 1:s2], e)
-                    else:
-                        for (a, b), (wp, _, up) in zip(spans, blocks):
-                            wp[i + 1:s2].addr_(up[i, i + 1:s2], e[a:b])
+                    for wp, up, ep_rows in rank1:
+                        wp[i + 1:s2].addr_(up[i, i + 1:s2], ep_rows[i])
             if s2 < n:
                 for wp, ep, up in blocks:
                     wp[s2:].addmm_(up[s1:s2, s2:].t(), ep[s1:s2])
@@ -71,5 +73,4 @@ def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], 
             for (a, b), u, (_, ep, _) in zip(spans, us, blocks):
                 Wt[i2:, a:b].addmm_(u[i1:i2, i2:].t(), ep)
         W1.sub_(E1)                                                    # Q = W - E
-    Q = Wt.t()
-    return [Q[a:b].contiguous() for a, b in spans]
+    return [Wt[:, a:b].t().contiguous() for a, b in spans]
