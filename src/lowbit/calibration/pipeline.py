@@ -4,15 +4,16 @@ For each decoder layer, on the inputs captured for it (the quantized outputs of 
 before; for layer 0, the embeddings):
 
 1. run the float layer once with hooks on one linear of each fused group (q/k/v and gate/up
-   read the same input), up to the last of them (``observe_layer``): per-channel max over every position (SmoothQuant statistics), the
-   static-scale observer over every position except the first ``sink_positions``, and, for
-   GPTQ weight rounding, the input Hessian H = sum x^T x over every position (float64);
+   read the same input), up to the last of them (``observe_layer``): per-channel max over
+   every position (SmoothQuant statistics), the static-scale observer over every position
+   except the first ``sink_positions``, and, for GPTQ weight rounding, the input Hessian
+   H = sum x^T x over every position (float64, ``lowbit.calibration.hessian``);
 2. SmoothQuant (when asked): per mapping, s from alpha (or the alpha search), folded into the
    source and the targets; max observers and Hessians are rescaled exactly
    (H -> diag(1/s) H diag(1/s)), other observers see a second run of the smoothed layer;
-3. quantize the layer's linears: weights RTN or GPTQ (one Hessian and one stacked solve per
-   fused group; NVFP4 weight global scale shared per fused group), one static input scale /
-   input global scale per fused group;
+3. quantize the layer's linears: weights RTN or GPTQ (one Hessian per fused group; the groups
+   of one input width share GPTQ's column loop; NVFP4 weight global scale shared per fused
+   group), one static input scale / input global scale per fused group;
 4. run the quantized layer to produce the next layer's inputs.
 
 Only one layer's inputs are held at a time. Linears outside the decoder layers (lm_head when

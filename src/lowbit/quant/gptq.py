@@ -91,7 +91,6 @@ def inverse_hessian_factor(H: torch.Tensor, damping: float, name: str = "weight"
     = U^T U for U = J L^-1 J, upper triangular with a positive diagonal, so one Cholesky and one
     triangular inverse replace Cholesky, inverse from Cholesky and a second Cholesky."""
     H = H.to(torch.float64)
-    n = H.shape[0]
     mean_diag = float(torch.diagonal(H).mean())
     if mean_diag <= 0:
         mean_diag = 1.0
