@@ -234,3 +234,27 @@ def test_observer_choice_changes_scales(llama):
                             percentile=99.0)
         out[obs] = q.model.layers[0].mlp.down_proj.input_scale.item()
     assert out["percentile"] < out["max"] and out["mse"] <= out["max"]
+
+
+def test_observe_layer_sees_what_a_full_run_sees_and_stops_after_the_last(llama):
+    """observe_layer hands every observed linear the inputs a full run of the layer gives it,
+    once per batch, and skips what follows the last one (here: down_proj's own product)."""
+    from lowbit.calibration.capture import capture_layer_inputs, observe_layer, observing, run_layer
+
+    layer = llama.model.layers[0]
+    inputs = capture_layer_inputs(llama, layer, _calib(), 2)
+    names = ["self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]
+    mods = {n: layer.get_submodule(n) for n in names}
+    full, early = [], []
+    with observing(mods, lambda n, x: full.append((n, x.clone()))):
+        run_layer(layer, inputs)
+    ran = []
+    h = layer.mlp.down_proj.register_forward_hook(lambda m, a, o: ran.append(1))  # after the product
+    observe_layer(layer, inputs, mods, lambda n, x: early.append((n, x.clone())))
+    h.remove()
+    assert [n for n, _ in early] == [n for n, _ in full] == names * 2
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(early, full))
+    assert ran == []
+    only_q = []
+    observe_layer(layer, inputs, {"q": mods["self_attn.q_proj"]}, lambda n, x: only_q.append(x))
+    assert len(only_q) == 2 and torch.equal(only_q[1], full[4][1])

@@ -14,8 +14,8 @@ from lowbit.calibration.pipeline import _GroupStats
 from lowbit.errors import QuantizationError
 from lowbit.modules import QuantLinear
 from lowbit.numerics import FormatName
-from lowbit.quant import (GPTQOptions, WeightRounding, dequantize, gptq_quantize, gptq_quantize_shared,
-                          quantize)
+from lowbit.quant import (GPTQOptions, WeightRounding, dequantize, gptq_quantize, gptq_quantize_groups,
+                          gptq_quantize_shared, inverse_hessian_factor, quantize)
 from lowbit.schemes import PRESETS, Granularity, QuantSpec
 
 INT4_G128 = PRESETS["w4a16"].weights      # 192 inputs: 128 + a ragged group of 64
@@ -96,6 +96,26 @@ def test_stacked_solve_matches_separate_solves():
         assert (q.codes != s.codes).float().mean() < 1e-3
 
 
+@pytest.mark.parametrize("act_order", [False, True])
+def test_groups_solved_together_match_separate_solves(act_order):
+    """Groups with their own Hessians: two of one input width share a column loop, a third of
+    another width runs on its own; each equals its separate solve up to summation order."""
+    xa, xb, xc = correlated_inputs(seed=0), correlated_inputs(seed=5), correlated_inputs(n_in=96, seed=6)
+    groups = [[weight(64, seed=1), weight(32, seed=2)], [weight(48, seed=3)], [weight(40, 96, seed=4)]]
+    hs = [hessian(xa), hessian(xb), hessian(xc)]
+    opts = GPTQOptions(act_order=act_order)
+    gs = torch.tensor([50.0])
+    together = gptq_quantize_groups(groups, hs, NVFP4, global_scales=[[gs, gs], [None], [None]], options=opts)
+    for ws, h, gss, got in zip(groups, hs, [[gs, gs], [None], [None]], together):
+        alone = gptq_quantize_shared(ws, h, NVFP4, global_scales=gss, options=opts)
+        assert len(got) == len(ws)
+        for q, s, w in zip(got, alone, ws):
+            assert torch.equal(q.scale, s.scale) and torch.equal(q.global_scale, s.global_scale)
+            assert q.codes.shape == s.codes.shape
+            assert (q.codes != s.codes).float().mean() < 1e-3
+            assert not torch.equal(q.codes, quantize(w, NVFP4, global_scale=gss[0]).codes)
+
+
 def test_block_size_changes_only_summation_order():
     x, w = correlated_inputs(), weight()
     a = dequantize(gptq_quantize(w, hessian(x), INT4_G128, options=GPTQOptions(block_size=128)))
@@ -161,6 +181,25 @@ def test_hessian_rescale_matches_observing_smoothed_inputs():
     b.observe(x / s, 0)
     torch.testing.assert_close(a.hessian, b.hessian, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(a.hessian, hessian(x.reshape(-1, 16) / s), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [16, 300, 600])  # one block; blocks of 128 with a ragged last; of 150
+def test_hessian_sum_of_batches_is_the_symmetric_float64_product(n):
+    from lowbit.calibration.hessian import HessianSum
+
+    x = correlated_inputs(n_in=n, rows=96, seed=n).reshape(3, 32, n)
+    acc = HessianSum()
+    assert acc.value() is None
+    for b in x:
+        acc.add(b.unsqueeze(0))
+    h = acc.value()
+    assert h.dtype == torch.float64 and torch.equal(h, h.T)
+    want = hessian(x.reshape(-1, n))
+    torch.testing.assert_close(h, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    s = torch.rand(n, generator=torch.Generator().manual_seed(2), dtype=torch.float64) + 0.5
+    acc.rescale(1.0 / s)
+    torch.testing.assert_close(acc.value(), want / s.unsqueeze(1) / s.unsqueeze(0), rtol=1e-5,
+                               atol=1e-5 * float(want.abs().max()))
 
 
 # ---------------------------------------------------------------------------- calibrated quantization
@@ -295,3 +334,15 @@ def test_static_schemes_default_to_gptq_with_calibration():
     g = lowbit.quantize(copy.deepcopy(base), "w8a8-fp8", _calib(), num_samples=8, seq_len=32, weight_rounding="gptq")
     assert d.lowbit_calibration.weight_rounding == "gptq"
     assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), g.state_dict().values()))
+
+
+@pytest.mark.parametrize("n", [4, 129, 192, 300])  # 129, 300: the triangular inverse by halves
+@pytest.mark.parametrize("dtype,rtol,atol", [(torch.float64, 1e-9, 1e-12), (torch.float32, 1e-4, 1e-5)])
+def test_inverse_hessian_factor_is_the_upper_cholesky_of_the_damped_inverse(n, dtype, rtol, atol):
+    x = correlated_inputs(n_in=n, rows=4 * n + 8, seed=n)
+    h = hessian(x)
+    U = inverse_hessian_factor(h, 0.01, dtype=dtype)
+    damped = h + 0.01 * float(h.diagonal().mean()) * torch.eye(n, dtype=torch.float64)
+    want = torch.linalg.cholesky(torch.linalg.inv(damped), upper=True)
+    assert U.dtype == dtype and torch.equal(U, U.triu()) and bool((U.diagonal() > 0).all())
+    torch.testing.assert_close(U.double(), want, rtol=rtol, atol=atol * float(want.abs().max()))

@@ -96,6 +96,25 @@ def test_search_never_increases_a_groups_error(key):
     assert improved > 0, f"{key}: the search never found a better scale"
 
 
+@pytest.mark.parametrize("key", ["e4m3-channel", "nvfp4", "nvfp4-e5m3", "mxfp4", "mxfp8"])
+def test_group_error_equals_the_reference_qdq_error(key):
+    """Minifloat errors are computed with the in-place nearest rounding: bit for bit the
+    squared error of the reference ``fmt.qdq`` (ties, saturation, subnormals, zero groups)."""
+    from lowbit.numerics import get_format
+    from lowbit.quant.scales import effective_scale
+
+    spec, fmt = SPECS[key], get_format(SPECS[key].format)
+    for x in _inputs():
+        x = _ragged_ok(spec, x)
+        qt = quantize(x, spec)
+        v = group_view(x, spec)
+        eff = effective_scale(qt.scale, spec, qt.global_scale)
+        div = torch.where(eff != 0, eff, torch.ones_like(eff)).unsqueeze(-1)
+        ref = ((fmt.qdq(v / div) * eff.unsqueeze(-1) - v) ** 2).sum(-1, dtype=torch.float64)
+        got = group_error(v, spec, qt.scale, qt.zero_point, qt.global_scale)
+        assert torch.equal(got.reshape(ref.shape), ref), key
+
+
 def test_ragged_last_group_is_searched_on_its_own_elements():
     spec = _obs(SPECS["int4-g128"], MSE)
     x = _adversarial()[:, :200]  # 128 + 72

@@ -92,3 +92,29 @@ def observing(modules: dict[str, nn.Module], fn: Callable[[str, torch.Tensor], N
     finally:
         for h in handles:
             h.remove()
+
+
+@torch.no_grad()
+def observe_layer(layer: nn.Module, inputs: Inputs, modules: dict[str, nn.Module],
+                  fn: Callable[[str, torch.Tensor], None]) -> None:
+    """Run ``layer`` on each batch of ``inputs`` for its observations only: ``fn(name, input)``
+    on each forward of each module, and the batch stops as soon as every module has been
+    called in it (what follows, e.g. the last linear's product and the residual, feeds nothing
+    observed here). Each module is assumed to run at most once per layer call, as the linears
+    of a decoder layer do; a module that does not run in a batch (an MoE expert no token is
+    routed to) lets the batch run to its end."""
+    seen: set[str] = set()
+
+    def hook(name: str, x: torch.Tensor) -> None:
+        fn(name, x)
+        seen.add(name)
+        if len(seen) == len(modules):
+            raise _Stop
+
+    with observing(modules, hook):
+        for args, kwargs in inputs:
+            seen.clear()
+            try:
+                layer(*args, **kwargs)
+            except _Stop:
+                pass

@@ -4,15 +4,16 @@ For each decoder layer, on the inputs captured for it (the quantized outputs of 
 before; for layer 0, the embeddings):
 
 1. run the float layer once with hooks on one linear of each fused group (q/k/v and gate/up
-   read the same input): per-channel max over every position (SmoothQuant statistics), the
-   static-scale observer over every position except the first ``sink_positions``, and, for
-   GPTQ weight rounding, the input Hessian H = sum x^T x over every position (float64);
+   read the same input), up to the last of them (``observe_layer``): per-channel max over
+   every position (SmoothQuant statistics), the static-scale observer over every position
+   except the first ``sink_positions``, and, for GPTQ weight rounding, the input Hessian
+   H = sum x^T x over every position (float64, ``lowbit.calibration.hessian``);
 2. SmoothQuant (when asked): per mapping, s from alpha (or the alpha search), folded into the
    source and the targets; max observers and Hessians are rescaled exactly
    (H -> diag(1/s) H diag(1/s)), other observers see a second run of the smoothed layer;
-3. quantize the layer's linears: weights RTN or GPTQ (one Hessian and one stacked solve per
-   fused group; NVFP4 weight global scale shared per fused group), one static input scale /
-   input global scale per fused group;
+3. quantize the layer's linears: weights RTN or GPTQ (one Hessian per fused group; the groups
+   of one input width share GPTQ's column loop; NVFP4 weight global scale shared per fused
+   group), one static input scale / input global scale per fused group;
 4. run the quantized layer to produce the next layer's inputs.
 
 Only one layer's inputs are held at a time. Linears outside the decoder layers (lm_head when
@@ -32,14 +33,15 @@ import torch
 import torch.nn as nn
 
 from lowbit.calibration.capture import (
-    Inputs, capture_layer_inputs, find_decoder_layers, observing, run_layer, with_hidden,
+    Inputs, capture_layer_inputs, find_decoder_layers, observe_layer, observing, run_layer, with_hidden,
 )
 from lowbit.calibration.data import CalibrationConfig
+from lowbit.calibration.hessian import HessianSum
 from lowbit.calibration.observers import MaxObserver, Observer, make_observer
 from lowbit.calibration.scales import input_scales_from_amax
 from lowbit.fusion import fused_groups
 from lowbit.modules import QuantLinear
-from lowbit.quant.gptq import WeightRounding, gptq_quantize_shared
+from lowbit.quant.gptq import WeightRounding, gptq_quantize_groups
 from lowbit.schemes import Scheme
 from lowbit.smoothquant.fold import fold_smoothing, smooth_scales
 from lowbit.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
@@ -74,8 +76,7 @@ class _GroupStats:
 
     def __init__(self, scale_observer: Observer | None, sample_rows: int, hessian: bool = False) -> None:
         self.all_pos = MaxObserver(per_channel=True)     # every position
-        self.track_hessian = hessian
-        self.hessian: torch.Tensor | None = None         # sum x^T x over every position, float64
+        self._hessian = HessianSum() if hessian else None  # sum x^T x over every position
         self.scale_chan = MaxObserver(per_channel=True)  # positions that set static scales
         self.scale_obs = scale_observer
         self.sample_rows = sample_rows
@@ -84,10 +85,8 @@ class _GroupStats:
 
     def observe(self, x: torch.Tensor, sinks: int) -> None:
         self.all_pos.observe(x)
-        if self.track_hessian:
-            r = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
-            h = (r.T @ r).to(torch.float64)  # float32 per batch, float64 across batches
-            self.hessian = h if self.hessian is None else self.hessian + h
+        if self._hessian is not None:
+            self._hessian.add(x)
         xs = x[..., sinks:, :] if sinks and x.dim() >= 3 else x
         self.scale_chan.observe(xs)
         if self.scale_obs is not None and not isinstance(self.scale_obs, MaxObserver):
@@ -105,10 +104,14 @@ class _GroupStats:
         self.all_pos.rescale(s)
         self.scale_chan.rescale(s)
         self.samples = [t / s for t in self.samples]
-        if self.hessian is not None:
-            inv = 1.0 / s.to(torch.float64)
-            self.hessian = self.hessian * inv.unsqueeze(1) * inv.unsqueeze(0)
+        if self._hessian is not None:
+            self._hessian.rescale(1.0 / s.to(torch.float64))
         return self.scale_obs is None or isinstance(self.scale_obs, MaxObserver)
+
+    @property
+    def hessian(self) -> torch.Tensor | None:
+        """sum x^T x over every position seen (float64), None without Hessian tracking or data."""
+        return None if self._hessian is None else self._hessian.value()
 
     def scale_amax(self) -> torch.Tensor:
         if self.scale_obs is None or isinstance(self.scale_obs, MaxObserver):
@@ -193,8 +196,7 @@ class LayerwiseCalibrator:
                       stats: dict[str, _GroupStats], rel: dict[str, str]) -> None:
         mods = {g[0]: root.get_submodule(rel[g[0]]) for g in groups}
         sinks = self.cfg.sink_positions
-        with observing(mods, lambda n, x: stats[n].observe(x, sinks)):
-            run_layer(root, inputs)
+        observe_layer(root, inputs, mods, lambda n, x: stats[n].observe(x, sinks))
 
     def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
                 stats: dict[str, _GroupStats]) -> list[str]:
@@ -234,6 +236,7 @@ class LayerwiseCalibrator:
         from lowbit.model_quant import set_submodule, shared_weight_global_scales
 
         spec = self.scheme.input_activations
+        solve = []  # (linears, weight global scales, input scales, Hessian) of the GPTQ groups
         for g in groups:
             lins = {n: root.get_submodule(rel[n]) for n in g}
             gscales = shared_weight_global_scales({n: m.weight for n, m in lins.items()}, self.scheme)
@@ -252,11 +255,17 @@ class LayerwiseCalibrator:
                     q = QuantLinear.from_linear(lin, self.scheme, name=n, weight_global_scale=gscales.get(n), **sc)
                     set_submodule(root, rel[n], q)
                 continue
-            with _one_thread():
-                qts = gptq_quantize_shared([m.weight for m in lins.values()], hess, self.scheme.weights,
-                                           global_scales=[gscales.get(n) for n in lins],
-                                           options=self.cfg.gptq_options(), names=[f"{n}.weight" for n in lins])
-            for (n, lin), qt in zip(lins.items(), qts):
+            solve.append((lins, gscales, sc, hess))
+        if not solve:
+            return
+        with _one_thread():  # every group at once: groups of one input width share the column loop
+            qts = gptq_quantize_groups([[m.weight for m in lins.values()] for lins, _, _, _ in solve],
+                                       [hess for _, _, _, hess in solve], self.scheme.weights,
+                                       global_scales=[[gs.get(n) for n in lins] for lins, gs, _, _ in solve],
+                                       options=self.cfg.gptq_options(),
+                                       names=[[f"{n}.weight" for n in lins] for lins, _, _, _ in solve])
+        for (lins, _, sc, _), group_qts in zip(solve, qts):
+            for (n, lin), qt in zip(lins.items(), group_qts):
                 q = QuantLinear.from_quantized(qt, self.scheme, lin.bias, name=n, dtype=lin.weight.dtype, **sc)
                 set_submodule(root, rel[n], q)
 

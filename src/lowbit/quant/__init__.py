@@ -1,7 +1,7 @@
 """Block scaling, quantization and packing: pure functions on tensors."""
 
 from lowbit.quant.gptq import (
-    GPTQOptions, WeightRounding, gptq_quantize, gptq_quantize_shared, inverse_hessian_factor,
+    GPTQOptions, WeightRounding, gptq_quantize, gptq_quantize_groups, gptq_quantize_shared, inverse_hessian_factor,
 )
 from lowbit.quant.packing import pack_int32, pack_nibbles, unpack_int32, unpack_nibbles
 from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor, nibbles
@@ -12,7 +12,8 @@ from lowbit.quant.scaling import (
 )
 
 __all__ = [
-    "QuantizedTensor", "PackedQuantizedTensor", "nibbles", "quantize", "gptq_quantize", "gptq_quantize_shared", "WeightRounding", "GPTQOptions",
+    "QuantizedTensor", "PackedQuantizedTensor", "nibbles", "quantize", "gptq_quantize", "gptq_quantize_groups",
+    "gptq_quantize_shared", "WeightRounding", "GPTQOptions",
     "inverse_hessian_factor", "dequantize", "fake_quantize", "amax", "check_finite",
     "effective_scale", "global_scale_from_amax", "scales_from_amax", "static_scale_from_amax",
     "num_groups", "allows_ragged", "search_scales", "group_error", "pack_nibbles", "unpack_nibbles", "pack_int32", "unpack_int32",

@@ -12,14 +12,16 @@ keep sharing it) and stay fixed, so the result is a ``QuantizedTensor`` of exact
 round-to-nearest produces and every backend and file format takes it unchanged. Its codes are
 ``quantize(Q, spec, scale=..., global_scale=...)`` of the GPTQ-rounded weights Q.
 
-Steps (float64 Cholesky, float32 updates):
+Steps (H summed and damped in float64; factorization and updates in float32, as in the
+reference GPTQ code):
 1. dead inputs (H[i, i] == 0): the column of W is set to zero and H[i, i] to 1;
 2. act_order (optional): columns are visited by decreasing H[i, i] (each still uses its own
    group's scale, fixed up front);
 3. damping: H += damp * mean(diag H) * I (raised tenfold up to 4 times if Cholesky fails);
 4. U = upper Cholesky factor of H^-1; for each column j in blocks of ``block_size``:
    q_j = qdq(w_j) with its fixed scale, e = (w_j - q_j) / U[j, j],
-   w_k -= e * U[j, k] for k > j (inside the block at once, the rest lazily per block).
+   w_k -= e * U[j, k] for k > j (inside the block at once, the rest lazily per block)
+   (``lowbit.quant.gptq_solve``, where the fused groups of one layer share the loop).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from enum import Enum
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics import IntFormat, get_format
+from lowbit.numerics import get_format
+from lowbit.quant.gptq_solve import solve_columns
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scaling import effective_scale, quantize
 from lowbit.schemes import Granularity, QuantSpec
@@ -44,12 +47,6 @@ class WeightRounding(str, Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-# columns updated one by one inside a block before a matrix update of the rest of the block:
-# keeps the per-column updates small (single-threaded, cache-resident); the result differs
-# from a column-by-column update of the whole block only in float32 summation order
-_SUB = 16
 
 
 @dataclass(frozen=True)
@@ -69,39 +66,67 @@ class GPTQOptions:
             raise QuantizationError(f"gptq block_size must be a positive integer, got {self.block_size!r}")
 
 
-def _column_scales(qt: QuantizedTensor, in_features: int) -> torch.Tensor:
-    """The effective scale of every weight element [out, in] (0 where the group is all zero)."""
+def _column_scales(qt: QuantizedTensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(effective scale, divisor) of every weight element, transposed: [in, out] each (the
+    divisor is the scale, 1 where the scale is 0: an all-zero group). Made from the per-group
+    scales without an [out, in] intermediate; per-channel and per-tensor ones are expanded
+    views."""
     spec = qt.spec
     eff = effective_scale(qt.scale, spec, qt.global_scale).to(torch.float32)
+    div = torch.where(eff != 0, eff, torch.ones((), dtype=torch.float32))
     out = qt.codes.shape[0]
-    if spec.granularity is Granularity.GROUP:
+    if spec.granularity is Granularity.GROUP:  # [out, G] -> [G * g, out] -> [in, out]
         g = spec.group_size
-        return eff.repeat_interleave(g, dim=-1)[:, :in_features].expand(out, in_features)
-    return eff.reshape(-1, 1).expand(out, in_features)  # CHANNEL [out, 1] or TENSOR [1]
+        return tuple(t.t().repeat_interleave(g, dim=0)[:in_features] for t in (eff, div))
+    return tuple(t.reshape(1, -1).expand(in_features, out) for t in (eff, div))  # CHANNEL [out, 1], TENSOR [1]
 
 
-def inverse_hessian_factor(H: torch.Tensor, damping: float, name: str = "weight") -> torch.Tensor:
-    """Upper Cholesky factor of (H + damping * mean(diag H) * I)^-1, float64 (H: dead columns
-    already fixed). The damping is raised tenfold (up to 4 times) if H is not positive definite."""
+def inverse_hessian_factor(H: torch.Tensor, damping: float, name: str = "weight",
+                           dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Upper Cholesky factor U of (H + damping * mean(diag H) * I)^-1 (U^T U = H^-1), computed
+    and returned in ``dtype`` (H: dead columns already fixed; the damping is added in float64).
+    The damping is raised tenfold (up to 4 times) if H is not positive definite.
+
+    With J the reversal permutation and L the lower Cholesky factor of J H J: H^-1 = J L^-T L^-1 J
+    = U^T U for U = J L^-1 J, upper triangular with a positive diagonal, so one Cholesky and one
+    triangular inverse replace Cholesky, inverse from Cholesky and a second Cholesky."""
     H = H.to(torch.float64)
-    n = H.shape[0]
     mean_diag = float(torch.diagonal(H).mean())
     if mean_diag <= 0:
         mean_diag = 1.0
-    eye = torch.eye(n, dtype=torch.float64, device=H.device)
     d = damping
     for _ in range(5):
-        L, info = torch.linalg.cholesky_ex(H + (d * mean_diag) * eye)
+        damped = H.flip(0, 1)
+        damped.diagonal().add_(d * mean_diag)
+        L, info = torch.linalg.cholesky_ex(damped.to(dtype))
+        del damped
         if int(info) == 0:
-            Hinv = torch.cholesky_inverse(L)
-            U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
-            if int(info) == 0:
-                return U
+            inv = torch.zeros_like(L)
+            _lower_triangular_inverse(L, inv)
+            if bool(torch.isfinite(inv).all()):
+                return inv.flip(0, 1)
         d *= 10.0
     raise QuantizationError(f"gptq: the Hessian of {name!r} is not positive definite even with damping {d / 10:g}")
 
 
-def _check(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, name: str) -> None:
+def _lower_triangular_inverse(L: torch.Tensor, out: torch.Tensor, base: int = 128) -> None:
+    """Write L^-1 of a lower triangular L with a nonzero diagonal into the lower triangle of
+    ``out`` (its strict upper triangle is not touched), by halves: [[A, 0], [B, C]]^-1 =
+    [[A^-1, 0], [-C^-1 B A^-1, C^-1]] (n^3 / 3 multiply-adds, where a triangular solve against
+    the identity does n^3)."""
+    n = L.shape[0]
+    if n <= base:
+        out.copy_(torch.linalg.solve_triangular(L, torch.eye(n, dtype=L.dtype, device=L.device), upper=False))
+        return
+    h = n // 2
+    _lower_triangular_inverse(L[:h, :h], out[:h, :h], base)
+    _lower_triangular_inverse(L[h:, h:], out[h:, h:], base)
+    torch.matmul(out[h:, h:], L[h:, :h] @ out[:h, :h], out=out[h:, :h])
+    out[h:, :h].neg_()
+
+
+def _check(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, name: str, first: bool = True) -> None:
+    """Shapes and spec of one weight; the values of H only for the ``first`` weight reading it."""
     if W.dim() != 2:
         raise QuantizationError(f"gptq: weight {name!r} must be 2-D [out, in], got shape {tuple(W.shape)}")
     in_f = W.shape[1]
@@ -109,7 +134,7 @@ def _check(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, name: str) -> None
         raise QuantizationError(f"gptq: Hessian of {name!r} has shape {tuple(H.shape)}, expected ({in_f}, {in_f})")
     if not spec.symmetric:
         raise QuantizationError(f"gptq: weight {name!r}: asymmetric weight specs ({spec.describe()}) are not supported")
-    if not bool(torch.isfinite(H).all()):
+    if first and not bool(torch.isfinite(H.sum())) and not bool(torch.isfinite(H).all()):  # sum: one pass
         raise QuantizationError(f"gptq: Hessian of {name!r} has NaN/Inf values")
 
 
@@ -129,67 +154,67 @@ def gptq_quantize_shared(Ws: list[torch.Tensor], H: torch.Tensor, spec: QuantSpe
     """``gptq_quantize`` of several weights that read the same input (q/k/v, gate/up: one
     Hessian), solved as one stacked matrix (rows are independent in GPTQ, so this equals
     separate solves up to float32 summation order); each keeps its own scales."""
-    names = names or [f"weight{i}" for i in range(len(Ws))]
-    global_scales = global_scales or [None] * len(Ws)
-    for W, n in zip(Ws, names):
-        _check(W, H, spec, n)
-    Ws = [W.detach().to(torch.float32) for W in Ws]
-    rtns = [quantize(W, spec, global_scale=g, name=n) for W, g, n in zip(Ws, global_scales, names)]
-    eff = torch.cat([_column_scales(r, W.shape[1]) for r, W in zip(rtns, Ws)])
-    Q = _solve(torch.cat(Ws), H, eff, spec, options, names[0])
-    out, r0 = [], 0
-    for W, r, n in zip(Ws, rtns, names):
-        q = Q[r0:r0 + W.shape[0]]
-        r0 += W.shape[0]
-        out.append(quantize(q, spec, scale=r.scale, global_scale=r.global_scale, name=n))
+    return gptq_quantize_groups([Ws], [H], spec, global_scales=[global_scales] if global_scales else None,
+                                options=options, names=[names] if names else None)[0]
+
+
+def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor], spec: QuantSpec, *,
+                         global_scales: list[list[torch.Tensor | None]] | None = None,
+                         options: GPTQOptions = GPTQOptions(),
+                         names: list[list[str]] | None = None) -> list[list[QuantizedTensor]]:
+    """``gptq_quantize_shared`` of several groups, each with its own Hessian (the fused groups
+    of one decoder layer). Without act_order, groups of the same input width share one column
+    loop (``lowbit.quant.gptq_solve``): the same numbers as separate solves up to float32
+    summation order, in fewer (larger) operations."""
+    names = names or [[f"group{g}.weight{i}" for i in range(len(Ws))] for g, Ws in enumerate(groups)]
+    global_scales = global_scales or [[None] * len(Ws) for Ws in groups]
+    for Ws, H, ns in zip(groups, Hs, names):
+        for i, (W, n) in enumerate(zip(Ws, ns)):
+            _check(W, H, spec, n, first=i == 0)
+    batches: dict[int, list[int]] = {}
+    for k, Ws in enumerate(groups):
+        batches.setdefault(Ws[0].shape[1] if not options.act_order else -1 - k, []).append(k)
+    out: list[list[QuantizedTensor]] = [[] for _ in groups]
+    for ks in batches.values():  # one batch at a time: its inverse Hessian factors are alive together
+        parts, perms, rtns, scales = [], [], {}, []
+        for k in ks:
+            Ws = [W.detach().to(torch.float32) for W in groups[k]]
+            rtns[k] = [quantize(W, spec, global_scale=g, name=n) for W, g, n in zip(Ws, global_scales[k], names[k])]
+            W, u, perm = _prepare_part(torch.cat(Ws), Hs[k], options, names[k][0])
+            for r in rtns[k]:
+                eff_t, div_t = _column_scales(r, W.shape[1])
+                scales.append((eff_t, div_t) if perm is None else (eff_t[perm], div_t[perm]))
+            parts.append((W, u))
+            perms.append(perm)
+        eff_t = torch.cat([e for e, _ in scales], dim=1)
+        div_t = torch.cat([d for _, d in scales], dim=1)
+        del scales
+        qs = solve_columns(parts, eff_t, div_t, get_format(spec.format), options.block_size)
+        del parts, eff_t, div_t
+        for k, Q, perm in zip(ks, qs, perms):
+            if perm is not None:
+                Q = Q[:, torch.argsort(perm)]
+            r0 = 0
+            for r, n in zip(rtns[k], names[k]):
+                q = Q[r0:r0 + r.codes.shape[0]]
+                r0 += r.codes.shape[0]
+                out[k].append(quantize(q, spec, scale=r.scale, global_scale=r.global_scale, name=n))
     return out
 
 
-def _solve(W: torch.Tensor, H: torch.Tensor, eff: torch.Tensor, spec: QuantSpec, options: GPTQOptions,
-           name: str) -> torch.Tensor:
-    """The GPTQ-rounded (dequantized) weights [out, in] for fixed effective scales ``eff``."""
-    out_f, in_f = W.shape
-    fmt = get_format(spec.format)
-    W = W.clone()
-    H = H.detach().to(torch.float64).clone()
+def _prepare_part(W: torch.Tensor, H: torch.Tensor, options: GPTQOptions, name: str):
+    """(W, -Ub, perm) for ``solve_columns``: dead inputs (H[i, i] == 0) zeroed in W with
+    H[i, i] = 1, columns permuted by decreasing H[i, i] under act_order (perm, else None)."""
+    H = H.detach().to(torch.float64)
     dead = torch.diagonal(H) == 0
     if bool(dead.any()):
+        H = H.clone()
         H[dead, dead] = 1.0
+        W = W.clone()
         W[:, dead] = 0.0
     perm = None
     if options.act_order:
         perm = torch.argsort(torch.diagonal(H), descending=True, stable=True)
-        W, H, eff = W[:, perm], H[perm][:, perm], eff[:, perm]
-    U = inverse_hessian_factor(H, float(options.damping), name).to(torch.float32)
-    del H
-    nonzero = eff != 0  # the full-range rule's scales may be negative
-    divisor = torch.where(nonzero, eff, torch.ones_like(eff))
-    is_int = isinstance(fmt, IntFormat)
-
-    Q = torch.zeros_like(W)
-    bs = options.block_size
-    for i1 in range(0, in_f, bs):
-        i2 = min(i1 + bs, in_f)
-        W1 = W[:, i1:i2].clone()
-        E1 = torch.zeros_like(W1)
-        U1 = U[i1:i2, i1:i2]
-        for s1 in range(0, i2 - i1, _SUB):
-            s2 = min(s1 + _SUB, i2 - i1)
-            for i in range(s1, s2):
-                j = i1 + i
-                w = W1[:, i]
-                q = fmt.qdq(w / divisor[:, j])
-                if is_int:
-                    q = q + 0.0
-                q = torch.where(nonzero[:, j], q * eff[:, j], torch.zeros_like(q))
-                Q[:, j] = q
-                e = (w - q) / U1[i, i]
-                W1[:, i + 1:s2] -= e.unsqueeze(1) * U1[i, i + 1:s2].unsqueeze(0)
-                E1[:, i] = e
-            if s2 < i2 - i1:
-                W1[:, s2:] -= E1[:, s1:s2] @ U1[s1:s2, s2:]
-        if i2 < in_f:
-            W[:, i2:] -= E1 @ U[i1:i2, i2:]
-    if perm is not None:
-        Q = Q[:, torch.argsort(perm)]
-    return Q
+        W, H = W[:, perm], H[perm][:, perm]
+    U = inverse_hessian_factor(H, float(options.damping), name, dtype=torch.float32)
+    return W, U / (-torch.diagonal(U)).unsqueeze(1), perm

@@ -33,6 +33,7 @@ import torch
 
 from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.quant.groups import reduce_groups
+from lowbit.quant.nearest import round_nearest_, supports
 from lowbit.quant.scales import asymmetric_from_range, effective_scale, group_range, scales_from_amax
 from lowbit.schemes import QuantSpec
 
@@ -87,6 +88,8 @@ def group_error(
         else:
             zp = zero_point.to(torch.float32).unsqueeze(-1)
             t.round_().add_(zp).clamp_(fmt.qmin, fmt.qmax).sub_(zp)
+    elif supports(fmt):  # fmt.qdq up to the sign of zero, which the squares do not see
+        round_nearest_(t, fmt)
     else:
         t = fmt.qdq(t)
     t.mul_(eff.unsqueeze(-1)).sub_(v)  # a zero scale dequantizes to zero, as quantize does
