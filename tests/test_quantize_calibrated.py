@@ -97,3 +97,41 @@ def test_text_calibration_with_tokenizer(llama, token_ids):
     rep = q.lowbit_calibration
     assert rep.num_samples == 4 and rep.seq_len == 32 and rep.sink_positions == 0
     assert torch.isfinite(q(token_ids).logits).all()
+
+
+def _input_amax(model, ids, name):
+    """max |input| of linear ``name`` in a forward of ``model`` on ``ids``."""
+    seen = []
+    h = model.get_submodule(name).register_forward_pre_hook(lambda _m, a: seen.append(a[0].abs().amax()))
+    with torch.no_grad():
+        model(ids)
+    h.remove()
+    return float(torch.stack(seen).amax())
+
+
+@pytest.mark.parametrize("layer_inputs", ["quantized", "float"])
+def test_layer_inputs_float_observes_the_float_model(llama, layer_inputs):
+    ids = _calib()
+    name = "model.layers.1.self_attn.o_proj"
+    want_float = _input_amax(llama, ids, name)
+    q = lowbit.quantize(copy.deepcopy(llama), "w8a8-int8", ids, num_samples=8, seq_len=32, batch_size=8,
+                        layer_inputs=layer_inputs)
+    rep = q.lowbit_calibration
+    assert rep.layer_inputs == layer_inputs
+    got = rep.groups[name].amax_all
+    if layer_inputs == "float":
+        # the float model's activations: the same amax as a plain float forward (same batch)
+        assert got == pytest.approx(want_float, rel=1e-6)
+    else:
+        # layer 1 sees layer 0's quantized outputs: a (slightly) different amax
+        assert got != pytest.approx(want_float, rel=1e-6) and got == pytest.approx(want_float, rel=0.1)
+    assert _rel(q, llama(ids).logits.detach(), ids) < BOUNDS["w8a8-int8"] * 3
+
+
+def test_layer_inputs_is_checked():
+    from lowbit.calibration import CalibrationConfig, CalibrationError
+
+    with pytest.raises(CalibrationError, match="layer_inputs"):
+        CalibrationConfig(layer_inputs="fp16")
+    assert CalibrationConfig(layer_inputs="float").layer_inputs.value == "float"
+

@@ -83,6 +83,11 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/lowbit-peers/work")
     ap.add_argument("--reuse", action="store_true", help="reuse a tool's result already in --work (same ids)")
     ap.add_argument("--lowbit-gptq", action="store_true", help="also run lowbit with GPTQ weight rounding")
+    ap.add_argument("--lowbit-float", action="store_true",
+                    help="also run lowbit's defaults calibrated on float layer inputs (layer_inputs='float')")
+    ap.add_argument("--lowbit-rtn", action="store_true",
+                    help="also run lowbit with round-to-nearest weights (for schemes whose default is GPTQ), "
+                         "calibrated layer by layer on quantized and on float inputs")
     ap.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
     a = ap.parse_args()
 
@@ -112,6 +117,11 @@ def main() -> None:
     tools = [("lowbit", Path(sys.executable), None)]
     if a.lowbit_gptq:
         tools.append(("lowbit-gptq", Path(sys.executable), None))
+    if a.lowbit_float:
+        tools.append(("lowbit-float", Path(sys.executable), None))
+    if a.lowbit_rtn:
+        tools.append(("lowbit-rtn", Path(sys.executable), None))
+        tools.append(("lowbit-rtn-float", Path(sys.executable), None))
     for p in [p for p in a.peers.split(",") if p]:
         if p not in PEERS:
             raise SystemExit(f"unknown peer {p!r}; known: {', '.join(PEERS)}")

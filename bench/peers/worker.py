@@ -67,18 +67,23 @@ def perplexity(model, ids, window: int) -> tuple[float, int]:
 
 
 # ----------------------------------------------------------------------------- tools
-def q_lowbit(model, tok, scheme, calib):
+def q_lowbit(model, tok, scheme, calib, **options):
     import lowbit
 
     from lowbit.report.compare import set_backends
 
     s = lowbit.get_scheme(scheme)
     if s.needs_calibration:
-        lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256)
+        lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256, **options)
     else:
         lowbit.quantize(model, s)
     set_backends(model, "fast")
     return model, lowbit.__version__
+
+
+def q_lowbit_float(model, tok, scheme, calib):
+    """lowbit's defaults (GPTQ where that is the default) calibrated on float layer inputs."""
+    return q_lowbit(model, tok, scheme, calib, layer_inputs="float")
 
 
 def q_lowbit_gptq(model, tok, scheme, calib):
@@ -93,6 +98,29 @@ def q_lowbit_gptq(model, tok, scheme, calib):
                     weight_rounding="gptq", smoothquant=default_alpha(s))
     set_backends(model, "fast")
     return model, lowbit.__version__
+
+
+def q_lowbit_rtn(model, tok, scheme, calib, **options):
+    """lowbit with round-to-nearest weights (calibrated on the same text when the scheme needs it)."""
+    import lowbit
+
+    from lowbit.report.compare import set_backends
+    from lowbit.smoothquant.defaults import default_alpha
+
+    s = lowbit.get_scheme(scheme)
+    if s.needs_calibration:
+        lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256,
+                        weight_rounding="rtn", smoothquant=default_alpha(s), **options)
+    else:
+        lowbit.quantize(model, s)
+    set_backends(model, "fast")
+    return model, lowbit.__version__
+
+
+def q_lowbit_rtn_float(model, tok, scheme, calib):
+    """lowbit RTN calibrated on the float model's activations (layer_inputs="float": one float
+    pass per layer, as llm-compressor's one-shot calibration observes)."""
+    return q_lowbit_rtn(model, tok, scheme, calib, layer_inputs="float")
 
 
 AUTOROUND_SCHEMES = {"w4a16": "W4A16", "w8a16": "W8A16", "nvfp4": "NVFP4", "mxfp4": "MXFP4",
@@ -164,7 +192,7 @@ def q_torchao(model, tok, scheme, calib):
     return model, torchao.__version__
 
 
-TOOLS = {"lowbit": q_lowbit, "lowbit-gptq": q_lowbit_gptq, "auto-round": q_autoround, "llmcompressor": q_llmcompressor, "torchao": q_torchao}
+TOOLS = {"lowbit": q_lowbit, "lowbit-float": q_lowbit_float, "lowbit-gptq": q_lowbit_gptq, "lowbit-rtn": q_lowbit_rtn, "lowbit-rtn-float": q_lowbit_rtn_float, "auto-round": q_autoround, "llmcompressor": q_llmcompressor, "torchao": q_torchao}
 
 
 def calib_texts(path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Sequence
 
@@ -34,6 +35,16 @@ BUILTIN = "builtin"
 
 class CalibrationError(LowbitError, ValueError):
     """Calibration data cannot be built as asked."""
+
+
+class LayerInputs(str, Enum):
+    """What each decoder layer is calibrated on (see ``CalibrationConfig.layer_inputs``)."""
+
+    QUANTIZED = "quantized"  # the outputs of the layers before it, already quantized
+    FLOAT = "float"          # the float model's activations (one float forward per layer)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,11 @@ class CalibrationConfig:
     gptq_block_size: columns per lazy batch update of GPTQ (speed only).
     gptq_act_order: quantize columns by decreasing Hessian diagonal (scales still computed up
         front, per group, so the files keep the standard layout).
+    layer_inputs: "quantized" (default): each layer sees the outputs of the already quantized
+        layers before it, so its static scales and Hessians fit the inputs it will get (two
+        passes per layer: observe, then run the quantized layer); "float": the float model's
+        activations, one float pass per layer (the observe pass gives the next layer's inputs),
+        about half the forward cost; what llm-compressor's one-shot calibration observes.
     """
 
     num_samples: int = 16
@@ -96,6 +112,7 @@ class CalibrationConfig:
     gptq_damping: float = 0.01
     gptq_block_size: int = 128
     gptq_act_order: bool = False
+    layer_inputs: LayerInputs = LayerInputs.QUANTIZED
 
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
@@ -124,6 +141,11 @@ class CalibrationConfig:
         if isinstance(self.gptq_block_size, bool) or not isinstance(self.gptq_block_size, int) \
                 or self.gptq_block_size < 1:
             raise CalibrationError(f"gptq_block_size must be a positive integer, got {self.gptq_block_size!r}")
+        try:
+            object.__setattr__(self, "layer_inputs", LayerInputs(self.layer_inputs))
+        except ValueError:
+            raise CalibrationError(f"unknown layer_inputs {self.layer_inputs!r}; known: "
+                                   f"{', '.join(k.value for k in LayerInputs)}") from None
         if not isinstance(self.gptq_act_order, bool):
             raise CalibrationError(f"gptq_act_order must be True or False, got {self.gptq_act_order!r}")
 

@@ -35,7 +35,7 @@ import torch.nn as nn
 from lowbit.calibration.capture import (
     Inputs, capture_layer_inputs, find_decoder_layers, observe_layer, observing, run_layer, with_hidden,
 )
-from lowbit.calibration.data import CalibrationConfig
+from lowbit.calibration.data import CalibrationConfig, LayerInputs
 from lowbit.calibration.hessian import HessianSum
 from lowbit.calibration.observers import MaxObserver, Observer, make_observer
 from lowbit.calibration.scales import input_scales_from_amax
@@ -66,6 +66,7 @@ class CalibrationReport:
     smoothquant: object
     smoothing_family: str | None
     weight_rounding: str = "rtn"
+    layer_inputs: str = "quantized"
     gptq: dict | None = None            # GPTQ options (damping, block_size, act_order) when used
     groups: dict[str, GroupReport] = field(default_factory=dict)
     seconds: float = 0.0
@@ -180,7 +181,8 @@ class LayerwiseCalibrator:
         self.report = CalibrationReport(scheme.name, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
                                         smoothquant, family if self.maps else None,
                                         weight_rounding=rounding.value,
-                                        gptq=dataclasses.asdict(cfg.gptq_options()) if self.gptq else None)
+                                        gptq=dataclasses.asdict(cfg.gptq_options()) if self.gptq else None,
+                                        layer_inputs=cfg.layer_inputs.value)
 
     # ------------------------------------------------------------------ helpers
     def _new_stats(self) -> _GroupStats:
@@ -193,10 +195,18 @@ class LayerwiseCalibrator:
         return _GroupStats(obs, rows, hessian=self.gptq)
 
     def _observe_pass(self, root: nn.Module, groups: list[list[str]], inputs: Inputs,
-                      stats: dict[str, _GroupStats], rel: dict[str, str]) -> None:
+                      stats: dict[str, _GroupStats], rel: dict[str, str],
+                      outputs: bool = False) -> list[torch.Tensor] | None:
+        """Observe the groups' inputs; with ``outputs`` the layer runs to its end and its outputs
+        are returned (the next layer's inputs under layer_inputs="float")."""
         mods = {g[0]: root.get_submodule(rel[g[0]]) for g in groups}
         sinks = self.cfg.sink_positions
-        observe_layer(root, inputs, mods, lambda n, x: stats[n].observe(x, sinks))
+        fn = lambda n, x: stats[n].observe(x, sinks)  # noqa: E731
+        if not outputs:
+            observe_layer(root, inputs, mods, fn)
+            return None
+        with observing(mods, fn):
+            return run_layer(root, inputs)
 
     def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
                 stats: dict[str, _GroupStats]) -> list[str]:
@@ -279,15 +289,19 @@ class LayerwiseCalibrator:
         if found is not None:
             path, layers = found
             inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
+            float_inputs = self.cfg.layer_inputs is LayerInputs.FLOAT
             for i, layer in enumerate(layers):
                 prefix = f"{path}.{i}."
                 lnames = [n for n in names if n.startswith(prefix)]
+                more = i + 1 < len(layers)
+                outs = None
                 if lnames:
-                    self._layer(layer, prefix, lnames, inputs)
+                    outs = self._layer(layer, prefix, lnames, inputs, outputs=float_inputs and more)
                     done.update(lnames)
-                if i + 1 < len(layers):
-                    with _fast_backends(layer):
-                        outs = run_layer(layer, inputs)
+                if more:
+                    if outs is None:
+                        with _fast_backends(layer):
+                            outs = run_layer(layer, inputs)
                     inputs = [with_hidden(c, o) for c, o in zip(inputs, outs)]
             del inputs
         elif self.maps:
@@ -299,11 +313,14 @@ class LayerwiseCalibrator:
         self.report.seconds = time.perf_counter() - t0
         return self.report
 
-    def _layer(self, layer: nn.Module, prefix: str, lnames: list[str], inputs: Inputs) -> None:
+    def _layer(self, layer: nn.Module, prefix: str, lnames: list[str], inputs: Inputs,
+               outputs: bool = False) -> list[torch.Tensor] | None:
+        """Calibrate and quantize one layer; with ``outputs``, return the float layer's outputs
+        (computed by the observe pass, before smoothing, which leaves them unchanged)."""
         rel = {n: n[len(prefix):] for n in lnames}
         groups = fused_groups(lnames)
         stats = {g[0]: self._new_stats() for g in groups}
-        self._observe_pass(layer, groups, inputs, stats, rel)
+        outs = self._observe_pass(layer, groups, inputs, stats, rel, outputs=outputs)
         if self.maps:
             stale = self._smooth(layer, rel, groups, stats)
             if stale:
@@ -312,6 +329,7 @@ class LayerwiseCalibrator:
                 for k, st in fresh.items():
                     stats[k] = st
         self._quantize_groups(layer, groups, rel, stats)
+        return outs
 
     def _whole_model(self, names: list[str], tokens: torch.Tensor) -> None:
         """Linears outside the decoder layers: observe during full forwards, then quantize."""
