@@ -87,6 +87,8 @@ def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
     (["quantize", "builtin", "--scheme", "w8a8-int8", "--smoothquant", "often"], "'default' or 'none'"),
     (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--smoothquant", "0.5"],
      "--model-free takes no calibration"),
+    (["quantize", "builtin", "--scheme", "nvfp4", "--layer-inputs", "fp16"],
+     "--layer-inputs must be one of quantized, float, got 'fp16'"),
     (["quantize", "builtin", "--scheme", "w4a16", "--weight-rounding", "awq"],
      "--weight-rounding must be one of rtn, gptq, got 'awq'"),
     (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--weight-rounding", "gptq"],

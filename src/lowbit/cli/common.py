@@ -72,3 +72,15 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} GB"
+
+
+def parse_layer_inputs(value: str):
+    """--layer-inputs: a lowbit.calibration.LayerInputs."""
+    from lowbit.calibration import LayerInputs
+
+    try:
+        return LayerInputs(value)
+    except ValueError:
+        raise OptionError(f"--layer-inputs must be one of {', '.join(k.value for k in LayerInputs)}, "
+                          f"got {value!r}") from None
+

@@ -11,7 +11,9 @@ from typing import Optional
 import typer
 
 from lowbit.cli.app import app, console, err_console
-from lowbit.cli.common import OptionError, human_bytes, model_arg, parse_smoothquant, parse_weight_rounding
+from lowbit.cli.common import (
+    OptionError, human_bytes, model_arg, parse_layer_inputs, parse_smoothquant, parse_weight_rounding,
+)
 from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.errors import LowbitError
 
@@ -42,6 +44,10 @@ def quantize_cmd(
         None, "--weight-rounding",
         help="Weight rounding with calibration: 'rtn' (round to nearest) or 'gptq' (error-compensating; "
              "calibrates weight-only and dynamic schemes too)."),
+    layer_inputs: Optional[str] = typer.Option(
+        None, "--layer-inputs",
+        help="What each layer is calibrated on: 'quantized' (the quantized layers' outputs; default) or 'float' "
+             "(the float model's activations: one float pass per layer, about half the calibration time)."),
     model_free: bool = typer.Option(False, "--model-free", help="Quantize shards directly (no calibration, no forward)."),
     workers: int = typer.Option(1, "--workers", help="CPU cores for --model-free (worker processes or threads)."),
     device: Optional[str] = typer.Option(None, "--device", help="Quantize on this torch device with --model-free "
@@ -61,10 +67,12 @@ def quantize_cmd(
     sq_choice = parse_smoothquant(smoothquant)
     sq = resolve_alpha(sq_choice, sch, static_only=False)
     wr = parse_weight_rounding(weight_rounding)
+    li = parse_layer_inputs(layer_inputs) if layer_inputs is not None else None
     t0 = time.perf_counter()
     if model_free:
-        if calib is not None or sq_choice != DEFAULT or wr is not None:
-            raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding, "
+        if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None:
+            raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
+                              "--layer-inputs, "
                               "or drop --model-free")
         try:
             from lowbit.modelfree import quantize_checkpoint
@@ -94,6 +102,8 @@ def quantize_cmd(
             kwargs["seq_len"] = calib_seq_len
         if wr is not None:
             kwargs["weight_rounding"] = wr
+        if li is not None:
+            kwargs["layer_inputs"] = li
         needs = sch.needs_calibration or sq is not None or wr is WeightRounding.GPTQ
         if not needs and (calib is not None or kwargs):
             err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
