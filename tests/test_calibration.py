@@ -192,7 +192,7 @@ def test_layer_by_layer_feeds_quantized_outputs(llama):
     quantized model gives back exactly the amax the calibration used."""
     ids = _calib()
     q = lowbit.quantize(copy.deepcopy(llama), "w8a8-int8", ids, num_samples=4, seq_len=32, batch_size=2,
-                        sink_positions=0)
+                        sink_positions=0, layer_inputs="quantized")  # RTN's default is "float"
     rep = q.lowbit_calibration.groups["model.layers.1.self_attn.q_proj"]
     seen = []
     h = q.model.layers[1].self_attn.q_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0].abs().amax()))

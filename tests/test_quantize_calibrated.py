@@ -128,10 +128,16 @@ def test_layer_inputs_float_observes_the_float_model(llama, layer_inputs):
     assert _rel(q, llama(ids).logits.detach(), ids) < BOUNDS["w8a8-int8"] * 3
 
 
-def test_layer_inputs_is_checked():
+def test_layer_inputs_is_checked_and_defaults_by_rounding():
     from lowbit.calibration import CalibrationConfig, CalibrationError
 
     with pytest.raises(CalibrationError, match="layer_inputs"):
         CalibrationConfig(layer_inputs="fp16")
     assert CalibrationConfig(layer_inputs="float").layer_inputs.value == "float"
+    cfg = CalibrationConfig()
+    # RTN weights: float inputs (one pass per layer); GPTQ: the sequential quantized inputs
+    assert cfg.inputs_for(PRESETS["w8a8-int8"]).value == "float"
+    assert cfg.inputs_for(PRESETS["nvfp4"]).value == "quantized"
+    assert CalibrationConfig(weight_rounding="rtn").inputs_for(PRESETS["nvfp4"]).value == "float"
+    assert CalibrationConfig(layer_inputs="quantized").inputs_for(PRESETS["w8a8-int8"]).value == "quantized"
 

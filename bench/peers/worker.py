@@ -100,8 +100,10 @@ def q_lowbit_gptq(model, tok, scheme, calib):
     return model, lowbit.__version__
 
 
-def q_lowbit_rtn(model, tok, scheme, calib, **options):
-    """lowbit with round-to-nearest weights (calibrated on the same text when the scheme needs it)."""
+def q_lowbit_rtn(model, tok, scheme, calib, layer_inputs="quantized"):
+    """lowbit with round-to-nearest weights (calibrated on the same text when the scheme needs it),
+    layer by layer on the quantized layers' outputs (lowbit-rtn-float: on float activations,
+    lowbit's default with RTN weights)."""
     import lowbit
 
     from lowbit.report.compare import set_backends
@@ -110,7 +112,7 @@ def q_lowbit_rtn(model, tok, scheme, calib, **options):
     s = lowbit.get_scheme(scheme)
     if s.needs_calibration:
         lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256,
-                        weight_rounding="rtn", smoothquant=default_alpha(s), **options)
+                        weight_rounding="rtn", smoothquant=default_alpha(s), layer_inputs=layer_inputs)
     else:
         lowbit.quantize(model, s)
     set_backends(model, "fast")

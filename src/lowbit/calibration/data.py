@@ -92,11 +92,18 @@ class CalibrationConfig:
     gptq_block_size: columns per lazy batch update of GPTQ (speed only).
     gptq_act_order: quantize columns by decreasing Hessian diagonal (scales still computed up
         front, per group, so the files keep the standard layout).
-    layer_inputs: "quantized" (default): each layer sees the outputs of the already quantized
-        layers before it, so its static scales and Hessians fit the inputs it will get (two
-        passes per layer: observe, then run the quantized layer); "float": the float model's
-        activations, one float pass per layer (the observe pass gives the next layer's inputs),
-        about half the forward cost; what llm-compressor's one-shot calibration observes.
+    layer_inputs: "quantized": each layer sees the outputs of the already quantized layers
+        before it (two passes per layer: observe, then run the quantized layer); "float": the
+        float model's activations, one float pass per layer (the observe pass gives the next
+        layer's inputs), about half the forward cost; what llm-compressor's one-shot calibration
+        observes. Default (None): ``default_layer_inputs(rounding)``: "float" with RTN weights,
+        "quantized" with GPTQ. Measured on SmolLM2-135M (17 x 512 tokens, 16 x 256 calibration;
+        bench/RESULTS.md, bench/RESULTS-quantize.md), quantized -> float:
+        - RTN: nvfp4 +39.61% -> +37.19% (43.4 -> 23.0 CPU-s); w8a8-int8 with SmoothQuant 0.8
+          +2.53% -> +2.38% (32.3 -> 17.7 CPU-s): better and twice as fast;
+        - GPTQ: nvfp4 +30.12% -> +29.49% (62.4 -> 51.7 CPU-s), w8a8-fp8 with SmoothQuant 0.5
+          +1.89% -> +2.03% (57.3 -> 41.0 CPU-s): mixed, within noise, so GPTQ keeps the
+          sequential inputs it is defined with.
     """
 
     num_samples: int = 16
@@ -112,7 +119,7 @@ class CalibrationConfig:
     gptq_damping: float = 0.01
     gptq_block_size: int = 128
     gptq_act_order: bool = False
-    layer_inputs: LayerInputs = LayerInputs.QUANTIZED
+    layer_inputs: LayerInputs | None = None
 
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
@@ -142,7 +149,8 @@ class CalibrationConfig:
                 or self.gptq_block_size < 1:
             raise CalibrationError(f"gptq_block_size must be a positive integer, got {self.gptq_block_size!r}")
         try:
-            object.__setattr__(self, "layer_inputs", LayerInputs(self.layer_inputs))
+            if self.layer_inputs is not None:
+                object.__setattr__(self, "layer_inputs", LayerInputs(self.layer_inputs))
         except ValueError:
             raise CalibrationError(f"unknown layer_inputs {self.layer_inputs!r}; known: "
                                    f"{', '.join(k.value for k in LayerInputs)}") from None
@@ -154,9 +162,19 @@ class CalibrationConfig:
         for, else ``default_weight_rounding(scheme)``."""
         return self.weight_rounding if self.weight_rounding is not None else default_weight_rounding(scheme)
 
+    def inputs_for(self, scheme: Scheme) -> LayerInputs:
+        """What layers are calibrated on for ``scheme``: the one asked for, else
+        ``default_layer_inputs(self.rounding_for(scheme))``."""
+        return self.layer_inputs if self.layer_inputs is not None else default_layer_inputs(self.rounding_for(scheme))
+
     def gptq_options(self) -> GPTQOptions:
         return GPTQOptions(damping=float(self.gptq_damping), block_size=self.gptq_block_size,
                            act_order=self.gptq_act_order)
+
+
+def default_layer_inputs(rounding: WeightRounding) -> LayerInputs:
+    """Layer inputs when none are asked for (see ``CalibrationConfig.layer_inputs``)."""
+    return LayerInputs.QUANTIZED if rounding is WeightRounding.GPTQ else LayerInputs.FLOAT
 
 
 def default_weight_rounding(scheme: Scheme) -> WeightRounding:

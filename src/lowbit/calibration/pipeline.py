@@ -182,7 +182,7 @@ class LayerwiseCalibrator:
                                         smoothquant, family if self.maps else None,
                                         weight_rounding=rounding.value,
                                         gptq=dataclasses.asdict(cfg.gptq_options()) if self.gptq else None,
-                                        layer_inputs=cfg.layer_inputs.value)
+                                        layer_inputs=cfg.inputs_for(scheme).value)
 
     # ------------------------------------------------------------------ helpers
     def _new_stats(self) -> _GroupStats:
@@ -289,7 +289,7 @@ class LayerwiseCalibrator:
         if found is not None:
             path, layers = found
             inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
-            float_inputs = self.cfg.layer_inputs is LayerInputs.FLOAT
+            float_inputs = self.cfg.inputs_for(self.scheme) is LayerInputs.FLOAT
             for i, layer in enumerate(layers):
                 prefix = f"{path}.{i}."
                 lnames = [n for n in names if n.startswith(prefix)]

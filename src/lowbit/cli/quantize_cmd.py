@@ -46,8 +46,9 @@ def quantize_cmd(
              "calibrates weight-only and dynamic schemes too)."),
     layer_inputs: Optional[str] = typer.Option(
         None, "--layer-inputs",
-        help="What each layer is calibrated on: 'quantized' (the quantized layers' outputs; default) or 'float' "
-             "(the float model's activations: one float pass per layer, about half the calibration time)."),
+        help="What each layer is calibrated on: 'quantized' (the quantized layers' outputs; default with GPTQ) or "
+             "'float' (the float model's activations: one float pass per layer, about half the calibration "
+             "time; default with RTN weights)."),
     model_free: bool = typer.Option(False, "--model-free", help="Quantize shards directly (no calibration, no forward)."),
     workers: int = typer.Option(1, "--workers", help="CPU cores for --model-free (worker processes or threads)."),
     device: Optional[str] = typer.Option(None, "--device", help="Quantize on this torch device with --model-free "
