@@ -124,11 +124,7 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
             raise CalibrationError("num_samples, seq_len and batch_size must be positive")
-        try:
-            object.__setattr__(self, "observer", ObserverKind(self.observer))
-        except ValueError:
-            raise CalibrationError(f"unknown observer {self.observer!r}; known: "
-                                   f"{', '.join(k.value for k in ObserverKind)}") from None
+        self._coerce("observer", ObserverKind, optional=False)
         if self.observer in (ObserverKind.FULL_RANGE, ObserverKind.HALF_STEP):
             raise CalibrationError(f"observer {self.observer.value!r} is a weight scale rule (QuantSpec.observer); "
                                    "static activation scales take 'max', 'percentile' or 'mse'")
@@ -136,26 +132,28 @@ class CalibrationConfig:
             raise CalibrationError(f"percentile must be in (0, 100], got {self.percentile}")
         if self.sink_positions < 0:
             raise CalibrationError(f"sink_positions must be >= 0, got {self.sink_positions}")
-        try:
-            if self.weight_rounding is not None:
-                object.__setattr__(self, "weight_rounding", WeightRounding(self.weight_rounding))
-        except ValueError:
-            raise CalibrationError(f"unknown weight_rounding {self.weight_rounding!r}; known: "
-                                   f"{', '.join(k.value for k in WeightRounding)}") from None
+        self._coerce("weight_rounding", WeightRounding)
         if isinstance(self.gptq_damping, bool) or not isinstance(self.gptq_damping, (int, float)) \
                 or not 0.0 < self.gptq_damping <= 1.0:
             raise CalibrationError(f"gptq_damping must be a fraction in (0, 1], got {self.gptq_damping!r}")
         if isinstance(self.gptq_block_size, bool) or not isinstance(self.gptq_block_size, int) \
                 or self.gptq_block_size < 1:
             raise CalibrationError(f"gptq_block_size must be a positive integer, got {self.gptq_block_size!r}")
-        try:
-            if self.layer_inputs is not None:
-                object.__setattr__(self, "layer_inputs", LayerInputs(self.layer_inputs))
-        except ValueError:
-            raise CalibrationError(f"unknown layer_inputs {self.layer_inputs!r}; known: "
-                                   f"{', '.join(k.value for k in LayerInputs)}") from None
+        self._coerce("layer_inputs", LayerInputs)
         if not isinstance(self.gptq_act_order, bool):
             raise CalibrationError(f"gptq_act_order must be True or False, got {self.gptq_act_order!r}")
+
+    def _coerce(self, field: str, enum, optional: bool = True) -> None:
+        """Field ``field`` as a member of ``enum`` (None stays None when ``optional``), or a
+        CalibrationError naming the field and its choices."""
+        value = getattr(self, field)
+        if value is None and optional:
+            return
+        try:
+            object.__setattr__(self, field, enum(value))
+        except ValueError:
+            raise CalibrationError(f"unknown {field} {value!r}; known: "
+                                   f"{', '.join(k.value for k in enum)}") from None
 
     def rounding_for(self, scheme: Scheme) -> WeightRounding:
         """The weight rounding used for ``scheme`` when calibration data is given: the one asked

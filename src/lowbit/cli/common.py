@@ -44,17 +44,19 @@ def parse_smoothquant(value: str | None) -> float | str | None:
     return alpha
 
 
+def _enum_option(key: str, given: str, enum, option: str):
+    """``enum(key)``, or an OptionError naming ``option``, its choices and the ``given`` text."""
+    try:
+        return enum(key)
+    except ValueError:
+        raise OptionError(f"{option} must be one of {', '.join(k.value for k in enum)}, got {given!r}") from None
+
+
 def parse_weight_rounding(value: str | None):
     """--weight-rounding: None (not given) or a lowbit.quant.WeightRounding."""
     from lowbit.quant import WeightRounding
 
-    if value is None:
-        return None
-    try:
-        return WeightRounding(value.lower())
-    except ValueError:
-        raise OptionError(f"--weight-rounding must be one of {', '.join(k.value for k in WeightRounding)}, "
-                          f"got {value!r}") from None
+    return None if value is None else _enum_option(value.lower(), value, WeightRounding, "--weight-rounding")
 
 
 def parse_list(value: str, option: str) -> list[str]:
@@ -74,13 +76,8 @@ def human_bytes(n: float | None) -> str:
     return f"{n:.1f} GB"
 
 
-def parse_layer_inputs(value: str):
-    """--layer-inputs: a lowbit.calibration.LayerInputs."""
+def parse_layer_inputs(value: str | None):
+    """--layer-inputs: None (not given) or a lowbit.calibration.LayerInputs."""
     from lowbit.calibration import LayerInputs
 
-    try:
-        return LayerInputs(value)
-    except ValueError:
-        raise OptionError(f"--layer-inputs must be one of {', '.join(k.value for k in LayerInputs)}, "
-                          f"got {value!r}") from None
-
+    return None if value is None else _enum_option(value, value, LayerInputs, "--layer-inputs")

@@ -68,7 +68,7 @@ def quantize_cmd(
     sq_choice = parse_smoothquant(smoothquant)
     sq = resolve_alpha(sq_choice, sch, static_only=False)
     wr = parse_weight_rounding(weight_rounding)
-    li = parse_layer_inputs(layer_inputs) if layer_inputs is not None else None
+    li = parse_layer_inputs(layer_inputs)
     t0 = time.perf_counter()
     if model_free:
         if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None:
