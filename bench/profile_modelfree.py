@@ -33,7 +33,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from lowbit.formats import get_layout
-from lowbit.modelfree.stwriter import StreamingShardWriter
+from lowbit.modelfree.outshape import Entry, ShardFile
+from lowbit.modelfree.source import DTYPE_NAMES
+from lowbit.modelfree.stwriter import RegionWriter, create_shard_file
 from lowbit.numerics import fast_encode
 from lowbit.numerics.native import build as native_build
 from lowbit.quant import QuantizedTensor, check_finite, native_quant, quantize
@@ -148,12 +150,16 @@ def profile(scheme_name: str, path: Path, out_dir: Path, repeat: int) -> list[tu
         assert torch.equal(v, fast_t[k]), k
 
     def write():
-        wr = StreamingShardWriter(out_dir / "o.safetensors", 4096)
+        entries = [Entry(k, DTYPE_NAMES[v.dtype], tuple(v.shape), v.numel() * v.element_size())
+                   for k, v in fast_t.items()]
+        sf = ShardFile.of(entries)
+        create_shard_file(out_dir / "o.safetensors", sf.header, sf.size)
+        wr = RegionWriter(out_dir / "o.safetensors", sf.offsets[0], entries)
         for k, v in fast_t.items():
             wr.add(k, v)
         wr.finish()
 
-    both("write (streaming writer)", write)
+    both("write (in place)", write)
     def reference_whole():
         old_check_finite(w)
         q = S._prepare(w, spec, None, gs, "w")

@@ -98,17 +98,25 @@ def test_a_bad_tensor_in_one_thread_stops_the_run(tmp_path):
     assert not out.exists() and not any(tmp_path.glob(".out*"))
 
 
-def test_an_error_in_the_pipeline_leaves_nothing(sharded, tmp_path, monkeypatch):
+def test_an_error_in_the_pipeline_leaves_nothing_complete(sharded, tmp_path, monkeypatch):
+    """An I/O error mid-run: no output folder, no shard under a final name, no job marked done;
+    the next run with the same arguments rewrites what was half written, to the same bytes."""
     import lowbit.modelfree.worker as worker
 
     def boom(self, src):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(worker._ShardRun, "load", boom)
-    with pytest.raises(OSError, match="disk gone"):
-        mf(sharded, tmp_path / "out", "w4a16")
-    assert not list((tmp_path / ".out.lowbit-tmp").glob("*.partial"))
+    with monkeypatch.context() as m:
+        m.setattr(worker._ShardRun, "load", boom)
+        with pytest.raises(OSError, match="disk gone"):
+            mf(sharded, tmp_path / "out", "w4a16")
+    tmp = tmp_path / ".out.lowbit-tmp"
     assert not (tmp_path / "out").exists()
+    assert not list(tmp.glob("*.safetensors")) and not list(tmp.glob(".modelfree/*.done.json"))
+    assert list(tmp.glob("*.safetensors.partial"))  # kept for the next run, never under a final name
+    again = mf(sharded, tmp_path / "out", "w4a16")
+    assert folder_bytes(again) == folder_bytes(mf(sharded, tmp_path / "fresh", "w4a16"))
+    assert not tmp.exists()
 
 
 def test_device_option_is_checked(sharded, tmp_path):

@@ -11,9 +11,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from lowbit.errors import FormatError
+from lowbit.errors import FormatError, LowbitError
 from lowbit.modelfree import Checkpoint, Kind, make_plan
-from lowbit.modelfree.stwriter import StreamingShardWriter
+from lowbit.modelfree.outshape import ShardFile
+from lowbit.modelfree.stwriter import RegionWriter, create_shard_file, shard_file_matches
 from lowbit.schemes import get_scheme
 from lowbit.targets import quantizable_linears
 
@@ -117,34 +118,72 @@ def test_refused_sources(tmp_path):
         _plan(_write(tmp_path / "int", {"a.weight": (32, 32)}, {"model_type": "llama"}, dtype=torch.int8))
 
 
-def test_streaming_writer_matches_safetensors(tmp_path):
+def _entries(tensors):
+    from lowbit.modelfree.outshape import Entry
+    from lowbit.modelfree.source import DTYPE_NAMES
+
+    return [Entry(k, DTYPE_NAMES[v.dtype], tuple(v.shape), v.numel() * v.element_size()) for k, v in tensors.items()]
+
+
+def test_shard_written_in_place_matches_safetensors(tmp_path):
+    """A shard created at its final size and header, then filled by two writers (in either order,
+    each owning a run of entries): safetensors reads back every tensor, dtype and shape."""
     tensors = {"b.weight": torch.randn(7, 5, dtype=torch.bfloat16), "a.scale": torch.tensor([3.0]),
                "c.codes": torch.randint(0, 255, (4, 6), dtype=torch.uint8), "d.empty": torch.zeros(0, 3),
                "e.fp8": torch.randn(3, 3).to(torch.float8_e4m3fn), "f.scalar": torch.tensor(2.5)}
-    for reserve in (4096, 16):  # room for the header, and too little: the data is moved once
-        path = tmp_path / f"r{reserve}.safetensors"
-        w = StreamingShardWriter(path, reserve)
-        for k, v in tensors.items():
-            w.add(k, v)
-        size = w.finish()
-        assert size == path.stat().st_size and not list(tmp_path.glob("*.partial*"))
+    entries = _entries(tensors)
+    sf = ShardFile.of(entries)
+    assert len(sf.header) % 8 == 0 and sf.size == len(sf.header) + sum(e.nbytes for e in entries)
+    files = []
+    for order in ((0, 1), (1, 0)):
+        path = tmp_path / f"o{order[0]}.safetensors"
+        create_shard_file(path, sf.header, sf.size)
+        assert shard_file_matches(path, sf.header, sf.size)
+        runs = [list(tensors.items())[:3], list(tensors.items())[3:]]
+        for k in order:
+            first = 0 if k == 0 else 3
+            w = RegionWriter(path, sf.offsets[first], entries[first:first + len(runs[k])])
+            for name, t in runs[k]:
+                w.add(name, t)
+            w.finish()
+        files.append(path.read_bytes())
         back = load_file(str(path))
-        assert list(back) == sorted(tensors) or set(back) == set(tensors)
+        assert set(back) == set(tensors)
         for k, v in tensors.items():
             assert back[k].dtype == v.dtype and back[k].shape == v.shape
             assert torch.equal(back[k].reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8))
         with safe_open(str(path), "pt") as f:
             assert f.metadata() == {"format": "pt"}
+    assert files[0] == files[1]
+    assert not shard_file_matches(tmp_path / "missing", sf.header, sf.size)
+    assert not shard_file_matches(path, sf.header, sf.size + 8)
+
+
+def test_region_writer_refuses_a_tensor_it_was_not_planned_for(tmp_path):
+    t = {"a": torch.ones(2, 3), "b": torch.zeros(4, dtype=torch.int8)}
+    entries = _entries(t)
+    sf = ShardFile.of(entries)
+    path = tmp_path / "x.safetensors"
+    create_shard_file(path, sf.header, sf.size)
+    w = RegionWriter(path, sf.offsets[0], entries)
+    with pytest.raises(LowbitError, match=r"got tensor 'a' F32 \(3, 2\).*says 'a' F32 \(2, 3\)"):
+        w.add("a", torch.ones(3, 2))
+    w.add("a", t["a"])
+    with pytest.raises(LowbitError, match="1 planned tensors were not written .*'b'"):
+        w.finish()
+    w.add("b", t["b"])
+    with pytest.raises(LowbitError, match="got tensor 'c'.*says nothing more"):
+        w.add("c", t["b"])
 
 
 @pytest.mark.parametrize("kernel_copy", [True, False])
-def test_streaming_writer_raw_copy_and_parts(tmp_path, monkeypatch, kernel_copy):
-    """Tensors copied byte for byte from a source shard (kernel copy or plain reads), and a shard
-    assembled from data-only parts: the same bytes as writing it in one go."""
+def test_region_writer_raw_copy(tmp_path, monkeypatch, kernel_copy):
+    """Tensors copied byte for byte from a source shard (kernel copy or plain reads) between
+    tensors written from memory."""
     import os
 
+    from lowbit.modelfree.outshape import Entry
     from lowbit.modelfree.source import read_header
-    from lowbit.modelfree.stwriter import assemble
 
     if not kernel_copy:
         def refuse(*a, **k):
@@ -154,31 +193,59 @@ def test_streaming_writer_raw_copy_and_parts(tmp_path, monkeypatch, kernel_copy)
     save_file({"x": torch.randn(300, 7), "y": torch.arange(5, dtype=torch.int64)}, str(src))
     infos, _ = read_header(src)
     tensors = {"a": torch.randn(3, 4, dtype=torch.bfloat16), "b": torch.tensor([1.5])}
-
-    def write(w):
-        w.add("a", tensors["a"])
-        for n in ("x", "y"):
-            i = infos[n]
-            w.add_raw(n, i.dtype, i.shape, src, i.data_start + i.begin, i.nbytes)
-        w.add("b", tensors["b"])
-
+    entries = [_entries({"a": tensors["a"]})[0]] + [Entry(n, infos[n].dtype, infos[n].shape, infos[n].nbytes)
+                                                    for n in ("x", "y")] + [_entries({"b": tensors["b"]})[0]]
+    sf = ShardFile.of(entries)
     whole = tmp_path / "whole.safetensors"
-    w = StreamingShardWriter(whole, 1024)
-    write(w)
+    create_shard_file(whole, sf.header, sf.size)
+    w = RegionWriter(whole, sf.offsets[0], entries)
+    w.add("a", tensors["a"])
+    for n in ("x", "y"):
+        i = infos[n]
+        w.add_raw(n, i.dtype, i.shape, src, i.data_start + i.begin, i.nbytes)
+    w.add("b", tensors["b"])
     w.finish()
     back = load_file(str(whole))
     ref = load_file(str(src))
     assert torch.equal(back["x"], ref["x"]) and torch.equal(back["y"], ref["y"])
     assert torch.equal(back["a"], tensors["a"]) and torch.equal(back["b"], tensors["b"])
-    p1, p2 = StreamingShardWriter(tmp_path / "p1", 0, data_only=True), StreamingShardWriter(tmp_path / "p2", 0,
-                                                                                           data_only=True)
-    p1.add("a", tensors["a"])
-    i = infos["x"]
-    p1.add_raw("x", i.dtype, i.shape, src, i.data_start + i.begin, i.nbytes)
-    i = infos["y"]
-    p2.add_raw("y", i.dtype, i.shape, src, i.data_start + i.begin, i.nbytes)
-    p2.add("b", tensors["b"])
-    p1.finish(), p2.finish()
-    joined = tmp_path / "joined.safetensors"
-    assemble(joined, 1024, [(tmp_path / "p1", p1.entries_meta()), (tmp_path / "p2", p2.entries_meta())])
-    assert joined.read_bytes() == whole.read_bytes()
+
+
+MODEL_FREE_SCHEMES = ["w4a16", "w8a16", "nvfp4a16", "w8a8-int8-dynamic", "w8a8-fp8-dynamic", "nvfp4-e5m3", "mxfp4",
+                      "mxfp8"]
+
+
+@pytest.mark.parametrize("fmt", ["lowbit", "compressed-tensors", "fake"])
+@pytest.mark.parametrize("scheme", MODEL_FREE_SCHEMES)
+def test_output_entries_are_predicted_exactly(scheme, fmt):
+    """The entries planned for a quantized linear (from one- and two-row probes) are exactly the
+    tensors the quantizer and layout write for the real weight, for every width and dtype."""
+    from lowbit.formats import get_layout
+    from lowbit.modelfree.outshape import OutputShapes
+    from lowbit.modelfree.plan import Item, Source
+    from lowbit.modelfree.source import DTYPE_NAMES, TensorInfo
+    from lowbit.modelfree.worker import quantize_rows
+    from lowbit.quant import global_scale_from_amax
+
+    s = get_scheme(scheme)
+    layout = get_layout(fmt)
+    try:
+        layout.check_scheme(s)
+    except FormatError:
+        pytest.skip(f"{fmt} cannot hold {scheme}")
+    shapes = OutputShapes(s, layout, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    for rows, cols, dtype in [(37, 96, torch.bfloat16), (1, 64, torch.float32), (130, 160, torch.float16)]:
+        if fmt == "compressed-tensors" and s.weights.group_size and cols % s.weights.group_size:
+            continue
+        if s.weights.group_size and cols % s.weights.group_size and s.weights.is_microscaled:
+            continue
+        w = torch.randn(rows, cols, generator=g).to(dtype)
+        info = TensorInfo("m.weight", "x.safetensors", DTYPE_NAMES[dtype], (rows, cols), 0, w.numel() * w.element_size())
+        planned = shapes.entries(Item(Kind.QUANTIZE, "m", Source(info)))
+        gs = global_scale_from_amax(w.float().abs().amax().reshape(1), s.weights) if s.weights.global_scale else None
+        qt = quantize_rows(w, s.weights, gs, "m.weight", band_elems=rows * cols // 3 + 1,
+                           pack=layout.nibble_packed(s, cols))
+        real = layout.linear_tensors("m", qt, s, dtype=dtype)
+        assert [(e.name, e.dtype, e.shape, e.nbytes) for e in planned] == [
+            (k, DTYPE_NAMES[v.dtype], tuple(v.shape), v.numel() * v.element_size()) for k, v in real.items()]

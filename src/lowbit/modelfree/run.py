@@ -4,19 +4,21 @@
 
 No model class is built and nothing runs forward. Every check that needs no tensor data
 (scheme, format, shards, index, shapes against the block size, FP8 scales) runs before anything
-is written. Units of work are shards, and parts of shards larger than PART_BYTES of source
-(written separately and joined into the same bytes afterwards). With ``workers`` > 1, at least two
+is written. Every output shard's header is known before any weight is quantized
+(lowbit.modelfree.outshape): the shard file is created at its final size with that header, and
+its units of work (the shard, or parts of PART_BYTES of source) write their tensors straight to
+their offsets, in parallel, with nothing joined afterwards. With ``workers`` > 1, at least two
 units and POOL_MIN_BYTES of source, worker processes (spawn, one thread each, started before the
 plan is made) quantize units in parallel and return metadata only; otherwise everything runs in
 this process, ``workers`` units at once in threads (no start-up cost), and with ``device`` on
 that device. Either way each unit is a pipeline (lowbit.modelfree.worker): reading, quantizing and
 writing overlap, and the files are byte-identical whichever way they were made. The output is
-assembled in ``.<out>.lowbit-tmp`` (lowbit.formats' CheckpointWriter) and renamed into place at
-the end. A run killed part-way keeps its finished
-shards there; the same command again skips them (a done marker is written after each shard's
-atomic rename, and the run's arguments and source files are fingerprinted) and writes output
-byte-identical to an uninterrupted run. A data error (NaN, bad tensor) removes the temporary
-folder, so no half-written output is ever left.
+built in ``.<out>.lowbit-tmp`` (lowbit.formats' CheckpointWriter) and renamed into place at
+the end. A run killed part-way keeps its shard files (``<shard>.partial``) and the done markers
+of its finished units there (a marker is written after a unit's last byte; the run's arguments
+and source files are fingerprinted); the same command again redoes only the other units and
+writes output byte-identical to an uninterrupted run. A data error (NaN, bad tensor) removes the
+temporary folder, so no half-written output is ever left.
 
 Output shards follow the source's, in order: one per source shard that has tensors to write,
 named by the format's weights stem (lowbit.formats.folder.WeightFiles):
@@ -42,10 +44,12 @@ from lowbit.errors import FormatError, LowbitError, SchemeError
 from lowbit.modelfree.plan import Item, Kind, Plan, make_plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
-from lowbit.modelfree.stwriter import reserve_for
+from lowbit.modelfree.outshape import OutputShapes, ShardFile
+from lowbit.modelfree.stwriter import create_shard_file, shard_file_matches
 from lowbit.modelfree.device import resolve_device
 from lowbit.modelfree.worker import (
-    MARKER_DIR, ShardJob, assemble_parts, init_worker, read_marker, run_job, warm_up,
+    MARKER_DIR, ShardJob, finalize_shard, init_worker, marker_path, part_name, partial_path, read_marker, run_job,
+    warm_up,
 )
 from lowbit.schemes import Scheme, get_scheme
 
@@ -54,7 +58,8 @@ PART_BYTES = 128 << 20  # source bytes per unit of work: shards larger than this
 # less source than this runs in this process, in threads: measured (bench/RESULTS-modelfree.md) threads
 # beat spawned workers at 0.27 and 1.2 GB (each worker costs ~3 CPU-s and ~0.3 GB to start)
 POOL_MIN_BYTES = 4 << 30
-LAYOUT_VERSION = 2  # bump when the files written for the same inputs change (2: weight file names by format)
+LAYOUT_VERSION = 3  # bump when the files written for the same inputs change (2: weight file names by format;
+# 3: shard headers padded to 8 bytes, written before the data)
 # what to run instead of a scheme that needs calibration
 CALIBRATION_ALTERNATIVES = {
     "w8a8-int8": "w8a8-int8-dynamic", "w8a8-fp8": "w8a8-fp8-dynamic", "nvfp4": "nvfp4-e5m3 or nvfp4a16",
@@ -129,6 +134,29 @@ def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | N
     if device is not None or n <= 1 or job_bytes < POOL_MIN_BYTES:
         return 0
     return n
+
+
+def _shard_jobs(out_dir: Path, out_name: str, items: list[Item], shapes: OutputShapes, fp: str,
+                common: dict[str, Any]) -> tuple[list[ShardJob], list[ShardJob]]:
+    """The jobs of one output shard (its parts), as (to run, done by an earlier run). Creates the
+    shard file, at its final size with its final header, unless a killed run of the same
+    arguments left it; then the jobs it marked done keep what they wrote."""
+    parts = split_items(items, PART_BYTES)
+    per_item = {id(it): shapes.entries(it) for it in items}
+    sf = ShardFile.of([e for it in items for e in per_item[id(it)]])
+    path = partial_path(out_dir, out_name)
+    if not shard_file_matches(path, sf.header, sf.size):
+        for k in range(len(parts)):
+            marker_path(out_dir, part_name(out_name, k, len(parts))).unlink(missing_ok=True)
+        create_shard_file(path, sf.header, sf.size)
+    todo, done, first = [], [], 0
+    for k, part in enumerate(parts):
+        entries = tuple(e for it in part for e in per_item[id(it)])
+        start = sf.offsets[first] if entries else sf.size
+        first += len(entries)
+        job = ShardJob(items=part, start=start, entries=entries, part=k, n_parts=len(parts), **common)
+        (done if read_marker(out_dir, job.name, fp) is not None else todo).append(job)
+    return todo, done
 
 
 class _Pool:
@@ -268,37 +296,34 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: A
                               weights_stem=layout.weights_stem)
     state = writer.tmp / MARKER_DIR
     state.mkdir(exist_ok=True)
-    for p in writer.tmp.glob("*.partial*"):
-        p.unlink()  # pieces of a shard that a killed run was writing
     (state / RUN_FILE).write_text(json.dumps({"fingerprint": fp}))
 
     # output shard names: source shards that write nothing (a tied duplicate head, FP8 scales) get none
     kept = [s for s in ckpt.shards if any(it.kind is not Kind.DROP for it in plan.shards[s])]
     out_names = {s: writer.files.shard(i + 1, len(kept)) if ckpt.sharded or len(kept) > 1 else writer.files.single
                  for i, s in enumerate(kept)}
-    jobs, done_bytes, skipped_bytes, multipart = [], 0, 0, {}
+    ours = {partial_path(writer.tmp, n).name for n in out_names.values()}
+    for p in writer.tmp.glob("*.partial*"):
+        if p.name not in ours:
+            p.unlink()  # a file some other step of a killed run was writing
+    shapes = OutputShapes(scheme, layout, plan.dtype)
+    jobs, done_bytes, skipped_bytes, unfinished = [], 0, 0, {}
     for shard in ckpt.shards:
         items = plan.shards[shard]
         if shard not in out_names:
             skipped_bytes += sum(it.src.info.nbytes for it in items)
             continue
         out_name = out_names[shard]
-        reserve = reserve_for([(it.name, it.kind is Kind.QUANTIZE) for it in items if it.kind is not Kind.DROP])
-        parts = split_items(items, PART_BYTES)
         if read_marker(writer.tmp, out_name, fp) is not None:
             done_bytes += sum(it.src.info.nbytes for it in items)
             continue
-        if len(parts) > 1:
-            multipart[out_name] = (len(parts), reserve)
-        for k, part in enumerate(parts):
-            job = ShardJob(src_root=str(src_p), shard=shard, out_name=out_name, out_dir=str(writer.tmp),
-                           fingerprint=fp, items=part, scheme=scheme, fmt=fmt.value, model_dtype=plan.dtype,
-                           fp8_block=plan.fp8_block, reserve=reserve, part=k, n_parts=len(parts),
-                           device=None if dev is None else str(dev))
-            if len(parts) > 1 and read_marker(writer.tmp, job.name, fp) is not None:
-                done_bytes += job.source_bytes
-            else:
-                jobs.append(job)
+        jobs_of, done = _shard_jobs(writer.tmp, out_name, items, shapes, fp, dict(
+            src_root=str(src_p), shard=shard, out_name=out_name, out_dir=str(writer.tmp), fingerprint=fp,
+            scheme=scheme, fmt=fmt.value, model_dtype=plan.dtype, fp8_block=plan.fp8_block,
+            device=None if dev is None else str(dev)))
+        unfinished[out_name] = len(jobs_of) + len(done)
+        jobs += jobs_of
+        done_bytes += sum(j.source_bytes for j in done)
     jobs.sort(key=lambda j: -j.source_bytes)  # largest first balances the workers
     total = sum(it.src.info.nbytes for items in plan.shards.values() for it in items)
     try:
@@ -309,10 +334,8 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: A
                 pool.run(jobs, prog)
             else:
                 _run_in_process(jobs, workers, prog)
-        for out_name, (n_parts, reserve) in multipart.items():
-            assemble_parts(writer.tmp, out_name, n_parts, fp, reserve)
-        for p in writer.tmp.glob("*.part-*"):
-            p.unlink()  # nothing but whole shards goes into the output
+        for out_name, n_parts in unfinished.items():
+            finalize_shard(writer.tmp, out_name, n_parts, fp)
         for shard, out_name in out_names.items():
             meta = read_marker(writer.tmp, out_name, fp)
             if meta is None:

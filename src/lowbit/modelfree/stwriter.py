@@ -1,11 +1,10 @@
-"""A streaming safetensors writer: tensors go to disk as they are produced, never a whole shard
-in memory.
+"""Safetensors shards written in place: the file is created at its final size with its final
+header, then tensors go straight to their byte ranges as they are produced (never a whole shard in
+memory), by one or several writers at once, each owning a contiguous run of entries.
 
-The data section is written after a reserved header region; at the end the header (its JSON
-padded with spaces, as the safetensors format allows and its own writer does for alignment) is
-written into that region. If the header outgrows the reservation, the data is moved once with
-``os.copy_file_range``. The file is written under ``<name>.partial`` and renamed when complete.
-Output is deterministic: entries in write order, ``__metadata__`` first, no timestamps.
+The header's JSON is padded with spaces to a multiple of 8 bytes, as the safetensors format allows
+and its own writer does. Output is deterministic: entries in plan order, ``__metadata__`` first,
+no timestamps. The file lives under a temporary name until the caller renames it.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from lowbit.errors import LowbitError
 from lowbit.modelfree.source import DTYPE_NAMES
 
 
@@ -52,133 +52,77 @@ def _copy_range(src, dst, offset_src: int, offset_dst: int, n: int) -> None:
         n -= k
 
 
-def header_block(entries: list[tuple[str, str, tuple[int, ...], int, int]], metadata: dict[str, str],
-                 reserve: int) -> bytes:
-    """8-byte length + header JSON padded with spaces: to exactly ``reserve`` bytes when it fits,
-    else to the next multiple of 8. The data section starts right after it."""
+def header_block(entries: list[tuple[str, str, tuple[int, ...], int, int]], metadata: dict[str, str]) -> bytes:
+    """8-byte length + header JSON padded with spaces to a multiple of 8 bytes; the data section
+    starts right after it."""
     h = header_bytes(entries, metadata)
-    room = reserve - 8
-    if len(h) <= room:
-        h = h + b" " * (room - len(h))
-    else:
-        h = h + b" " * ((-(8 + len(h))) % 8)
+    h = h + b" " * ((-(8 + len(h))) % 8)
     return struct.pack("<Q", len(h)) + h
 
 
-def reserve_for(names_and_kinds: list[tuple[str, bool]]) -> int:
-    """Header room for a shard, from its tensor names (True: a quantized linear, several tensors)."""
-    r = 96 + sum(8 * (len(n) + 112) if q else len(n) + 96 for n, q in names_and_kinds)
-    return max(64, -(-r // 8) * 8)
+def create_shard_file(path: Path, header: bytes, size: int) -> None:
+    """``path`` with ``header`` at its start and zeros (a sparse hole) up to ``size`` bytes."""
+    with open(path, "wb") as f:
+        f.write(header)
+        f.truncate(size)
 
 
-def entries_from_meta(meta: dict[str, list]) -> list[tuple[str, str, tuple[int, ...], int, int]]:
-    out, off = [], 0
-    for name, (dtype, shape, n) in meta.items():
-        out.append((name, dtype, tuple(shape), off, off + n))
-        off += n
-    return out
+def shard_file_matches(path: Path, header: bytes, size: int) -> bool:
+    """Whether ``path`` was created by create_shard_file with this header and size (a resumed run
+    keeps the tensors already written into it)."""
+    try:
+        if path.stat().st_size != size:
+            return False
+        with open(path, "rb") as f:
+            return f.read(len(header)) == header
+    except FileNotFoundError:
+        return False
 
 
-class StreamingShardWriter:
-    """Writes a shard (``data_only=False``: header room, then data) or one part of a shard's data
-    section (``data_only=True``: raw bytes, assembled later by ``assemble``)."""
+class RegionWriter:
+    """Writes the entries ``entries`` (name, dtype code, shape, byte size) of an existing shard file,
+    in order, from file offset ``start``. Every tensor is checked against its entry: a mismatch is
+    an error, never a wrong file."""
 
-    def __init__(self, path: Path, reserve: int, metadata: dict[str, str] | None = None,
-                 data_only: bool = False) -> None:
+    def __init__(self, path: Path, start: int, entries) -> None:
         self.path = Path(path)
-        self.tmp = self.path.with_name(self.path.name + ".partial")
-        self.metadata = dict(metadata or {"format": "pt"})
-        self.data_only = data_only
-        self.reserve = 0 if data_only else max(64, -(-int(reserve) // 8) * 8)
-        self.entries: list[tuple[str, str, tuple[int, ...], int, int]] = []
-        self.names: set[str] = set()
-        self.offset = 0
-        self.f = open(self.tmp, "wb")
-        self.f.seek(self.reserve)
+        self.entries = list(entries)
+        self.pos = start
+        self.i = 0
+        self.f = open(self.path, "r+b")
+
+    def _next(self, name: str, dtype: str, shape: tuple[int, ...], n: int) -> None:
+        e = self.entries[self.i] if self.i < len(self.entries) else None
+        if e is None or (e.name, e.dtype, tuple(e.shape), e.nbytes) != (name, dtype, tuple(shape), n):
+            want = "nothing more" if e is None else f"{e.name!r} {e.dtype} {tuple(e.shape)}"
+            raise LowbitError(f"internal error writing {self.path}: got tensor {name!r} {dtype} {tuple(shape)}, "
+                              f"the planned header says {want}")
+        self.i += 1
 
     def add(self, name: str, t: torch.Tensor) -> None:
-        if name in self.names:
-            raise ValueError(f"tensor {name!r} written twice to {self.path}")
         if t.dtype not in DTYPE_NAMES:
             raise TypeError(f"tensor {name!r}: dtype {t.dtype} cannot be stored in safetensors here")
         t = t.detach().contiguous()
         n = t.numel() * t.element_size()
-        if n:
-            self.f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-        self.entries.append((name, DTYPE_NAMES[t.dtype], tuple(t.shape), self.offset, self.offset + n))
-        self.names.add(name)
-        self.offset += n
+        self._next(name, DTYPE_NAMES[t.dtype], tuple(t.shape), n)
+        view = memoryview(t.reshape(-1).view(torch.uint8).numpy()) if n else memoryview(b"")
+        done = 0
+        while done < n:
+            done += os.pwrite(self.f.fileno(), view[done:], self.pos + done)
+        self.pos += n
 
     def add_raw(self, name: str, dtype: str, shape: tuple[int, ...], src: Path, src_offset: int, n: int) -> None:
         """A tensor copied byte for byte from another file (kernel-side, never in memory)."""
-        if name in self.names:
-            raise ValueError(f"tensor {name!r} written twice to {self.path}")
-        self.f.flush()
-        pos = self.reserve + self.offset
+        self._next(name, dtype, shape, n)
         with open(src, "rb") as fsrc:
-            _copy_range(fsrc, self.f, src_offset, pos, n)
-        self.f.seek(pos + n)
-        self.entries.append((name, dtype, tuple(shape), self.offset, self.offset + n))
-        self.names.add(name)
-        self.offset += n
+            _copy_range(fsrc, self.f, src_offset, self.pos, n)
+        self.pos += n
 
-    def entries_meta(self) -> dict[str, list]:
-        """{name: [dtype, shape, nbytes]} in write order."""
-        return {n: [d, list(s), e - b] for n, d, s, b, e in self.entries}
+    def finish(self) -> None:
+        if self.i != len(self.entries):
+            raise LowbitError(f"internal error writing {self.path}: {len(self.entries) - self.i} planned tensors "
+                              f"were not written (first: {self.entries[self.i].name!r})")
+        self.f.close()
 
-    def finish(self) -> int:
-        """Write the header (unless data only), rename into place; returns the file size."""
-        if self.data_only:
-            self.f.close()
-        else:
-            block = header_block(self.entries, self.metadata, self.reserve)
-            if len(block) == self.reserve:
-                self.f.seek(0)
-                self.f.write(block)
-                self.f.close()
-            else:  # header larger than reserved: move the data once
-                self.f.close()
-                moved = self.tmp.with_name(self.tmp.name + "2")
-                with open(self.tmp, "rb") as src, open(moved, "wb") as dst:
-                    dst.write(block)
-                    dst.flush()
-                    _copy_range(src, dst, self.reserve, len(block), self.offset)
-                os.replace(moved, self.tmp)
-        size = self.tmp.stat().st_size
-        os.replace(self.tmp, self.path)
-        return size
-
-    def abort(self) -> None:
-        try:
-            self.f.close()
-        finally:
-            for p in (self.tmp, self.tmp.with_name(self.tmp.name + "2")):
-                p.unlink(missing_ok=True)
-
-
-def assemble(path: Path, reserve: int, parts: list[tuple[Path, dict[str, list]]],
-             metadata: dict[str, str] | None = None) -> int:
-    """One shard from data-only parts (in order): the same bytes a single StreamingShardWriter
-    with this ``reserve`` would have written. Returns the file size."""
-    path = Path(path)
-    meta: dict[str, list] = {}
-    for _, m in parts:
-        meta.update(m)
-    block = header_block(entries_from_meta(meta), dict(metadata or {"format": "pt"}),
-                         max(64, -(-int(reserve) // 8) * 8))
-    tmp = path.with_name(path.name + ".partial")
-    try:
-        with open(tmp, "wb") as dst:
-            dst.write(block)
-            dst.flush()
-            off = len(block)
-            for p, m in parts:
-                n = sum(v[2] for v in m.values())
-                with open(p, "rb") as src:
-                    _copy_range(src, dst, 0, off, n)
-                off += n
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path.stat().st_size
+    def close(self) -> None:
+        self.f.close()

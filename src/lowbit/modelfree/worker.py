@@ -1,12 +1,13 @@
 """Quantize one source shard (or one part of it) into its output; runs in a worker process (or
 in-process).
 
-A job carries everything it needs (tensor locations, the scheme, the format) and returns
-metadata only. Tensors are read one at a time, large weights are quantized in row bands
-(bit-identical to quantizing the whole tensor: every weight scale is per row or per group of a
-row, and the NVFP4 global scale is computed first over the fused group), and written straight
-to disk by the streaming writer. The shard appears under its final name only when complete;
-then a done marker is written (after the rename), so a killed run never counts half a shard.
+A job carries everything it needs (tensor locations, the scheme, the format, the byte range of
+the output shard it fills) and returns metadata only. Tensors are read one at a time, large
+weights are quantized in row bands (bit-identical to quantizing the whole tensor: every weight
+scale is per row or per group of a row, and the NVFP4 global scale is computed first over the
+fused group), and written straight to their planned offsets in the output shard, which exists
+under a temporary name (``<shard>.partial``) until every job of it is done. A job's done marker
+is written after its last byte, so a killed run never counts half a job.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from lowbit.errors import LowbitError
 from lowbit.fusion import shared_amax
 from lowbit.modelfree.fp8 import dequantize_fp8_block
 from lowbit.modelfree.plan import Item, Kind, Source
-from lowbit.modelfree.stwriter import StreamingShardWriter, assemble
+from lowbit.modelfree.outshape import Entry
+from lowbit.modelfree.stwriter import RegionWriter
 from lowbit.modelfree.source import TensorReader
 from lowbit.quant import PackedQuantizedTensor, QuantizedTensor, global_scale_from_amax, native_quant, quantize
 from lowbit.schemes import Granularity, QuantSpec, Scheme
@@ -54,7 +56,8 @@ class ShardJob:
     fmt: str
     model_dtype: torch.dtype
     fp8_block: tuple[int, int] | None
-    reserve: int          # header room of the whole output shard
+    start: int            # file offset of the job's first tensor in the output shard
+    entries: tuple[Entry, ...]  # the tensors it writes there, in order
     part: int = 0
     n_parts: int = 1
     device: str | None = None  # quantize there (tensors moved one at a time); None: the CPU
@@ -65,12 +68,17 @@ class ShardJob:
 
     @property
     def name(self) -> str:
-        """The file this job writes (the shard itself, or a data-only part of it) and its marker."""
-        return self.out_name if self.n_parts == 1 else part_name(self.out_name, self.part, self.n_parts)
+        """The job's name (its progress bar and done marker)."""
+        return part_name(self.out_name, self.part, self.n_parts)
 
 
 def part_name(shard: str, part: int, n_parts: int) -> str:
     return f"{shard}.part-{part + 1}-of-{n_parts}"
+
+
+def partial_path(out_dir: str | Path, shard: str) -> Path:
+    """The output shard while its jobs write into it."""
+    return Path(out_dir) / f"{shard}.partial"
 
 
 def init_worker(queue: Any = None, threads: int = 1) -> None:
@@ -192,7 +200,7 @@ class _ShardRun:
         written = [it for it in job.items if it.kind is not Kind.DROP]
         writer = None
         if written:
-            writer = StreamingShardWriter(Path(job.out_dir) / job.name, job.reserve, data_only=job.n_parts > 1)
+            writer = RegionWriter(partial_path(job.out_dir, job.out_name), job.start, job.entries)
         loads = [it for it in job.items if it.kind is Kind.QUANTIZE or (it.kind is Kind.COPY and it.src.scale_inv)]
         ahead: dict[int, Future] = {}  # id(item) -> its tensor being read
         pending: Future | None = None  # the last write (one at a time: bounded memory)
@@ -234,22 +242,20 @@ class _ShardRun:
                     _HOOK("tensor", job.name, it.name)
             if pending is not None:
                 pending.result()
-            size = writer.finish() if writer is not None else 0
+            if writer is not None:
+                writer.finish()
         except BaseException as e:
             self._stop_io()
             if writer is not None:
-                writer.abort()
+                writer.close()
             if isinstance(e, LowbitError) and job.shard not in str(e):
                 raise type(e)(f"{Path(job.src_root) / job.shard}: {e}") from None
             raise
         finally:
             self._stop_io()
             self.reader.close()
-        result = {
-            "shard": job.name, "fingerprint": job.fingerprint, "file_size": size,
-            "tensors": writer.entries_meta() if writer is not None else {},
-            "quantized": n_quantized, "source_bytes": job.source_bytes,
-        }
+        result = {"shard": job.name, "fingerprint": job.fingerprint, "quantized": n_quantized,
+                  "source_bytes": job.source_bytes}
         write_marker(job.out_dir, job.name, result)
         self.report(("done", job.name, 0))
         if _HOOK is not None:
@@ -262,7 +268,7 @@ class _ShardRun:
         self.io_write.shutdown(wait=True, cancel_futures=True)
 
 
-def _add_all(writer: StreamingShardWriter, tensors: dict[str, torch.Tensor]) -> None:
+def _add_all(writer: RegionWriter, tensors: dict[str, torch.Tensor]) -> None:
     for k, v in tensors.items():
         writer.add(k, v)
 
@@ -280,24 +286,20 @@ def write_marker(out_dir: str | Path, name: str, meta: dict[str, Any]) -> None:
     os.replace(tmp, m)
 
 
-def assemble_parts(out_dir: str | Path, shard: str, n_parts: int, fingerprint: str, reserve: int) -> dict[str, Any]:
-    """Join the finished parts of output shard ``shard`` into it (same bytes as writing it in one
-    go), mark it done, then remove the parts."""
+def finalize_shard(out_dir: str | Path, shard: str, n_parts: int, fingerprint: str) -> dict[str, Any]:
+    """Once every job of output shard ``shard`` is done: rename it into place, mark it done, then
+    remove its jobs' markers."""
     out_dir = Path(out_dir)
     names = [part_name(shard, k, n_parts) for k in range(n_parts)]
     metas = [read_marker(out_dir, n, fingerprint) for n in names]
     if any(m is None for m in metas):
-        raise LowbitError(f"shard {shard}: a part is missing, cannot assemble it")  # pragma: no cover
-    parts = [(out_dir / n, m["tensors"]) for n, m in zip(names, metas) if m["tensors"]]
-    size = assemble(out_dir / shard, reserve, parts) if parts else 0
-    tensors: dict[str, list] = {}
-    for _, t in parts:
-        tensors.update(t)
-    result = {"shard": shard, "fingerprint": fingerprint, "file_size": size, "tensors": tensors,
+        raise LowbitError(f"shard {shard}: a part is missing, cannot finish it")  # pragma: no cover
+    path = out_dir / shard
+    os.replace(partial_path(out_dir, shard), path)
+    result = {"shard": shard, "fingerprint": fingerprint, "file_size": path.stat().st_size,
               "quantized": sum(m["quantized"] for m in metas), "source_bytes": sum(m["source_bytes"] for m in metas)}
     write_marker(out_dir, shard, result)
     for n in names:
-        (out_dir / n).unlink(missing_ok=True)
         marker_path(out_dir, n).unlink(missing_ok=True)
     return result
 
