@@ -170,3 +170,22 @@ def test_row_bands_equal_the_whole_tensor(scheme):
     whole = quantize(w, spec, global_scale=gs, name="w")
     for band in (256, 1000, 256 * 36):  # one row, ragged bands, one band short of the tensor
         assert quantize_rows(w, spec, gs, "w", band).equal(whole)
+
+
+def test_slow_writes_do_not_see_reused_code_buffers(sharded, tmp_path, monkeypatch):
+    """Codes buffers are reused by every other quantized tensor of a job: with writes slowed
+    down (each one still running while the next tensor is quantized) the files are unchanged."""
+    import time
+
+    from lowbit.modelfree import stwriter
+
+    scheme = "w8a8-int8-dynamic"
+    ref = mf(sharded, tmp_path / "ref", scheme, workers=0)
+    add = stwriter.RegionWriter.add
+
+    def slow_add(self, name, t):
+        time.sleep(0.01)
+        add(self, name, t)
+
+    monkeypatch.setattr(stwriter.RegionWriter, "add", slow_add)
+    assert folder_bytes(mf(sharded, tmp_path / "slow", scheme, workers=0)) == folder_bytes(ref)

@@ -100,13 +100,16 @@ def marker_path(out_dir: str | Path, shard: str) -> Path:
 
 
 def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str,
-                  band_elems: int = BAND_ELEMS, pack: bool = False) -> QuantizedTensor:
+                  band_elems: int = BAND_ELEMS, pack: bool = False,
+                  scratch: Callable[[int], torch.Tensor] | None = None) -> QuantizedTensor:
     """``lowbit.quant.quantize(w, spec, global_scale=...)`` computed in row bands. ``pack``: the
     layout stores the codes nibble-packed; the native path then encodes straight into packed
-    bytes (a PackedQuantizedTensor; the torch path packs later, in the layout)."""
+    bytes (a PackedQuantizedTensor; the torch path packs later, in the layout). ``scratch(n)``:
+    a reusable uint8 buffer of at least n bytes for the native path's codes (the result then
+    lives in it: the caller reuses it only once the result is written)."""
     rows = max(1, band_elems // max(1, w.shape[-1]))
     if w.dim() == 2 and spec.granularity is not Granularity.TENSOR and native_quant.supports(w, spec):
-        qt = _native_rows(w.contiguous(), spec, global_scale, name, rows, pack)
+        qt = _native_rows(w.contiguous(), spec, global_scale, name, rows, pack, scratch)
         if qt is not None:
             return qt
     if spec.granularity is Granularity.TENSOR or w.shape[0] <= rows:
@@ -118,13 +121,15 @@ def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor |
 
 
 def _native_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str,
-                 rows: int, pack: bool) -> QuantizedTensor | None:
+                 rows: int, pack: bool, scratch: Callable[[int], torch.Tensor] | None = None) -> QuantizedTensor | None:
     """quantize_rows through the native kernels, each band's (packed) codes written straight into
     one buffer (no concatenation); None if a band is refused (the caller's torch path decides)."""
     if spec.global_scale and global_scale is None:
         return None  # one global scale for all bands: the caller computes it first
     pack = pack and spec.bits == 4 and w.shape[-1] % 2 == 0
-    codes = torch.empty(w.shape[0], w.shape[-1] // 2 if pack else w.shape[-1], dtype=torch.uint8)
+    shape = (w.shape[0], w.shape[-1] // 2 if pack else w.shape[-1])
+    codes = torch.empty(shape, dtype=torch.uint8) if scratch is None else scratch(shape[0] * shape[1])[
+        : shape[0] * shape[1]].view(shape)
     scales = []
     for r in range(0, w.shape[0], rows):
         qt = native_quant.quantize_native(w[r:r + rows], spec, global_scale, name, pack=pack, out=codes[r:r + rows])
@@ -157,6 +162,11 @@ class _ShardRun:
         self.device = None if job.device is None else torch.device(job.device)
         self.band = BAND_ELEMS if self.device is None else DEVICE_BAND_ELEMS
         self.io_read = ThreadPoolExecutor(1, thread_name_prefix="lowbit-read")
+        # codes buffers, used in turn by successive quantized tensors: one is written while the
+        # next tensor is quantized into the other (the write before is always finished by then),
+        # so the pages are allocated once per job, not once per tensor
+        self.buffers: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * 2
+        self.turn = 0
         self.io_write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
 
     def load(self, src: Source) -> torch.Tensor:
@@ -176,6 +186,12 @@ class _ShardRun:
             self.amax_cache[key] = shared_amax([t])
         return self.amax_cache[key]
 
+    def scratch(self, n: int) -> torch.Tensor:
+        """This tensor's codes buffer (see __init__), at least n bytes."""
+        if self.buffers[self.turn].numel() < n:
+            self.buffers[self.turn] = torch.empty(n, dtype=torch.uint8)
+        return self.buffers[self.turn]
+
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.device is None else t.to(self.device)
 
@@ -188,7 +204,9 @@ class _ShardRun:
             a = torch.stack([self.amax(s, w if s == item.src else None) for s in group]).amax().reshape(1)
             gs = global_scale_from_amax(a, scheme.weights)
         qt = quantize_rows(w, scheme.weights, gs, f"{item.src.info.name}", self.band,
-                           pack=self.layout.nibble_packed(scheme, w.shape[-1]))
+                           pack=self.layout.nibble_packed(scheme, w.shape[-1]),
+                           scratch=self.scratch if self.device is None else None)
+        self.turn ^= 1
         out = self.layout.linear_tensors(item.name, qt, scheme, dtype=w.dtype)
         if self.device is not None:
             out = {k: v.cpu() for k, v in out.items()}
