@@ -45,6 +45,7 @@ from lowbit.quant.gptq import WeightRounding, gptq_quantize_groups
 from lowbit.schemes import Scheme
 from lowbit.smoothquant.fold import fold_smoothing, smooth_scales
 from lowbit.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
+from lowbit.threads import one_thread
 
 
 @dataclass
@@ -118,19 +119,6 @@ class _GroupStats:
         if self.scale_obs is None or isinstance(self.scale_obs, MaxObserver):
             return self.scale_chan.amax().amax().reshape(1)
         return self.scale_obs.amax().reshape(-1).amax().reshape(1)
-
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run GPTQ's column loop on one intra-op thread: it is hundreds of small sequential
-    operations per weight, where waking a second thread costs more than it saves (on a busy
-    2-core machine, 10x more). The caller's thread count is restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 @contextmanager
@@ -268,7 +256,7 @@ class LayerwiseCalibrator:
             solve.append((lins, gscales, sc, hess))
         if not solve:
             return
-        with _one_thread():  # every group at once: groups of one input width share the column loop
+        with one_thread():  # every group at once: groups of one input width share the column loop
             qts = gptq_quantize_groups([[m.weight for m in lins.values()] for lins, _, _, _ in solve],
                                        [hess for _, _, _, hess in solve], self.scheme.weights,
                                        global_scales=[[gs.get(n) for n in lins] for lins, gs, _, _ in solve],

@@ -52,6 +52,7 @@ from lowbit.modelfree.worker import (
     warm_up,
 )
 from lowbit.schemes import Scheme, get_scheme
+from lowbit.threads import one_thread
 
 RUN_FILE = "run.json"
 PART_BYTES = 128 << 20  # source bytes per unit of work: shards larger than this are split
@@ -201,30 +202,25 @@ class _Pool:
 
 def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> None:
     """Jobs in this process: up to ``workers`` at once in threads (torch releases the GIL in its
-    kernels), each op single-threaded (intra-op thread pools spin-wait: on a busy machine they
-    burn 10x the CPU time); torch's thread count is restored after. The first error stops the
-    other jobs at their next tensor."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    kernels), each op single-threaded (the caller's one_thread: intra-op thread pools spin-wait,
+    on a busy machine they burn 10x the CPU time). The first error stops the other jobs at their
+    next tensor."""
     n = min(max(1, workers), len(jobs))
+    if n <= 1:
+        for job in jobs:
+            run_job(job, prog.handle)
+        return
     cancel = threading.Event()
-    try:
-        if n <= 1:
-            for job in jobs:
-                run_job(job, prog.handle)
-            return
-        with ThreadPoolExecutor(n, thread_name_prefix="lowbit-job") as ex:
-            futures = [ex.submit(run_job, job, prog.handle, cancel) for job in jobs]
-            try:
-                for f in as_completed(futures):
-                    f.result()
-            except BaseException:
-                cancel.set()
-                for f in futures:
-                    f.cancel()
-                raise
-    finally:
-        torch.set_num_threads(before)
+    with ThreadPoolExecutor(n, thread_name_prefix="lowbit-job") as ex:
+        futures = [ex.submit(run_job, job, prog.handle, cancel) for job in jobs]
+        try:
+            for f in as_completed(futures):
+                f.result()
+        except BaseException:
+            cancel.set()
+            for f in futures:
+                f.cancel()
+            raise
 
 
 def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme = "nvfp4-e5m3",
@@ -270,8 +266,9 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     pool = _Pool(n_pool) if n_pool else None
     ok = False
     try:
-        out_path = _quantize(ckpt, src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume, overwrite,
-                             progress, workers, dev, pool)
+        with one_thread():  # the plan's probes, the tables built on first use, the jobs run here
+            out_path = _quantize(ckpt, src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume,
+                                 overwrite, progress, workers, dev, pool)
         ok = True
         return out_path
     finally:
