@@ -269,6 +269,23 @@ def test_mx_scales(spec, elem, emax):
     assert torch.equal(E8M0.decode(q.scale_codes()), q.scale)
 
 
+@pytest.mark.parametrize("spec,emax", [(MXFP4, 2), (MXFP8, 8)], ids=["mxfp4", "mxfp8"])
+def test_mx_scale_codes_on_every_binade(spec, emax):
+    """The MX scale codes read from the amax bits equal 2^(floor(log2 amax) - emax) clamped to
+    2^-127..2^127 (frexp in float64, one amax at a time) for zero, the smallest and largest
+    subnormals, every power of two and the float32 values on either side of it, and max finite."""
+    from lowbit.quant.scales import mx_scale_codes
+
+    vals = [0.0, 2.0**-149, 2.0**-126 - 2.0**-149, float(torch.finfo(torch.float32).max)]
+    for k in range(-126, 128):
+        p = torch.tensor(2.0**k, dtype=torch.float32)
+        vals += [float(torch.nextafter(p, torch.tensor(0.0))), float(p), float(torch.nextafter(p, torch.tensor(math.inf)))]
+    a = torch.tensor(vals, dtype=torch.float32)
+    got = mx_scale_codes(a, spec)
+    want = [0 if v == 0 else max(-127, min(127, math.frexp(v)[1] - 1 - emax)) + 127 for v in a.tolist()]
+    assert got.dtype == torch.uint8 and got.tolist() == want
+
+
 # ---------------------------------------------------------------------------- INT asymmetric
 def test_int_asymmetric_manual_and_zero_point():
     x = randn(16, 80, seed=10) + 0.5

@@ -53,10 +53,7 @@ def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tenso
     if sf is FormatName.FP32:
         return divide(a, amax_divisor(spec))
     if sf is FormatName.E8M0:
-        emax = int(E8M0.exponent_floor(torch.tensor(elem_max(spec))))
-        safe = torch.where(a > 0, a, torch.ones_like(a))
-        e = torch.where(a > 0, E8M0.exponent_floor(safe) - emax, torch.full_like(a, -127, dtype=torch.int32))
-        return E8M0.decode(E8M0.encode_exponent(torch.clamp(e, -127, 127)))
+        return E8M0.decode(mx_scale_codes(a, spec))
     fmt = get_format(sf)
     raw = divide(a, elem_max(spec))
     if spec.global_scale:
@@ -64,6 +61,19 @@ def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tenso
             raise QuantizationError("this spec needs a global scale")
         raw = raw * global_scale.to(torch.float32)
     return fast_encode.qdq(fmt, raw)  # fmt.qdq(raw), bit for bit
+
+
+def mx_scale_codes(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """E8M0 codes of the OCP MX scales 2^(floor(log2 amax) - emax) (emax: the element format's
+    largest exponent), clamped to 2^-127 .. 2^127; an all-zero group gets 2^-127.
+
+    Read from the float32 bits of the (finite, non-negative) amaxes: a normal amax's biased
+    exponent field is floor(log2 amax) + 127, so the code is that field minus emax, clamped to
+    0..254. A subnormal amax (field 0) lies below 2^-126, and zero is given 2^-127: both get
+    code 0, as the clamp of floor(log2 amax) - emax <= -127 does."""
+    emax = int(E8M0.exponent_floor(torch.tensor(elem_max(spec))))
+    field = (a.to(torch.float32).contiguous().view(torch.int32) >> 23) & 0xFF
+    return torch.clamp(field - emax, 0, E8M0.max_code_magnitude).to(torch.uint8)
 
 
 def effective_scale(scale: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
