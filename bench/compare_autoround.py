@@ -51,16 +51,21 @@ def unpack_gptq(qweight: torch.Tensor, bits: int) -> torch.Tensor:
     return q.reshape(-1, qweight.shape[1]).t().contiguous()
 
 
-def expand(scale: torch.Tensor, in_f: int) -> torch.Tensor:
-    """Group scales [out, groups] -> [out, in]."""
-    return scale.repeat_interleave(-(-in_f // scale.shape[1]), dim=1)[:, :in_f]
+# auto-round's group sizes (its W8A16 is group 128 where lowbit's w8a16 is per channel)
+AR_GROUP = {"w4a16": 128, "w8a16": 128, "mxfp4": 32, "mxfp8": 32, "nvfp4-e5m3": 16}
 
 
-def autoround_layer(t: dict[str, torch.Tensor], prefix: str, scheme: str) -> dict[str, torch.Tensor]:
-    """auto-round's decoded layer: element values (unscaled), codes, scales [out, groups], weight."""
+def expand(scale: torch.Tensor, in_f: int, group: int) -> torch.Tensor:
+    """Group scales [out, ceil(in / group)] -> [out, in] (the last group may be partial)."""
+    return scale.repeat_interleave(group, dim=1)[:, :in_f]
+
+
+def autoround_layer(t: dict[str, torch.Tensor], prefix: str, scheme: str, in_f: int) -> dict[str, torch.Tensor]:
+    """auto-round's decoded layer: element values (unscaled), codes, scales [out, groups], weight.
+    ``in_f``: the source's input features (auto_gptq pads them to a multiple of the group size)."""
     if scheme in ("w4a16", "w8a16"):
         bits = 4 if scheme == "w4a16" else 8
-        u = unpack_gptq(t[f"{prefix}.qweight"], bits)
+        u = unpack_gptq(t[f"{prefix}.qweight"], bits)[:, :in_f]
         values = (u - (1 << (bits - 1))).to(torch.float32)  # symmetric: codes offset by 2^(bits-1)
         codes = values.to(torch.int64) & ((1 << bits) - 1)  # two's complement, as lowbit stores them
         scale = t[f"{prefix}.scales"].t().to(torch.float32)
@@ -72,7 +77,7 @@ def autoround_layer(t: dict[str, torch.Tensor], prefix: str, scheme: str) -> dic
         values = get_format(elem).decode(codes)
         scale = get_format(sfmt).decode(t[f"{prefix}.weight_scale"])
     return dict(values=values, codes=codes.to(torch.int64), scale=scale,
-                weight=values * expand(scale, values.shape[1]))
+                weight=values * expand(scale, values.shape[1], AR_GROUP[scheme]))
 
 
 def lowbit_layer(t: dict[str, torch.Tensor], prefix: str, scheme: str) -> dict[str, torch.Tensor]:
@@ -87,8 +92,8 @@ def rel_err(w: torch.Tensor, ref: torch.Tensor) -> float:
 
 def compare_layer(src: Path, lb: Path, ar: Path, prefix: str, scheme: str) -> dict:
     ref = read_tensors(src, prefix)[f"{prefix}.weight"].to(torch.float32)
-    a, b = lowbit_layer(read_tensors(lb, prefix), prefix, scheme), autoround_layer(read_tensors(ar, prefix), prefix,
-                                                                                  scheme)
+    a = lowbit_layer(read_tensors(lb, prefix), prefix, scheme)
+    b = autoround_layer(read_tensors(ar, prefix), prefix, scheme, ref.shape[1])
     res = dict(layer=prefix, scheme=scheme, shape=list(ref.shape),
                rel_err_lowbit=rel_err(a["weight"], ref), rel_err_autoround=rel_err(b["weight"], ref))
     dw = (a["weight"] - b["weight"]).abs()
@@ -103,7 +108,7 @@ def compare_layer(src: Path, lb: Path, ar: Path, prefix: str, scheme: str) -> di
                    equal_scales=float((a["scale"] == b["scale"]).float().mean()),
                    scale_ratio_top={f"{v:.6g}": c / ratio.numel() for c, v in top},
                    weights_differing_in_equal_scale_groups=float(
-                       ((dw > 0) & expand(a["scale"] == b["scale"], ref.shape[1])).float().mean()))
+                       ((dw > 0) & expand(a["scale"] == b["scale"], ref.shape[1], AR_GROUP[scheme])).float().mean()))
     else:
         res.update(scale_shapes=[list(a["scale"].shape), list(b["scale"].shape)])
     return res
