@@ -116,6 +116,24 @@ def test_groups_solved_together_match_separate_solves(act_order):
             assert not torch.equal(q.codes, quantize(w, NVFP4, global_scale=gss[0]).codes)
 
 
+@pytest.mark.parametrize("act_order", [False, True])
+def test_only_the_upper_triangle_of_the_hessian_is_read(act_order):
+    """GPTQ reads H's upper triangle and diagonal: the same codes, bit for bit, with the lower
+    triangle zeroed (HessianSum.upper()) or filled with garbage, dead columns included."""
+    x, w = correlated_inputs(), weight()
+    x[:, [5, 100]] = 0.0
+    h = hessian(x)
+    opts = GPTQOptions(act_order=act_order)
+    full = gptq_quantize(w, h, INT4_G128, options=opts)
+    assert torch.equal(h, h.T) and torch.count_nonzero(h.tril(-1)) > 0
+    zero_below = torch.triu(h)
+    garbage_below = zero_below + torch.tril(torch.full_like(h, 7.5), -1)
+    for upper in (zero_below, garbage_below):
+        got = gptq_quantize(w, upper, INT4_G128, options=opts)
+        assert got.equal(full)
+    assert torch.equal(inverse_hessian_factor(garbage_below, 0.01), inverse_hessian_factor(h, 0.01))
+
+
 def test_block_size_changes_only_summation_order():
     x, w = correlated_inputs(), weight()
     a = dequantize(gptq_quantize(w, hessian(x), INT4_G128, options=GPTQOptions(block_size=128)))
@@ -194,6 +212,7 @@ def test_hessian_sum_of_batches_is_the_symmetric_float64_product(n):
         acc.add(b.unsqueeze(0))
     h = acc.value()
     assert h.dtype == torch.float64 and torch.equal(h, h.T)
+    assert torch.equal(torch.triu(acc.upper()), torch.triu(h))  # what GPTQ reads, as kept
     want = hessian(x.reshape(-1, n))
     torch.testing.assert_close(h, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
     s = torch.rand(n, generator=torch.Generator().manual_seed(2), dtype=torch.float64) + 0.5
