@@ -94,6 +94,10 @@ def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
     (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--weight-rounding", "gptq"],
      "--model-free takes no calibration"),
     (["compare", "--schemes", "w4a16", "--weight-rounding", "gtpq"], "--weight-rounding must be one of"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--calib-preset", "fast"],
+     "--calib-preset must be one of gptq-fast, got 'fast'"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--model-free", "--calib-preset", "gptq-fast"],
+     "--model-free takes no calibration"),
 ])
 def test_errors_are_one_line_and_exit_nonzero(capsys, args, msg):
     code, out, err = run(capsys, *args)
@@ -194,6 +198,28 @@ def test_quantize_weight_rounding_gptq_calibrates_a_weight_only_scheme(capsys, t
     a = outs["rtn"].get_submodule("model.layers.0.mlp.down_proj")
     b = outs["gptq"].get_submodule("model.layers.0.mlp.down_proj")
     assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
+
+
+@pytest.mark.skipif(not hasattr(lowbit, "save"), reason="lowbit.save (issue 4) not in this build yet")
+def test_quantize_calib_preset_gptq_fast_equals_its_options(capsys, tiny_dir, text_file, tmp_path):
+    """--calib-preset gptq-fast calibrates a dynamic scheme with GPTQ, exactly as its fields given
+    one by one; an explicit option overrides the preset's."""
+    runs = {
+        "preset": ["--calib-preset", "gptq-fast", "--calib-seq-len", 32],
+        "fields": ["--weight-rounding", "gptq", "--layer-inputs", "float", "--calib-samples", 4,
+                   "--calib-seq-len", 32],
+        "rtn": ["--calib-preset", "gptq-fast", "--weight-rounding", "rtn", "--calib-seq-len", 32],
+    }
+    mods = {}
+    for key, args in runs.items():
+        code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w8a8-int8-dynamic", "--output", tmp_path / key,
+                           "--calib", text_file, *args, "--json")
+        assert code == 0, err
+        assert ("calibrating on" in err) == (key != "rtn")
+        mods[key] = lowbit.load(tmp_path / key).get_submodule("model.layers.0.mlp.down_proj")
+    assert torch.equal(mods["preset"].weight_codes, mods["fields"].weight_codes)
+    assert not torch.equal(mods["preset"].weight_codes, mods["rtn"].weight_codes)
+    assert torch.equal(mods["preset"].weight_scale, mods["rtn"].weight_scale)
 
 
 @pytest.mark.skipif(not hasattr(lowbit, "save"), reason="lowbit.save (issue 4) not in this build yet")

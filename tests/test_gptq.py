@@ -355,6 +355,34 @@ def test_static_schemes_default_to_gptq_with_calibration():
     assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), g.state_dict().values()))
 
 
+def test_calibration_preset_gptq_fast():
+    from lowbit.calibration import CALIBRATION_PRESETS
+    from lowbit.calibration.data import LayerInputs
+
+    cfg = CalibrationConfig.preset("gptq-fast")
+    assert (cfg.weight_rounding, cfg.layer_inputs, cfg.num_samples, cfg.seq_len) == \
+        (WeightRounding.GPTQ, LayerInputs.FLOAT, 4, 128)
+    assert CalibrationConfig.preset("gptq-fast", num_samples=2, weight_rounding="rtn") == \
+        CalibrationConfig(weight_rounding="rtn", layer_inputs="float", num_samples=2, seq_len=128)
+    with pytest.raises(CalibrationError, match="unknown calibration preset 'fast'; known: gptq-fast"):
+        CalibrationConfig.preset("fast")
+    assert list(CALIBRATION_PRESETS) == ["gptq-fast"]
+    base = tiny_llama()
+    a = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), preset="gptq-fast", seq_len=32)
+    b = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), weight_rounding="gptq",
+                        layer_inputs="float", num_samples=4, seq_len=32)
+    rep = a.lowbit_calibration
+    assert (rep.weight_rounding, rep.layer_inputs, rep.num_samples, rep.seq_len) == ("gptq", "float", 4, 32)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    rtn = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic")
+    assert any(not torch.equal(x.weight_codes, y.weight_codes) for x, y in zip(_layers(a).values(),
+                                                                                _layers(rtn).values()))
+    with pytest.raises(QuantizationError, match="not both"):
+        lowbit.quantize(tiny_llama(), "w8a8-int8-dynamic", _calib(), preset="gptq-fast", config=CalibrationConfig())
+    with pytest.raises(QuantizationError, match="weight_rounding='gptq' needs calibration data"):
+        lowbit.quantize(tiny_llama(), "w8a8-int8-dynamic", preset="gptq-fast")
+
+
 @pytest.mark.parametrize("n", [4, 129, 192, 300])  # 129, 300: the triangular inverse by halves
 @pytest.mark.parametrize("dtype,rtol,atol", [(torch.float64, 1e-9, 1e-12), (torch.float32, 1e-4, 1e-5)])
 def test_inverse_hessian_factor_is_the_upper_cholesky_of_the_damped_inverse(n, dtype, rtol, atol):
