@@ -189,8 +189,13 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
                 scales.append((eff_t, div_t) if perm is None else (eff_t[perm], div_t[perm]))
             parts.append((W, u))
             perms.append(perm)
-        eff_t = torch.cat([e for e, _ in scales], dim=1)
-        div_t = torch.cat([d for _, d in scales], dim=1)
+        if all(e.stride(0) == 0 and d.stride(0) == 0 for e, d in scales):  # per channel: one row each
+            in_f = scales[0][0].shape[0]
+            eff_t = torch.cat([e[0] for e, _ in scales]).expand(in_f, -1)
+            div_t = torch.cat([d[0] for _, d in scales]).expand(in_f, -1)
+        else:
+            eff_t = torch.cat([e for e, _ in scales], dim=1)
+            div_t = torch.cat([d for _, d in scales], dim=1)
         del scales
         qs = solve_columns(parts, eff_t, div_t, get_format(spec.format), options.block_size)
         del parts, eff_t, div_t
