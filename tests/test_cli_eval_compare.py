@@ -72,6 +72,23 @@ def test_compare_json_and_files(capsys, tiny_dir, text_file, tmp_path):
     assert (tmp_path / "rep" / "report.json").is_file() and (tmp_path / "rep" / "report.png").is_file()
 
 
+def test_compare_calib_preset_sets_the_budget_and_gptq(capsys, tiny_dir, text_file, tmp_path):
+    base = ["compare", tiny_dir, "--schemes", "w8a8-int8-dynamic", "--text", text_file, "--calib", text_file,
+            "--limit", 30, "--window", 32, "--lastword", 0, "--json", "--no-progress"]
+    code, out, err = run(capsys, *base, "-o", tmp_path / "a", "--calib-preset", "gptq-fast", "--calib-seq-len", 32)
+    assert code == 0, err
+    rep = json.loads(out)
+    o = rep["options"]
+    assert (o["calib_samples"], o["calib_seq_len"]) == (4, 32)
+    assert o["calib_options"] == {"weight_rounding": "gptq", "layer_inputs": "float"}
+    assert rep["schemes"][0]["calibrated"] is True
+    code, out, err = run(capsys, *base, "-o", tmp_path / "b")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert (rep["options"]["calib_samples"], rep["options"]["calib_seq_len"]) == (8, 256)
+    assert rep["options"]["calib_options"] == {} and rep["schemes"][0]["calibrated"] is False
+
+
 def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
     code, out, _ = run(capsys, "compare", tiny_dir, "--schemes", "w8a16", "--text", text_file, "--limit", 30,
                        "--window", 32, "--lastword", 2, "-o", tmp_path / "rep", "--no-progress")
@@ -94,6 +111,7 @@ def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
     (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--weight-rounding", "gptq"],
      "--model-free takes no calibration"),
     (["compare", "--schemes", "w4a16", "--weight-rounding", "gtpq"], "--weight-rounding must be one of"),
+    (["compare", "--schemes", "w4a16", "--calib-preset", "gptq"], "--calib-preset must be one of gptq-fast"),
     (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--calib-preset", "fast"],
      "--calib-preset must be one of gptq-fast, got 'fast'"),
     (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--model-free", "--calib-preset", "gptq-fast"],
