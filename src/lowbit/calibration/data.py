@@ -179,13 +179,13 @@ class CalibrationConfig:
 
 # Named calibration budgets (CalibrationConfig.preset, lowbit.quantize(..., preset=), CLI --calib-preset).
 CALIBRATION_PRESETS: dict[str, dict] = {
-    # GPTQ on a small budget, for INT8 weights (w8a8-int8-dynamic, w8a16): 4 windows of 128
+    # GPTQ on a small budget, for INT8 weights (measured on w8a8-int8-dynamic): 4 windows of 128
     # tokens, float layer inputs (one forward per layer). A per-channel INT8 grid leaves little
     # error to compensate, and on SmolLM2-135M more tokens did not help reliably: w8a8-int8-dynamic
     # on 8687 evaluation tokens (bench/RESULTS.md, 2026-11-30; RTN +2.75%), float inputs
     # 4 x 128 +2.33%, 4 x 256 +2.37%, 8 x 256 +2.84%, 16 x 256 +2.46%; quantized inputs 16 x 256
-    # +2.05% at 5-6x the time. The fixed cost (Hessian factorizations, GPTQ's column loop) then
-    # dominates: about 10 CPU-s on one core for SmolLM2 (bench/RESULTS.md).
+    # +2.05% at 5-6x the time. gptq-fast: 9.4 s wall, 11-12 CPU-s on a busy 2-core machine, most
+    # of it GPTQ's fixed cost (Hessian factorizations, block updates), not the tokens.
     "gptq-fast": {"weight_rounding": "gptq", "layer_inputs": "float", "num_samples": 4, "seq_len": 128},
 }
 
