@@ -72,6 +72,23 @@ def test_compare_json_and_files(capsys, tiny_dir, text_file, tmp_path):
     assert (tmp_path / "rep" / "report.json").is_file() and (tmp_path / "rep" / "report.png").is_file()
 
 
+def test_compare_calib_preset_sets_the_budget_and_gptq(capsys, tiny_dir, text_file, tmp_path):
+    base = ["compare", tiny_dir, "--schemes", "w8a8-int8-dynamic", "--text", text_file, "--calib", text_file,
+            "--limit", 30, "--window", 32, "--lastword", 0, "--json", "--no-progress"]
+    code, out, err = run(capsys, *base, "-o", tmp_path / "a", "--calib-preset", "gptq-fast", "--calib-seq-len", 32)
+    assert code == 0, err
+    rep = json.loads(out)
+    o = rep["options"]
+    assert (o["calib_samples"], o["calib_seq_len"]) == (4, 32)
+    assert o["calib_options"] == {"weight_rounding": "gptq", "layer_inputs": "float"}
+    assert rep["schemes"][0]["calibrated"] is True
+    code, out, err = run(capsys, *base, "-o", tmp_path / "b")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert (rep["options"]["calib_samples"], rep["options"]["calib_seq_len"]) == (8, 256)
+    assert rep["options"]["calib_options"] == {} and rep["schemes"][0]["calibrated"] is False
+
+
 def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
     code, out, _ = run(capsys, "compare", tiny_dir, "--schemes", "w8a16", "--text", text_file, "--limit", 30,
                        "--window", 32, "--lastword", 2, "-o", tmp_path / "rep", "--no-progress")
@@ -94,6 +111,11 @@ def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
     (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--weight-rounding", "gptq"],
      "--model-free takes no calibration"),
     (["compare", "--schemes", "w4a16", "--weight-rounding", "gtpq"], "--weight-rounding must be one of"),
+    (["compare", "--schemes", "w4a16", "--calib-preset", "gptq"], "--calib-preset must be one of gptq-fast"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--calib-preset", "fast"],
+     "--calib-preset must be one of gptq-fast, got 'fast'"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--model-free", "--calib-preset", "gptq-fast"],
+     "--model-free takes no calibration"),
 ])
 def test_errors_are_one_line_and_exit_nonzero(capsys, args, msg):
     code, out, err = run(capsys, *args)
@@ -194,6 +216,28 @@ def test_quantize_weight_rounding_gptq_calibrates_a_weight_only_scheme(capsys, t
     a = outs["rtn"].get_submodule("model.layers.0.mlp.down_proj")
     b = outs["gptq"].get_submodule("model.layers.0.mlp.down_proj")
     assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
+
+
+@pytest.mark.skipif(not hasattr(lowbit, "save"), reason="lowbit.save (issue 4) not in this build yet")
+def test_quantize_calib_preset_gptq_fast_equals_its_options(capsys, tiny_dir, text_file, tmp_path):
+    """--calib-preset gptq-fast calibrates a dynamic scheme with GPTQ, exactly as its fields given
+    one by one; an explicit option overrides the preset's."""
+    runs = {
+        "preset": ["--calib-preset", "gptq-fast", "--calib-seq-len", 32],
+        "fields": ["--weight-rounding", "gptq", "--layer-inputs", "float", "--calib-samples", 4,
+                   "--calib-seq-len", 32],
+        "rtn": ["--calib-preset", "gptq-fast", "--weight-rounding", "rtn", "--calib-seq-len", 32],
+    }
+    mods = {}
+    for key, args in runs.items():
+        code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w8a8-int8-dynamic", "--output", tmp_path / key,
+                           "--calib", text_file, *args, "--json")
+        assert code == 0, err
+        assert ("calibrating on" in err) == (key != "rtn")
+        mods[key] = lowbit.load(tmp_path / key).get_submodule("model.layers.0.mlp.down_proj")
+    assert torch.equal(mods["preset"].weight_codes, mods["fields"].weight_codes)
+    assert not torch.equal(mods["preset"].weight_codes, mods["rtn"].weight_codes)
+    assert torch.equal(mods["preset"].weight_scale, mods["rtn"].weight_scale)
 
 
 @pytest.mark.skipif(not hasattr(lowbit, "save"), reason="lowbit.save (issue 4) not in this build yet")

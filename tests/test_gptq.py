@@ -116,6 +116,24 @@ def test_groups_solved_together_match_separate_solves(act_order):
             assert not torch.equal(q.codes, quantize(w, NVFP4, global_scale=gss[0]).codes)
 
 
+@pytest.mark.parametrize("act_order", [False, True])
+def test_only_the_upper_triangle_of_the_hessian_is_read(act_order):
+    """GPTQ reads H's upper triangle and diagonal: the same codes, bit for bit, with the lower
+    triangle zeroed (HessianSum.upper()) or filled with garbage, dead columns included."""
+    x, w = correlated_inputs(), weight()
+    x[:, [5, 100]] = 0.0
+    h = hessian(x)
+    opts = GPTQOptions(act_order=act_order)
+    full = gptq_quantize(w, h, INT4_G128, options=opts)
+    assert torch.equal(h, h.T) and torch.count_nonzero(h.tril(-1)) > 0
+    zero_below = torch.triu(h)
+    garbage_below = zero_below + torch.tril(torch.full_like(h, 7.5), -1)
+    for upper in (zero_below, garbage_below):
+        got = gptq_quantize(w, upper, INT4_G128, options=opts)
+        assert got.equal(full)
+    assert torch.equal(inverse_hessian_factor(garbage_below, 0.01), inverse_hessian_factor(h, 0.01))
+
+
 def test_block_size_changes_only_summation_order():
     x, w = correlated_inputs(), weight()
     a = dequantize(gptq_quantize(w, hessian(x), INT4_G128, options=GPTQOptions(block_size=128)))
@@ -194,6 +212,7 @@ def test_hessian_sum_of_batches_is_the_symmetric_float64_product(n):
         acc.add(b.unsqueeze(0))
     h = acc.value()
     assert h.dtype == torch.float64 and torch.equal(h, h.T)
+    assert torch.equal(torch.triu(acc.upper()), torch.triu(h))  # what GPTQ reads, as kept
     want = hessian(x.reshape(-1, n))
     torch.testing.assert_close(h, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
     s = torch.rand(n, generator=torch.Generator().manual_seed(2), dtype=torch.float64) + 0.5
@@ -334,6 +353,34 @@ def test_static_schemes_default_to_gptq_with_calibration():
     g = lowbit.quantize(copy.deepcopy(base), "w8a8-fp8", _calib(), num_samples=8, seq_len=32, weight_rounding="gptq")
     assert d.lowbit_calibration.weight_rounding == "gptq"
     assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), g.state_dict().values()))
+
+
+def test_calibration_preset_gptq_fast():
+    from lowbit.calibration import CALIBRATION_PRESETS
+    from lowbit.calibration.data import LayerInputs
+
+    cfg = CalibrationConfig.preset("gptq-fast")
+    assert (cfg.weight_rounding, cfg.layer_inputs, cfg.num_samples, cfg.seq_len) == \
+        (WeightRounding.GPTQ, LayerInputs.FLOAT, 4, 128)
+    assert CalibrationConfig.preset("gptq-fast", num_samples=2, weight_rounding="rtn") == \
+        CalibrationConfig(weight_rounding="rtn", layer_inputs="float", num_samples=2, seq_len=128)
+    with pytest.raises(CalibrationError, match="unknown calibration preset 'fast'; known: gptq-fast"):
+        CalibrationConfig.preset("fast")
+    assert list(CALIBRATION_PRESETS) == ["gptq-fast"]
+    base = tiny_llama()
+    a = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), preset="gptq-fast", seq_len=32)
+    b = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), weight_rounding="gptq",
+                        layer_inputs="float", num_samples=4, seq_len=32)
+    rep = a.lowbit_calibration
+    assert (rep.weight_rounding, rep.layer_inputs, rep.num_samples, rep.seq_len) == ("gptq", "float", 4, 32)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    rtn = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic")
+    assert any(not torch.equal(x.weight_codes, y.weight_codes) for x, y in zip(_layers(a).values(),
+                                                                                _layers(rtn).values()))
+    with pytest.raises(QuantizationError, match="not both"):
+        lowbit.quantize(tiny_llama(), "w8a8-int8-dynamic", _calib(), preset="gptq-fast", config=CalibrationConfig())
+    with pytest.raises(QuantizationError, match="weight_rounding='gptq' needs calibration data"):
+        lowbit.quantize(tiny_llama(), "w8a8-int8-dynamic", preset="gptq-fast")
 
 
 @pytest.mark.parametrize("n", [4, 129, 192, 300])  # 129, 300: the triangular inverse by halves

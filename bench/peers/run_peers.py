@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/lowbit-peers/work")
     ap.add_argument("--reuse", action="store_true", help="reuse a tool's result already in --work (same ids)")
     ap.add_argument("--lowbit-gptq", action="store_true", help="also run lowbit with GPTQ weight rounding")
+    ap.add_argument("--lowbit-gptq-fast", action="store_true",
+                    help="also run lowbit's 'gptq-fast' calibration preset (GPTQ, 4 x 128 tokens, float layer inputs)")
     ap.add_argument("--lowbit-float", action="store_true",
                     help="also run lowbit's defaults calibrated on float layer inputs (layer_inputs='float')")
     ap.add_argument("--lowbit-rtn", action="store_true",
@@ -117,6 +119,8 @@ def main() -> None:
     tools = [("lowbit", Path(sys.executable), None)]
     if a.lowbit_gptq:
         tools.append(("lowbit-gptq", Path(sys.executable), None))
+    if a.lowbit_gptq_fast:
+        tools.append(("lowbit-gptq-fast", Path(sys.executable), None))
     if a.lowbit_float:
         tools.append(("lowbit-float", Path(sys.executable), None))
     if a.lowbit_rtn:

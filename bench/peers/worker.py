@@ -100,6 +100,18 @@ def q_lowbit_gptq(model, tok, scheme, calib):
     return model, lowbit.__version__
 
 
+def q_lowbit_gptq_fast(model, tok, scheme, calib):
+    """lowbit's "gptq-fast" calibration preset (GPTQ on 4 x 128 tokens, float layer inputs:
+    lowbit.calibration.CALIBRATION_PRESETS), on the same text as the peers."""
+    import lowbit
+
+    from lowbit.report.compare import set_backends
+
+    lowbit.quantize(model, lowbit.get_scheme(scheme), calibration=calib, tokenizer=tok, preset="gptq-fast")
+    set_backends(model, "fast")
+    return model, lowbit.__version__
+
+
 def q_lowbit_rtn(model, tok, scheme, calib, layer_inputs="quantized"):
     """lowbit with round-to-nearest weights (calibrated on the same text when the scheme needs it),
     layer by layer on the quantized layers' outputs (lowbit-rtn-float: on float activations,
@@ -194,7 +206,7 @@ def q_torchao(model, tok, scheme, calib):
     return model, torchao.__version__
 
 
-TOOLS = {"lowbit": q_lowbit, "lowbit-float": q_lowbit_float, "lowbit-gptq": q_lowbit_gptq, "lowbit-rtn": q_lowbit_rtn, "lowbit-rtn-float": q_lowbit_rtn_float, "auto-round": q_autoround, "llmcompressor": q_llmcompressor, "torchao": q_torchao}
+TOOLS = {"lowbit": q_lowbit, "lowbit-float": q_lowbit_float, "lowbit-gptq": q_lowbit_gptq, "lowbit-gptq-fast": q_lowbit_gptq_fast, "lowbit-rtn": q_lowbit_rtn, "lowbit-rtn-float": q_lowbit_rtn_float, "auto-round": q_autoround, "llmcompressor": q_llmcompressor, "torchao": q_torchao}
 
 
 def calib_texts(path):

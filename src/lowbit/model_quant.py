@@ -63,7 +63,7 @@ def _check_smoothquant(smoothquant) -> None:
 
 def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smoothquant=None,
              ignore: Iterable[str] = (), include_lm_head: bool = False, tokenizer=None,
-             config=None, **calibration_options) -> nn.Module:
+             config=None, preset: str | None = None, **calibration_options) -> nn.Module:
     """Quantize ``model`` in place and return it.
 
     calibration: token ids [n, seq_len], a list of strings, a text file path (one paragraph a
@@ -71,6 +71,8 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     smoothquant: an alpha in [0, 1], None (no smoothing) or "auto" (per-layer search).
     config / calibration_options: a ``lowbit.calibration.CalibrationConfig`` or its fields
         (num_samples, seq_len, batch_size, observer, sink_positions, smooth_down_proj...).
+    preset: a named calibration budget (``lowbit.calibration.CALIBRATION_PRESETS``, e.g.
+        "gptq-fast"); calibration_options given with it override its fields.
 
     Without calibration, schemes that need none (weight-only, dynamic activations) are plain
     round-to-nearest (``quantize_rtn``; model-free quantization reproduces it bit for bit),
@@ -82,10 +84,15 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
 
     scheme = get_scheme(scheme)
     _check_smoothquant(smoothquant)
-    if config is not None and calibration_options:
-        raise QuantizationError("pass either config=CalibrationConfig(...) or its fields, not both")
+    if config is not None and (calibration_options or preset is not None):
+        raise QuantizationError("pass either config=CalibrationConfig(...) or a preset and/or its fields, not both")
     try:
-        cfg = config if config is not None else CalibrationConfig(**calibration_options)
+        if config is not None:
+            cfg = config
+        elif preset is not None:
+            cfg = CalibrationConfig.preset(preset, **calibration_options)
+        else:
+            cfg = CalibrationConfig(**calibration_options)
     except TypeError as e:
         raise QuantizationError(f"unknown calibration option: {e}") from None
     if calibration is None:

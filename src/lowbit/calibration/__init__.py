@@ -4,7 +4,7 @@
 """
 
 from lowbit.calibration.data import (
-    BUILTIN, CalibrationConfig, CalibrationError, LayerInputs, builtin_text_path, calibration_tokens, read_paragraphs,
+    BUILTIN, CALIBRATION_PRESETS, CalibrationConfig, CalibrationError, LayerInputs, builtin_text_path, calibration_tokens, read_paragraphs,
 )
 from lowbit.calibration.observers import (MaxObserver, MSEObserver, Observer, ObserverKind, PercentileObserver,
                                           make_observer)
@@ -12,7 +12,7 @@ from lowbit.calibration.pipeline import CalibrationReport, GroupReport, Layerwis
 from lowbit.calibration.scales import input_scales_from_amax, qdq_activation
 
 __all__ = [
-    "BUILTIN", "CalibrationConfig", "CalibrationError", "LayerInputs", "builtin_text_path", "calibration_tokens",
+    "BUILTIN", "CALIBRATION_PRESETS", "CalibrationConfig", "CalibrationError", "LayerInputs", "builtin_text_path", "calibration_tokens",
     "read_paragraphs", "Observer", "ObserverKind", "MaxObserver", "PercentileObserver", "MSEObserver", "make_observer",
     "CalibrationReport", "GroupReport", "LayerwiseCalibrator", "input_scales_from_amax", "qdq_activation",
 ]

@@ -155,6 +155,13 @@ class CalibrationConfig:
             raise CalibrationError(f"unknown {field} {value!r}; known: "
                                    f"{', '.join(k.value for k in enum)}") from None
 
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "CalibrationConfig":
+        """The named preset of ``CALIBRATION_PRESETS`` with ``overrides`` (fields) on top."""
+        if name not in CALIBRATION_PRESETS:
+            raise CalibrationError(f"unknown calibration preset {name!r}; known: {', '.join(CALIBRATION_PRESETS)}")
+        return cls(**{**CALIBRATION_PRESETS[name], **overrides})
+
     def rounding_for(self, scheme: Scheme) -> WeightRounding:
         """The weight rounding used for ``scheme`` when calibration data is given: the one asked
         for, else ``default_weight_rounding(scheme)``."""
@@ -168,6 +175,19 @@ class CalibrationConfig:
     def gptq_options(self) -> GPTQOptions:
         return GPTQOptions(damping=float(self.gptq_damping), block_size=self.gptq_block_size,
                            act_order=self.gptq_act_order)
+
+
+# Named calibration budgets (CalibrationConfig.preset, lowbit.quantize(..., preset=), CLI --calib-preset).
+CALIBRATION_PRESETS: dict[str, dict] = {
+    # GPTQ on a small budget, for INT8 weights (measured on w8a8-int8-dynamic): 4 windows of 128
+    # tokens, float layer inputs (one forward per layer). A per-channel INT8 grid leaves little
+    # error to compensate, and on SmolLM2-135M more tokens did not help reliably: w8a8-int8-dynamic
+    # on 8687 evaluation tokens (bench/RESULTS.md, 2026-11-30; RTN +2.75%), float inputs
+    # 4 x 128 +2.33%, 4 x 256 +2.37%, 8 x 256 +2.84%, 16 x 256 +2.46%; quantized inputs 16 x 256
+    # +2.05% at 5-6x the time. gptq-fast: 9.4 s wall, 11-12 CPU-s on a busy 2-core machine, most
+    # of it GPTQ's fixed cost (Hessian factorizations, block updates), not the tokens.
+    "gptq-fast": {"weight_rounding": "gptq", "layer_inputs": "float", "num_samples": 4, "seq_len": 128},
+}
 
 
 def default_layer_inputs(rounding: WeightRounding) -> LayerInputs:

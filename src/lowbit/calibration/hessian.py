@@ -4,7 +4,8 @@ H is symmetric, so only its upper triangle is computed: the columns are cut into
 ``block`` (a quarter of the width, at least 128) and block row i is x[:, i]^T x[:, i:], about
 5/8 of the full product's multiply-adds for four blocks (a general matrix product has no
 symmetric shortcut). Each product is float32 over one batch and is added to a float64 sum
-across batches; ``value()`` mirrors the upper triangle into the full float64 matrix.
+across batches; ``value()`` mirrors the upper triangle into the full float64 matrix, ``upper()``
+returns the sum as kept (GPTQ reads only the upper triangle: no mirroring, no copy).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class HessianSum:
         """The sum of a input divided by s, given inv = 1 / s (float64): diag(inv) H diag(inv)."""
         if self._upper is not None:
             self._upper = self._upper * inv.unsqueeze(1) * inv.unsqueeze(0)
+
+    def upper(self) -> torch.Tensor | None:
+        """The float64 sum with a correct upper triangle and diagonal (what lies below the
+        diagonal is zero or the mirrored value), None before any add. Not a copy."""
+        return self._upper
 
     def value(self) -> torch.Tensor | None:
         """The full symmetric float64 sum (None before any add)."""

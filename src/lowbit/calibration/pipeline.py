@@ -115,6 +115,12 @@ class _GroupStats:
         """sum x^T x over every position seen (float64), None without Hessian tracking or data."""
         return None if self._hessian is None else self._hessian.value()
 
+    @property
+    def hessian_upper(self) -> torch.Tensor | None:
+        """``hessian``'s upper triangle and diagonal (below: zero or mirrored; not a copy): all
+        GPTQ reads."""
+        return None if self._hessian is None else self._hessian.upper()
+
     def scale_amax(self) -> torch.Tensor:
         if self.scale_obs is None or isinstance(self.scale_obs, MaxObserver):
             return self.scale_chan.amax().amax().reshape(1)
@@ -247,7 +253,7 @@ class LayerwiseCalibrator:
                     amax = st.scale_amax()
                     rep.amax_used = float(amax)
                     sc = input_scales_from_amax(spec, amax)
-            hess = stats[g[0]].hessian if self.gptq and stats is not None and g[0] in stats else None
+            hess = stats[g[0]].hessian_upper if self.gptq and stats is not None and g[0] in stats else None
             if hess is None:
                 for n, lin in lins.items():
                     q = QuantLinear.from_linear(lin, self.scheme, name=n, weight_global_scale=gscales.get(n), **sc)

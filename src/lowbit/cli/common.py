@@ -81,3 +81,12 @@ def parse_layer_inputs(value: str | None):
     from lowbit.calibration import LayerInputs
 
     return None if value is None else _enum_option(value, value, LayerInputs, "--layer-inputs")
+
+
+def parse_calib_preset(value: str | None) -> str | None:
+    """--calib-preset: None (not given) or a name of lowbit.calibration.CALIBRATION_PRESETS."""
+    from lowbit.calibration import CALIBRATION_PRESETS
+
+    if value is not None and value not in CALIBRATION_PRESETS:
+        raise OptionError(f"--calib-preset must be one of {', '.join(CALIBRATION_PRESETS)}, got {value!r}")
+    return value

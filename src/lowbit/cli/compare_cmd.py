@@ -10,7 +10,7 @@ from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
-    human_bytes, model_arg, parse_list, parse_smoothquant, parse_weight_rounding, quiet_progress,
+    human_bytes, model_arg, parse_calib_preset, parse_list, parse_smoothquant, parse_weight_rounding, quiet_progress,
 )
 
 
@@ -69,8 +69,13 @@ def compare_cmd(
     lastword_context: int = typer.Option(96, "--lastword-context", help="Context tokens per last-word example."),
     text: Optional[str] = typer.Option(None, "--text", help="Evaluation text, one paragraph a line (default: built-in)."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text file (default: built-in)."),
-    calib_samples: int = typer.Option(8, "--calib-samples", help="Calibration windows."),
-    calib_seq_len: int = typer.Option(256, "--calib-seq-len", help="Tokens per calibration window."),
+    calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows (default 8)."),
+    calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len",
+                                                help="Tokens per calibration window (default 256)."),
+    calib_preset: Optional[str] = typer.Option(
+        None, "--calib-preset",
+        help="A named calibration budget for every scheme, e.g. 'gptq-fast' (GPTQ on 4 x 128 tokens, float layer "
+             "inputs: for INT8 weights); --calib-samples, --calib-seq-len and --weight-rounding override it."),
     smoothquant: str = typer.Option("default", "--smoothquant",
                                     help="SmoothQuant for schemes with static per-tensor input scales (w8a8-int8, "
                                          "w8a8-fp8): 'default' (alpha 0.8 for INT8, 0.5 for FP8 inputs), an alpha "
@@ -93,9 +98,20 @@ def compare_cmd(
 
     quiet_progress(progress)
     calib_options: dict = {} if sink_positions is None else {"sink_positions": sink_positions}
+    preset = parse_calib_preset(calib_preset)
+    if preset is not None:
+        from lowbit.calibration import CALIBRATION_PRESETS
+
+        fields = dict(CALIBRATION_PRESETS[preset])
+        n, sl = fields.pop("num_samples", None), fields.pop("seq_len", None)
+        calib_samples = n if calib_samples is None else calib_samples
+        calib_seq_len = sl if calib_seq_len is None else calib_seq_len
+        calib_options.update(fields)
     wr = parse_weight_rounding(weight_rounding)
     if wr is not None:
         calib_options["weight_rounding"] = wr.value
+    calib_samples = 8 if calib_samples is None else calib_samples
+    calib_seq_len = 256 if calib_seq_len is None else calib_seq_len
     opts = CompareOptions(schemes=parse_list(schemes, "--schemes"), limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,

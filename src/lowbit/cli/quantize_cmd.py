@@ -12,7 +12,8 @@ import typer
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
-    OptionError, human_bytes, model_arg, parse_layer_inputs, parse_smoothquant, parse_weight_rounding,
+    OptionError, human_bytes, model_arg, parse_calib_preset, parse_layer_inputs, parse_smoothquant,
+    parse_weight_rounding,
 )
 from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.errors import LowbitError
@@ -49,6 +50,10 @@ def quantize_cmd(
         help="What each layer is calibrated on: 'quantized' (the quantized layers' outputs; default with GPTQ) or "
              "'float' (the float model's activations: one float pass per layer, about half the calibration "
              "time; default with RTN weights)."),
+    calib_preset: Optional[str] = typer.Option(
+        None, "--calib-preset",
+        help="A named calibration budget, e.g. 'gptq-fast' (GPTQ on 4 x 128 tokens, float layer inputs: "
+             "for INT8 weights); the options above override its fields."),
     model_free: bool = typer.Option(False, "--model-free", help="Quantize shards directly (no calibration, no forward)."),
     workers: int = typer.Option(1, "--workers", help="CPU cores for --model-free (worker processes or threads)."),
     device: Optional[str] = typer.Option(None, "--device", help="Quantize on this torch device with --model-free "
@@ -69,11 +74,12 @@ def quantize_cmd(
     sq = resolve_alpha(sq_choice, sch, static_only=False)
     wr = parse_weight_rounding(weight_rounding)
     li = parse_layer_inputs(layer_inputs)
+    preset = parse_calib_preset(calib_preset)
     t0 = time.perf_counter()
     if model_free:
-        if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None:
+        if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None or preset is not None:
             raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
-                              "--layer-inputs, "
+                              "--layer-inputs/--calib-preset, "
                               "or drop --model-free")
         try:
             from lowbit.modelfree import quantize_checkpoint
@@ -105,6 +111,11 @@ def quantize_cmd(
             kwargs["weight_rounding"] = wr
         if li is not None:
             kwargs["layer_inputs"] = li
+        if preset is not None:
+            from lowbit.calibration import CalibrationConfig
+
+            wr = CalibrationConfig.preset(preset, **kwargs).weight_rounding
+            kwargs["preset"] = preset
         needs = sch.needs_calibration or sq is not None or wr is WeightRounding.GPTQ
         if not needs and (calib is not None or kwargs):
             err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")

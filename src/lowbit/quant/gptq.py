@@ -85,25 +85,26 @@ def inverse_hessian_factor(H: torch.Tensor, damping: float, name: str = "weight"
                            dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Upper Cholesky factor U of (H + damping * mean(diag H) * I)^-1 (U^T U = H^-1), computed
     and returned in ``dtype`` (H: dead columns already fixed; the damping is added in float64).
-    The damping is raised tenfold (up to 4 times) if H is not positive definite.
+    Only the upper triangle and the diagonal of H are read. The damping is raised tenfold (up
+    to 4 times) if H is not positive definite.
 
     With J the reversal permutation and L the lower Cholesky factor of J H J: H^-1 = J L^-T L^-1 J
     = U^T U for U = J L^-1 J, upper triangular with a positive diagonal, so one Cholesky and one
     triangular inverse replace Cholesky, inverse from Cholesky and a second Cholesky."""
-    H = H.to(torch.float64)
-    mean_diag = float(torch.diagonal(H).mean())
+    diag = torch.diagonal(H).to(torch.float64)
+    mean_diag = float(diag.mean())
     if mean_diag <= 0:
         mean_diag = 1.0
     d = damping
+    flipped = H.to(dtype).flip(0, 1)  # converted, then flipped: the smaller copy
     for _ in range(5):
-        damped = H.flip(0, 1)
-        damped.diagonal().add_(d * mean_diag)
-        L, info = torch.linalg.cholesky_ex(damped.to(dtype))
-        del damped
+        # the damped diagonal is summed in float64 and rounded once to dtype
+        flipped.diagonal().copy_((diag + d * mean_diag).flip(0))
+        L, info = torch.linalg.cholesky_ex(flipped)  # reads the lower triangle: H's upper one
         if int(info) == 0:
             inv = torch.zeros_like(L)
             _lower_triangular_inverse(L, inv)
-            if bool(torch.isfinite(inv).all()):
+            if bool(torch.isfinite(inv.sum())) or bool(torch.isfinite(inv).all()):  # sum: one pass
                 return inv.flip(0, 1)
         d *= 10.0
     raise QuantizationError(f"gptq: the Hessian of {name!r} is not positive definite even with damping {d / 10:g}")
@@ -140,7 +141,9 @@ def _check(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, name: str, first: 
 
 def gptq_quantize(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, *, global_scale: torch.Tensor | None = None,
                   options: GPTQOptions = GPTQOptions(), name: str = "weight") -> QuantizedTensor:
-    """GPTQ-round ``W`` [out, in] under ``spec`` given the input Hessian ``H`` [in, in].
+    """GPTQ-round ``W`` [out, in] under ``spec`` given the input Hessian ``H`` [in, in] (symmetric:
+    only its upper triangle and diagonal are read, so the upper triangle alone, e.g.
+    ``HessianSum.upper()``, will do).
 
     Returns the QuantizedTensor RTN would produce with the same scales (``quantize(W, spec,
     global_scale=global_scale)``'s scale / global scale), with GPTQ codes.
@@ -186,8 +189,13 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
                 scales.append((eff_t, div_t) if perm is None else (eff_t[perm], div_t[perm]))
             parts.append((W, u))
             perms.append(perm)
-        eff_t = torch.cat([e for e, _ in scales], dim=1)
-        div_t = torch.cat([d for _, d in scales], dim=1)
+        if all(e.stride(0) == 0 and d.stride(0) == 0 for e, d in scales):  # per channel: one row each
+            in_f = scales[0][0].shape[0]
+            eff_t = torch.cat([e[0] for e, _ in scales]).expand(in_f, -1)
+            div_t = torch.cat([d[0] for _, d in scales]).expand(in_f, -1)
+        else:
+            eff_t = torch.cat([e for e, _ in scales], dim=1)
+            div_t = torch.cat([d for _, d in scales], dim=1)
         del scales
         qs = solve_columns(parts, eff_t, div_t, get_format(spec.format), options.block_size)
         del parts, eff_t, div_t
@@ -213,7 +221,8 @@ def _prepare_part(W: torch.Tensor, H: torch.Tensor, options: GPTQOptions, name: 
         W = W.clone()
         W[:, dead] = 0.0
     perm = None
-    if options.act_order:
+    if options.act_order:  # the permuted matrix needs both triangles: mirror the upper one
+        H = torch.triu(H) + torch.triu(H, 1).T
         perm = torch.argsort(torch.diagonal(H), descending=True, stable=True)
         W, H = W[:, perm], H[perm][:, perm]
     U = inverse_hessian_factor(H, float(options.damping), name, dtype=torch.float32)

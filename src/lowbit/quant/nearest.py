@@ -82,3 +82,15 @@ def column_rounder(fmt, n: int) -> tuple[torch.Tensor, Callable[[], torch.Tensor
         return y.add_(m).sub_(m)
 
     return y, round_magic
+
+
+def native_rounding(fmt) -> tuple[int, float, float, int, int, int]:
+    """The rounding arguments of the native GPTQ sub-block (``lb_gptq_sub``): (kind, lo, hi,
+    mask, lowest, shift); INT: (0, qmin, qmax, 0, 0, 0), signed minifloats: (1, max finite, 0,
+    and the magic number constants of ``round_nearest_``)."""
+    if not supports(fmt):
+        raise ValueError(f"no in-place nearest rounding for the format {fmt!r}")
+    if isinstance(fmt, IntFormat):
+        return 0, float(fmt.qmin), float(fmt.qmax), 0, 0, 0
+    mx, mask, lowest, shift = _constants(fmt, "cpu")
+    return 1, mx, 0.0, int(mask), int(lowest), int(shift)

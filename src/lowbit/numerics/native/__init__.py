@@ -1,4 +1,5 @@
-"""Native (C) kernels on CPU tensors: per-group extremes and fused divide + encode (+ nibble pack).
+"""Native (C) kernels on CPU tensors: per-group extremes and fused divide + encode (+ nibble pack);
+GPTQ's sub-block column loop (``gptq_sub_fn``, raw pointers: lowbit.quant.gptq_solve).
 
 Each wrapper returns None when the library is unavailable (no compiler, build failed, or
 ``build.ENABLED`` is False); callers then take their torch path, which gives the same bits.
@@ -93,3 +94,10 @@ def pack_nibbles(codes: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     out = torch.empty(*codes.shape[:-1], codes.shape[-1] // 2, dtype=torch.uint8)
     m = lib.lb_pack_nibbles(_ptr(codes), codes.numel(), _ptr(out))
     return out, int(m)
+
+
+def gptq_sub_fn():
+    """``lb_gptq_sub`` (GPTQ's column loop inside one sub-block, lowbit.quant.gptq_solve), or None
+    when the library is unavailable."""
+    lib = library()
+    return None if lib is None else lib.lb_gptq_sub
