@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from lowbit.schemes import Granularity, QuantSpec, Scheme
 BAND_ELEMS = 1 << 20  # elements quantized at once: float32 temporaries of ~4 MB stay in cache (faster than 4 M)
 DEVICE_BAND_ELEMS = 1 << 25  # on an accelerator: larger bands, fewer launches (~1 GB of temporaries)
 MARKER_DIR = ".modelfree"
+HELD_WRITES = 2  # queued writes of tensors in memory (bounds a job's memory; raw copies do not count)
 
 Report = Callable[[tuple[str, str, int]], None]
 _REPORT: Report | None = None
@@ -163,9 +165,10 @@ class _ShardRun:
         self.band = BAND_ELEMS if self.device is None else DEVICE_BAND_ELEMS
         self.io_read = ThreadPoolExecutor(1, thread_name_prefix="lowbit-read")
         # codes buffers, used in turn by successive quantized tensors: one is written while the
-        # next tensor is quantized into the other (the write before is always finished by then),
-        # so the pages are allocated once per job, not once per tensor
+        # next tensor is quantized into the other (after the write of what it held last), so the
+        # pages are allocated once per job, not once per tensor
         self.buffers: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * 2
+        self.buffer_writes: list[Future | None] = [None, None]
         self.turn = 0
         self.io_write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
 
@@ -188,6 +191,9 @@ class _ShardRun:
 
     def scratch(self, n: int) -> torch.Tensor:
         """This tensor's codes buffer (see __init__), at least n bytes."""
+        last = self.buffer_writes[self.turn]
+        if last is not None:
+            last.result()  # what it held is on disk
         if self.buffers[self.turn].numel() < n:
             self.buffers[self.turn] = torch.empty(n, dtype=torch.uint8)
         return self.buffers[self.turn]
@@ -221,17 +227,26 @@ class _ShardRun:
             writer = RegionWriter(partial_path(job.out_dir, job.out_name), job.start, job.entries)
         loads = [it for it in job.items if it.kind is Kind.QUANTIZE or (it.kind is Kind.COPY and it.src.scale_inv)]
         ahead: dict[int, Future] = {}  # id(item) -> its tensor being read
-        pending: Future | None = None  # the last write (one at a time: bounded memory)
+        writes: deque[Future] = deque()  # writes not yet checked, oldest first
+        held: deque[Future] = deque()  # writes of tensors held in memory (HELD_WRITES at most)
 
         def prefetch(k: int) -> None:
             if k < len(loads) and id(loads[k]) not in ahead:
                 ahead[id(loads[k])] = self.io_read.submit(self.load, loads[k].src)
 
-        def write(fn: Callable[..., None], *args: Any) -> None:
-            nonlocal pending
-            if pending is not None:
-                pending.result()
-            pending = self.io_write.submit(fn, *args)
+        def write(fn: Callable[..., None], *args: Any, holds: bool = True) -> Future:
+            """Queue a write (the writer thread runs them in order); ``holds``: it keeps tensors
+            alive until done, so at most HELD_WRITES such are queued (raw copies hold nothing:
+            quantizing goes on while a large embedding is copied)."""
+            while writes and writes[0].done():
+                writes.popleft().result()  # a failed write stops the job here
+            f = self.io_write.submit(fn, *args)
+            writes.append(f)
+            if holds:
+                held.append(f)
+                while len(held) > HELD_WRITES:
+                    held.popleft().result()
+            return f
 
         n_quantized = 0
         n_loaded = 0
@@ -243,7 +258,7 @@ class _ShardRun:
                 if it.kind is Kind.COPY and it.src.scale_inv is None:  # as stored: bytes copied by the kernel
                     i = it.src.info
                     write(writer.add_raw, it.name, i.dtype, i.shape, Path(job.src_root) / i.shard,
-                          i.data_start + i.begin, i.nbytes)
+                          i.data_start + i.begin, i.nbytes, holds=False)
                 elif it.kind is not Kind.DROP:
                     w = ahead.pop(id(it)).result()
                     n_loaded += 1
@@ -251,15 +266,16 @@ class _ShardRun:
                     if it.kind is Kind.COPY:  # FP8 kept in float: dequantized
                         write(writer.add, it.name, w)
                     else:
+                        used = self.turn
                         tensors = self.quantized_tensors(it, w)
-                        write(_add_all, writer, tensors)
+                        self.buffer_writes[used] = write(_add_all, writer, tensors)
                         n_quantized += 1
                     del w
                 self.report(("advance", job.name, it.src.info.nbytes))
                 if _HOOK is not None:
                     _HOOK("tensor", job.name, it.name)
-            if pending is not None:
-                pending.result()
+            for f in writes:
+                f.result()
             if writer is not None:
                 writer.finish()
         except BaseException as e:
