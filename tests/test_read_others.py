@@ -240,7 +240,7 @@ def test_autoround_fake_weight_only(tmp_path):
 
 def test_autoround_unsupported_packing_and_types_are_named():
     for fields, msg in [
-        ({"packing_format": "auto_round:auto_gptq"}, "packing_format 'auto_round:auto_gptq'"),
+        ({"packing_format": "auto_round:auto_awq"}, "packing_format 'auto_round:auto_awq'"),
         ({"packing_format": "auto_round:llm_compressor", "data_type": "mx_int"}, "data_type 'mx_int'"),
         ({"packing_format": "auto_round:llm_compressor", "bits": 4, "group_size": 16, "data_type": "nv_fp",
           "act_bits": 4, "act_data_type": "nv_fp", "act_dynamic": True}, "dynamic global scale"),

@@ -23,13 +23,13 @@ import torch.nn as nn
 
 from lowbit.checkpoint.fake_module import FakeQuantLinear
 from lowbit.errors import FormatError
-from lowbit.formats import Format, SafetensorsFolder, get_layout, parse_quantization_config, read_config
+from lowbit.formats import Format, SafetensorsFolder, parse_quantization_config, read_config
 from lowbit.formats.base import ParsedConfig, parse_dtype
 from lowbit.model_quant import set_submodule
 from lowbit.modules import QuantLinear
 
 QUANT_SUFFIXES = ("weight_packed", "weight_codes", "weight_scale", "weight_zero_point", "weight_global_scale",
-                  "weight_shape", "input_scale", "input_global_scale")
+                  "weight_shape", "input_scale", "input_global_scale", "qweight", "qzeros", "g_idx")
 
 
 def _config_dtype(config: dict) -> torch.dtype:
@@ -84,9 +84,9 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
         if lin is out_emb and getattr(model.config, "tie_word_embeddings", False) and name not in by_parent:
             raise FormatError(f"layer {name!r} is quantized by the config but its weights are tied to the input "
                               f"embeddings and not stored")
-        layout = get_layout(parsed.format_for(scheme))
+        layout = parsed.layout_for(scheme)
         rec = _Recorder(folder)
-        r = layout.read_linear(name, rec, scheme, dtype, config=parsed)
+        r = layout.read_linear(name, rec, scheme, dtype, config=parsed, shape=(lin.out_features, lin.in_features))
         leftover = [k for k in by_parent.get(name, ()) if k not in rec.used]
         if leftover:
             raise FormatError(f"tensor {folder.describe(leftover[0])} does not belong to layer {name!r} under its "
@@ -142,7 +142,7 @@ class _Recorder(Mapping):
 
 
 def _weight_key(folder, name: str) -> str:
-    for s in ("weight", "weight_packed", "weight_codes"):
+    for s in ("weight", "weight_packed", "weight_codes", "qweight"):
         if f"{name}.{s}" in folder:
             return f"{name}.{s}"
     return name

@@ -27,6 +27,15 @@ Packing formats and the tensor layout each uses:
 | auto_round:llm_compressor | compressed-tensors layouts (nvfp4-pack, mxfp4-pack, mxfp8, pack-quantized); nvfp4_v2 layers as below |
 | auto_round:llm_compressor_nvfp4_e5m3 | ``weight_packed`` uint8 [out, in/2], ``weight_scale`` uint8 UE5M3 codes [out, in/16], no global scales (lowbit layout) |
 | auto_round:fake | ``weight`` already quantized-dequantized (fake layout); static input scales from ``input_scale`` tensors when present |
+| auto_round:auto_gptq (the default) | ``qweight`` int32 [in_p / (32/bits), out], ``scales`` [in_p / g, out], ``qzeros`` int32 (zero - 1), optional trivial ``g_idx``; INT2/4/8 weight-only (lowbit.formats.gptq_pack) |
+
+auto_gptq symmetric weights read with the ``full-range`` observer (auto-round's rule: scale = the
+group's signed extreme / -2^(bits-1), negative when the extreme is positive), so W4A16 is lowbit's
+w4a16 preset; asymmetric ones (sym false) with real zero points. Measured on auto-round 0.16.1
+model-free output (bench/RESULTS-modelfree.md section 5): W4A16 and W8A16 (group 128) read with
+codes and scales equal to lowbit's own RTN output except the 0.88 % of groups where amax == -amin
+(auto-round picks the opposite sign: mirror image, equal error); 0.014-0.021 % of weights differ,
+all in those groups.
 
 Data types: int -> INTn; fp (8 bits) -> FP8 E4M3; nv_fp -> NVFP4 (activations
 nv_fp4_with_static_gs: static global scale); mx_fp -> MXFP4 / MXFP8; nvfp4_v2 (alias fp4_v2) ->
@@ -42,6 +51,8 @@ from typing import Any, Mapping
 from lowbit.errors import FormatError, SchemeError
 from lowbit.formats.base import Format, ParsedConfig
 from lowbit.formats.ct_args import named_scheme
+from lowbit.formats.gptq_pack import PACKING as GPTQ_PACKING
+from lowbit.formats.gptq_pack import GptqLayout, check_gptq_spec
 from lowbit.numerics import FormatName
 from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec, Scheme
 
@@ -51,7 +62,9 @@ PACKING = {
     "auto_round:llm_compressor_nvfp4_e5m3": Format.LOWBIT,
     "auto_round:fake": Format.FAKE,
     "fake": Format.FAKE,
+    GPTQ_PACKING: Format.LOWBIT,  # read by GptqLayout into lowbit's QuantizedTensor (AutoRoundConfig.layout_for)
 }
+GPTQ_LAYOUT = GptqLayout()
 SCHEME_KEYS = ("bits", "group_size", "sym", "data_type", "act_bits", "act_group_size", "act_sym", "act_data_type",
                "act_dynamic")
 E5M3_TYPES = ("nvfp4_v2", "fp4_v2")
@@ -90,7 +103,7 @@ def _gran(g: Any, where: str, is_act: bool) -> tuple[Granularity, int | None]:
     raise FormatError(f"{where}: invalid group_size {g}")
 
 
-def _weight_spec(d: dict[str, Any], where: str) -> QuantSpec:
+def _weight_spec(d: dict[str, Any], where: str, packing: str = "") -> QuantSpec:
     dt, bits = d["data_type"], int(d["bits"])
     w = f"{where} (data_type {dt!r}, bits {bits})"
     if dt in E5M3_TYPES:
@@ -109,8 +122,10 @@ def _weight_spec(d: dict[str, Any], where: str) -> QuantSpec:
     if dt in ("fp", "fp8", "fp8_e4m3", "float8_e4m3fn") and bits == 8:
         return QuantSpec(FormatName.E4M3, gran, gs, observer=WEIGHT_OBSERVER)
     if dt in ("int", "int_sym", "int_asym") and 2 <= bits <= 8:
-        return QuantSpec(FormatName(f"int{bits}"), gran, gs, symmetric=bool(d["sym"]) and dt != "int_asym",
-                         observer=WEIGHT_OBSERVER)
+        sym = bool(d["sym"]) and dt != "int_asym"
+        # the GPTQ packing stores auto-round's signed full-range scales as they are
+        observer = ObserverKind.FULL_RANGE if sym and packing == GPTQ_PACKING else WEIGHT_OBSERVER
+        return QuantSpec(FormatName(f"int{bits}"), gran, gs, symmetric=sym, observer=observer)
     raise FormatError(f"{w}: this weight data type is not supported by lowbit")
 
 
@@ -147,15 +162,20 @@ def _act_spec(d: dict[str, Any], where: str) -> QuantSpec | None:
     raise FormatError(f"{w}: this activation data type is not supported by lowbit")
 
 
-def scheme_from_fields(fields_: Mapping[str, Any], where: str) -> Scheme | None:
-    """The lowbit scheme of auto-round fields (None when bits >= 16: the layer stays float)."""
+def scheme_from_fields(fields_: Mapping[str, Any], where: str, packing: str = "") -> Scheme | None:
+    """The lowbit scheme of auto-round fields (None when bits >= 16: the layer stays float).
+    packing: the folder's packing_format (auto_gptq: INT2/4/8 weight-only, full-range if symmetric)."""
     d = fill_defaults(fields_)
     if int(d["bits"]) >= 16:
         return None
     try:
-        return named_scheme(_weight_spec(d, where), _act_spec(d, where), f"auto-round-{d['data_type']}-w{d['bits']}")
+        s = named_scheme(_weight_spec(d, where, packing), _act_spec(d, where),
+                         f"auto-round-{d['data_type']}-w{d['bits']}")
     except SchemeError as e:
         raise FormatError(f"{where}: {e}") from None
+    if packing == GPTQ_PACKING:
+        check_gptq_spec(s, where)
+    return s
 
 
 @dataclass
@@ -179,7 +199,8 @@ class AutoRoundConfig(ParsedConfig):
     def scheme_for(self, name: str, is_linear: bool = True, is_output_embedding: bool = False) -> Scheme | None:
         extra = self._extra_for(name)
         if extra is not None:
-            return scheme_from_fields({**self.default_fields, **extra}, f"auto-round extra_config[{name!r}]")
+            return scheme_from_fields({**self.default_fields, **extra}, f"auto-round extra_config[{name!r}]",
+                                      self.packing_format)
         if not is_linear:
             return None
         if self.blocks is not None:
@@ -187,12 +208,17 @@ class AutoRoundConfig(ParsedConfig):
                 return None
         elif is_output_embedding:
             return None
-        return scheme_from_fields(self.default_fields, "auto-round quantization_config")
+        return scheme_from_fields(self.default_fields, "auto-round quantization_config", self.packing_format)
 
     def format_for(self, scheme: Scheme) -> Format:
         if self.format is Format.COMPRESSED_TENSORS and scheme.weights.scale_format is FormatName.UE5M3:
             return Format.LOWBIT  # nvfp4_v2 layers of an llm_compressor folder: raw E5M3 codes
         return self.format
+
+    def layout_for(self, scheme: Scheme):
+        if self.packing_format == GPTQ_PACKING:
+            return GPTQ_LAYOUT
+        return super().layout_for(scheme)
 
 
 def parse_autoround(qcfg: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> tuple[Format, ParsedConfig]:
@@ -215,13 +241,13 @@ def parse_autoround(qcfg: Mapping[str, Any], config: Mapping[str, Any] | None = 
         blocks = [b for b in blocks.split(",") if b]
     elif blocks is not None and not isinstance(blocks, list):
         raise FormatError(f"{w}: 'block_name_to_quantize' must be a list or a comma-separated string")
-    main = scheme_from_fields(defaults, w)
+    main = scheme_from_fields(defaults, w, packing)
     parsed = AutoRoundConfig(fmt, [] if main is None else [(main, ["Linear"])], [], source=f"auto-round {packing}",
                              extra={"packing_format": packing, "filled_defaults": fill_defaults(defaults)},
                              default_fields=defaults, extra_config=dict(extra), blocks=blocks,
                              packing_format=packing)
     for name, e in extra.items():  # validate every override now, with its name in the message
-        s = scheme_from_fields({**defaults, **e}, f"{w} extra_config[{name!r}]")
+        s = scheme_from_fields({**defaults, **e}, f"{w} extra_config[{name!r}]", packing)
         if s is not None and s not in parsed.schemes():
             parsed.groups.append((s, [name]))
     return fmt, parsed

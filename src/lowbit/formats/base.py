@@ -124,6 +124,13 @@ class ParsedConfig:
         """The layout that holds a layer of this scheme (one per folder, except auto-round)."""
         return self.format
 
+    def layout_for(self, scheme: Scheme) -> "Layout":
+        """The layout to read a layer of this scheme with (auto-round's GPTQ packing has one
+        that lowbit only reads, outside ``Format``)."""
+        from lowbit.formats import get_layout
+
+        return get_layout(self.format_for(scheme))
+
     def schemes(self) -> list[Scheme]:
         return [s for s, _ in self.groups]
 
@@ -255,8 +262,11 @@ class Layout(ABC):
 
     @abstractmethod
     def read_linear(self, prefix: str, tensors: Mapping[str, torch.Tensor], scheme: Scheme,
-                    dtype: torch.dtype = torch.bfloat16, config: ParsedConfig | None = None) -> LinearRead:
+                    dtype: torch.dtype = torch.bfloat16, config: ParsedConfig | None = None,
+                    shape: tuple[int, int] | None = None) -> LinearRead:
         """Rebuild one Linear from its stored tensors, checking shapes, dtypes and presence.
 
-        config: the folder's ParsedConfig (the ``fake`` format keeps static scales there)."""
+        config: the folder's ParsedConfig (the ``fake`` format keeps static scales there).
+        shape: the model's (out, in) when known; layouts that store the input padded (GPTQ
+            packing) crop to it, the others ignore it (the loader checks the shape read)."""
 

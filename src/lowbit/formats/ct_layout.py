@@ -157,7 +157,7 @@ class CompressedTensorsLayout(Layout):
         return ParsedConfig(Format.COMPRESSED_TENSORS, groups, list(ignore), source="compressed-tensors",
                             extra={"version": qcfg.get("version"), "formats": formats})
 
-    def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None):
+    def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None, shape=None):
         fmt = ct_format_of(scheme)
         spec = scheme.weights
         what = f"layer {prefix!r} ({scheme.name}, {fmt.value})"

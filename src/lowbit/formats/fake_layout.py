@@ -84,7 +84,8 @@ class FakeLayout(Layout):
         return ParsedConfig(Format.FAKE, scheme_groups(qcfg, w), list(qcfg["ignore"]), static_scales=scales,
                             source="lowbit")
 
-    def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config: ParsedConfig | None = None):
+    def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config: ParsedConfig | None = None,
+                    shape=None):
         what = f"layer {prefix!r} ({scheme.name}, fake)"
         k = f"{prefix}.weight"
         w = check_tensor(tensors, k, need(tensors, k, what), dtypes=FLOAT_DTYPES, what=what)

@@ -28,7 +28,7 @@ from lowbit.formats.folder import SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
 
 QUANT_SUFFIXES = ("weight_packed", "weight_codes", "weight_scale", "weight_zero_point", "weight_global_scale",
-                  "weight_shape", "input_scale", "input_global_scale")
+                  "weight_shape", "input_scale", "input_global_scale", "qweight", "qzeros", "g_idx")
 
 
 def _meta_model(path: Path):
@@ -121,7 +121,8 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
             if folder is None:
                 continue
             try:
-                r = get_layout(parsed.format_for(scheme)).read_linear(name, folder, scheme, dtype, config=parsed)
+                r = parsed.layout_for(scheme).read_linear(name, folder, scheme, dtype, config=parsed,
+                                                        shape=(mod.out_features, mod.in_features))
             except LowbitError as e:
                 problems.append(str(e))
                 continue

@@ -161,7 +161,7 @@ class LowbitLayout(Layout):
             raise FormatError(f"{w}: 'ignore' must be a list of layer names")
         return ParsedConfig(Format.LOWBIT, scheme_groups(qcfg, w), list(ignore), source="lowbit")
 
-    def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None):
+    def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None, shape=None):
         spec = scheme.weights
         what = f"layer {prefix!r} ({scheme.name})"
         pk, ck = f"{prefix}.weight_packed", f"{prefix}.weight_codes"
