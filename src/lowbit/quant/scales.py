@@ -6,6 +6,8 @@ lowbit.quant.scaling for the whole list of rules).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lowbit.errors import QuantizationError
@@ -71,7 +73,7 @@ def mx_scale_codes(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     exponent field is floor(log2 amax) + 127, so the code is that field minus emax, clamped to
     0..254. A subnormal amax (field 0) lies below 2^-126, and zero is given 2^-127: both get
     code 0, as the clamp of floor(log2 amax) - emax <= -127 does."""
-    emax = int(E8M0.exponent_floor(torch.tensor(elem_max(spec))))
+    emax = math.frexp(elem_max(spec))[1] - 1  # floor(log2) of the largest finite element value
     field = (a.to(torch.float32).contiguous().view(torch.int32) >> 23) & 0xFF
     return torch.clamp(field - emax, 0, E8M0.max_code_magnitude).to(torch.uint8)
 
