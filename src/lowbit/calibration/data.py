@@ -185,7 +185,9 @@ CALIBRATION_PRESETS: dict[str, dict] = {
     # on 8687 evaluation tokens (bench/RESULTS.md, 2026-11-30; RTN +2.75%), float inputs
     # 4 x 128 +2.33%, 4 x 256 +2.37%, 8 x 256 +2.84%, 16 x 256 +2.46%; quantized inputs 16 x 256
     # +2.05% at 5-6x the time. gptq-fast: 9.4 s wall, 11-12 CPU-s on a busy 2-core machine, most
-    # of it GPTQ's fixed cost (Hessian factorizations, block updates), not the tokens.
+    # of it GPTQ's fixed cost (Hessian factorizations, block updates), not the tokens. Quiet rerun
+    # after the C column loop: 9.0 s wall / 11.5 CPU-s; on nvfp4 +33.10% in 13.6 s / 16.5 CPU-s
+    # (default GPTQ 16 x 256: +30.12% in 32.5 s; llm-compressor +40.40% in 18.9 s).
     "gptq-fast": {"weight_rounding": "gptq", "layer_inputs": "float", "num_samples": 4, "seq_len": 128},
 }
 
