@@ -142,15 +142,5 @@ def qdq(fmt: object, x: torch.Tensor) -> torch.Tensor:
     if has_table(fmt):
         codes = encode_native(fmt, x)
         if codes is not None:
-            return decode_table(fmt).index_select(0, codes.reshape(-1).to(torch.int32)).reshape(codes.shape)
+            return fmt.decode(codes)
     return fmt.qdq(x)
-
-
-def decode_table(fmt: MiniFloat) -> torch.Tensor:
-    """float32 [2^bits]: ``fmt.decode`` of every code (a gather then decodes, bit for bit)."""
-    return _decode_table(fmt)
-
-
-@lru_cache(maxsize=None)
-def _decode_table(fmt: MiniFloat) -> torch.Tensor:
-    return fmt.decode(torch.arange(1 << fmt.bits, dtype=torch.int32).to(torch.uint8)).to(torch.float32)
