@@ -44,7 +44,6 @@ class ShardFile:
     (from the start of the file) and the file's size."""
 
     header: bytes
-    entries: tuple[Entry, ...]
     offsets: tuple[int, ...]
     size: int
 
@@ -55,7 +54,7 @@ class ShardFile:
             spans.append((e.name, e.dtype, e.shape, off, off + e.nbytes))
             off += e.nbytes
         block = header_block(spans, METADATA)
-        return cls(block, tuple(entries), tuple(len(block) + s[3] for s in spans), len(block) + off)
+        return cls(block, tuple(len(block) + s[3] for s in spans), len(block) + off)
 
 
 def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:

@@ -212,7 +212,6 @@ class _ShardRun:
         qt = quantize_rows(w, scheme.weights, gs, f"{item.src.info.name}", self.band,
                            pack=self.layout.nibble_packed(scheme, w.shape[-1]),
                            scratch=self.scratch if self.device is None else None)
-        self.turn ^= 1
         out = self.layout.linear_tensors(item.name, qt, scheme, dtype=w.dtype)
         if self.device is not None:
             out = {k: v.cpu() for k, v in out.items()}
@@ -226,19 +225,18 @@ class _ShardRun:
         if written:
             writer = RegionWriter(partial_path(job.out_dir, job.out_name), job.start, job.entries)
         loads = [it for it in job.items if it.kind is Kind.QUANTIZE or (it.kind is Kind.COPY and it.src.scale_inv)]
-        ahead: dict[int, Future | None] = {}  # id(item) -> its tensor being read (None: mapped when used)
+        ahead: dict[int, Future] = {}  # id(item) -> its FP8 tensor being read and dequantized
         writes: deque[Future] = deque()  # writes not yet checked, oldest first
         held: deque[Future] = deque()  # writes of tensors held in memory (HELD_WRITES at most)
 
         def prefetch(k: int) -> None:
-            """Start reading tensor k: an FP8 source is read and dequantized on the reader thread;
-            a plain one is only memory-mapped, when used (safetensors maps it: nothing to overlap
-            but page faults, which a hand-off between threads costs more than it saves: SmolLM2
-            0.42 -> 0.36 s; asking the kernel to read ahead, posix_fadvise, did not help either,
-            cold or warm)."""
-            if k < len(loads) and id(loads[k]) not in ahead:
-                src = loads[k].src
-                ahead[id(loads[k])] = None if src.scale_inv is None else self.io_read.submit(self.load, src)
+            """Start reading tensor k if it is an FP8 source: it is read and dequantized on the
+            reader thread. A plain one is memory-mapped when used (safetensors maps it: nothing
+            to overlap but page faults, which a hand-off between threads costs more than it
+            saves: SmolLM2 0.42 -> 0.32 s; asking the kernel to read ahead, posix_fadvise, did not
+            help either, cold or warm)."""
+            if k < len(loads) and loads[k].src.scale_inv is not None and id(loads[k]) not in ahead:
+                ahead[id(loads[k])] = self.io_read.submit(self.load, loads[k].src)
 
         def write(fn: Callable[..., None], *args: Any, holds: bool = True) -> Future:
             """Queue a write (the writer thread runs them in order); ``holds``: it keeps tensors
@@ -266,16 +264,16 @@ class _ShardRun:
                     write(writer.add_raw, it.name, i.dtype, i.shape, Path(job.src_root) / i.shard,
                           i.data_start + i.begin, i.nbytes, holds=False)
                 elif it.kind is not Kind.DROP:
-                    reading = ahead.pop(id(it))
+                    reading = ahead.pop(id(it), None)
                     w = self.load(it.src) if reading is None else reading.result()
                     n_loaded += 1
-                    prefetch(n_loaded)  # the next tensor is read while this one is quantized
+                    prefetch(n_loaded)  # an FP8 next tensor is read while this one is quantized
                     if it.kind is Kind.COPY:  # FP8 kept in float: dequantized
                         write(writer.add, it.name, w)
                     else:
-                        used = self.turn
                         tensors = self.quantized_tensors(it, w)
-                        self.buffer_writes[used] = write(_add_all, writer, tensors)
+                        self.buffer_writes[self.turn] = write(_add_all, writer, tensors)
+                        self.turn ^= 1
                         n_quantized += 1
                     del w
                 self.report(("advance", job.name, it.src.info.nbytes))
