@@ -12,10 +12,10 @@ import lowbit
 from conftest import tiny_llama
 from lowbit.errors import FormatError
 from lowbit.formats import parse_quantization_config
-from lowbit.formats.gptq_pack import unpack_cols, unpack_rows
 from lowbit.formats.inspect import inspect_checkpoint
 from lowbit.model_quant import quantize_rtn
 from lowbit.numerics import get_format
+from lowbit.quant.packing import unpack_int32
 from lowbit.schemes import PRESETS, ObserverKind, QuantSpec, Scheme
 from test_formats_support import float_tensors, llama_config, logits, quant_layers, write_folder
 
@@ -68,13 +68,15 @@ def _folder(tmp_path, scheme: Scheme, group: int, edit=None, **fields):
 
 
 def test_unpack_words_low_bits_first():
+    """GPTQ words, read with the shared unpack_int32 (signed: the stored unsigned code - 2^(bits-1)),
+    along rows (qweight, transposed first) and along columns (qzeros)."""
     w = torch.tensor([[0x76543210, -0x01234568]], dtype=torch.int32)  # -0x01234568 = 0xFEDCBA98
-    assert unpack_rows(w, 4).t().tolist() == [[0, 1, 2, 3, 4, 5, 6, 7],
-                                                               [8, 9, 10, 11, 12, 13, 14, 15]]
-    assert unpack_cols(w, 4).tolist() == [list(range(16))]
-    assert unpack_cols(torch.tensor([[-1, 0x7F80FF01]], dtype=torch.int32), 8).tolist() == \
+    assert (unpack_int32(w.t().contiguous(), 4, 8) + 8).tolist() == [[0, 1, 2, 3, 4, 5, 6, 7],
+                                                                     [8, 9, 10, 11, 12, 13, 14, 15]]
+    assert (unpack_int32(w, 4, 16) + 8).tolist() == [list(range(16))]
+    assert (unpack_int32(torch.tensor([[-1, 0x7F80FF01]], dtype=torch.int32), 8, 8) + 128).tolist() == \
         [[255, 255, 255, 255, 1, 255, 128, 127]]
-    assert unpack_cols(torch.tensor([[-0x6AAAAAAB]], dtype=torch.int32), 2).tolist() == \
+    assert (unpack_int32(torch.tensor([[-0x6AAAAAAB]], dtype=torch.int32), 2, 16) + 2).tolist() == \
         [[1] * 15 + [2]]  # 0x95555555
 
 

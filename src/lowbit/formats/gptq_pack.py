@@ -33,25 +33,12 @@ from lowbit.formats.base import FLOAT_DTYPES, Format, Layout, LinearRead, check_
 from lowbit.formats.lowbit_layout import read_bias
 from lowbit.numerics import get_format
 from lowbit.quant import QuantizedTensor
+from lowbit.quant.packing import unpack_int32
 from lowbit.schemes import Granularity, Scheme
 
 PACKING = "auto_round:auto_gptq"
 GPTQ_BITS = (2, 4, 8)
 ZERO_OFFSET = 1  # stored zero = z - 1 (GPTQ v1)
-
-
-def unpack_rows(words: torch.Tensor, bits: int) -> torch.Tensor:
-    """int32 [r, c] -> unsigned codes int64 [r * 32/bits, c]: word row i holds rows i*per .. i*per+per-1,
-    the first in the low bits."""
-    per = 32 // bits
-    shifts = torch.arange(per, dtype=torch.int64) * bits
-    u = (words.to(torch.int64)[:, None, :] >> shifts[None, :, None]) & ((1 << bits) - 1)
-    return u.reshape(-1, words.shape[1])
-
-
-def unpack_cols(words: torch.Tensor, bits: int) -> torch.Tensor:
-    """int32 [r, c] -> unsigned codes int64 [r, c * 32/bits], packed along the columns, low bits first."""
-    return unpack_rows(words.t(), bits).t()
 
 
 def check_gptq_spec(scheme: Scheme, where_: str) -> None:
@@ -121,7 +108,8 @@ def read_gptq_linear(prefix: str, tensors: Mapping[str, torch.Tensor], scheme: S
         raise FormatError(f"tensor {where(tensors, sk)} holds non-finite scales")
     qzeros = check_tensor(tensors, zk, need(tensors, zk, what), shape=(groups, -(-out_f // per)),
                           dtypes=[torch.int32], what=what)
-    z = (unpack_cols(qzeros, bits)[:, :out_f] + ZERO_OFFSET).t()  # [out, groups], in 1 .. 2^bits
+    # words along out, low bits first, stored unsigned: unpack_int32's signed values + half
+    z = (unpack_int32(qzeros, bits, out_f).to(torch.int64) + half + ZERO_OFFSET).t()  # [out, groups], 1 .. 2^bits
     if spec.symmetric:
         if not bool((z == half).all()):
             bad = z[z != half][0]
@@ -137,14 +125,14 @@ def read_gptq_linear(prefix: str, tensors: Mapping[str, torch.Tensor], scheme: S
         zp = (z - half).to(torch.int8).contiguous()
     if gk in tensors:
         _check_g_idx(tensors, gk, tensors[gk], in_f, want_in_p, g)
-    u = unpack_rows(qweight, bits).t()  # [out, in_p]
-    pad = u[:, n_in:]
+    q = unpack_int32(qweight.t().contiguous(), bits, want_in_p).to(torch.int64)  # [out, in_p]: u - half
+    pad = q[:, n_in:]
     if pad.numel():
-        zero = torch.full_like(pad, half) if zp is None else z.repeat_interleave(g, dim=1)[:, n_in:]
+        zero = torch.zeros_like(pad) if zp is None else z.repeat_interleave(g, dim=1)[:, n_in:] - half
         if not torch.equal(pad, zero):
             raise FormatError(f"tensor {where(tensors, qk)}: the padded inputs {n_in}..{want_in_p - 1} hold nonzero "
                               f"weights ({what})")
-    values = (u[:, :n_in] - half).to(torch.float32)
+    values = q[:, :n_in].to(torch.float32)
     codes = get_format(spec.format).encode(values)
     return LinearRead(QuantizedTensor(codes, scale, spec, zp), read_bias(prefix, tensors, out_f))
 
