@@ -70,12 +70,12 @@ def mx_scale_codes(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     largest exponent), clamped to 2^-127 .. 2^127; an all-zero group gets 2^-127.
 
     Read from the float32 bits of the (finite, non-negative) amaxes: a normal amax's biased
-    exponent field is floor(log2 amax) + 127, so the code is that field minus emax, clamped to
-    0..254. A subnormal amax (field 0) lies below 2^-126, and zero is given 2^-127: both get
-    code 0, as the clamp of floor(log2 amax) - emax <= -127 does."""
+    exponent field is floor(log2 amax) + 127, so the exponent is that field - 127 - emax. A
+    subnormal amax (field 0) lies below 2^-126, and zero is given 2^-127: both get code 0, as the
+    clamp of floor(log2 amax) - emax <= -127 does."""
     emax = math.frexp(elem_max(spec))[1] - 1  # floor(log2) of the largest finite element value
     field = (a.to(torch.float32).contiguous().view(torch.int32) >> 23) & 0xFF
-    return torch.clamp(field - emax, 0, E8M0.max_code_magnitude).to(torch.uint8)
+    return E8M0.encode_exponent(field - E8M0.bias - emax)
 
 
 def effective_scale(scale: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
