@@ -24,12 +24,9 @@ import torch.nn as nn
 from lowbit.checkpoint.fake_module import FakeQuantLinear
 from lowbit.errors import FormatError
 from lowbit.formats import Format, SafetensorsFolder, parse_quantization_config, read_config
-from lowbit.formats.base import ParsedConfig, parse_dtype
+from lowbit.formats.base import QUANT_SUFFIXES, ParsedConfig, parse_dtype
 from lowbit.model_quant import set_submodule
 from lowbit.modules import QuantLinear
-
-QUANT_SUFFIXES = ("weight_packed", "weight_codes", "weight_scale", "weight_zero_point", "weight_global_scale",
-                  "weight_shape", "input_scale", "input_global_scale", "qweight", "qzeros", "g_idx")
 
 
 def _config_dtype(config: dict) -> torch.dtype:

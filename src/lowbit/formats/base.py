@@ -38,6 +38,11 @@ from lowbit.errors import FormatError
 from lowbit.quant import QuantizedTensor
 from lowbit.schemes import Scheme
 
+# tensor name suffixes (``<linear>.<suffix>``) that only quantized layers have, in any layout lowbit
+# reads: a layer left float must not carry them (the loader and ``inspect`` flag strays)
+QUANT_SUFFIXES = ("weight_packed", "weight_codes", "weight_scale", "weight_zero_point", "weight_global_scale",
+                  "weight_shape", "input_scale", "input_global_scale", "qweight", "qzeros", "g_idx")
+
 
 class Format(str, Enum):
     """Checkpoint formats lowbit writes (``lowbit.save(..., format=)``) and reads."""

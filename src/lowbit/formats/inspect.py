@@ -22,13 +22,10 @@ import torch
 import torch.nn as nn
 
 from lowbit.errors import FormatError, LowbitError
-from lowbit.formats.base import Format, parse_dtype
+from lowbit.formats.base import QUANT_SUFFIXES, Format, parse_dtype
 from lowbit.formats.detect import parse_quantization_config
 from lowbit.formats.folder import SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
-
-QUANT_SUFFIXES = ("weight_packed", "weight_codes", "weight_scale", "weight_zero_point", "weight_global_scale",
-                  "weight_shape", "input_scale", "input_global_scale", "qweight", "qzeros", "g_idx")
 
 
 def _meta_model(path: Path):
