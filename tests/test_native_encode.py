@@ -328,3 +328,51 @@ def test_packed_quantized_tensor_reads_as_its_codes():
     assert packed.shape == (24, 64) and torch.equal(packed.codes, plain.codes) and packed.equal(plain)
     assert torch.equal(nibbles(packed), packed.packed) and torch.equal(nibbles(plain), packed.packed)
     assert torch.equal(packed.to("cpu").codes, plain.codes)
+
+
+# ----------------------------------------------------------------------------- steps (E2M1)
+def test_steps_are_derived_for_e2m1_only():
+    st = fast_encode.native_steps(E2M1)
+    assert st is not None and st.dtype == torch.uint16 and st.numel() == fast_encode.NATIVE_STEPS + 1
+    assert int(st[-1]) == int(E2M1.encode(torch.tensor([-0.0]))[0])  # the sign's code bits
+    for fmt in (E4M3, E5M2, UE4M3, UE5M3, INT4, E8M0):  # more than 8 magnitude codes, or no table
+        assert fast_encode.native_steps(fmt) is None
+
+
+@pytest.mark.parametrize("simd", [1, 0], ids=["simd", "scalar"])
+@pytest.mark.parametrize("pack", [0, 1], ids=["codes", "packed"])
+def test_step_codes_equal_the_table_on_every_key(simd, pack):
+    table = fast_encode.code_table(E2M1)
+    keys = torch.arange(1 << 16, dtype=torch.int32)
+    keys = keys[(keys & 0x7FFF) <= 0x7F80]  # NaN keys are refused before any lookup
+    keys = keys[: keys.numel() // 32 * 32 + 6]  # a tail the vector loop leaves to the scalar one
+    k16 = keys.to(torch.uint16).contiguous()
+    out = torch.empty(keys.numel() // 2 if pack else keys.numel(), dtype=torch.uint8)
+    build.library().lb_step_codes(fast_encode.native_steps(E2M1).data_ptr(), k16.data_ptr(), keys.numel(),
+                                  pack, simd, out.data_ptr())
+    want = table[keys.long()]
+    assert torch.equal(out, pack_nibbles(want) if pack else want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("g", [16, 32, 64])
+@pytest.mark.parametrize("pack", [False, True])
+def test_e2m1_fused_encode_equals_reference(dtype, g, pack):
+    """The one-loop E2M1 encode (groups and rows a multiple of 16): x / eff through the reference
+    encoder, on every key value of ``dtype`` divided by awkward scales, zero-scale groups giving 0."""
+    gen = torch.Generator().manual_seed(5)
+    x = every_key_value().to(dtype)
+    x = x[torch.isfinite(x.float())]
+    x = torch.cat([x, torch.randn(4096, generator=gen).to(dtype)])
+    cols = 128
+    x = x[: x.numel() // cols * cols].reshape(-1, cols).contiguous()
+    eff = torch.tensor([1.0, 0.375, 3.0e-3, 2.0**-130, 6.0, 1.5e30], dtype=torch.float32)
+    eff = eff[torch.randint(0, eff.numel(), (x.shape[0], cols // g), generator=gen)]
+    eff[::7, 0] = 0.0
+    zero = (eff == 0).repeat_interleave(g, dim=1)
+    want = E2M1.encode(x.float() / torch.where(eff == 0, 1.0, eff).repeat_interleave(g, dim=1))
+    want[zero] = 0
+    got = native.encode(x, g, eff.contiguous(), E2M1, pack=pack)
+    assert got is not None and torch.equal(got, pack_nibbles(want) if pack else want)
+    x[3, 5] = float("nan")
+    assert native.encode(x, g, eff.contiguous(), E2M1, pack=pack) is None  # the reference's error decides

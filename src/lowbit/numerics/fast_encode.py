@@ -17,7 +17,9 @@ E8M0 and anything else: the reference encoder.
 
 On the CPU, when the native library is available (lowbit.numerics.native), table formats and
 INTn take one C pass with the same table and the same rounding instead (``encode_native``), and
-so does E8M0 (floor) through a key table filled by ``E8M0.encode``.
+so does E8M0 (floor) through a key table filled by ``E8M0.encode``. For E2M1 the native encoder
+counts the table's steps (``native_steps``, read off the table and checked on every key) instead
+of looking keys up: 16 keys per AVX2 instruction, 1.1 -> 0.6 ns per weight.
 """
 
 from __future__ import annotations
@@ -109,6 +111,38 @@ def native_table(fmt: object) -> torch.Tensor | None:
     if has_table(fmt) or isinstance(fmt, E8M0Format):
         return code_table(fmt)  # type: ignore[arg-type]
     return None
+
+
+NATIVE_STEPS = 7  # lowbit_native.c NBOUNDS: magnitude steps of a format with 8 magnitude codes (E2M1)
+_NO_STEP = 0x8000  # a step no key reaches (magnitudes are 15 bits): pads formats with fewer codes
+
+
+def native_steps(fmt: object) -> torch.Tensor | None:
+    """uint16 [NATIVE_STEPS + 1] for the native encoder, or None: the first magnitude key (sign
+    bit clear) of each magnitude code 1.. of ``fmt``'s key table, then the code's sign bits
+    (the table entry of key 0x8000). With it the native encoder counts the bounds a key's
+    magnitude reaches instead of looking the key up. Derived from the table and checked on
+    every non-NaN key: the magnitude codes rise by one at each bound, and a negative key's
+    code is its magnitude's code ORed with the sign bits (so a format that breaks either gets
+    None and keeps the lookup)."""
+    if not has_table(fmt):
+        return None
+    return _steps(fmt)
+
+
+@lru_cache(maxsize=None)
+def _steps(fmt: MiniFloat) -> torch.Tensor | None:
+    table = code_table(fmt).to(torch.int32)
+    mags = table[: 0x7F80 + 1]  # +0 .. +Inf; keys above are NaN, which the encoder refuses first
+    step = mags[1:] - mags[:-1]
+    if int(mags[0]) != 0 or bool((step < 0).any()) or bool((step > 1).any()) or int(mags[-1]) > NATIVE_STEPS:
+        return None
+    bounds = (torch.nonzero(step).flatten() + 1).tolist()
+    sign = int(table[0x8000]) if getattr(fmt, "signed", False) else 0
+    if sign and not torch.equal(table[0x8000: 0x8000 + mags.numel()], mags | sign):
+        return None
+    bounds += [_NO_STEP] * (NATIVE_STEPS - len(bounds))
+    return torch.tensor(bounds + [sign], dtype=torch.int32).to(torch.uint16)
 
 
 def encode_native(fmt: object, x: torch.Tensor) -> torch.Tensor | None:

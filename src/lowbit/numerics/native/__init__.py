@@ -59,7 +59,7 @@ def encode(x: torch.Tensor, g: int, eff: torch.Tensor | None, fmt: object, *, pa
     itself), nibble-packed into [rows, cols / 2] when ``pack``; written into ``out`` if given.
     None when the library is unavailable or a value needs the reference encoder (NaN, negative
     input of an unsigned format): the caller's torch path then raises the reference's error."""
-    from lowbit.numerics.fast_encode import native_table
+    from lowbit.numerics.fast_encode import native_steps, native_table
     from lowbit.numerics.integer import IntFormat
 
     lib = library()
@@ -81,8 +81,9 @@ def encode(x: torch.Tensor, g: int, eff: torch.Tensor | None, fmt: object, *, pa
     assert out.shape == shape and out.dtype == torch.uint8 and out.is_contiguous()
     if eff is not None:
         assert eff.dtype == torch.float32 and eff.is_contiguous() and eff.shape == (rows, -(-cols // g))
-    status = lib.lb_encode(_ptr(x), DTYPES[x.dtype], rows, cols, g, _ptr(eff), _ptr(table), qmin, qmax, bits,
-                           int(neg), int(pack), _ptr(out))
+    steps = native_steps(fmt) if table is not None else None
+    status = lib.lb_encode(_ptr(x), DTYPES[x.dtype], rows, cols, g, _ptr(eff), _ptr(table), _ptr(steps), qmin, qmax,
+                           bits, int(neg), int(pack), _ptr(out))
     return out if status == 0 else None
 
 

@@ -7,7 +7,8 @@
  *   behaves as if zero-padded, as lowbit.quant.groups.group_view does);
  * - codes: q = (float)x / eff[r, j] in IEEE float32 division (eff == 0: code 0), then
  *   minifloat codes through the 65536-entry table of lowbit.numerics.fast_encode (round to
- *   odd to the upper 16 bits, then lookup), or INT codes (round half to even under the
+ *   odd to the upper 16 bits, then lookup; for E2M1 the table's steps counted instead, 16 keys
+ *   at a time with AVX2: step_codes, encode_steps_avx2), or INT codes (round half to even under the
  *   default rounding mode, saturate, n-bit two's complement); optionally nibble packed
  *   (element 2i in the low nibble, 2i+1 in the high one).
  * Compiled without -ffast-math and with -ffp-contract=off: every float operation is the
@@ -16,6 +17,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -121,8 +125,12 @@ int lb_group_minmax(const void *x, int dtype, int64_t rows, int64_t cols, int64_
 /* ---------------------------------------------------------------- encode */
 #define CHUNK 256 /* elements per step: whole groups when g <= CHUNK */
 
+#define NSTEPS 7 /* magnitude steps of a format with 8 magnitude codes (E2M1): fast_encode.NATIVE_STEPS */
+
 typedef struct {
     const uint8_t *table; /* minifloat: the 65536 codes of fast_encode.code_table; NULL: INT */
+    const uint16_t *steps; /* or NULL: the table as steps (fast_encode.native_steps): the first magnitude
+                            * key of each magnitude code 1..NSTEPS, then the sign's code bits */
     float qmin, qmax;     /* INT bounds */
     uint8_t mask;         /* INT: (1 << bits) - 1 */
     int check_negative;   /* unsigned format: negative input goes to the reference (its error) */
@@ -138,6 +146,134 @@ static void lookup(const uint8_t *tb, const uint16_t *k, int64_t n, uint8_t *o) 
     }
     for (; m < n; m++) o[m] = tb[k[m]];
 }
+
+/* The table's codes of keys k[0..n) (nibble packed when pack, n even) from its steps: a key's
+ * code is the number of steps its magnitude bits (key & 0x7FFF) reach, ORed with the sign's code
+ * bits for a negative key. fast_encode.native_steps checks that this equals the table entry of
+ * every non-NaN key; NaN keys never get here (their input is refused first). The AVX2 loop and
+ * the scalar one give the same bytes (lb_step_codes tests both on every key). */
+static inline uint8_t step_code(const uint16_t *st, uint16_t key) {
+    uint32_t km = key & 0x7FFFu, c = (key >> 15) ? st[NSTEPS] : 0u;
+    for (int q = 0; q < NSTEPS; q++) c += km >= st[q];
+    return (uint8_t)c;
+}
+
+static void step_codes_scalar(const uint16_t *st, const uint16_t *k, int64_t n, int pack, uint8_t *o, int64_t i) {
+    if (pack) {
+        for (; i + 1 < n; i += 2) o[i / 2] = (uint8_t)(step_code(st, k[i]) | (step_code(st, k[i + 1]) << 4));
+    } else {
+        for (; i < n; i++) o[i] = step_code(st, k[i]);
+    }
+}
+
+static void step_codes(const uint16_t *st, const uint16_t *k, int64_t n, int pack, uint8_t *o, int simd) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    if (simd) {
+        /* km >= step as the signed 16-bit km > step - 1 (km <= 0x7FFF; steps lie in 1..0x8000) */
+        __m256i thr[NSTEPS];
+        for (int q = 0; q < NSTEPS; q++) thr[q] = _mm256_set1_epi16((short)(st[q] - 1));
+        const __m256i low15 = _mm256_set1_epi16(0x7FFF), sign = _mm256_set1_epi16((short)st[NSTEPS]);
+        const __m256i byte = _mm256_set1_epi32(0xFF);
+        for (; i + 32 <= n; i += 32) {
+            __m256i c[2];
+            for (int h = 0; h < 2; h++) {
+                __m256i key = _mm256_loadu_si256((const __m256i *)(k + i + 16 * h));
+                __m256i km = _mm256_and_si256(key, low15);
+                __m256i code = _mm256_and_si256(_mm256_srai_epi16(key, 15), sign);
+                for (int q = 0; q < NSTEPS; q++) code = _mm256_sub_epi16(code, _mm256_cmpgt_epi16(km, thr[q]));
+                c[h] = code;
+            }
+            if (pack) { /* a 32-bit lane holds codes 2j (low half) and 2j+1: byte = c_2j | c_2j+1 << 4 */
+                __m256i v0 = _mm256_and_si256(_mm256_or_si256(c[0], _mm256_srli_epi32(c[0], 12)), byte);
+                __m256i v1 = _mm256_and_si256(_mm256_or_si256(c[1], _mm256_srli_epi32(c[1], 12)), byte);
+                __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(v0, v1), 0xD8);
+                __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+                _mm_storeu_si128((__m128i *)(o + i / 2), b);
+            } else {
+                __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(c[0], c[1]), 0xD8);
+                _mm256_storeu_si256((__m256i *)(o + i), b);
+            }
+        }
+    }
+#endif
+    (void)simd;
+    step_codes_scalar(st, k, n, pack, o, i);
+}
+
+#ifdef __AVX2__
+/* 16 source elements as two float32 vectors (exact conversions; NaN stays NaN). */
+static inline void load16(const void *x, int dtype, int64_t i, __m256 *a, __m256 *b) {
+    if (dtype == 0) {
+        *a = _mm256_loadu_ps((const float *)x + i);
+        *b = _mm256_loadu_ps((const float *)x + i + 8);
+        return;
+    }
+    __m128i lo = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
+    __m128i hi = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i + 8));
+    if (dtype == 1) {
+        *a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16));
+        *b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16));
+    } else {
+#ifdef __F16C__
+        *a = _mm256_cvtph_ps(lo);
+        *b = _mm256_cvtph_ps(hi);
+#endif
+    }
+}
+
+static inline uint32_t hmax_u32(__m256i v) {
+    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(m);
+}
+
+/* The encode pass of a steps format in one loop, 16 elements a step (groups and rows a multiple
+ * of 16, so each step lies in one group): x / eff, the round-to-odd keys, their codes from the
+ * steps (a zero eff: code 0), packed or not; the same bytes and flags as the chunked path. */
+static int encode_steps_avx2(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, const float *eff,
+                             const uint16_t *st, int check_negative, int pack, uint8_t *out) {
+    int64_t G = (cols + g - 1) / g;
+    __m256i thr[NSTEPS];
+    for (int q = 0; q < NSTEPS; q++) thr[q] = _mm256_set1_epi16((short)(st[q] - 1));
+    const __m256i low15 = _mm256_set1_epi16(0x7FFF), sign = _mm256_set1_epi16((short)st[NSTEPS]);
+    const __m256i low31 = _mm256_set1_epi32(0x7FFFFFFF), low16 = _mm256_set1_epi32(0xFFFF);
+    const __m256i byte = _mm256_set1_epi32(0xFF);
+    __m256i mag = _mm256_setzero_si256(), any = _mm256_setzero_si256();
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *orow = out + (pack ? r * (cols / 2) : r * cols);
+        for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+            float e = eff ? eff[r * G + c0 / g] : 1.0f;
+            __m256i keep = _mm256_set1_epi16(e == 0.0f ? 0 : -1);
+            __m256 d = _mm256_set1_ps(e == 0.0f ? 1.0f : e);
+            __m256 f[2];
+            load16(x, dtype, r * cols + c0, &f[0], &f[1]);
+            __m256i k[2];
+            for (int h = 0; h < 2; h++) {
+                __m256i b = _mm256_castps_si256(eff ? _mm256_div_ps(f[h], d) : f[h]);
+                mag = _mm256_max_epu32(mag, _mm256_and_si256(b, low31));
+                any = _mm256_max_epu32(any, b);
+                k[h] = _mm256_srli_epi32(_mm256_or_si256(_mm256_add_epi32(_mm256_and_si256(b, low16), low16), b), 16);
+            }
+            __m256i key = _mm256_permute4x64_epi64(_mm256_packus_epi32(k[0], k[1]), 0xD8);
+            __m256i km = _mm256_and_si256(key, low15);
+            __m256i code = _mm256_and_si256(_mm256_srai_epi16(key, 15), sign);
+            for (int q = 0; q < NSTEPS; q++) code = _mm256_sub_epi16(code, _mm256_cmpgt_epi16(km, thr[q]));
+            code = _mm256_and_si256(code, keep);
+            if (pack) {
+                __m256i v = _mm256_and_si256(_mm256_or_si256(code, _mm256_srli_epi32(code, 12)), byte);
+                __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                _mm_storel_epi64((__m128i *)(orow + c0 / 2), _mm_packus_epi16(w, w));
+            } else {
+                __m128i w = _mm_packus_epi16(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+                _mm_storeu_si128((__m128i *)(orow + c0), w);
+            }
+        }
+    }
+    return hmax_u32(mag) > 0x7F800000u || (check_negative && hmax_u32(any) > 0x80000000u);
+}
+#endif
 
 static void lookup_packed(const uint8_t *tb, const uint16_t *k, int64_t n, uint8_t *o) {
     int64_t m = 0;
@@ -234,7 +370,9 @@ static void lookup_packed(const uint8_t *tb, const uint16_t *k, int64_t n, uint8
                         i = end;                                                              \
                     }                                                                         \
                 }                                                                             \
-                if (t->table && pack) {                                                       \
+                if (t->steps) {                                                               \
+                    step_codes(t->steps, k, n, pack, pack ? orow + c0 / 2 : orow + c0, 1);    \
+                } else if (t->table && pack) {                                                \
                     lookup_packed(t->table, k, n, orow + c0 / 2);                             \
                 } else if (t->table) {                                                        \
                     lookup(t->table, k, n, orow + c0);                                        \
@@ -255,13 +393,23 @@ DEF_ENCODE(encode_f16, uint16_t, h2f)
 
 /* Codes of x [rows, cols] divided by eff [rows, ceil(cols / g)] (eff NULL: no division), into
  * out [rows, cols] (pack: [rows, cols / 2], cols even, 4-bit codes). table: a minifloat code
- * table, or NULL for INTn with bounds qmin..qmax. Returns 0, or 1 when some value needs the
+ * table, or NULL for INTn with bounds qmin..qmax; steps (or NULL): that table as steps (see
+ * step_codes), counted instead of looked up. Returns 0, or 1 when some value needs the
  * reference encoder (NaN, negative input of an unsigned format; the caller's torch path then
  * raises the reference's error or encodes NaN), or -1 for an unknown dtype. */
 int lb_encode(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, const float *eff,
-              const uint8_t *table, int qmin, int qmax, int bits, int check_negative, int pack, uint8_t *out) {
-    Target t = {table, (float)qmin, (float)qmax, (uint8_t)((1u << bits) - 1u), check_negative};
+              const uint8_t *table, const uint16_t *steps, int qmin, int qmax, int bits, int check_negative,
+              int pack, uint8_t *out) {
+    Target t = {table, table ? steps : NULL, (float)qmin, (float)qmax, (uint8_t)((1u << bits) - 1u),
+                check_negative};
     if (!eff || g <= 0) g = cols > 0 ? cols : 1;
+#ifdef __AVX2__
+#ifndef __F16C__
+    if (dtype != 2)
+#endif
+    if (t.steps && g % 16 == 0 && cols % 16 == 0 && dtype >= 0 && dtype <= 2)
+        return encode_steps_avx2(x, dtype, rows, cols, g, eff, t.steps, check_negative, pack, out);
+#endif
     switch (dtype) {
     case 0: return encode_f32((const uint32_t *)x, rows, cols, g, eff, &t, pack, out);
     case 1: return encode_bf16((const uint16_t *)x, rows, cols, g, eff, &t, pack, out);
@@ -324,4 +472,10 @@ int lb_gptq_sub(float *W, float *E, const float *dv, const float *ef, int64_t ds
 }
 
 /* The ABI version the loader checks (bump with any signature change). */
-int lb_version(void) { return 2; }
+/* Codes of the n keys k (packed when pack) from steps, by the AVX2 loop where built with it
+ * (simd) or the scalar one: tests compare both with the table on every key. */
+void lb_step_codes(const uint16_t *steps, const uint16_t *k, int64_t n, int pack, int simd, uint8_t *out) {
+    step_codes(steps, k, n, pack, out, simd);
+}
+
+int lb_version(void) { return 3; }
