@@ -376,3 +376,33 @@ def test_e2m1_fused_encode_equals_reference(dtype, g, pack):
     assert got is not None and torch.equal(got, pack_nibbles(want) if pack else want)
     x[3, 5] = float("nan")
     assert native.encode(x, g, eff.contiguous(), E2M1, pack=pack) is None  # the reference's error decides
+
+
+@pytest.mark.parametrize("fmt", [E2M1, E4M3, E5M2, UE4M3, UE5M3, E8M0], ids=lambda f: f.name)
+def test_native_decode_equals_decode_on_every_code(fmt):
+    codes = torch.arange(256, dtype=torch.uint8).repeat(3).reshape(3, 256)
+    got, want = fast_encode.decode(fmt, codes), fmt.decode(codes)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert torch.equal(got.view(torch.int32)[~want.isnan()], want.view(torch.int32)[~want.isnan()])
+    assert torch.equal(got.isnan(), want.isnan())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("g", [16, 32, 48, 576])
+def test_vector_group_amax_equals_torch(dtype, g):
+    """Groups of a multiple of 16 (the vector loop): every finite value of ``dtype`` at random
+    places, the ragged last group, the NaN/Inf flag."""
+    gen = torch.Generator().manual_seed(11)
+    x = every_key_value().to(dtype)
+    x = x[torch.isfinite(x.float())]
+    x = x[torch.randperm(x.numel(), generator=gen)][: 40 * 576].reshape(40, 576).contiguous()
+    x[5, :48] = 0.0
+    x[6, :] = -0.0
+    G = -(-576 // g)
+    amax, bad = native.group_amax(x, g)
+    ref = torch.nn.functional.pad(x.float().abs(), (0, G * g - 576)).reshape(40, G, g).amax(-1)
+    assert not bad and torch.equal(amax, ref)
+    for special in (float("inf"), float("nan")):
+        y = x.clone()
+        y[39, 575] = special
+        assert native.group_amax(y, g)[1]

@@ -69,9 +69,9 @@ class E8M0Format:
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         if codes.dtype != torch.uint8:
             raise TypeError(f"e8m0.decode expects uint8 codes, got {codes.dtype}")
-        return self._lut().to(codes.device).index_select(0, codes.reshape(-1).to(torch.int32)).reshape(codes.shape)
+        return self.code_values().to(codes.device).index_select(0, codes.reshape(-1).to(torch.int32)).reshape(codes.shape)
 
-    def _lut(self) -> torch.Tensor:
+    def code_values(self) -> torch.Tensor:
         """float32 [256]: 2^(code - 127) for each code, NaN for 0xFF (built once; a lookup is
         much faster than ldexp per element)."""
         cache = _LUT.get(self)

@@ -169,6 +169,19 @@ def encode(fmt: object, x: torch.Tensor) -> torch.Tensor:
     return fmt.encode(x)
 
 
+def decode(fmt: object, codes: torch.Tensor) -> torch.Tensor:
+    """``fmt.decode(codes)``, bit for bit: on the CPU one native gather through the format's own
+    ``code_values`` (torch's index_select costs ~2.5 ns a code here, the gather ~0.3)."""
+    from lowbit.numerics import native
+
+    values = getattr(fmt, "code_values", None)
+    if values is not None and codes.dtype == torch.uint8:
+        out = native.decode(codes, values())
+        if out is not None:
+            return out
+    return fmt.decode(codes)
+
+
 def qdq(fmt: object, x: torch.Tensor) -> torch.Tensor:
     """``fmt.qdq(x)``, bit for bit: for a table format on the CPU, ``decode(encode(x))`` through
     the native encoder (a minifloat's qdq equals decode(encode(.)) bit for bit, its documented
@@ -176,5 +189,5 @@ def qdq(fmt: object, x: torch.Tensor) -> torch.Tensor:
     if has_table(fmt):
         codes = encode_native(fmt, x)
         if codes is not None:
-            return fmt.decode(codes)
+            return decode(fmt, codes)
     return fmt.qdq(x)

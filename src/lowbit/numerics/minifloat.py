@@ -140,9 +140,11 @@ class MiniFloat:
         """float32 values of uint8 ``codes`` (NaN codes decode to NaN, Inf codes to Inf)."""
         if codes.dtype != torch.uint8:
             raise TypeError(f"{self.name}.decode expects uint8 codes, got {codes.dtype}")
-        return self._lut().to(codes.device).index_select(0, codes.reshape(-1).to(torch.int32)).reshape(codes.shape)
+        return self.code_values().to(codes.device).index_select(0, codes.reshape(-1).to(torch.int32)).reshape(codes.shape)
 
-    def _lut(self) -> torch.Tensor:
+    def code_values(self) -> torch.Tensor:
+        """float32 [256]: the value of each uint8 code (NaN for codes outside the format's bit
+        width and for its NaN codes), built once; ``decode`` is a gather through it."""
         cache = self.__dict__.get("_lut_cache")
         if cache is None:
             n_mag = 1 << (self.exp_bits + self.man_bits)

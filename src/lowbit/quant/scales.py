@@ -55,7 +55,7 @@ def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tenso
     if sf is FormatName.FP32:
         return divide(a, amax_divisor(spec))
     if sf is FormatName.E8M0:
-        return E8M0.decode(mx_scale_codes(a, spec))
+        return fast_encode.decode(E8M0, mx_scale_codes(a, spec))
     fmt = get_format(sf)
     raw = divide(a, elem_max(spec))
     if spec.global_scale:

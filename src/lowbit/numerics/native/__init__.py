@@ -87,6 +87,19 @@ def encode(x: torch.Tensor, g: int, eff: torch.Tensor | None, fmt: object, *, pa
     return out if status == 0 else None
 
 
+def decode(codes: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:
+    """float32 ``values[codes]`` (uint8 codes on the CPU, values: float32 [256], a format's
+    ``code_values``), or None when the library is unavailable."""
+    lib = library()
+    if lib is None or codes.device.type != "cpu":
+        return None
+    assert codes.dtype == torch.uint8 and values.dtype == torch.float32 and values.numel() == 256
+    codes = codes.contiguous()
+    out = torch.empty(codes.shape, dtype=torch.float32)
+    lib.lb_decode(_ptr(codes), codes.numel(), _ptr(values.contiguous()), _ptr(out))
+    return out
+
+
 def pack_nibbles(codes: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     """(packed uint8 [..., n / 2], the largest code) of contiguous uint8 codes [..., n], n even."""
     lib = library()

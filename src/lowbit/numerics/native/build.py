@@ -88,6 +88,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lb_encode.restype = I
     lib.lb_pack_nibbles.argtypes, lib.lb_pack_nibbles.restype = [P, L, P], I
     lib.lb_step_codes.argtypes, lib.lb_step_codes.restype = [P, P, L, I, I, P], None
+    lib.lb_decode.argtypes, lib.lb_decode.restype = [P, L, P, P], None
     F, U = ctypes.c_float, ctypes.c_uint32
     lib.lb_gptq_sub.argtypes = [P, P, P, P, L, L, L, L, P, P, P, L, L, I, F, F, U, U, U]
     lib.lb_gptq_sub.restype = I

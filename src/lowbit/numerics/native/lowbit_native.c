@@ -37,6 +37,16 @@ static inline float h2f(uint16_t h) {
 
 static inline float bf2f(uint16_t h) { return u2f((uint32_t)h << 16); }
 
+#ifdef __AVX2__
+/* The largest of 8 unsigned 32-bit lanes. */
+static inline uint32_t hmax_u32(__m256i v) {
+    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+    return (uint32_t)_mm_cvtsi128_si32(m);
+}
+#endif
+
 /* ---------------------------------------------------------------- per-group extremes
  * |x| of finite floats orders as the unsigned magnitude bits, so the absolute max is an integer
  * max (which vectorizes); a magnitude at or above the Inf pattern flags NaN/Inf. */
@@ -64,9 +74,55 @@ DEF_AMAX(amax_f32, uint32_t, 0x7FFFFFFFu, 0x7F800000u, u2f)
 DEF_AMAX(amax_bf16, uint16_t, 0x7FFF, 0x7F80, bf2f)
 DEF_AMAX(amax_f16, uint16_t, 0x7FFF, 0x7C00, h2f)
 
+#ifdef __AVX2__
+/* The same maxima, 16 elements a step, for groups and rows of a multiple of 16 elements: integer
+ * maxima of the magnitude bits, reduced per group with the minimum-position instruction on
+ * their complement (16-bit sources) or by halving (float32). */
+static int amax_avx2(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, float *out) {
+    int64_t G = (cols + g - 1) / g;
+    if (dtype == 0) {
+        const __m256i low31 = _mm256_set1_epi32(0x7FFFFFFF);
+        __m256i all = _mm256_setzero_si256();
+        for (int64_t r = 0; r < rows; r++) {
+            const float *row = (const float *)x + r * cols;
+            for (int64_t j = 0; j < G; j++) {
+                int64_t c0 = j * g, c1 = c0 + g < cols ? c0 + g : cols;
+                __m256i m = _mm256_setzero_si256();
+                for (int64_t c = c0; c < c1; c += 8)
+                    m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(row + c)), low31));
+                all = _mm256_max_epu32(all, m);
+                out[r * G + j] = u2f(hmax_u32(m));
+            }
+        }
+        return hmax_u32(all) >= 0x7F800000u;
+    }
+    const __m256i low15 = _mm256_set1_epi16(0x7FFF);
+    const __m128i ones = _mm_set1_epi16(-1);
+    uint16_t all = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *row = (const uint16_t *)x + r * cols;
+        for (int64_t j = 0; j < G; j++) {
+            int64_t c0 = j * g, c1 = c0 + g < cols ? c0 + g : cols;
+            __m256i m = _mm256_setzero_si256();
+            for (int64_t c = c0; c < c1; c += 16)
+                m = _mm256_max_epu16(m, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(row + c)), low15));
+            __m128i h = _mm_max_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+            uint16_t mx = (uint16_t)~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(h, ones)));
+            all = mx > all ? mx : all;
+            out[r * G + j] = dtype == 1 ? bf2f(mx) : h2f(mx);
+        }
+    }
+    return all >= (dtype == 1 ? 0x7F80 : 0x7C00);
+}
+#endif
+
 /* Absolute max per group (float32 [rows, G], G = ceil(cols / g)). Returns 1 when the band holds
  * a NaN or an Inf (the maxima are then meaningless), else 0. */
 int lb_group_amax(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, float *out) {
+#ifdef __AVX2__
+    if (g % 16 == 0 && cols % 16 == 0 && dtype >= 0 && dtype <= 2)
+        return amax_avx2(x, dtype, rows, cols, g, out);
+#endif
     switch (dtype) {
     case 0: return amax_f32((const uint32_t *)x, rows, cols, g, out);
     case 1: return amax_bf16((const uint16_t *)x, rows, cols, g, out);
@@ -220,13 +276,6 @@ static inline void load16(const void *x, int dtype, int64_t i, __m256 *a, __m256
         *b = _mm256_cvtph_ps(hi);
 #endif
     }
-}
-
-static inline uint32_t hmax_u32(__m256i v) {
-    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
-    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
-    return (uint32_t)_mm_cvtsi128_si32(m);
 }
 
 /* The encode pass of a steps format in one loop, 16 elements a step (groups and rows a multiple
@@ -472,6 +521,11 @@ int lb_gptq_sub(float *W, float *E, const float *dv, const float *ef, int64_t ds
 }
 
 /* The ABI version the loader checks (bump with any signature change). */
+/* out[i] = values[codes[i]] for i < n: decoding through a format's own table of code values. */
+void lb_decode(const uint8_t *codes, int64_t n, const float *values, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = values[codes[i]];
+}
+
 /* Codes of the n keys k (packed when pack) from steps, by the AVX2 loop where built with it
  * (simd) or the scalar one: tests compare both with the table on every key. */
 void lb_step_codes(const uint16_t *steps, const uint16_t *k, int64_t n, int pack, int simd, uint8_t *out) {
