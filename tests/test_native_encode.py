@@ -406,3 +406,18 @@ def test_vector_group_amax_equals_torch(dtype, g):
         y = x.clone()
         y[39, 575] = special
         assert native.group_amax(y, g)[1]
+
+
+@pytest.mark.parametrize("name", ["nvfp4-e5m3", "mxfp4", "mxfp8", "w8a8-fp8-dynamic"])
+def test_scale_codes_found_on_the_way_equal_encoding_the_scales(name):
+    spec = get_scheme(name).weights
+    w = adversarial_weight(torch.bfloat16, cols=256)
+    gs = quantize(w, spec).global_scale if spec.global_scale else None
+    qt = native_quant.quantize_native(w, spec, gs)
+    assert qt is not None
+    if spec.scale_format is F.FP32:
+        assert qt.known_scale_codes is None
+        return
+    from lowbit.numerics import get_format
+    assert torch.equal(qt.known_scale_codes, get_format(spec.scale_format).encode(qt.scale))
+    assert qt.scale_codes() is qt.known_scale_codes

@@ -81,7 +81,7 @@ class CompressedTensorsLayout(Layout):
         if spec.scale_format is FormatName.UE4M3:
             t[f"{prefix}.weight_scale"] = qweight.scale.to(torch.float32).to(torch.float8_e4m3fn).contiguous()
         elif spec.scale_format is FormatName.E8M0:
-            t[f"{prefix}.weight_scale"] = E8M0.encode(qweight.scale).contiguous()
+            t[f"{prefix}.weight_scale"] = qweight.scale_codes().contiguous()
         else:
             t[f"{prefix}.weight_scale"] = _float_scale(qweight.scale, dtype)
         stored_input_scale = None if input_scale is None else _float_scale(input_scale.reshape(1), dtype)

@@ -50,7 +50,7 @@ from lowbit.formats.base import (
     FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
 )
 from lowbit.formats.folder import LOWBIT_STEM
-from lowbit.numerics import FormatName, fast_encode, get_format
+from lowbit.numerics import FormatName, get_format
 from lowbit.quant import QuantizedTensor, nibbles, num_groups, unpack_nibbles
 from lowbit.schemes import Granularity, QuantSpec, Scheme
 
@@ -83,10 +83,11 @@ def _packs_nibbles(spec: QuantSpec, in_f: int) -> bool:
     return spec.bits == 4 and in_f % 2 == 0
 
 
-def encode_scale(scale: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    if spec.scale_format is FormatName.FP32:
-        return scale.to(torch.float32).contiguous()
-    return fast_encode.encode(get_format(spec.scale_format), scale).contiguous()
+def stored_scale(qweight: QuantizedTensor) -> torch.Tensor:
+    """The weight scale as stored: float32, or uint8 codes of the spec's scale format."""
+    if qweight.spec.scale_format is FormatName.FP32:
+        return qweight.scale.to(torch.float32).contiguous()
+    return qweight.scale_codes().contiguous()
 
 
 def decode_scale(stored: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -137,7 +138,7 @@ class LowbitLayout(Layout):
             t[f"{prefix}.weight_packed"] = nibbles(qweight, f"{prefix}.weight")
         else:
             t[f"{prefix}.weight_codes"] = qweight.codes.to(torch.uint8).contiguous()
-        t[f"{prefix}.weight_scale"] = encode_scale(qweight.scale, spec)
+        t[f"{prefix}.weight_scale"] = stored_scale(qweight)
         stored_input_scale = None if input_scale is None else input_scale.to(torch.float32)
         t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
                                      input_global_scale=input_global_scale, bias=bias, dtype=dtype))

@@ -132,14 +132,19 @@ def _native_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | 
     shape = (w.shape[0], w.shape[-1] // 2 if pack else w.shape[-1])
     codes = torch.empty(shape, dtype=torch.uint8) if scratch is None else scratch(shape[0] * shape[1])[
         : shape[0] * shape[1]].view(shape)
-    scales = []
+    bands = []
     for r in range(0, w.shape[0], rows):
         qt = native_quant.quantize_native(w[r:r + rows], spec, global_scale, name, pack=pack, out=codes[r:r + rows])
         if qt is None:
             return None
-        scales.append(qt.scale)
+        bands.append(qt)
     gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
-    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes, torch.cat(scales), spec, None, gs)
+    if len(bands) == 1:
+        scale, scale_codes = bands[0].scale, bands[0].known_scale_codes
+    else:
+        scale = torch.cat([b.scale for b in bands])
+        scale_codes = None if bands[0].known_scale_codes is None else torch.cat([b.known_scale_codes for b in bands])
+    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes, scale, spec, None, gs, scale_codes)
 
 
 class JobCancelled(Exception):

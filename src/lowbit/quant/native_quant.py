@@ -22,7 +22,7 @@ from lowbit.numerics import native
 from lowbit.numerics.fast_encode import has_table
 from lowbit.quant.groups import check_finite, num_groups
 from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor
-from lowbit.quant.scales import effective_scale, full_range_from_range, global_scale_from_amax, scales_from_amax
+from lowbit.quant.scales import effective_scale, full_range_from_range, global_scale_from_amax, scales_and_codes_from_amax
 from lowbit.schemes import Granularity, ObserverKind, QuantSpec
 
 OBSERVERS = (ObserverKind.MAX, ObserverKind.HALF_STEP, ObserverKind.FULL_RANGE)  # half-step: max's extremes
@@ -64,6 +64,7 @@ def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor
     if bad:
         check_finite(x, name)  # raises the QuantizationError naming the tensor
         return None  # pragma: no cover - the flag and check_finite agree
+    scale_codes = None
     if spec.observer is ObserverKind.FULL_RANGE:
         if tensor_wide:
             lo, hi = lo.amin().reshape(1), hi.amax().reshape(1)
@@ -71,7 +72,7 @@ def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor
     else:
         if spec.global_scale and global_scale is None:
             global_scale = global_scale_from_amax(a.amax(), spec)
-        scale = scales_from_amax(a.amax().reshape(1) if tensor_wide else a, spec, global_scale)
+        scale, scale_codes = scales_and_codes_from_amax(a.amax().reshape(1) if tensor_wide else a, spec, global_scale)
     eff = effective_scale(scale, spec, global_scale).to(torch.float32)
     eff2 = eff.expand(x2.shape[0], 1) if tensor_wide else eff
     codes = native.encode(x2, g, eff2.contiguous(), get_format(spec.format), pack=pack, out=out)
@@ -79,6 +80,7 @@ def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor
         return None
     if not tensor_wide:
         scale = scale.reshape(*lead, G)
+        scale_codes = None if scale_codes is None else scale_codes.reshape(*lead, G)
     gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
     codes = codes.reshape(*lead, codes.shape[-1])
-    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes, scale, spec, None, gs)
+    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes, scale, spec, None, gs, scale_codes)

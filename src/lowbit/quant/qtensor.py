@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +29,8 @@ class QuantizedTensor:
     spec: QuantSpec
     zero_point: torch.Tensor | None = None
     global_scale: torch.Tensor | None = None
+    # the codes of ``scale`` when the quantizer had them at hand (derived data: never compared)
+    known_scale_codes: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def shape(self) -> torch.Size:
@@ -38,7 +40,11 @@ class QuantizedTensor:
         """Block scales as uint8 codes of ``spec.scale_format`` (microscaled specs only)."""
         if self.spec.scale_format is FormatName.FP32:
             raise ValueError("fp32 scales have no codes")
-        return get_format(self.spec.scale_format).encode(self.scale)
+        if self.known_scale_codes is not None:
+            return self.known_scale_codes
+        from lowbit.numerics import fast_encode
+
+        return fast_encode.encode(get_format(self.spec.scale_format), self.scale)
 
     def values(self) -> torch.Tensor:
         """The decoded element values (no scaling), float32."""
@@ -47,7 +53,7 @@ class QuantizedTensor:
     def to(self, device: torch.device | str) -> "QuantizedTensor":
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731
         return QuantizedTensor(self.codes.to(device), self.scale.to(device), self.spec,
-                               mv(self.zero_point), mv(self.global_scale))
+                               mv(self.zero_point), mv(self.global_scale), mv(self.known_scale_codes))
 
     def equal(self, other: "QuantizedTensor") -> bool:
         """Bit-identical codes, scales, zero points and global scale, same spec."""
@@ -66,12 +72,14 @@ class PackedQuantizedTensor(QuantizedTensor):
     (any consumer still works); ``nibbles`` hands the packed bytes to a layout as they are."""
 
     def __init__(self, packed: torch.Tensor, scale: torch.Tensor, spec: QuantSpec,
-                 zero_point: torch.Tensor | None = None, global_scale: torch.Tensor | None = None) -> None:
+                 zero_point: torch.Tensor | None = None, global_scale: torch.Tensor | None = None,
+                 known_scale_codes: torch.Tensor | None = None) -> None:
         self.packed = packed
         self.scale = scale
         self.spec = spec
         self.zero_point = zero_point
         self.global_scale = global_scale
+        self.known_scale_codes = known_scale_codes
 
     @property  # type: ignore[override]
     def codes(self) -> torch.Tensor:

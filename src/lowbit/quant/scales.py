@@ -56,13 +56,31 @@ def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tenso
         return divide(a, amax_divisor(spec))
     if sf is FormatName.E8M0:
         return fast_encode.decode(E8M0, mx_scale_codes(a, spec))
+    return fast_encode.qdq(get_format(sf), _raw_block_scales(a, spec, global_scale))  # fmt.qdq(raw), bit for bit
+
+
+def scales_and_codes_from_amax(a: torch.Tensor, spec: QuantSpec,
+                               global_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(``scales_from_amax(a, spec, global_scale)``, their codes in ``spec.scale_format``, None
+    for FP32 scales): the codes a layout stores, found on the way (not encoded a second time)."""
+    a = a.to(torch.float32)
+    sf = spec.scale_format
+    if sf is FormatName.FP32:
+        return divide(a, amax_divisor(spec)), None
     fmt = get_format(sf)
+    codes = (mx_scale_codes(a, spec) if sf is FormatName.E8M0
+             else fast_encode.encode(fmt, _raw_block_scales(a, spec, global_scale)))
+    return fast_encode.decode(fmt, codes), codes  # a minifloat's qdq is decode(encode(.)), bit for bit
+
+
+def _raw_block_scales(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
+    """amax / elem_max (times the global scale), before rounding to the scale format."""
     raw = divide(a, elem_max(spec))
     if spec.global_scale:
         if global_scale is None:
             raise QuantizationError("this spec needs a global scale")
         raw = raw * global_scale.to(torch.float32)
-    return fast_encode.qdq(fmt, raw)  # fmt.qdq(raw), bit for bit
+    return raw
 
 
 def mx_scale_codes(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
