@@ -49,7 +49,7 @@ def test_failed_build_falls_back_and_leaves_no_file(fresh, monkeypatch):
     monkeypatch.setattr(build, "FLAGS", build.FLAGS + ("-lowbit-invalid-flag",))
     assert build.library() is None
     assert "failed" in build.unavailable_reason()
-    assert list(fresh.iterdir()) == []  # the temporary output was removed
+    assert not list(fresh.glob("*.so")) and not list(fresh.glob("*.tmp"))  # the temporary output was removed
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
@@ -110,3 +110,26 @@ def test_switch_forces_the_torch_path(monkeypatch):
     monkeypatch.setattr(build, "ENABLED", False)
     assert build.library() is None
     assert not native_quant.supports(_weight(), get_scheme("w4a16").weights)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
+def test_target_macros_are_asked_once_and_keyed_by_flags(fresh, monkeypatch):
+    calls = []
+    real_run = build.subprocess.run
+
+    def spy(cmd, *a, **kw):
+        calls.append(cmd)
+        return real_run(cmd, *a, **kw)
+
+    monkeypatch.setattr(build.subprocess, "run", spy)
+    cc = build.find_compiler()
+    first = build.target_macros(cc)
+    assert "__x86_64__" in first or "__aarch64__" in first or "__GNUC__" in first
+    assert build.target_macros(cc) == first and len(calls) == 1  # kept in the cache folder
+    assert len(list(fresh.glob("target-*.txt"))) == 1
+    monkeypatch.setattr(build, "FLAGS", build.FLAGS + ("-DLOWBIT_TEST_FLAG=1",))
+    assert "LOWBIT_TEST_FLAG" in build.target_macros(cc) and len(calls) == 2  # other flags: asked again
+    monkeypatch.setattr(build, "_cpu_identity", lambda: None)  # no CPU facts: never kept
+    build.target_macros(cc)
+    build.target_macros(cc)
+    assert len(calls) == 4 and len(list(fresh.glob("target-*.txt"))) == 2

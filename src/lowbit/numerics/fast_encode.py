@@ -47,7 +47,7 @@ def code_table(fmt: MiniFloat, device: torch.device | str = "cpu") -> torch.Tens
 
     NaN keys hold the format's NaN code (E2M1: a marker the encoder raises on); negative keys of
     unsigned formats are never looked up (negative input is refused first)."""
-    return _table(fmt, str(torch.device(device)))
+    return _table(fmt, device if device == "cpu" else str(torch.device(device)))
 
 
 @lru_cache(maxsize=None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -52,11 +53,49 @@ def find_compiler() -> str | None:
     return None
 
 
+def target_macros(compiler: str) -> str:
+    """The compiler's predefined macros under FLAGS (its version, and the instruction sets
+    -march=native enables here). Asking costs a compiler run (~12 ms), so the answer is kept in
+    the cache folder under a hash of what it depends on: the flags, the compiler binary (path,
+    size, modification time) and this CPU's model and feature flags (/proc/cpuinfo; where that
+    is unreadable, nothing is kept and the compiler is asked every time)."""
+    ask = lambda: subprocess.run([compiler, *FLAGS, "-dM", "-E", "-x", "c", os.devnull],  # noqa: E731
+                                 capture_output=True, text=True, timeout=60, check=True).stdout
+    cpu = _cpu_identity()
+    if cpu is None:
+        return ask()
+    st = Path(compiler).resolve().stat()
+    ident = json.dumps([FLAGS, str(Path(compiler).resolve()), st.st_size, st.st_mtime_ns, cpu])
+    path = cache_dir() / f"target-{hashlib.sha256(ident.encode()).hexdigest()[:20]}.txt"
+    try:
+        return path.read_text()
+    except OSError:
+        pass
+    macros = ask()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(macros)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only cache: ask again next time
+        log.debug("cannot keep the compiler's target macros in %s: %s", path, e)
+    return macros
+
+
+def _cpu_identity() -> list[str] | None:
+    """This CPU's model name and feature flags (Linux), or None."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    keep = [ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags", "Features", "vendor_id")]
+    return sorted(set(keep)) or None
+
+
 def library_key(compiler: str) -> str:
-    """Hash of the source, the flags and the compiler with its target (predefined macros under
-    the flags: version, and the instruction sets -march=native enables here)."""
-    macros = subprocess.run([compiler, *FLAGS, "-dM", "-E", "-x", "c", os.devnull], capture_output=True,
-                            text=True, timeout=60, check=True).stdout
+    """Hash of the source, the flags and the compiler with its target (target_macros)."""
+    macros = target_macros(compiler)
     h = hashlib.sha256()
     for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), macros.encode()):
         h.update(hashlib.sha256(part).digest())
