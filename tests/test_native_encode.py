@@ -421,3 +421,27 @@ def test_scale_codes_found_on_the_way_equal_encoding_the_scales(name):
     from lowbit.numerics import get_format
     assert torch.equal(qt.known_scale_codes, get_format(spec.scale_format).encode(qt.scale))
     assert qt.scale_codes() is qt.known_scale_codes
+
+
+def test_global_scale_on_ties_of_the_scale_and_of_the_elements():
+    """NVFP4 with a given global scale gs: block amaxes whose raw scale amax / 6 * gs lands on
+    every midpoint of the scale format (gs = 1, 2: exact), and blocks whose scale is exactly v
+    (gs = 3) holding +-0.25 * fl(v / gs): an element tie exactly when eff = v / gs is divided as
+    the torch path divides it (not multiplied by a reciprocal)."""
+    spec = QuantSpec(F.E2M1, G.GROUP, 16, scale_format=F.UE4M3, global_scale=True)
+    v = UE4M3.values()
+    v = v[torch.isfinite(v) & (v > 0)]
+    mids = (v[1:] + v[:-1]) / 2
+    for gs in (1.0, 2.0):
+        w = torch.zeros(mids.numel(), 16)
+        w[:, 0] = mids * 6 / gs
+        w[:, 1] = -mids * 3 / gs
+        assert_same(w, spec, global_scale=torch.tensor([gs]))
+    gs = torch.tensor([3.0])
+    eff = v / gs
+    w = torch.zeros(v.numel(), 16)
+    w[:, 0] = 2 * v  # raw scale = 2v / 6 * 3 = v exactly
+    w[:, 1], w[:, 2], w[:, 3] = 0.25 * eff, -0.25 * eff, 0.75 * eff
+    ties = (w[:, 1] / eff == 0.25).sum()
+    assert ties == v.numel()
+    assert_same(w, spec, global_scale=gs)

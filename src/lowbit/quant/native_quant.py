@@ -15,14 +15,19 @@ and the caller runs the torch path.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
-from lowbit.numerics import IntFormat, get_format
+from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.numerics import native
-from lowbit.numerics.fast_encode import has_table
+from lowbit.numerics.fast_encode import code_table, has_table
 from lowbit.quant.groups import check_finite, num_groups
 from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor
-from lowbit.quant.scales import effective_scale, full_range_from_range, global_scale_from_amax, scales_and_codes_from_amax
+from lowbit.quant.scales import (
+    amax_divisor, effective_scale, elem_max, full_range_from_range, global_scale_from_amax, mx_emax,
+    scales_and_codes_from_amax,
+)
 from lowbit.schemes import Granularity, ObserverKind, QuantSpec
 
 OBSERVERS = (ObserverKind.MAX, ObserverKind.HALF_STEP, ObserverKind.FULL_RANGE)  # half-step: max's extremes
@@ -33,6 +38,43 @@ def supports(x: torch.Tensor, spec: QuantSpec) -> bool:
     fmt = get_format(spec.format)
     return (spec.symmetric and spec.observer in OBSERVERS and x.dim() >= 1 and x.numel() > 0
             and (has_table(fmt) or isinstance(fmt, IntFormat)) and native.usable(x))
+
+
+@lru_cache(maxsize=None)
+def scale_rule(spec: QuantSpec) -> native.ScaleRule | None:
+    """``spec``'s scale rule as the one-call kernel (native.quantize) applies it: the constants of
+    lowbit.quant.scales for the observer and scale format (None: not one it applies)."""
+    if spec.observer is ObserverKind.FULL_RANGE:
+        return native.ScaleRule(native.RULE_FULL_RANGE, float(get_format(spec.format).qmin))
+    sf = spec.scale_format
+    if sf is FormatName.FP32:
+        return native.ScaleRule(native.RULE_DIVIDE, amax_divisor(spec))
+    if sf is FormatName.E8M0:
+        return native.ScaleRule(native.RULE_E8M0, scale_values=E8M0.code_values(), e8m0_emax=mx_emax(spec),
+                                e8m0_max=E8M0.max_code_magnitude)
+    fmt = get_format(sf)
+    if not has_table(fmt):
+        return None
+    return native.ScaleRule(native.RULE_TABLE, elem_max(spec), code_table(fmt), fmt.code_values())
+
+
+def _quantize_fused(x2: torch.Tensor, spec: QuantSpec, rule: native.ScaleRule, g: int,
+                    global_scale: torch.Tensor | None, name: str, pack: bool, out: torch.Tensor | None,
+                    x: torch.Tensor) -> QuantizedTensor | None:
+    r = native.quantize(x2, g, rule, global_scale if spec.global_scale else None, get_format(spec.format),
+                        pack=pack, out=out)
+    if r is None:
+        return None
+    if r == 1:
+        check_finite(x, name)  # NaN/Inf: raises the QuantizationError naming the tensor
+        return None  # a value the reference encoder refuses: the torch path gives its error
+    codes, scale, scale_codes = r
+    lead = tuple(x.shape[:-1])
+    scale = scale.reshape(*lead, scale.shape[-1])
+    scale_codes = None if scale_codes is None else scale_codes.reshape(*lead, scale.shape[-1])
+    gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
+    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes.reshape(*lead, codes.shape[-1]), scale, spec,
+                                                              None, gs, scale_codes)
 
 
 def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None = None,
@@ -51,6 +93,10 @@ def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor
     x2 = x.reshape(-1, n).contiguous()
     lead = tuple(x.shape[:-1])
     tensor_wide = spec.granularity is Granularity.TENSOR
+    if not tensor_wide and (global_scale is not None or not spec.global_scale):
+        rule = scale_rule(spec)
+        if rule is not None:  # one call: extremes, scales and codes
+            return _quantize_fused(x2, spec, rule, g, global_scale, name, pack, out, x)
     if spec.observer is ObserverKind.FULL_RANGE:
         r = native.group_minmax(x2, g)
         if r is None:

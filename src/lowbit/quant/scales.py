@@ -91,9 +91,13 @@ def mx_scale_codes(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     exponent field is floor(log2 amax) + 127, so the exponent is that field - 127 - emax. A
     subnormal amax (field 0) lies below 2^-126, and zero is given 2^-127: both get code 0, as the
     clamp of floor(log2 amax) - emax <= -127 does."""
-    emax = math.frexp(elem_max(spec))[1] - 1  # floor(log2) of the largest finite element value
     field = (a.to(torch.float32).contiguous().view(torch.int32) >> 23) & 0xFF
-    return E8M0.encode_exponent(field - E8M0.bias - emax)
+    return E8M0.encode_exponent(field - E8M0.bias - mx_emax(spec))
+
+
+def mx_emax(spec: QuantSpec) -> int:
+    """floor(log2) of the element format's largest finite value: the OCP MX ``emax``."""
+    return math.frexp(elem_max(spec))[1] - 1
 
 
 def effective_scale(scale: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:

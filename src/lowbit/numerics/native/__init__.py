@@ -9,6 +9,9 @@ consecutive elements of a row, the last one possibly shorter (it acts zero-padde
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
+
 import torch
 
 from lowbit.numerics.native.build import library
@@ -53,38 +56,106 @@ def group_minmax(x: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor, b
     return lo, hi, bool(bad)
 
 
+@dataclass(frozen=True)
+class Encoding:
+    """How the kernels encode an element format: its key table (and the table's steps, for
+    E2M1), or INT bounds; ``negative_refused``: an unsigned format (negative input goes to the
+    reference's error)."""
+
+    table: torch.Tensor | None
+    steps: torch.Tensor | None
+    qmin: int
+    qmax: int
+    bits: int
+    negative_refused: bool
+
+    def args(self) -> tuple:
+        return (_ptr(self.table), _ptr(self.steps), self.qmin, self.qmax, self.bits, int(self.negative_refused))
+
+
+@lru_cache(maxsize=None)
+def encoding(fmt: object) -> Encoding | None:
+    """The kernels' encoding of ``fmt`` (table formats, E8M0, INTn), or None."""
+    from lowbit.numerics.fast_encode import native_steps, native_table
+    from lowbit.numerics.integer import IntFormat
+
+    table = native_table(fmt)
+    if table is not None:
+        return Encoding(table, native_steps(fmt), 0, 0, 8, not getattr(fmt, "signed", False))
+    if isinstance(fmt, IntFormat):
+        return Encoding(None, None, fmt.qmin, fmt.qmax, fmt.bits, False)
+    return None
+
+
+def _codes_out(fmt: object, rows: int, cols: int, pack: bool, out: torch.Tensor | None) -> torch.Tensor:
+    if pack and (cols % 2 or fmt.bits != 4):
+        raise ValueError(f"nibble packing needs 4-bit codes and an even last dimension, got {fmt.name}, {cols}")
+    shape = (rows, cols // 2 if pack else cols)
+    if out is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    assert out.shape == shape and out.dtype == torch.uint8 and out.is_contiguous()
+    return out
+
+
 def encode(x: torch.Tensor, g: int, eff: torch.Tensor | None, fmt: object, *, pack: bool = False,
            out: torch.Tensor | None = None) -> torch.Tensor | None:
     """uint8 codes of ``fmt`` for x / eff (eff: float32 [rows, G], zero means code 0; None: x
     itself), nibble-packed into [rows, cols / 2] when ``pack``; written into ``out`` if given.
     None when the library is unavailable or a value needs the reference encoder (NaN, negative
     input of an unsigned format): the caller's torch path then raises the reference's error."""
-    from lowbit.numerics.fast_encode import native_steps, native_table
-    from lowbit.numerics.integer import IntFormat
-
     lib = library()
-    if lib is None:
+    enc = encoding(fmt) if lib is not None else None
+    if enc is None:
         return None
     rows, cols = _rows_cols(x)
-    table = native_table(fmt)
-    if table is not None:
-        qmin, qmax, bits, neg = 0, 0, 8, not getattr(fmt, "signed", False)
-    elif isinstance(fmt, IntFormat):
-        table, qmin, qmax, bits, neg = None, fmt.qmin, fmt.qmax, fmt.bits, False
-    else:
-        return None
-    if pack and (cols % 2 or fmt.bits != 4):
-        raise ValueError(f"nibble packing needs 4-bit codes and an even last dimension, got {fmt.name}, {cols}")
-    shape = (rows, cols // 2 if pack else cols)
-    if out is None:
-        out = torch.empty(shape, dtype=torch.uint8)
-    assert out.shape == shape and out.dtype == torch.uint8 and out.is_contiguous()
+    out = _codes_out(fmt, rows, cols, pack, out)
     if eff is not None:
         assert eff.dtype == torch.float32 and eff.is_contiguous() and eff.shape == (rows, -(-cols // g))
-    steps = native_steps(fmt) if table is not None else None
-    status = lib.lb_encode(_ptr(x), DTYPES[x.dtype], rows, cols, g, _ptr(eff), _ptr(table), _ptr(steps), qmin, qmax,
-                           bits, int(neg), int(pack), _ptr(out))
+    status = lib.lb_encode(_ptr(x), DTYPES[x.dtype], rows, cols, g, _ptr(eff), *enc.args(), int(pack), _ptr(out))
     return out if status == 0 else None
+
+
+@dataclass(frozen=True)
+class ScaleRule:
+    """A scale rule as lb_quantize applies it (lowbit_native.c, "whole band"): ``kind`` one of
+    RULE_*, the divisor, the scale format's key table and code values (RULE_TABLE, RULE_E8M0),
+    and for RULE_E8M0 the element format's largest exponent and the largest code."""
+
+    kind: int
+    divisor: float = 1.0
+    scale_table: torch.Tensor | None = None
+    scale_values: torch.Tensor | None = None
+    e8m0_emax: int = 0
+    e8m0_max: int = 0
+
+
+RULE_DIVIDE, RULE_FULL_RANGE, RULE_TABLE, RULE_E8M0 = range(4)
+
+
+def quantize(x: torch.Tensor, g: int, rule: ScaleRule, global_scale: torch.Tensor | None, fmt: object, *,
+             pack: bool = False, out: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | int | None:
+    """A band in one call: per-group extremes, the scale rule, the codes. Returns (codes, float32
+    scales [rows, G], their uint8 codes or None), or 1 when x holds NaN/Inf or a value needs the
+    reference encoder (the caller decides), or None when the library is unavailable."""
+    lib = library()
+    enc = encoding(fmt) if lib is not None else None
+    if enc is None:
+        return None
+    rows, cols = _rows_cols(x)
+    out = _codes_out(fmt, rows, cols, pack, out)
+    G = -(-cols // g)
+    scale = torch.empty(rows, G, dtype=torch.float32)
+    eff = torch.empty(rows, G, dtype=torch.float32)
+    lo = torch.empty(rows, G, dtype=torch.float32) if rule.kind == RULE_FULL_RANGE else None
+    codes = torch.empty(rows, G, dtype=torch.uint8) if rule.kind in (RULE_TABLE, RULE_E8M0) else None
+    gs = None if global_scale is None else global_scale.reshape(1).to(torch.float32).contiguous()
+    status = lib.lb_quantize(_ptr(x), DTYPES[x.dtype], rows, cols, g, rule.kind, rule.divisor, _ptr(gs),
+                             _ptr(rule.scale_table), _ptr(rule.scale_values), rule.e8m0_emax, rule.e8m0_max,
+                             *enc.args(), int(pack), _ptr(out), _ptr(scale), _ptr(codes), _ptr(eff), _ptr(lo))
+    if status < 0:
+        raise ValueError(f"lb_quantize refused its arguments ({rows}x{cols}, group {g}, rule {rule.kind})")
+    return (out, scale, codes) if status == 0 else 1
 
 
 def decode(codes: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:

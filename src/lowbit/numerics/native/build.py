@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("lowbit_native.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
 COMPILERS = ("cc", "gcc", "clang")  # the first one found is used (tests monkeypatch this)
-ABI_VERSION = 3                      # lb_version() of a usable library
+ABI_VERSION = 4                      # lb_version() of a usable library
 
 ENABLED = True  # module-level switch (tests): False forces the torch path everywhere
 
@@ -120,6 +120,7 @@ def build(compiler: str, target: Path) -> None:
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    F, U = ctypes.c_float, ctypes.c_uint32
     lib.lb_version.argtypes, lib.lb_version.restype = [], I
     lib.lb_group_amax.argtypes, lib.lb_group_amax.restype = [P, I, L, L, L, P], I
     lib.lb_group_minmax.argtypes, lib.lb_group_minmax.restype = [P, I, L, L, L, P, P], I
@@ -128,7 +129,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.lb_pack_nibbles.argtypes, lib.lb_pack_nibbles.restype = [P, L, P], I
     lib.lb_step_codes.argtypes, lib.lb_step_codes.restype = [P, P, L, I, I, P], None
     lib.lb_decode.argtypes, lib.lb_decode.restype = [P, L, P, P], None
-    F, U = ctypes.c_float, ctypes.c_uint32
+    lib.lb_quantize.argtypes = [P, I, L, L, L, I, F, P, P, P, I, I, P, P, I, I, I, I, I, P, P, P, P, P]
+    lib.lb_quantize.restype = I
     lib.lb_gptq_sub.argtypes = [P, P, P, P, L, L, L, L, P, P, P, L, L, I, F, F, U, U, U]
     lib.lb_gptq_sub.restype = I
     return lib

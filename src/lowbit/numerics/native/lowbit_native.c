@@ -467,6 +467,63 @@ int lb_encode(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, c
     return -1;
 }
 
+/* ---------------------------------------------------------------- whole band: extremes, scales, codes
+ * The scale rules of lowbit.quant.scales on each group's extremes, operation for operation in
+ * float32 (lowbit.quant.native_quant.fused_rule gives the constants; bit-identical to the torch
+ * path, tested on adversarial values for every scheme):
+ *   RULE_DIVIDE      scale = amax / divisor                      (fp32 scales: max, half-step)
+ *   RULE_FULL_RANGE  scale = (-lo >= hi ? lo : hi) / divisor + 0  (divisor: qmin)
+ *   RULE_TABLE       raw = amax / divisor [* gs]; code = table[round-to-odd key of raw];
+ *                    scale = values[code]                        (a minifloat scale format)
+ *   RULE_E8M0        code = clamp(exponent field of amax - emax, 0, e8m0_max); scale = values[code]
+ * and eff = scale [/ gs] divides the group's elements before they are encoded (lb_encode). */
+enum { RULE_DIVIDE = 0, RULE_FULL_RANGE = 1, RULE_TABLE = 2, RULE_E8M0 = 3 };
+
+static inline uint32_t odd_key(float v) {
+    uint32_t b = f2u(v);
+    return (((b & 0xFFFFu) + 0xFFFFu) | b) >> 16;
+}
+
+/* x [rows, cols] -> codes (out, packed when pack), scales [rows, G] (float32), their codes
+ * (scale_codes, RULE_TABLE and RULE_E8M0; else unused), using eff [rows, G] (and lo [rows, G]
+ * for RULE_FULL_RANGE) as scratch. Returns 0, 1 when the input holds NaN/Inf or a value needs
+ * the reference encoder (the caller's torch path then decides), -1 on bad arguments. */
+int lb_quantize(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, int rule, float divisor,
+                const float *gs, const uint8_t *scale_table, const float *scale_values, int e8m0_emax,
+                int e8m0_max, const uint8_t *table, const uint16_t *steps, int qmin, int qmax, int bits,
+                int check_negative, int pack, uint8_t *out, float *scale, uint8_t *scale_codes, float *eff,
+                float *lo) {
+    if (rows <= 0 || cols <= 0 || g <= 0) return -1;
+    int64_t n = rows * ((cols + g - 1) / g);
+    int bad = rule == RULE_FULL_RANGE ? lb_group_minmax(x, dtype, rows, cols, g, lo, scale)
+                                      : lb_group_amax(x, dtype, rows, cols, g, scale);
+    if (bad) return bad;
+    for (int64_t i = 0; i < n; i++) {
+        float a = scale[i], s;
+        if (rule == RULE_DIVIDE) {
+            s = a / divisor;
+        } else if (rule == RULE_FULL_RANGE) {
+            s = (-lo[i] >= a ? lo[i] : a) / divisor + 0.0f;
+        } else if (rule == RULE_TABLE) {
+            float raw = a / divisor;
+            if (gs) raw = raw * gs[0];
+            uint8_t c = scale_table[odd_key(raw)];
+            scale_codes[i] = c;
+            s = scale_values[c];
+        } else if (rule == RULE_E8M0) {
+            int32_t e = (int32_t)((f2u(a) >> 23) & 0xFFu) - e8m0_emax;
+            uint8_t c = (uint8_t)(e < 0 ? 0 : e > e8m0_max ? e8m0_max : e);
+            scale_codes[i] = c;
+            s = scale_values[c];
+        } else {
+            return -1;
+        }
+        scale[i] = s;
+        eff[i] = gs ? s / gs[0] : s;
+    }
+    return lb_encode(x, dtype, rows, cols, g, eff, table, steps, qmin, qmax, bits, check_negative, pack, out);
+}
+
 /* Nibble packing of uint8 codes [n] (n even) into [n / 2]; returns the largest code (the caller
  * refuses codes above 15). */
 int lb_pack_nibbles(const uint8_t *codes, int64_t n, uint8_t *out) {
@@ -532,4 +589,4 @@ void lb_step_codes(const uint16_t *steps, const uint16_t *k, int64_t n, int pack
     step_codes(steps, k, n, pack, out, simd);
 }
 
-int lb_version(void) { return 3; }
+int lb_version(void) { return 4; }
