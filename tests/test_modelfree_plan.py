@@ -171,9 +171,13 @@ def test_region_writer_refuses_a_tensor_it_was_not_planned_for(tmp_path):
     w.add("a", t["a"])
     with pytest.raises(LowbitError, match="1 planned tensors were not written .*'b'"):
         w.finish()
+    with pytest.raises(LowbitError, match="tensor 'a' written twice"):
+        w.add("a", t["a"])
     w.add("b", t["b"])
-    with pytest.raises(LowbitError, match="got tensor 'c'.*says nothing more"):
+    with pytest.raises(LowbitError, match="got tensor 'c'.*says no such tensor"):
         w.add("c", t["b"])
+    w.finish()
+    assert load_file(str(path))["a"].equal(t["a"])
 
 
 @pytest.mark.parametrize("kernel_copy", [True, False])
@@ -199,11 +203,11 @@ def test_region_writer_raw_copy(tmp_path, monkeypatch, kernel_copy):
     whole = tmp_path / "whole.safetensors"
     create_shard_file(whole, sf.header, sf.size)
     w = RegionWriter(whole, sf.offsets[0], entries)
-    w.add("a", tensors["a"])
-    for n in ("x", "y"):
+    w.add("b", tensors["b"])  # any order: each tensor goes to its entry's offset
+    for n in ("y", "x"):
         i = infos[n]
         w.add_raw(n, i.dtype, i.shape, src, i.data_start + i.begin, i.nbytes)
-    w.add("b", tensors["b"])
+    w.add("a", tensors["a"])
     w.finish()
     back = load_file(str(whole))
     ref = load_file(str(src))

@@ -152,10 +152,10 @@ class JobCancelled(Exception):
 
 
 class _ShardRun:
-    """Quantizes one job as a pipeline: a reader thread loads the next tensor and a writer thread
-    writes the previous one while this thread quantizes (torch and file I/O release the GIL).
-    Every read goes through the one reader thread and every write through the one writer
-    thread, in item order, so the output bytes are those of a sequential run."""
+    """Quantizes one job as a pipeline: a writer thread writes the previous tensor and a copy
+    thread copies the tensors kept as they are while this thread quantizes (the kernels and file
+    I/O release the GIL); FP8 sources are read and dequantized ahead on a reader thread. Every
+    tensor goes to its planned offset, so the output bytes are those of a sequential run."""
 
     def __init__(self, job: ShardJob, report: Report | None, cancel: threading.Event | None = None) -> None:
         from lowbit.formats import get_layout
@@ -176,6 +176,9 @@ class _ShardRun:
         self.buffer_writes: list[Future | None] = [None, None]
         self.turn = 0
         self.io_write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
+        # tensors kept as they are are copied file to file by a thread of their own: a 56 MB
+        # embedding copied between tensor writes held SmolLM2's quantizing up for 30 ms
+        self.io_copy = ThreadPoolExecutor(1, thread_name_prefix="lowbit-copy")
 
     def load(self, src: Source) -> torch.Tensor:
         """The source tensor in float (runs on the reader thread)."""
@@ -244,12 +247,13 @@ class _ShardRun:
                 ahead[id(loads[k])] = self.io_read.submit(self.load, loads[k].src)
 
         def write(fn: Callable[..., None], *args: Any, holds: bool = True) -> Future:
-            """Queue a write (the writer thread runs them in order); ``holds``: it keeps tensors
-            alive until done, so at most HELD_WRITES such are queued (raw copies hold nothing:
-            quantizing goes on while a large embedding is copied)."""
+            """Queue a write (the writer thread runs them in order; each tensor goes to its own
+            offset); ``holds``: it keeps tensors alive until done, so at most HELD_WRITES such are
+            queued. Raw copies hold nothing and run on the copy thread: quantizing and writing go
+            on while a large embedding is copied."""
             while writes and writes[0].done():
                 writes.popleft().result()  # a failed write stops the job here
-            f = self.io_write.submit(fn, *args)
+            f = (self.io_write if holds else self.io_copy).submit(fn, *args)
             writes.append(f)
             if holds:
                 held.append(f)
@@ -310,6 +314,7 @@ class _ShardRun:
         """Wait for the I/O threads (queued work is dropped), so no thread touches the files after."""
         self.io_read.shutdown(wait=True, cancel_futures=True)
         self.io_write.shutdown(wait=True, cancel_futures=True)
+        self.io_copy.shutdown(wait=True, cancel_futures=True)
 
 
 def _add_all(writer: RegionWriter, tensors: dict[str, torch.Tensor]) -> None:
