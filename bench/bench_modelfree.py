@@ -13,7 +13,8 @@ its own process:
 - with --autoround-python: auto-round's model-free mode for the same schemes (AR_SCHEMES), run by
   the interpreter of its own environment (offline), per option set (AR_VARIANTS), with a timeout.
   Compare the outputs kept with --keep-outputs with bench/compare_autoround.py.
-It reports the time of the operation itself (measured inside the process, imports excluded),
+It reports the time of the operation itself (measured inside the process, imports excluded; with
+--repeat N the median of N runs, each in a fresh process, and their range),
 throughput in GB of source per second, and peak RSS: the sum over the process and its workers,
 sampled every 50 ms, and the largest single process (ru_maxrss). Files come from the page cache
 in every run (a warm-up copy runs first), so the comparison is compute + write against read +
@@ -304,13 +305,28 @@ def keep_or_remove(out: Path, keep_dir: Path | None, name: str) -> None:
     shutil.move(str(out), str(dst))
 
 
-def lowbit_jobs(src: Path, scheme: str, runs: list, out: Path, keep_dir: Path | None) -> list[dict]:
+def median_run(repeat: int, once) -> dict:
+    """``once()`` (one measured run in a fresh process) ``repeat`` times: the run of median time,
+    with every run's time in ``times`` (runs of a 0.2 s job vary by +-0.1 s on a shared machine)."""
+    results = [once(k) for k in range(max(1, repeat))]
+    times = [r["seconds"] for r in results]
+    best = sorted(results, key=lambda r: r["seconds"])[(len(results) - 1) // 2]
+    return dict(best, times=times)
+
+
+def lowbit_jobs(src: Path, scheme: str, runs: list, out: Path, keep_dir: Path | None, repeat: int = 1) -> list[dict]:
     rows = []
     for lowbit_src, code, ws, dev in runs:
         for w in ws:
             force = {"p": ["0"], "t": [str(1 << 62)]}.get(str(w)[-1], [])
             extra = [dev or ""] + force
-            r = run_measured(MF_CHILD, [str(src), str(out), scheme, str(w)] + extra, lowbit_src)
+
+            def once(k: int) -> dict:
+                if k:
+                    shutil.rmtree(out, ignore_errors=True)
+                return run_measured(MF_CHILD, [str(src), str(out), scheme, str(w)] + extra, lowbit_src)
+
+            r = median_run(repeat, once)
             out_gb = source_bytes(out) / 1e9
             keep_or_remove(out, keep_dir if code == "this tree" and not dev else None, f"lowbit-{scheme}-w{w}")
             rows.append(dict(job=f"model-free {scheme}", tool="lowbit", scheme=scheme, workers=w, **r,
@@ -338,7 +354,7 @@ def autoround_jobs(src: Path, scheme: str, ar: AutoRoundJobs, out: Path, keep_di
 
 def bench_model(label: str, src: Path, schemes: list[str], workers: list[int], work: Path,
                 compare: tuple[str, list[int]] | None = None, device: str | None = None,
-                ar: AutoRoundJobs | None = None, keep_dir: Path | None = None) -> list[dict]:
+                ar: AutoRoundJobs | None = None, keep_dir: Path | None = None, repeat: int = 1) -> list[dict]:
     """The copy floor, then per scheme lowbit's jobs and auto-round's (``ar``), one at a time.
     ``keep_dir``: keep the outputs of this tree's CPU jobs and auto-round's there (one folder each)."""
     rows = []
@@ -347,14 +363,19 @@ def bench_model(label: str, src: Path, schemes: list[str], workers: list[int], w
     shutil.rmtree(out, ignore_errors=True)
     run_measured(COPY_CHILD, [str(src), str(out)])  # warm the page cache
     shutil.rmtree(out)
-    r = run_measured(COPY_CHILD, [str(src), str(out)])
-    shutil.rmtree(out)
+
+    def copy_once(k: int) -> dict:
+        r = run_measured(COPY_CHILD, [str(src), str(out)])
+        shutil.rmtree(out)
+        return r
+
+    r = median_run(repeat, copy_once)
     rows.append(dict(job="safetensors copy", tool="copy", scheme="", workers=1, **r, code=""))
     print(rows[-1], flush=True)
     runs = [(None, "this tree", workers, "")] + ([(compare[0], "before", compare[1], "")] if compare else [])
     runs += [(None, f"this tree, {device}", [1], device)] if device else []
     for scheme in schemes:
-        rows += lowbit_jobs(src, scheme, runs, out, keep_dir)
+        rows += lowbit_jobs(src, scheme, runs, out, keep_dir, repeat)
         if ar is not None:
             rows += autoround_jobs(src, scheme, ar, out, keep_dir)
     gweights = linear_weights(src) / 1e9
@@ -375,13 +396,15 @@ def vs_lowbit(rows: list[dict], r: dict, key: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | source GB | job | code | workers | time s | CPU s | wall s (with imports) | GB/s | x copy | "
+    lines = ["| model | source GB | job | code | workers | time s | runs | CPU s | wall s (with imports) | GB/s | x copy | "
              "x lowbit (time) | x lowbit (CPU) | CPU s per G weights | peak PSS, all processes | peak RSS sum | peak RSS, largest process "
              "| load avg |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        t = f"> {r['seconds']:.0f} (timeout)" if r.get("timed_out") else f"{r['seconds']:.1f}"
-        lines.append(f"| {r['model']} | {r['gb']:.2f} | {r['job']} | {r.get('code', '')} | {r['workers']} | {t} | "
+        t = f"> {r['seconds']:.0f} (timeout)" if r.get("timed_out") else f"{r['seconds']:.2f}"
+        times = r.get("times") or [r["seconds"]]
+        spread = f"{len(times)}: {min(times):.2f}-{max(times):.2f}" if len(times) > 1 else "1"
+        lines.append(f"| {r['model']} | {r['gb']:.2f} | {r['job']} | {r.get('code', '')} | {r['workers']} | {t} | {spread} | "
                      f"{r.get('cpu', float('nan')):.1f} | {r['wall']:.1f} | {r['gbps']:.3f} | {r['vs_copy']:.1f} | "
                      f"{vs_lowbit(rows, r, 'seconds')} | {vs_lowbit(rows, r, 'cpu')} | "
                      f"{r.get('cpu', float('nan')) / r['gweights'] if r['tool'] != 'copy' else float('nan'):.0f} | "
@@ -414,6 +437,8 @@ def main() -> None:
     ap.add_argument("--keep-outputs", default=None,
                     help="keep the CPU outputs of lowbit (this tree) and auto-round here, one folder per job")
     ap.add_argument("--skip-smollm2", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the copy and each lowbit job this many times (fresh processes): the median is reported")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
@@ -440,12 +465,12 @@ def main() -> None:
     try:
         if not args.skip_smollm2:
             rows += bench_model("SmolLM2-135M bf16", prepare("smollm2", work, 0), schemes, workers, work,
-                                compare, args.device, ar, keep and keep / "smollm2")
+                                compare, args.device, ar, keep and keep / "smollm2", args.repeat)
         if args.synthetic_gb > 0:
             shape = "" if args.synthetic_shape == "tinyllama" else f" ({args.synthetic_shape})"
             src = prepare("synthetic", work, args.synthetic_gb, args.synthetic_shape)
             rows += bench_model(f"synthetic {args.synthetic_gb:g} GB bf16{shape}", src, schemes, workers, work,
-                                compare, args.device, ar, keep and keep / src.name)
+                                compare, args.device, ar, keep and keep / src.name, args.repeat)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -493,8 +493,25 @@ int lb_quantize(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g,
                 int e8m0_max, const uint8_t *table, const uint16_t *steps, int qmin, int qmax, int bits,
                 int check_negative, int pack, uint8_t *out, float *scale, uint8_t *scale_codes, float *eff,
                 float *lo) {
-    if (rows <= 0 || cols <= 0 || g <= 0) return -1;
-    int64_t n = rows * ((cols + g - 1) / g);
+    if (rows <= 0 || cols <= 0 || g <= 0 || dtype < 0 || dtype > 2) return -1;
+    /* a few rows at a time, so that the encode pass reads what the extremes pass just brought
+     * into the cache (about 16 KB of source) */
+    int64_t G = (cols + g - 1) / g, esize = dtype == 0 ? 4 : 2;
+    int64_t block = (16 << 10) / (cols * esize);
+    block = block < 1 ? 1 : block;
+    if (rows > block) {
+        int64_t step = cols * esize, ostep = pack ? cols / 2 : cols;
+        for (int64_t r = 0; r < rows; r += block) {
+            int64_t m = rows - r < block ? rows - r : block;
+            int st = lb_quantize((const char *)x + r * step, dtype, m, cols, g, rule, divisor, gs, scale_table,
+                                 scale_values, e8m0_emax, e8m0_max, table, steps, qmin, qmax, bits, check_negative,
+                                 pack, out + r * ostep, scale + r * G, scale_codes ? scale_codes + r * G : NULL,
+                                 eff + r * G, lo ? lo + r * G : NULL);
+            if (st) return st;
+        }
+        return 0;
+    }
+    int64_t n = rows * G;
     int bad = rule == RULE_FULL_RANGE ? lb_group_minmax(x, dtype, rows, cols, g, lo, scale)
                                       : lb_group_amax(x, dtype, rows, cols, g, scale);
     if (bad) return bad;
