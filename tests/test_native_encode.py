@@ -445,3 +445,18 @@ def test_global_scale_on_ties_of_the_scale_and_of_the_elements():
     ties = (w[:, 1] / eff == 0.25).sum()
     assert ties == v.numel()
     assert_same(w, spec, global_scale=gs)
+
+
+@pytest.mark.parametrize("name", sorted(NATIVE))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bands_longer_than_one_row_block(name, dtype):
+    """lb_quantize works through ~16 KB of rows at a time: a band of several blocks and a short
+    last one equals the torch path, and a NaN in a later block is still the reference's error."""
+    spec = get_scheme(name).weights
+    gen = torch.Generator().manual_seed(7)
+    w = (torch.randn(301, 96, generator=gen) * torch.logspace(-3, 3, 301)[:, None]).to(dtype)
+    w[150:160] = adversarial_weight(dtype, cols=96)[:10]
+    assert_same(w, spec)
+    w[290, 5] = float("nan")
+    a, b = both(w, spec)
+    assert isinstance(a, str) and a == b and "QuantizationError" in a
