@@ -460,3 +460,11 @@ def test_bands_longer_than_one_row_block(name, dtype):
     w[290, 5] = float("nan")
     a, b = both(w, spec)
     assert isinstance(a, str) and a == b and "QuantizationError" in a
+
+
+@pytest.mark.parametrize("name", ["nvfp4-e5m3", "mxfp4", "w8a8-fp8-dynamic"])
+def test_rows_of_more_scale_groups_than_one_key_chunk(name):
+    """Rows of 5000+ groups (the scale keys are looked up 4096 at a time)."""
+    gen = torch.Generator().manual_seed(9)
+    w = (torch.randn(3, 16 * 5003, generator=gen) * torch.logspace(-4, 4, 16 * 5003)).to(torch.bfloat16)
+    assert_same(w, get_scheme(name).weights)

@@ -515,28 +515,38 @@ int lb_quantize(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g,
     int bad = rule == RULE_FULL_RANGE ? lb_group_minmax(x, dtype, rows, cols, g, lo, scale)
                                       : lb_group_amax(x, dtype, rows, cols, g, scale);
     if (bad) return bad;
-    for (int64_t i = 0; i < n; i++) {
-        float a = scale[i], s;
-        if (rule == RULE_DIVIDE) {
-            s = a / divisor;
-        } else if (rule == RULE_FULL_RANGE) {
-            s = (-lo[i] >= a ? lo[i] : a) / divisor + 0.0f;
-        } else if (rule == RULE_TABLE) {
-            float raw = a / divisor;
-            if (gs) raw = raw * gs[0];
-            uint8_t c = scale_table[odd_key(raw)];
-            scale_codes[i] = c;
-            s = scale_values[c];
-        } else if (rule == RULE_E8M0) {
-            int32_t e = (int32_t)((f2u(a) >> 23) & 0xFFu) - e8m0_emax;
-            uint8_t c = (uint8_t)(e < 0 ? 0 : e > e8m0_max ? e8m0_max : e);
-            scale_codes[i] = c;
-            s = scale_values[c];
+    /* one loop per rule, so that the arithmetic ones vectorize; the table rule looks its keys
+     * up in a second loop, 4096 at a time */
+    const float gsv = gs ? gs[0] : 1.0f;
+    if (rule == RULE_DIVIDE) {
+        for (int64_t i = 0; i < n; i++) scale[i] = scale[i] / divisor;
+    } else if (rule == RULE_FULL_RANGE) {
+        for (int64_t i = 0; i < n; i++) scale[i] = (-lo[i] >= scale[i] ? lo[i] : scale[i]) / divisor + 0.0f;
+    } else if (rule == RULE_TABLE || rule == RULE_E8M0) {
+        if (rule == RULE_TABLE) {
+            uint16_t key[4096];
+            for (int64_t c0 = 0; c0 < n; c0 += 4096) {
+                int64_t m = n - c0 < 4096 ? n - c0 : 4096;
+                for (int64_t i = 0; i < m; i++) {
+                    float raw = scale[c0 + i] / divisor;
+                    key[i] = (uint16_t)odd_key(gs ? raw * gsv : raw);
+                }
+                for (int64_t i = 0; i < m; i++) scale_codes[c0 + i] = scale_table[key[i]];
+            }
         } else {
-            return -1;
+            for (int64_t i = 0; i < n; i++) {
+                int32_t e = (int32_t)((f2u(scale[i]) >> 23) & 0xFFu) - e8m0_emax;
+                scale_codes[i] = (uint8_t)(e < 0 ? 0 : e > e8m0_max ? e8m0_max : e);
+            }
         }
-        scale[i] = s;
-        eff[i] = gs ? s / gs[0] : s;
+        for (int64_t i = 0; i < n; i++) scale[i] = scale_values[scale_codes[i]];
+    } else {
+        return -1;
+    }
+    if (gs) {
+        for (int64_t i = 0; i < n; i++) eff[i] = scale[i] / gsv;
+    } else {
+        memcpy(eff, scale, (size_t)n * sizeof *eff);
     }
     return lb_encode(x, dtype, rows, cols, g, eff, table, steps, qmin, qmax, bits, check_negative, pack, out);
 }
