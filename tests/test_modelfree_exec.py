@@ -98,18 +98,28 @@ def test_a_bad_tensor_in_one_thread_stops_the_run(tmp_path):
     assert not out.exists() and not any(tmp_path.glob(".out*"))
 
 
-def test_an_error_in_the_pipeline_leaves_nothing_complete(sharded, tmp_path, monkeypatch):
-    """An I/O error mid-run: no output folder, no shard under a final name, no job marked done;
-    the next run with the same arguments rewrites what was half written, to the same bytes."""
+@pytest.mark.parametrize("where", ["read", "write"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_error_in_the_pipeline_leaves_nothing_complete(sharded, tmp_path, monkeypatch, where, workers):
+    """An I/O error mid-run (reading a tensor, or on the writer thread after some tensors were
+    written), one runner or two: no output folder, no shard under a final name, no job marked
+    done; the next run with the same arguments rewrites what was half written, to the same bytes."""
+    import lowbit.modelfree.stwriter as stwriter
     import lowbit.modelfree.worker as worker
 
-    def boom(self, src):
-        raise OSError("disk gone")
+    calls = []
+    add = stwriter.RegionWriter.add
+
+    def boom(self, *a):
+        calls.append(1)
+        if where == "read" or len(calls) > 5:
+            raise OSError("disk gone")
+        return add(self, *a)
 
     with monkeypatch.context() as m:
-        m.setattr(worker._ShardRun, "load", boom)
+        m.setattr(worker._ShardRun, "load", boom) if where == "read" else m.setattr(stwriter.RegionWriter, "add", boom)
         with pytest.raises(OSError, match="disk gone"):
-            mf(sharded, tmp_path / "out", "w4a16")
+            mf(sharded, tmp_path / "out", "w4a16", workers=workers)
     tmp = tmp_path / ".out.lowbit-tmp"
     assert not (tmp_path / "out").exists()
     assert not list(tmp.glob("*.safetensors")) and not list(tmp.glob(".modelfree/*.done.json"))

@@ -35,7 +35,7 @@ import os
 import queue as queue_mod
 import shutil
 import threading
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -48,8 +48,8 @@ from lowbit.modelfree.outshape import OutputShapes, ShardFile
 from lowbit.modelfree.stwriter import create_shard_file, shard_file_matches
 from lowbit.modelfree.device import resolve_device
 from lowbit.modelfree.worker import (
-    MARKER_DIR, ShardJob, finalize_shard, init_worker, marker_path, part_name, partial_path, read_marker, run_job,
-    warm_up,
+    MARKER_DIR, JobCancelled, JobIO, ShardJob, finalize_shard, init_worker, marker_path, part_name, partial_path,
+    read_marker, run_job, warm_up,
 )
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.threads import one_thread
@@ -201,26 +201,49 @@ class _Pool:
 
 
 def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> None:
-    """Jobs in this process: up to ``workers`` at once in threads (torch releases the GIL in its
-    kernels), each op single-threaded (the caller's one_thread: intra-op thread pools spin-wait,
-    on a busy machine they burn 10x the CPU time). The first error stops the other jobs at their
-    next tensor."""
+    """Jobs in this process: up to ``workers`` runner threads take the jobs in order (largest
+    first), each keeping its I/O threads and buffers from one job to the next (JobIO); the kernels
+    release the GIL, and each op is single-threaded (the caller's one_thread: intra-op thread
+    pools spin-wait, on a busy machine they burn 10x the CPU time). The first error stops the
+    other jobs at their next tensor and is raised."""
     n = min(max(1, workers), len(jobs))
-    if n <= 1:
-        for job in jobs:
-            run_job(job, prog.handle)
-        return
+    todo: queue_mod.SimpleQueue[ShardJob] = queue_mod.SimpleQueue()
+    for job in jobs:
+        todo.put(job)
     cancel = threading.Event()
-    with ThreadPoolExecutor(n, thread_name_prefix="lowbit-job") as ex:
-        futures = [ex.submit(run_job, job, prog.handle, cancel) for job in jobs]
+    errors: list[BaseException] = []
+
+    def runner() -> None:
+        with JobIO() as io:
+            while not cancel.is_set():
+                try:
+                    job = todo.get_nowait()
+                except queue_mod.Empty:
+                    return
+                try:
+                    run_job(job, prog.handle, cancel if n > 1 else None, io)
+                except BaseException as e:  # noqa: BLE001 - handed to the calling thread
+                    errors.append(e)
+                    cancel.set()
+                    return
+
+    if n == 1:
+        runner()
+    else:
+        threads = [threading.Thread(target=runner, name=f"lowbit-job_{k}") for k in range(n)]
+        for t in threads:
+            t.start()
         try:
-            for f in as_completed(futures):
-                f.result()
+            for t in threads:
+                t.join()
         except BaseException:
-            cancel.set()
-            for f in futures:
-                f.cancel()
+            cancel.set()  # Ctrl-C here: the runners stop at their next tensor
+            for t in threads:
+                t.join()
             raise
+    if errors:
+        first = next((e for e in errors if not isinstance(e, JobCancelled)), errors[0])
+        raise first
 
 
 def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme = "nvfp4-e5m3",

@@ -16,7 +16,7 @@ import json
 import os
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -151,13 +151,38 @@ class JobCancelled(Exception):
     """A job stopped because another job of the same run failed (never the error reported)."""
 
 
+class JobIO:
+    """A job runner's I/O threads (reader, writer, copier) and its two codes buffers, kept from
+    one job to the next (starting and joining three threads, and first touching the buffers'
+    pages, cost about 2 ms a job). ``close`` waits for the threads."""
+
+    def __init__(self) -> None:
+        self.read = ThreadPoolExecutor(1, thread_name_prefix="lowbit-read")
+        self.write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
+        # tensors kept as they are are copied file to file by a thread of their own: a 56 MB
+        # embedding copied between tensor writes held SmolLM2's quantizing up for 30 ms
+        self.copy = ThreadPoolExecutor(1, thread_name_prefix="lowbit-copy")
+        self.buffers: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * 2
+
+    def close(self) -> None:
+        for ex in (self.read, self.write, self.copy):
+            ex.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "JobIO":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class _ShardRun:
     """Quantizes one job as a pipeline: a writer thread writes the previous tensor and a copy
     thread copies the tensors kept as they are while this thread quantizes (the kernels and file
     I/O release the GIL); FP8 sources are read and dequantized ahead on a reader thread. Every
     tensor goes to its planned offset, so the output bytes are those of a sequential run."""
 
-    def __init__(self, job: ShardJob, report: Report | None, cancel: threading.Event | None = None) -> None:
+    def __init__(self, job: ShardJob, report: Report | None, cancel: threading.Event | None = None,
+                 io: JobIO | None = None) -> None:
         from lowbit.formats import get_layout
 
         self.job = job
@@ -168,17 +193,16 @@ class _ShardRun:
         self.amax_cache: dict[str, torch.Tensor] = {}
         self.device = None if job.device is None else torch.device(job.device)
         self.band = BAND_ELEMS if self.device is None else DEVICE_BAND_ELEMS
-        self.io_read = ThreadPoolExecutor(1, thread_name_prefix="lowbit-read")
-        # codes buffers, used in turn by successive quantized tensors: one is written while the
-        # next tensor is quantized into the other (after the write of what it held last), so the
-        # pages are allocated once per job, not once per tensor
-        self.buffers: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * 2
+        self.own_io = io is None
+        self.io = JobIO() if io is None else io
+        self.io_read, self.io_write, self.io_copy = self.io.read, self.io.write, self.io.copy
+        # the codes buffers (self.io.buffers), used in turn by successive quantized tensors: one is
+        # written while the next tensor is quantized into the other (after the write of what it
+        # held last), so their pages are allocated once, not once per tensor
+        self.buffers = self.io.buffers
         self.buffer_writes: list[Future | None] = [None, None]
         self.turn = 0
-        self.io_write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
-        # tensors kept as they are are copied file to file by a thread of their own: a 56 MB
-        # embedding copied between tensor writes held SmolLM2's quantizing up for 30 ms
-        self.io_copy = ThreadPoolExecutor(1, thread_name_prefix="lowbit-copy")
+        self.pending: list[Future] = []  # every read and write this job queued
 
     def load(self, src: Source) -> torch.Tensor:
         """The source tensor in float (runs on the reader thread)."""
@@ -188,7 +212,9 @@ class _ShardRun:
         return t
 
     def load_now(self, src: Source) -> torch.Tensor:
-        return self.io_read.submit(self.load, src).result()
+        f = self.io_read.submit(self.load, src)
+        self.pending.append(f)
+        return f.result()
 
     def amax(self, src: Source, loaded: torch.Tensor | None = None) -> torch.Tensor:
         key = src.info.name
@@ -245,6 +271,7 @@ class _ShardRun:
             help either, cold or warm)."""
             if k < len(loads) and loads[k].src.scale_inv is not None and id(loads[k]) not in ahead:
                 ahead[id(loads[k])] = self.io_read.submit(self.load, loads[k].src)
+                self.pending.append(ahead[id(loads[k])])
 
         def write(fn: Callable[..., None], *args: Any, holds: bool = True) -> Future:
             """Queue a write (the writer thread runs them in order; each tensor goes to its own
@@ -255,6 +282,7 @@ class _ShardRun:
                 writes.popleft().result()  # a failed write stops the job here
             f = (self.io_write if holds else self.io_copy).submit(fn, *args)
             writes.append(f)
+            self.pending.append(f)
             if holds:
                 held.append(f)
                 while len(held) > HELD_WRITES:
@@ -311,10 +339,14 @@ class _ShardRun:
         return result
 
     def _stop_io(self) -> None:
-        """Wait for the I/O threads (queued work is dropped), so no thread touches the files after."""
-        self.io_read.shutdown(wait=True, cancel_futures=True)
-        self.io_write.shutdown(wait=True, cancel_futures=True)
-        self.io_copy.shutdown(wait=True, cancel_futures=True)
+        """Drop this job's queued I/O and wait for what already runs, so no thread touches the
+        files after (the threads themselves stop here only if the job owns them)."""
+        for f in self.pending:
+            f.cancel()
+        wait(self.pending)
+        self.pending.clear()
+        if self.own_io:
+            self.io.close()
 
 
 def _add_all(writer: RegionWriter, tensors: dict[str, torch.Tensor]) -> None:
@@ -322,10 +354,12 @@ def _add_all(writer: RegionWriter, tensors: dict[str, torch.Tensor]) -> None:
         writer.add(k, v)
 
 
-def run_job(job: ShardJob, report: Report | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
+def run_job(job: ShardJob, report: Report | None = None, cancel: threading.Event | None = None,
+            io: JobIO | None = None) -> dict[str, Any]:
     """Quantize one shard; returns its metadata (never tensors). ``cancel``: set by another
-    thread to stop this job (JobCancelled) before its next tensor."""
-    return _ShardRun(job, report or _REPORT, cancel).run()
+    thread to stop this job (JobCancelled) before its next tensor. ``io``: I/O threads and
+    buffers to use (a runner of several jobs keeps one), else the job starts its own."""
+    return _ShardRun(job, report or _REPORT, cancel, io).run()
 
 
 def write_marker(out_dir: str | Path, name: str, meta: dict[str, Any]) -> None:
