@@ -366,7 +366,9 @@ def test_e2m1_fused_encode_equals_reference(dtype, g, pack):
     x = torch.cat([x, torch.randn(4096, generator=gen).to(dtype)])
     cols = 128
     x = x[: x.numel() // cols * cols].reshape(-1, cols).contiguous()
-    eff = torch.tensor([1.0, 0.375, 3.0e-3, 2.0**-130, 6.0, 1.5e30], dtype=torch.float32)
+    eff = torch.tensor([1.0, 0.375, 3.0e-3, 2.0**-130, 6.0, 1.5e30,  # and powers of two (multiplied by
+                        2.0**-126, 2.0**126, 2.0**127, 2.0**-127, 0.5, 2.0**-20],  # their reciprocal where normal)
+                       dtype=torch.float32)
     eff = eff[torch.randint(0, eff.numel(), (x.shape[0], cols // g), generator=gen)]
     eff[::7, 0] = 0.0
     zero = (eff == 0).repeat_interleave(g, dim=1)

@@ -296,11 +296,17 @@ static int encode_steps_avx2(const void *x, int dtype, int64_t rows, int64_t col
             float e = eff ? eff[r * G + c0 / g] : 1.0f;
             __m256i keep = _mm256_set1_epi16(e == 0.0f ? 0 : -1);
             __m256 d = _mm256_set1_ps(e == 0.0f ? 1.0f : e);
+            /* a power of two 2^k whose reciprocal 2^-k is a normal float (E8M0 scales): x * 2^-k
+             * is the same correctly rounded quotient as x / 2^k, and multiplying is cheaper */
+            uint32_t eb = f2u(e), ef = eb >> 23;
+            int pow2 = eff && (eb & 0x807FFFFFu) == 0 && ef >= 1 && ef <= 253;
+            __m256 inv = _mm256_set1_ps(u2f((254u - (pow2 ? ef : 127u)) << 23));
             __m256 f[2];
             load16(x, dtype, r * cols + c0, &f[0], &f[1]);
             __m256i k[2];
             for (int h = 0; h < 2; h++) {
-                __m256i b = _mm256_castps_si256(eff ? _mm256_div_ps(f[h], d) : f[h]);
+                __m256 q = !eff ? f[h] : pow2 ? _mm256_mul_ps(f[h], inv) : _mm256_div_ps(f[h], d);
+                __m256i b = _mm256_castps_si256(q);
                 mag = _mm256_max_epu32(mag, _mm256_and_si256(b, low31));
                 any = _mm256_max_epu32(any, b);
                 k[h] = _mm256_srli_epi32(_mm256_or_si256(_mm256_add_epi32(_mm256_and_si256(b, low16), low16), b), 16);
