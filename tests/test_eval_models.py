@@ -30,9 +30,17 @@ def test_builtin_package_without_gguf_file(monkeypatch, tmp_path):
     assert builtin.builtin_gguf_path() == tmp_path / builtin.BUILTIN_GGUF
 
 
-def test_cache_dir_override_and_default():
+def test_cache_dir_override_and_default(monkeypatch):
     assert builtin_model_dir("/x/cache").parent == builtin.Path("/x/cache/models")
     assert "lowbit" in str(default_cache_dir())
+    import platformdirs
+
+    for xdg in ("/tmp/xdg-cache", " ", None):  # the XDG rule on Linux is platformdirs' own
+        if xdg is None:
+            monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+        else:
+            monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert str(default_cache_dir()) == platformdirs.user_cache_dir("lowbit")
 
 
 def test_complete_cache_is_reused_without_converting(monkeypatch, tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -35,14 +36,15 @@ class ModelNotFoundError(LowbitError, FileNotFoundError):
 
 
 def default_cache_dir() -> Path:
-    """Where lowbit caches converted models: platformdirs' user cache dir, else ~/.cache/lowbit."""
-    try:
-        import platformdirs
-
-        return Path(platformdirs.user_cache_dir("lowbit"))
-    except ImportError:  # pragma: no cover - platformdirs is a dependency
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    """Where lowbit caches converted models and its native library: the user cache dir. On Linux
+    that is the XDG rule, applied here as platformdirs applies it (importing platformdirs costs a
+    fresh process ~7 ms); elsewhere platformdirs decides."""
+    if sys.platform.startswith("linux"):
+        base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
         return Path(base) / "lowbit"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("lowbit"))
 
 
 def builtin_gguf_path() -> Path:
