@@ -87,14 +87,21 @@ def encoding(fmt: object) -> Encoding | None:
     return None
 
 
-def _codes_out(fmt: object, rows: int, cols: int, pack: bool, out: torch.Tensor | None) -> torch.Tensor:
+def _codes_call(x: torch.Tensor, fmt: object, pack: bool, out: torch.Tensor | None):
+    """(library, encoding of fmt, rows, cols, codes output) for a call that encodes x in fmt, or
+    None when the library or the format's encoding is unavailable."""
+    lib = library()
+    enc = encoding(fmt) if lib is not None else None
+    if enc is None:
+        return None
+    rows, cols = _rows_cols(x)
     if pack and (cols % 2 or fmt.bits != 4):
         raise ValueError(f"nibble packing needs 4-bit codes and an even last dimension, got {fmt.name}, {cols}")
     shape = (rows, cols // 2 if pack else cols)
     if out is None:
-        return torch.empty(shape, dtype=torch.uint8)
+        out = torch.empty(shape, dtype=torch.uint8)
     assert out.shape == shape and out.dtype == torch.uint8 and out.is_contiguous()
-    return out
+    return lib, enc, rows, cols, out
 
 
 def encode(x: torch.Tensor, g: int, eff: torch.Tensor | None, fmt: object, *, pack: bool = False,
@@ -103,12 +110,10 @@ def encode(x: torch.Tensor, g: int, eff: torch.Tensor | None, fmt: object, *, pa
     itself), nibble-packed into [rows, cols / 2] when ``pack``; written into ``out`` if given.
     None when the library is unavailable or a value needs the reference encoder (NaN, negative
     input of an unsigned format): the caller's torch path then raises the reference's error."""
-    lib = library()
-    enc = encoding(fmt) if lib is not None else None
-    if enc is None:
+    call = _codes_call(x, fmt, pack, out)
+    if call is None:
         return None
-    rows, cols = _rows_cols(x)
-    out = _codes_out(fmt, rows, cols, pack, out)
+    lib, enc, rows, cols, out = call
     if eff is not None:
         assert eff.dtype == torch.float32 and eff.is_contiguous() and eff.shape == (rows, -(-cols // g))
     status = lib.lb_encode(_ptr(x), DTYPES[x.dtype], rows, cols, g, _ptr(eff), *enc.args(), int(pack), _ptr(out))
@@ -138,12 +143,10 @@ def quantize(x: torch.Tensor, g: int, rule: ScaleRule, global_scale: torch.Tenso
     """A band in one call: per-group extremes, the scale rule, the codes. Returns (codes, float32
     scales [rows, G], their uint8 codes or None), or 1 when x holds NaN/Inf or a value needs the
     reference encoder (the caller decides), or None when the library is unavailable."""
-    lib = library()
-    enc = encoding(fmt) if lib is not None else None
-    if enc is None:
+    call = _codes_call(x, fmt, pack, out)
+    if call is None:
         return None
-    rows, cols = _rows_cols(x)
-    out = _codes_out(fmt, rows, cols, pack, out)
+    lib, enc, rows, cols, out = call
     G = -(-cols // g)
     scale = torch.empty(rows, G, dtype=torch.float32)
     eff = torch.empty(rows, G, dtype=torch.float32)
