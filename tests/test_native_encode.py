@@ -470,3 +470,26 @@ def test_rows_of_more_scale_groups_than_one_key_chunk(name):
     gen = torch.Generator().manual_seed(9)
     w = (torch.randn(3, 16 * 5003, generator=gen) * torch.logspace(-4, 4, 16 * 5003)).to(torch.bfloat16)
     assert_same(w, get_scheme(name).weights)
+
+
+@pytest.mark.parametrize("fmt", [INT2, INT4, INT8], ids=lambda f: f.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("pack", [False, True])
+def test_int_vector_encode_equals_reference_beyond_the_bounds(fmt, dtype, pack):
+    """The INT encode of the kernels: every finite value of ``dtype`` divided by awkward scales, far
+    beyond both bounds (the clamps), and halves at every code (ties to even)."""
+    if pack and fmt.bits != 4:
+        pytest.skip("nibble packing is for 4-bit codes")
+    gen = torch.Generator().manual_seed(6)
+    x = every_key_value().to(dtype)
+    x = x[torch.isfinite(x.float())]
+    halves = torch.arange(fmt.qmin - 3, fmt.qmax + 3, 0.5)
+    x = torch.cat([x, halves.to(dtype), torch.randn(4096, generator=gen).to(dtype)])
+    cols, g = 128, 32
+    x = x[: x.numel() // cols * cols].reshape(-1, cols).contiguous()
+    for eff in (None, torch.tensor([1.0, 0.375, 3.0e-3, 6.0, 2.0**-20, 1.5e30])[
+            torch.randint(0, 6, (x.shape[0], cols // g), generator=gen)].contiguous()):
+        q = x.float() if eff is None else x.float() / eff.repeat_interleave(g, dim=1)
+        want = fmt.encode(q)
+        got = native.encode(x, g, eff, fmt, pack=pack)
+        assert got is not None and torch.equal(got, pack_nibbles(want) if pack else want)
