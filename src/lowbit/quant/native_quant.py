@@ -1,16 +1,18 @@
-"""The native path of ``lowbit.quant.scaling.quantize``: two C passes over the tensor.
+"""The native path of ``lowbit.quant.scaling.quantize``.
 
-1. per-group extremes (absolute max, or signed min and max for ``full-range``) with a NaN/Inf
-   flag (lowbit.numerics.native.group_amax / group_minmax);
-2. divide by the effective scale and encode (optionally nibble packed) in one pass.
-
-Between them the scales come from the torch scale rules of lowbit.quant.scales, applied to the
-per-group extremes (1/16 to 1/128 of the data for group specs), so every rule keeps one
-definition. Bit-identical to the torch path (tests/test_native_encode.py). It takes CPU tensors
-of float32/bfloat16/float16, symmetric specs with the ``max``, ``half-step`` or ``full-range`` observer, element
-formats encoded by a key table or INTn, and no given scale; ``quantize_native`` returns None for
-anything else (or when the library is unavailable, or an input needs the reference's error),
-and the caller runs the torch path.
+Group and channel specs (with the global scale given, where the spec has one) take one C call per
+band (lowbit.numerics.native.quantize): per-group extremes with a NaN/Inf flag, the scale rule,
+the scale codes and the element codes, a few rows at a time. The rule's constants come from
+lowbit.quant.scales (``scale_rule``: the divisor, the scale format's key table and code values,
+the MX exponent), so each rule keeps one definition; the C loop applies it operation for
+operation in float32. Otherwise (tensor-wide specs, a global scale still to compute) two C passes:
+the extremes, then the torch rules of lowbit.quant.scales on them (1/16 to 1/128 of the data),
+then division by the effective scale and encoding in one pass. Bit-identical to the torch path
+(tests/test_native_encode.py). It takes CPU tensors of float32/bfloat16/float16, symmetric specs
+with the ``max``, ``half-step`` or ``full-range`` observer, element formats encoded by a key table
+or INTn, and no given scale; ``quantize_native`` returns None for anything else (or when the
+library is unavailable, or an input needs the reference's error), and the caller runs the torch
+path.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Build and load the native kernels (lowbit_native.c) at first use.
+"""Build and load the native kernels (lowbit_native.c, gptq_native.c) at first use.
 
-The C source ships in the package; the first call compiles it with the system C compiler into
-the user cache directory, ``<cache>/native/lowbit_native-<hash>.so``, where the hash covers the
-source, the flags, the compiler and what ``-march=native`` means on this machine (the compiler's
+The C sources ship in the package; the first call compiles them with the system C compiler into
+one library in the user cache directory, ``<cache>/native/lowbit_native-<hash>.so``, where the
+hash covers the sources and their header, the flags, the compiler and what ``-march=native`` means on this machine (the compiler's
 predefined macros), so an edited source, other flags or another CPU get their own library. The
 library is written under a temporary name and renamed, so concurrent builds (threads, worker
 processes) never load a half-written file. It is loaded with ctypes (calls release the GIL).
@@ -10,7 +10,8 @@ processes) never load a half-written file. It is loaded with ctypes (calls relea
 No compiler, a failed build or a failed load: ``library()`` returns None (one debug log line)
 and lowbit uses its torch path, bit-identical by construction and by test. The flags keep IEEE
 float32 arithmetic: no -ffast-math, no FMA contraction. Nothing here reads the environment
-except the cache directory's location (platformdirs); numerics never depend on it.
+except the cache directory's location (lowbit.models.builtin.default_cache_dir); numerics never
+depend on it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("lowbit_native.c")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("lowbit_native.c", "gptq_native.c"))
+HEADERS = (Path(__file__).with_name("lowbit_native.h"),)  # hashed with the sources
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
 COMPILERS = ("cc", "gcc", "clang")  # the first one found is used (tests monkeypatch this)
 ABI_VERSION = 4                      # lb_version() of a usable library
@@ -94,21 +96,22 @@ def _cpu_identity() -> list[str] | None:
 
 
 def library_key(compiler: str) -> str:
-    """Hash of the source, the flags and the compiler with its target (target_macros)."""
+    """Hash of the sources and header, the flags and the compiler with its target (target_macros)."""
     macros = target_macros(compiler)
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(), macros.encode()):
+    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(FLAGS).encode(), compiler.encode(),
+                 macros.encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:20]
 
 
 def build(compiler: str, target: Path) -> None:
-    """Compile SOURCE into ``target`` atomically (temporary name in the same folder, then rename)."""
+    """Compile SOURCES into ``target`` atomically (temporary name in the same folder, then rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        r = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+        r = subprocess.run([compiler, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True,
                            timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"{compiler} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")

@@ -1,5 +1,5 @@
 /* lowbit native kernels: per-group extremes and fused encode over a row band [rows, cols];
- * GPTQ's column loop inside a sub-block (lb_gptq_sub, at the end).
+ * GPTQ's column loop is in gptq_native.c, the shared helpers in lowbit_native.h.
  *
  * A fast path of lowbit.quant.scaling.quantize, bit-identical to its torch path (tested):
  * - sources: float32 (dtype 0), bfloat16 (1), float16 (2), contiguous, row-major;
@@ -14,28 +14,7 @@
  * Compiled without -ffast-math and with -ffp-contract=off: every float operation is the
  * IEEE one torch performs. Nothing here reads the environment.
  */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
-
-
-static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-/* float16 -> float32, exact: the magnitude bits moved to float32 position are 2^-112 times the
- * value (subnormals included), and scaling by 2^112 is exact; exponent 31 is Inf/NaN. */
-static inline float h2f(uint16_t h) {
-    uint32_t mag = (uint32_t)(h & 0x7FFF) << 13;
-    uint32_t v = f2u(u2f(mag) * 0x1p112f);
-    uint32_t special = 0x7F800000u | (mag & 0x007FE000u);
-    v = (h & 0x7C00) == 0x7C00 ? special : v;
-    return u2f(v | ((uint32_t)(h & 0x8000) << 16));
-}
-
-static inline float bf2f(uint16_t h) { return u2f((uint32_t)h << 16); }
+#include "lowbit_native.h"
 
 #ifdef __AVX2__
 /* The largest of 8 unsigned 32-bit lanes. */
@@ -566,49 +545,6 @@ int lb_pack_nibbles(const uint8_t *codes, int64_t n, uint8_t *out) {
     return m;
 }
 
-/* GPTQ's column loop inside one sub-block (lowbit.quant.gptq_solve.solve_columns, whose torch
- * loop it replaces operation for operation, in the same order: bit-identical, tested). The error
- * and the rank-1 update are fused multiply-adds (fmaf: one rounding), as torch's CPU kernels
- * for addcmul and addr_ compute them on FMA machines.
- * W, E: the sub-block's first working row and error row, m rows of R floats (row stride R);
- * dv, ef: the divisors and effective scales of those m columns, R floats a row, row stride ds
- * (R; 0 when every column has the same ones: per-channel scales). For i = 0..m-1:
- *   y = w_i / dv_i; y = nearest grid value; e_i = w_i - y * ef_i;
- *   for each part p (rows a[p]..b[p]) and k = i+1..m-1: w_k[a:b] += u_p[i, k] * e_i[a:b],
- * u_p: the part's -Ub [in, in] (row stride ld, up[p] is its address) from row and column j0,
- * the sub-block's first column. Rounding (kind 0, INT): round half to even (default rounding mode), clamp to
- * [lo, hi]; (kind 1, signed minifloat): clamp to [-lo, lo] (lo: max finite), then the magic
- * number M from the exponent field (at least ``lowest``) plus ``shift``: (y + M) - M. */
-int lb_gptq_sub(float *W, float *E, const float *dv, const float *ef, int64_t ds, int64_t m, int64_t R,
-                int64_t nparts, const int64_t *a, const int64_t *b, const int64_t *up, int64_t ld,
-                int64_t j0, int kind, float lo, float hi, uint32_t mask, uint32_t lowest, uint32_t shift) {
-    for (int64_t i = 0; i < m; i++) {
-        float *w = W + i * R, *e = E + i * R;
-        const float *d = dv + i * ds, *f = ef + i * ds;
-        for (int64_t r = 0; r < R; r++) {
-            float y = w[r] / d[r];
-            if (kind == 0) {
-                y = nearbyintf(y);
-                y = y < lo ? lo : (y > hi ? hi : y);
-            } else {
-                y = y < -lo ? -lo : (y > lo ? lo : y);
-                uint32_t bits = f2u(y) & mask;
-                bits = (bits > lowest ? bits : lowest) + shift;
-                float M = u2f(bits);
-                y = (y + M) - M;  /* two IEEE roundings: no -ffast-math, so never reassociated */
-            }
-            e[r] = fmaf(-y, f[r], w[r]);  /* w - y * f, one rounding */
-        }
-        for (int64_t p = 0; p < nparts; p++) {
-            const float *u = (const float *)(intptr_t)up[p] + (j0 + i) * ld + j0;
-            for (int64_t k = i + 1; k < m; k++) {
-                float c = u[k], *wk = W + k * R;
-                for (int64_t r = a[p]; r < b[p]; r++) wk[r] = fmaf(c, e[r], wk[r]);
-            }
-        }
-    }
-    return 0;
-}
 
 /* The ABI version the loader checks (bump with any signature change). */
 /* out[i] = values[codes[i]] for i < n: decoding through a format's own table of code values. */
