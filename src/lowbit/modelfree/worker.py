@@ -36,7 +36,8 @@ from lowbit.schemes import Granularity, QuantSpec, Scheme
 BAND_ELEMS = 1 << 20  # elements quantized at once: float32 temporaries of ~4 MB stay in cache (faster than 4 M)
 DEVICE_BAND_ELEMS = 1 << 25  # on an accelerator: larger bands, fewer launches (~1 GB of temporaries)
 MARKER_DIR = ".modelfree"
-HELD_WRITES = 2  # queued writes of tensors in memory (bounds a job's memory; raw copies do not count)
+CODE_BUFFERS = 2  # codes buffers a job uses in turn (one is being written while another is filled)
+HELD_WRITES = CODE_BUFFERS  # queued writes of tensors in memory (bounds a job's memory; raw copies do not count)
 
 Report = Callable[[tuple[str, str, int]], None]
 _REPORT: Report | None = None
@@ -162,7 +163,7 @@ class JobIO:
         # tensors kept as they are are copied file to file by a thread of their own: a 56 MB
         # embedding copied between tensor writes held SmolLM2's quantizing up for 30 ms
         self.copy = ThreadPoolExecutor(1, thread_name_prefix="lowbit-copy")
-        self.buffers: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * 2
+        self.buffers: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * CODE_BUFFERS
 
     def close(self) -> None:
         for ex in (self.read, self.write, self.copy):
@@ -200,7 +201,7 @@ class _ShardRun:
         # written while the next tensor is quantized into the other (after the write of what it
         # held last), so their pages are allocated once, not once per tensor
         self.buffers = self.io.buffers
-        self.buffer_writes: list[Future | None] = [None, None]
+        self.buffer_writes: list[Future | None] = [None] * len(self.buffers)
         self.turn = 0
         self.pending: list[Future] = []  # every read and write this job queued
 
@@ -310,7 +311,7 @@ class _ShardRun:
                     else:
                         tensors = self.quantized_tensors(it, w)
                         self.buffer_writes[self.turn] = write(_add_all, writer, tensors)
-                        self.turn ^= 1
+                        self.turn = (self.turn + 1) % len(self.buffers)
                         n_quantized += 1
                     del w
                 self.report(("advance", job.name, it.src.info.nbytes))
