@@ -10,6 +10,7 @@ import torch
 
 import lowbit
 import lowbit.modelfree.run as run
+import lowbit.modelfree.worker as worker
 from conftest import tiny_llama
 from lowbit.errors import QuantizationError
 from lowbit.modelfree.device import DeviceError, resolve_device
@@ -74,7 +75,6 @@ def test_worker_processes_and_in_process_write_the_same_bytes(sharded, tmp_path,
 def test_in_process_threads_are_restored(sharded, tmp_path):
     before = torch.get_num_threads()
     seen = []
-    import lowbit.modelfree.worker as worker
 
     orig = worker._HOOK
     worker._HOOK = lambda e, n, t: seen.append(torch.get_num_threads())
@@ -99,13 +99,13 @@ def test_a_bad_tensor_in_one_thread_stops_the_run(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["read", "write"])
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, 2, 64])
 def test_an_error_in_the_pipeline_leaves_nothing_complete(sharded, tmp_path, monkeypatch, where, workers):
-    """An I/O error mid-run (reading a tensor, or on the writer thread after some tensors were
-    written), one runner or two: no output folder, no shard under a final name, no job marked
+    """An I/O error mid-run (reading a tensor, or writing one after some tensors were written),
+    one runner or two with their I/O inline, or runners with I/O threads (64 workers: more
+    than the jobs): no output folder, no shard under a final name, no job marked
     done; the next run with the same arguments rewrites what was half written, to the same bytes."""
     import lowbit.modelfree.stwriter as stwriter
-    import lowbit.modelfree.worker as worker
 
     calls = []
     add = stwriter.RegionWriter.add
@@ -182,9 +182,12 @@ def test_row_bands_equal_the_whole_tensor(scheme):
         assert quantize_rows(w, spec, gs, "w", band).equal(whole)
 
 
-def test_slow_writes_do_not_see_reused_code_buffers(sharded, tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers,io_threads", [(0, False), (1, False), (64, True)])
+def test_slow_writes_do_not_see_reused_code_buffers(sharded, tmp_path, monkeypatch, workers, io_threads):
     """Codes buffers are reused by every other quantized tensor of a job: with writes slowed
-    down (each one still running while the next tensor is quantized) the files are unchanged."""
+    down (with I/O threads, each one still running while the next tensor is quantized) the files
+    are unchanged. Runners that take every worker core do their I/O inline; with cores to spare
+    (more workers than jobs) they get I/O threads."""
     import time
 
     from lowbit.modelfree import stwriter
@@ -192,10 +195,18 @@ def test_slow_writes_do_not_see_reused_code_buffers(sharded, tmp_path, monkeypat
     scheme = "w8a8-int8-dynamic"
     ref = mf(sharded, tmp_path / "ref", scheme, workers=0)
     add = stwriter.RegionWriter.add
+    init = worker.JobIO.__init__
+    seen = []
 
     def slow_add(self, name, t):
         time.sleep(0.01)
         add(self, name, t)
 
+    def spy(self, threads=True):
+        seen.append(threads)
+        init(self, threads)
+
     monkeypatch.setattr(stwriter.RegionWriter, "add", slow_add)
-    assert folder_bytes(mf(sharded, tmp_path / "slow", scheme, workers=0)) == folder_bytes(ref)
+    monkeypatch.setattr(worker.JobIO, "__init__", spy)
+    assert folder_bytes(mf(sharded, tmp_path / "slow", scheme, workers=workers)) == folder_bytes(ref)
+    assert seen and set(seen) == {io_threads}

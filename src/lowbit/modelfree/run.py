@@ -202,11 +202,14 @@ class _Pool:
 
 def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> None:
     """Jobs in this process: up to ``workers`` runner threads take the jobs in order (largest
-    first), each keeping its I/O threads and buffers from one job to the next (JobIO); the kernels
+    first), each keeping its I/O and buffers from one job to the next (JobIO); the kernels
     release the GIL, and each op is single-threaded (the caller's one_thread: intra-op thread
     pools spin-wait, on a busy machine they burn 10x the CPU time). The first error stops the
     other jobs at their next tensor and is raised."""
     n = min(max(1, workers), len(jobs))
+    # I/O threads only where a runner has a core to spare (fewer jobs than workers) or a device
+    # does the arithmetic; runners that take every core do their I/O themselves (JobIO)
+    io_threads = n < max(1, workers) or any(job.device is not None for job in jobs)
     todo: queue_mod.SimpleQueue[ShardJob] = queue_mod.SimpleQueue()
     for job in jobs:
         todo.put(job)
@@ -214,7 +217,7 @@ def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> 
     errors: list[BaseException] = []
 
     def runner() -> None:
-        with JobIO() as io:
+        with JobIO(threads=io_threads) as io:
             while not cancel.is_set():
                 try:
                     job = todo.get_nowait()

@@ -152,17 +152,40 @@ class JobCancelled(Exception):
     """A job stopped because another job of the same run failed (never the error reported)."""
 
 
-class JobIO:
-    """A job runner's I/O threads (reader, writer, copier) and its two codes buffers, kept from
-    one job to the next (starting and joining three threads, and first touching the buffers'
-    pages, cost about 2 ms a job). ``close`` waits for the threads."""
+class _Inline:
+    """An executor that runs each task at once, in the calling thread (its future is done)."""
 
-    def __init__(self) -> None:
-        self.read = ThreadPoolExecutor(1, thread_name_prefix="lowbit-read")
-        self.write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
-        # tensors kept as they are are copied file to file by a thread of their own: a 56 MB
-        # embedding copied between tensor writes held SmolLM2's quantizing up for 30 ms
-        self.copy = ThreadPoolExecutor(1, thread_name_prefix="lowbit-copy")
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        f: Future = Future()
+        try:
+            f.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - delivered through the future, as a thread's would be
+            f.set_exception(e)
+        return f
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        return None
+
+
+class JobIO:
+    """A job runner's I/O (reader, writer, copier) and its codes buffers, kept from one job to the
+    next (starting and joining threads, and first touching the buffers' pages, cost about 2 ms a
+    job). ``threads``: each kind of I/O runs on a thread of its own, beside the quantizing (for a
+    runner with a core to spare: one job on several cores, or a device doing the arithmetic);
+    else it runs in the runner's thread, in order. When the runners already take every core,
+    the extra threads only compete for them: SmolLM2 with 2 runners on 2 cores, median of 8,
+    0.29 -> 0.24 s (nvfp4-e5m3), 0.23 -> 0.17 s (w8a8-int8-dynamic) without them; with one
+    runner no difference (bench/RESULTS-modelfree.md). ``close`` waits for the threads."""
+
+    def __init__(self, threads: bool = True) -> None:
+        if threads:
+            self.read = ThreadPoolExecutor(1, thread_name_prefix="lowbit-read")
+            self.write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
+            # tensors kept as they are are copied file to file by a thread of their own: a 56 MB
+            # embedding copied between tensor writes held SmolLM2's quantizing up for 30 ms
+            self.copy = ThreadPoolExecutor(1, thread_name_prefix="lowbit-copy")
+        else:
+            self.read = self.write = self.copy = _Inline()
         self.buffers: list[torch.Tensor] = [torch.empty(0, dtype=torch.uint8)] * CODE_BUFFERS
 
     def close(self) -> None:
@@ -177,10 +200,11 @@ class JobIO:
 
 
 class _ShardRun:
-    """Quantizes one job as a pipeline: a writer thread writes the previous tensor and a copy
-    thread copies the tensors kept as they are while this thread quantizes (the kernels and file
-    I/O release the GIL); FP8 sources are read and dequantized ahead on a reader thread. Every
-    tensor goes to its planned offset, so the output bytes are those of a sequential run."""
+    """Quantizes one job. With I/O threads (JobIO) it is a pipeline: a writer thread writes the
+    previous tensor and a copy thread copies the tensors kept as they are while this thread
+    quantizes (the kernels and file I/O release the GIL), and FP8 sources are read and
+    dequantized ahead on a reader thread; without, the same steps run here in order. Every
+    tensor goes to its planned offset, so the output bytes are the same either way."""
 
     def __init__(self, job: ShardJob, report: Report | None, cancel: threading.Event | None = None,
                  io: JobIO | None = None) -> None:
@@ -195,7 +219,9 @@ class _ShardRun:
         self.device = None if job.device is None else torch.device(job.device)
         self.band = BAND_ELEMS if self.device is None else DEVICE_BAND_ELEMS
         self.own_io = io is None
-        self.io = JobIO() if io is None else io
+        # a job on its own (a worker process: one core) does its I/O inline; on a device, the CPU
+        # thread is free to write while the device computes
+        self.io = JobIO(threads=self.device is not None) if io is None else io
         self.io_read, self.io_write, self.io_copy = self.io.read, self.io.write, self.io.copy
         # the codes buffers (self.io.buffers), used in turn by successive quantized tensors: one is
         # written while the next tensor is quantized into the other (after the write of what it
