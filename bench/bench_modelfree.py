@@ -71,6 +71,7 @@ device = sys.argv[5] or None if len(sys.argv) > 5 else None
 if len(sys.argv) > 6:  # workers given as "Np" / "Nt": force worker processes / threads in this process
     import lowbit.modelfree.run
     lowbit.modelfree.run.POOL_MIN_BYTES = int(sys.argv[6])
+    lowbit.modelfree.run.POOL_MIN_WORKERS = 2 if sys.argv[6] == "0" else 1 << 30
 if device:  # CUDA context creation is start-up, not work
     import torch
     torch.zeros(1, device=device)
@@ -417,8 +418,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default="nvfp4-e5m3,w4a16")
     ap.add_argument("--workers", default="1,2", help="workers values to run (1: in this process; 'Np': N worker "
-                    "processes even below lowbit.modelfree.run.POOL_MIN_BYTES, 'Nt': N threads in this process "
-                    "even above it)")
+                    "processes even below lowbit.modelfree.run.POOL_MIN_BYTES / POOL_MIN_WORKERS, 'Nt': N "
+                    "threads in this process even above them)")
     ap.add_argument("--compare-src", default=None,
                     help="also run the model-free jobs with lowbit imported from this src folder (e.g. an "
                          "export of main: git archive main src | tar -x -C /tmp/base), labelled 'before'")

@@ -45,7 +45,10 @@ class CountingPool(run._Pool):
 
 def test_use_pool_rules(monkeypatch):
     monkeypatch.setattr(run, "POOL_MIN_BYTES", 1000)
+    assert run.POOL_MIN_WORKERS == 4
     assert run.use_pool(workers=4, n_jobs=10, job_bytes=5000, device=None) == 4
+    assert run.use_pool(workers=3, n_jobs=10, job_bytes=5000, device=None) == 0  # few workers: threads
+    assert run.use_pool(workers=2, n_jobs=10, job_bytes=10**12, device=None) == 0
     assert run.use_pool(workers=16, n_jobs=3, job_bytes=5000, device=None) == 3  # never more than the jobs
     assert run.use_pool(workers=4, n_jobs=1, job_bytes=5000, device=None) == 0   # one job: in-process
     assert run.use_pool(workers=1, n_jobs=10, job_bytes=5000, device=None) == 0
@@ -61,6 +64,7 @@ def test_worker_processes_and_in_process_write_the_same_bytes(sharded, tmp_path,
     inproc = mf(sharded, tmp_path / "inproc", scheme, workers=2)  # small: two threads in this process
     assert CountingPool.started == []
     monkeypatch.setattr(run, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(run, "POOL_MIN_WORKERS", 2)
     pooled = mf(sharded, tmp_path / "pooled", scheme, workers=2)
     assert CountingPool.started == [2]
     monkeypatch.setattr(run, "PART_BYTES", 20_000)  # many parts, joined afterwards

@@ -8,7 +8,7 @@ is written. Every output shard's header is known before any weight is quantized
 (lowbit.modelfree.outshape): the shard file is created at its final size with that header, and
 its units of work (the shard, or parts of PART_BYTES of source) write their tensors straight to
 their offsets, in parallel, with nothing joined afterwards. With ``workers`` > 1, at least two
-units and POOL_MIN_BYTES of source, worker processes (spawn, one thread each, started before the
+units, POOL_MIN_WORKERS workers and POOL_MIN_BYTES of source, worker processes (spawn, one thread each, started before the
 plan is made) quantize units in parallel and return metadata only; otherwise everything runs in
 this process, ``workers`` units at once in threads (no start-up cost), and with ``device`` on
 that device. Either way each unit is a pipeline (lowbit.modelfree.worker): reading, quantizing and
@@ -59,6 +59,11 @@ PART_BYTES = 128 << 20  # source bytes per unit of work: shards larger than this
 # less source than this runs in this process, in threads: measured (bench/RESULTS-modelfree.md) threads
 # beat spawned workers at 0.27 and 1.2 GB (each worker costs ~3 CPU-s and ~0.3 GB to start)
 POOL_MIN_BYTES = 4 << 30
+# fewer workers than this always run in threads: with 2 workers, threads beat spawned workers on every
+# checkpoint measured (1.2 GB: 0.5-0.8 s against 3.7-5.3 s, mostly the workers' start-up; 2.3 GB: 0.9-1.4x
+# the copy), since one call per band keeps the GIL free; processes are kept for many workers (unmeasured
+# here since the native path changed: a machine with more cores should decide this threshold)
+POOL_MIN_WORKERS = 4
 LAYOUT_VERSION = 3  # bump when the files written for the same inputs change (2: weight file names by format;
 # 3: shard headers padded to 8 bytes, written before the data)
 # what to run instead of a scheme that needs calibration
@@ -128,11 +133,12 @@ def split_items(items: list[Item], part_bytes: int) -> list[tuple[Item, ...]]:
 
 
 def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | None) -> int:
-    """How many worker processes to start: none (run in this process) for a device, one worker or
-    unit of work, or less than POOL_MIN_BYTES of source (start-up, ~3 CPU-s each to import torch,
-    would cost more than it saves over threads); never more than the units of work."""
+    """How many worker processes to start: none (run in this process) for a device, one unit of
+    work, fewer than POOL_MIN_WORKERS workers, or less than POOL_MIN_BYTES of source (start-up,
+    ~3 CPU-s each to import torch, would cost more than it saves over threads); never more than
+    the units of work."""
     n = min(workers, n_jobs)
-    if device is not None or n <= 1 or job_bytes < POOL_MIN_BYTES:
+    if device is not None or n <= 1 or workers < POOL_MIN_WORKERS or job_bytes < POOL_MIN_BYTES:
         return 0
     return n
 
@@ -259,7 +265,8 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
         w8a8-fp8-dynamic, nvfp4-e5m3, mxfp4, mxfp8) or such a Scheme.
     format: "lowbit" or "compressed-tensors" (or "fake"): the layouts of ``lowbit.save``.
     workers: CPU cores to use. Worker processes quantize shards (or 128 MB parts of them) in
-        parallel when there are at least two units of work and POOL_MIN_BYTES of source; else
+        parallel when there are at least two units of work, POOL_MIN_WORKERS workers and
+        POOL_MIN_BYTES of source; else
         they run in this process, ``workers`` at once in threads (<= 1: one after another).
     device: quantize on this torch device ("cuda", "cuda:1"; default: the CPU), in this process,
         one tensor at a time; the output is bit-identical to the CPU's. DeviceError (lowbit.modelfree.device)
