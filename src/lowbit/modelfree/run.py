@@ -7,12 +7,13 @@ No model class is built and nothing runs forward. Every check that needs no tens
 is written. Every output shard's header is known before any weight is quantized
 (lowbit.modelfree.outshape): the shard file is created at its final size with that header, and
 its units of work (the shard, or parts of PART_BYTES of source) write their tensors straight to
-their offsets, in parallel, with nothing joined afterwards. With ``workers`` > 1, at least two
-units, POOL_MIN_WORKERS workers and POOL_MIN_BYTES of source, worker processes (spawn, one thread each, started before the
-plan is made) quantize units in parallel and return metadata only; otherwise everything runs in
-this process, ``workers`` units at once in threads (no start-up cost), and with ``device`` on
-that device. Either way each unit is a pipeline (lowbit.modelfree.worker): reading, quantizing and
-writing overlap, and the files are byte-identical whichever way they were made. The output is
+their offsets, in parallel, with nothing joined afterwards. With at least two units,
+POOL_MIN_WORKERS workers and POOL_MIN_BYTES of source, worker processes (spawn, one thread each,
+started before the plan is made) quantize units in parallel and return metadata only; otherwise
+everything runs in this process, ``workers`` units at once in threads (no start-up cost), and
+with ``device`` on that device. A unit's reading and writing overlap its quantizing on I/O
+threads where a core is free for them (lowbit.modelfree.worker.JobIO), and the files are
+byte-identical whichever way they were made. The output is
 built in ``.<out>.lowbit-tmp`` (lowbit.formats' CheckpointWriter) and renamed into place at
 the end. A run killed part-way keeps its shard files (``<shard>.partial``) and the done markers
 of its finished units there (a marker is written after a unit's last byte; the run's arguments

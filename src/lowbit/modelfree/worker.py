@@ -232,7 +232,7 @@ class _ShardRun:
         self.pending: list[Future] = []  # every read and write this job queued
 
     def load(self, src: Source) -> torch.Tensor:
-        """The source tensor in float (runs on the reader thread)."""
+        """The source tensor in float (an FP8 one read ahead runs this on the reader, io.read)."""
         t = self.reader.get(src.info)
         if src.scale_inv is not None:
             t = dequantize_fp8_block(t, self.reader.get(src.scale_inv), self.job.fp8_block, self.job.model_dtype)
@@ -292,19 +292,19 @@ class _ShardRun:
 
         def prefetch(k: int) -> None:
             """Start reading tensor k if it is an FP8 source: it is read and dequantized on the
-            reader thread. A plain one is memory-mapped when used (safetensors maps it: nothing
-            to overlap but page faults, which a hand-off between threads costs more than it
-            saves: SmolLM2 0.42 -> 0.32 s; asking the kernel to read ahead, posix_fadvise, did not
-            help either, cold or warm)."""
+            reader (io.read). A plain one is a view of the shard's memory map, taken when used
+            (nothing to overlap but page faults, which a hand-off between threads costs more than
+            it saves: SmolLM2 0.42 -> 0.32 s; asking the kernel to read ahead, posix_fadvise, did
+            not help either, cold or warm)."""
             if k < len(loads) and loads[k].src.scale_inv is not None and id(loads[k]) not in ahead:
                 ahead[id(loads[k])] = self.io_read.submit(self.load, loads[k].src)
                 self.pending.append(ahead[id(loads[k])])
 
         def write(fn: Callable[..., None], *args: Any, holds: bool = True) -> Future:
-            """Queue a write (the writer thread runs them in order; each tensor goes to its own
-            offset); ``holds``: it keeps tensors alive until done, so at most HELD_WRITES such are
-            queued. Raw copies hold nothing and run on the copy thread: quantizing and writing go
-            on while a large embedding is copied."""
+            """Queue a write on the writer (io.write: a thread, or inline; each tensor goes to its
+            own offset); ``holds``: it keeps tensors alive until done, so at most HELD_WRITES such
+            are queued. Raw copies hold nothing and go to the copier (io.copy): with I/O threads,
+            quantizing and writing go on while a large embedding is copied."""
             while writes and writes[0].done():
                 writes.popleft().result()  # a failed write stops the job here
             f = (self.io_write if holds else self.io_copy).submit(fn, *args)

@@ -71,9 +71,17 @@ def _quantize_fused(x2: torch.Tensor, spec: QuantSpec, rule: native.ScaleRule, g
         check_finite(x, name)  # NaN/Inf: raises the QuantizationError naming the tensor
         return None  # a value the reference encoder refuses: the torch path gives its error
     codes, scale, scale_codes = r
+    return _result(x, spec, codes, scale, scale_codes, global_scale, pack)
+
+
+def _result(x: torch.Tensor, spec: QuantSpec, codes: torch.Tensor, scale: torch.Tensor,
+            scale_codes: torch.Tensor | None, global_scale: torch.Tensor | None, pack: bool) -> QuantizedTensor:
+    """The QuantizedTensor of x from the 2-D results of the kernels (codes [rows, ...], scales and
+    their codes [rows, G], or [1] for a tensor-wide spec): x's leading dimensions restored."""
     lead = tuple(x.shape[:-1])
-    scale = scale.reshape(*lead, scale.shape[-1])
-    scale_codes = None if scale_codes is None else scale_codes.reshape(*lead, scale.shape[-1])
+    if spec.granularity is not Granularity.TENSOR:
+        scale = scale.reshape(*lead, scale.shape[-1])
+        scale_codes = None if scale_codes is None else scale_codes.reshape(*lead, scale.shape[-1])
     gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
     return (PackedQuantizedTensor if pack else QuantizedTensor)(codes.reshape(*lead, codes.shape[-1]), scale, spec,
                                                               None, gs, scale_codes)
@@ -90,10 +98,9 @@ def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor
     if not supports(x, spec):
         return None
     n = x.shape[-1]
-    G = num_groups(n, spec, name, tuple(x.shape))  # the torch path's error for a ragged micro block
+    num_groups(n, spec, name, tuple(x.shape))  # the torch path's error for a ragged micro block
     g = spec.group_size if spec.granularity is Granularity.GROUP else n
     x2 = x.reshape(-1, n).contiguous()
-    lead = tuple(x.shape[:-1])
     tensor_wide = spec.granularity is Granularity.TENSOR
     if not tensor_wide and (global_scale is not None or not spec.global_scale):
         rule = scale_rule(spec)
@@ -126,9 +133,4 @@ def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor
     codes = native.encode(x2, g, eff2.contiguous(), get_format(spec.format), pack=pack, out=out)
     if codes is None:
         return None
-    if not tensor_wide:
-        scale = scale.reshape(*lead, G)
-        scale_codes = None if scale_codes is None else scale_codes.reshape(*lead, G)
-    gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
-    codes = codes.reshape(*lead, codes.shape[-1])
-    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes, scale, spec, None, gs, scale_codes)
+    return _result(x, spec, codes, scale, scale_codes, global_scale, pack)

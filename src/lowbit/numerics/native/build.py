@@ -2,8 +2,9 @@
 
 The C sources ship in the package; the first call compiles them with the system C compiler into
 one library in the user cache directory, ``<cache>/native/lowbit_native-<hash>.so``, where the
-hash covers the sources and their header, the flags, the compiler and what ``-march=native`` means on this machine (the compiler's
-predefined macros), so an edited source, other flags or another CPU get their own library. The
+hash covers the sources and their header, the flags, the compiler and what ``-march=native``
+means on this machine (the compiler's predefined macros, target_macros), so an edited source,
+other flags or another CPU get their own library. The
 library is written under a temporary name and renamed, so concurrent builds (threads, worker
 processes) never load a half-written file. It is loaded with ctypes (calls release the GIL).
 

@@ -320,7 +320,11 @@ static void lookup_packed(const uint8_t *tb, const uint16_t *k, int64_t n, uint8
     for (; m < n / 2; m++) o[m] = (uint8_t)(tb[k[2 * m]] | (tb[k[2 * m + 1]] << 4));
 }
 
-/* Table keys (round to odd to the upper 16 bits: fast_encode.round_to_odd_keys) into k, or
+/* The 16-bit table key of float bits b: the upper 16 bits rounded to odd (the lowest kept bit is
+ * set when any dropped bit is: fast_encode.round_to_odd_keys). */
+static inline uint16_t odd_key(uint32_t b) { return (uint16_t)((((b & 0xFFFFu) + 0xFFFFu) | b) >> 16); }
+
+/* Table keys (round to odd to the upper 16 bits: odd_key) into k, or
  * INT codes into c, of x[i] / d[i] for i < n. Returns 1 when a value needs the reference
  * encoder (NaN, or negative for an unsigned format). The flags are integer max reductions (they
  * vectorize): magnitude bits above Inf's are NaN; bits above those of -0.0 are negative. */
@@ -334,7 +338,7 @@ static void lookup_packed(const uint8_t *tb, const uint16_t *k, int64_t n, uint8
                 uint32_t m = b & 0x7FFFFFFFu;                                                 \
                 mag = m > mag ? m : mag;                                                      \
                 any = b > any ? b : any;                                                      \
-                k[i] = (uint16_t)((((b & 0xFFFFu) + 0xFFFFu) | b) >> 16);                     \
+                k[i] = odd_key(b);                                                            \
             }                                                                                 \
         } else {                                                                              \
             /* clamp, then add 1.5 * 2^23: the sum rounds |v| <= 128 to an integer, half to   \
@@ -454,7 +458,7 @@ int lb_encode(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, c
 
 /* ---------------------------------------------------------------- whole band: extremes, scales, codes
  * The scale rules of lowbit.quant.scales on each group's extremes, operation for operation in
- * float32 (lowbit.quant.native_quant.fused_rule gives the constants; bit-identical to the torch
+ * float32 (lowbit.quant.native_quant.scale_rule gives the constants; bit-identical to the torch
  * path, tested on adversarial values for every scheme):
  *   RULE_DIVIDE      scale = amax / divisor                      (fp32 scales: max, half-step)
  *   RULE_FULL_RANGE  scale = (-lo >= hi ? lo : hi) / divisor + 0  (divisor: qmin)
@@ -463,11 +467,6 @@ int lb_encode(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, c
  *   RULE_E8M0        code = clamp(exponent field of amax - emax, 0, e8m0_max); scale = values[code]
  * and eff = scale [/ gs] divides the group's elements before they are encoded (lb_encode). */
 enum { RULE_DIVIDE = 0, RULE_FULL_RANGE = 1, RULE_TABLE = 2, RULE_E8M0 = 3 };
-
-static inline uint32_t odd_key(float v) {
-    uint32_t b = f2u(v);
-    return (((b & 0xFFFFu) + 0xFFFFu) | b) >> 16;
-}
 
 /* x [rows, cols] -> codes (out, packed when pack), scales [rows, G] (float32), their codes
  * (scale_codes, RULE_TABLE and RULE_E8M0; else unused), using eff [rows, G] (and lo [rows, G]
@@ -507,27 +506,26 @@ int lb_quantize(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g,
         for (int64_t i = 0; i < n; i++) scale[i] = scale[i] / divisor;
     } else if (rule == RULE_FULL_RANGE) {
         for (int64_t i = 0; i < n; i++) scale[i] = (-lo[i] >= scale[i] ? lo[i] : scale[i]) / divisor + 0.0f;
-    } else if (rule == RULE_TABLE || rule == RULE_E8M0) {
-        if (rule == RULE_TABLE) {
-            uint16_t key[4096];
-            for (int64_t c0 = 0; c0 < n; c0 += 4096) {
-                int64_t m = n - c0 < 4096 ? n - c0 : 4096;
-                for (int64_t i = 0; i < m; i++) {
-                    float raw = scale[c0 + i] / divisor;
-                    key[i] = (uint16_t)odd_key(gs ? raw * gsv : raw);
-                }
-                for (int64_t i = 0; i < m; i++) scale_codes[c0 + i] = scale_table[key[i]];
+    } else if (rule == RULE_TABLE) {
+        uint16_t key[4096];
+        for (int64_t c0 = 0; c0 < n; c0 += 4096) {
+            int64_t m = n - c0 < 4096 ? n - c0 : 4096;
+            for (int64_t i = 0; i < m; i++) {
+                float raw = scale[c0 + i] / divisor;
+                key[i] = odd_key(f2u(gs ? raw * gsv : raw));
             }
-        } else {
-            for (int64_t i = 0; i < n; i++) {
-                int32_t e = (int32_t)((f2u(scale[i]) >> 23) & 0xFFu) - e8m0_emax;
-                scale_codes[i] = (uint8_t)(e < 0 ? 0 : e > e8m0_max ? e8m0_max : e);
-            }
+            for (int64_t i = 0; i < m; i++) scale_codes[c0 + i] = scale_table[key[i]];
         }
-        for (int64_t i = 0; i < n; i++) scale[i] = scale_values[scale_codes[i]];
+    } else if (rule == RULE_E8M0) {
+        for (int64_t i = 0; i < n; i++) {
+            int32_t e = (int32_t)((f2u(scale[i]) >> 23) & 0xFFu) - e8m0_emax;
+            scale_codes[i] = (uint8_t)(e < 0 ? 0 : e > e8m0_max ? e8m0_max : e);
+        }
     } else {
         return -1;
     }
+    if (rule == RULE_TABLE || rule == RULE_E8M0) /* the scales are the codes' values */
+        for (int64_t i = 0; i < n; i++) scale[i] = scale_values[scale_codes[i]];
     if (gs) {
         for (int64_t i = 0; i < n; i++) eff[i] = scale[i] / gsv;
     } else {
@@ -546,7 +544,6 @@ int lb_pack_nibbles(const uint8_t *codes, int64_t n, uint8_t *out) {
 }
 
 
-/* The ABI version the loader checks (bump with any signature change). */
 /* out[i] = values[codes[i]] for i < n: decoding through a format's own table of code values. */
 void lb_decode(const uint8_t *codes, int64_t n, const float *values, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = values[codes[i]];
@@ -558,4 +555,5 @@ void lb_step_codes(const uint16_t *steps, const uint16_t *k, int64_t n, int pack
     step_codes(steps, k, n, pack, out, simd);
 }
 
+/* The ABI version the loader checks (bump with any signature change). */
 int lb_version(void) { return 4; }
