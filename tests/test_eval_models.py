@@ -71,3 +71,30 @@ def test_load_model_folder_float32_eval(tmp_path):
     cfg["quantization_config"] = {"quant_method": "compressed-tensors"}
     (d / "config.json").write_text(json.dumps(cfg))
     assert is_quantized_folder(d)
+
+
+def test_conversion_packages_are_declared_dependencies():
+    """The main job converts the built-in GGUF: every package it needs is installed with lowbit."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    deps = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~; \[]", d, maxsplit=1)[0].strip().lower() for d in deps}
+    assert set(builtin.CONVERSION_PACKAGES) <= names
+
+
+def test_conversion_without_a_package_is_one_line(monkeypatch, tmp_path):
+    real = builtin.importlib.util.find_spec
+    monkeypatch.setattr(builtin.importlib.util, "find_spec", lambda n: None if n == "accelerate" else real(n))
+    with pytest.raises(builtin.LowbitError, match="needs the 'accelerate' package: pip install accelerate"):
+        builtin.convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+
+
+def test_conversion_failure_is_one_line_naming_the_file(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf file")
+    with pytest.raises(builtin.LowbitError) as e:
+        builtin.convert_gguf(bad, tmp_path / "out")
+    assert "broken.gguf" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()

