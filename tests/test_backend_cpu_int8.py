@@ -118,7 +118,7 @@ def test_registry_selection():
     int8 = QuantLinear.from_linear(lin, get_scheme("w8a8-int8-dynamic"), name="a")
     fp8 = QuantLinear.from_linear(lin, get_scheme("w8a8-fp8-dynamic"), name="b")
     assert REGISTRY.select(int8).name == "cpu-int8"
-    assert REGISTRY.select(fp8).name == "reference"
+    assert REGISTRY.select(fp8).name == "weight-cache"
     model = nn.Sequential(fp8)
     with pytest.raises(LowbitError, match="cpu-int8"):
         use_backend(model, "cpu-int8")

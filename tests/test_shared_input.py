@@ -102,7 +102,7 @@ def test_shared_input_unit():
 def test_use_backend_shares_one_instance_per_backend():
     model = nn.Sequential(_linear("w8a8-int8", 64, name="a"), _linear("w8a8-int8", 64, name="b"),
                           _linear("mxfp8", 64, name="c"))
-    assert use_backend(model, "auto") == {"cpu-int8": 2, "reference": 1}
+    assert use_backend(model, "auto") == {"cpu-int8": 2, "weight-cache": 1}
     assert model[0].backend is model[1].backend and model[2].backend is not model[0].backend
     model2 = nn.Sequential(_linear("w8a8-int8", 64, name="a"))
     use_backend(model2, "auto")

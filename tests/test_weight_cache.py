@@ -1,4 +1,4 @@
-"""weight-cache: dequantize once, results identical to the reference backend, opt-in only."""
+"""weight-cache: dequantize once, results identical to the reference backend, the automatic CPU choice."""
 
 import pytest
 import torch
@@ -36,9 +36,11 @@ def test_identical_to_reference(scheme):
     assert torch.equal(be.forward(m, x), ReferenceBackend().forward(m, x))
 
 
-def test_opt_in_only():
+def test_automatic_on_the_cpu_for_the_schemes_it_takes():
     m = _module("w4a16")
-    assert REGISTRY.select(m).name == "reference"
+    assert REGISTRY.select(m).name == "weight-cache"
+    assert REGISTRY.select(_module("w8a8-int8-dynamic")).name == "cpu-int8"
+    assert use_backend(nn.Sequential(_module("w4a16")), "reference") == {"reference": 1}
     assert use_backend(nn.Sequential(m), "weight-cache") == {"weight-cache": 1}
     with pytest.raises(LowbitError, match="weight-cache"):
         use_backend(nn.Sequential(_module("w8a8-int8-dynamic")), "weight-cache")

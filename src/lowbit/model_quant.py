@@ -17,6 +17,7 @@ from lowbit.fusion import fused_groups, shared_amax
 from lowbit.modules import QuantLinear
 from lowbit.quant import WeightRounding, global_scale_from_amax
 from lowbit.schemes import Scheme, get_scheme
+from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.targets import quantizable_linears
 
 
@@ -54,23 +55,44 @@ def quantize_rtn(model: nn.Module, scheme: Scheme | str, *, ignore: Iterable[str
     return model
 
 
-def _check_smoothquant(smoothquant) -> None:
-    if smoothquant is None or (isinstance(smoothquant, str) and smoothquant == "auto"):
-        return
-    if isinstance(smoothquant, bool) or not isinstance(smoothquant, (int, float)) or not 0.0 <= smoothquant <= 1.0:
-        raise QuantizationError(f"smoothquant must be an alpha in [0, 1], None or 'auto', got {smoothquant!r}")
+def quantized_layers(model: nn.Module) -> list[str]:
+    """Names of the modules that already hold a lowbit scheme (QuantLinear, FakeQuantLinear)."""
+    return [n for n, m in model.named_modules() if isinstance(getattr(m, "scheme", None), Scheme)]
 
 
-def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smoothquant=None,
+def _refuse_quantized(model: nn.Module) -> None:
+    done = quantized_layers(model)
+    if done:
+        raise QuantizationError(
+            f"the model is already quantized ({len(done)} lowbit layers, e.g. {done[0]!r} with scheme "
+            f"{model.get_submodule(done[0]).scheme.name}): lowbit.quantize works in "
+            f"place, so quantize a fresh float model (load it again, or copy.deepcopy it before quantizing)")
+
+
+def calibrates(scheme: Scheme, smoothquant, cfg) -> bool:
+    """Whether quantizing ``scheme`` runs calibration: static activation scales, SmoothQuant (an
+    alpha resolved by ``resolve_alpha``, or "auto") or GPTQ weights (``cfg.rounding_for``). The one
+    rule ``quantize``, ``lowbit quantize`` and ``compare`` follow."""
+    return scheme.needs_calibration or smoothquant is not None or cfg.rounding_for(scheme) is WeightRounding.GPTQ
+
+
+def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smoothquant=DEFAULT,
              ignore: Iterable[str] = (), include_lm_head: bool = False, tokenizer=None,
-             config=None, preset: str | None = None, **calibration_options) -> nn.Module:
-    """Quantize ``model`` in place and return it.
+             config=None, preset: str | None = None, progress: bool | None = None,
+             **calibration_options) -> nn.Module:
+    """Quantize ``model`` in place and return it. A model that already holds lowbit layers is
+    refused (QuantizationError): quantize a fresh float model, or a ``copy.deepcopy`` of one.
 
     calibration: token ids [n, seq_len], a list of strings, a text file path (one paragraph a
         line) or "builtin" (the packaged text); strings need ``tokenizer``.
-    smoothquant: an alpha in [0, 1], None (no smoothing) or "auto" (per-layer search).
+    smoothquant: "default" (the default: ``lowbit.smoothquant.defaults.default_alpha(scheme)``,
+        alpha 0.8 for static per-tensor INT8 inputs, 0.5 for FP8 ones, no smoothing for every
+        other scheme; the CLI's and ``compare``'s default too), an alpha in [0, 1], "auto"
+        (per-layer search) or "none" (no smoothing; None means the same).
     config / calibration_options: a ``lowbit.calibration.CalibrationConfig`` or its fields
         (num_samples, seq_len, batch_size, observer, sink_positions, smooth_down_proj...).
+    progress: a progress bar per calibrated decoder layer on stderr (default None: when stderr is
+        a terminal).
     preset: a named calibration budget (``lowbit.calibration.CALIBRATION_PRESETS``, e.g.
         "gptq-fast"); calibration_options given with it override its fields.
 
@@ -83,7 +105,11 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     from lowbit.calibration import CalibrationConfig, LayerwiseCalibrator, calibration_tokens
 
     scheme = get_scheme(scheme)
-    _check_smoothquant(smoothquant)
+    _refuse_quantized(model)
+    try:
+        smoothquant = resolve_alpha(smoothquant, scheme, static_only=False)
+    except ValueError as e:
+        raise QuantizationError(str(e)) from None
     if config is not None and (calibration_options or preset is not None):
         raise QuantizationError("pass either config=CalibrationConfig(...) or a preset and/or its fields, not both")
     try:
@@ -107,13 +133,13 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
             raise QuantizationError(f"weight_rounding={cfg.weight_rounding.value!r} needs calibration data "
                                     f"(pass calibration=...)")
         return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
-    if not scheme.needs_calibration and smoothquant is None and cfg.rounding_for(scheme) is WeightRounding.RTN:
+    if not calibrates(scheme, smoothquant, cfg):
         return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     names = quantizable_linears(model, ignore, include_lm_head)
     was_training = model.training
     model.eval()
-    report = LayerwiseCalibrator(model, scheme, cfg, smoothquant).run(tokens, names)
+    report = LayerwiseCalibrator(model, scheme, cfg, smoothquant).run(tokens, names, progress=progress)
     model.train(was_training)
     model.lowbit_calibration = report
     return model

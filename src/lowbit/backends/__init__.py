@@ -24,8 +24,9 @@ REGISTRY.register(BackendSpec(
 ))
 REGISTRY.register(BackendSpec(
     name="weight-cache", factory=_weight_cache.WeightCacheBackend, devices=frozenset({"cpu"}),
-    supports_scheme=_weight_cache.supports_scheme, priority=5, auto=False,
-    description="opt-in: weight dequantized once and kept in float32 (weight-only and FP schemes)",
+    supports_scheme=_weight_cache.supports_scheme, priority=5,
+    description="weight dequantized once and kept in float32 (weight-only and FP schemes; 'reference' saves "
+                "that memory)",
 ))
 
 

@@ -1,11 +1,12 @@
-"""weight-cache: dequantize the weight once, keep it, and run F.linear (CPU, opt-in).
+"""weight-cache: dequantize the weight once, keep it, and run F.linear (CPU).
 
 For weight-only schemes (w4a16, w8a16, nvfp4a16) and FP schemes (w8a8-fp8, nvfp4, mxfp...),
 whose weights the reference backend dequantizes again on every call. The result equals the
 reference backend's exactly (same dequantized weight, same input QDQ, same F.linear; sibling
-linears reading one input share its QDQ, see ``lowbit.backends.shared_input``); the
-price is a float32 copy of every weight in memory, which is why it is opt-in
-(``use_backend(model, "weight-cache")``), never chosen automatically.
+linears reading one input share its QDQ, see ``lowbit.backends.shared_input``). The automatic
+choice on the CPU for these schemes (above ``reference``, below ``cpu-int8``): without it a
+one-token decode step dequantizes every weight of the model. The price is a float32 copy of
+every weight in memory; ``use_backend(model, "reference")`` saves it.
 
 The cache is keyed on the weight buffers' identity and version: loading new weights into
 the module invalidates it. ``release`` drops it.

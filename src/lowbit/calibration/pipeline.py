@@ -23,6 +23,7 @@ asked) are calibrated afterwards with a forward of the whole, already quantized,
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -129,18 +130,13 @@ class _GroupStats:
 
 @contextmanager
 def _fast_backends(layer: nn.Module) -> Iterator[None]:
-    """Run a freshly quantized layer on the fastest exact backend: the automatic choice, or
-    the dequantize-once weight cache where the automatic choice is the reference emulation
-    (same numerics); the caches are dropped afterwards and the backends left unset."""
+    """Run a freshly quantized layer on the automatic (fastest exact) backends; their caches are
+    dropped afterwards and the backends left unset."""
     from lowbit.backends import REGISTRY
 
     mods = [m for m in layer.modules() if isinstance(m, QuantLinear) and m.backend is None]
-    wc = REGISTRY.get("weight-cache") if "weight-cache" in REGISTRY.names() else None
     for m in mods:
-        be = REGISTRY.select(m)
-        if be.name == "reference" and wc is not None and wc.accepts(m):
-            be = wc.instance()
-        m.backend = be
+        m.backend = REGISTRY.select(m)
     try:
         yield
     finally:
@@ -275,7 +271,11 @@ class LayerwiseCalibrator:
 
     # ------------------------------------------------------------------ main
     @torch.no_grad()
-    def run(self, tokens: torch.Tensor, names: list[str]) -> CalibrationReport:
+    def run(self, tokens: torch.Tensor, names: list[str], progress: bool | None = None) -> CalibrationReport:
+        """Calibrate and quantize ``names`` layer by layer on ``tokens``; ``progress``: a bar per
+        decoder layer on stderr (None: when stderr is a terminal)."""
+        from tqdm.auto import tqdm
+
         t0 = time.perf_counter()
         self.report.num_samples = int(tokens.shape[0])
         found = find_decoder_layers(self.model, names)
@@ -284,6 +284,9 @@ class LayerwiseCalibrator:
             path, layers = found
             inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
             float_inputs = self.cfg.inputs_for(self.scheme) is LayerInputs.FLOAT
+            show = sys.stderr.isatty() if progress is None else progress
+            bar = tqdm(total=len(layers), desc=f"calibrating {self.scheme.name}", unit="layer", disable=not show,
+                       leave=False, file=sys.stderr)
             for i, layer in enumerate(layers):
                 prefix = f"{path}.{i}."
                 lnames = [n for n in names if n.startswith(prefix)]
@@ -297,6 +300,8 @@ class LayerwiseCalibrator:
                         with _fast_backends(layer):
                             outs = run_layer(layer, inputs)
                     inputs = [with_hidden(c, o) for c, o in zip(inputs, outs)]
+                bar.update(1)
+            bar.close()
             del inputs
         elif self.maps:
             warnings.warn("lowbit: no decoder layers found; the model is calibrated as a whole, without "

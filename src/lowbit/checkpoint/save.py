@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.checkpoint.fake_module import FakeQuantLinear
-from lowbit.errors import FormatError
+from lowbit.errors import FormatError, OptionRef
 from lowbit.formats import CheckpointWriter, Format, get_layout, static_scale_entry
 from lowbit.formats.base import dtype_name
 from lowbit.fusion import fused_groups
@@ -63,7 +63,8 @@ def _check_shared(layers: dict[str, nn.Module]) -> None:
                 raise FormatError(
                     f"layers {group} are fused by runtimes but their {attr} values differ "
                     f"({[None if v is None else float(v.reshape(-1)[0]) for v in vals]}); compressed-tensors "
-                    f"needs them shared (calibrate with shared scales, or save with format='lowbit')")
+                    "needs them shared (calibrate with shared scales, or save with {lowbit})",
+                    lowbit=OptionRef("format", "lowbit"))
 
 
 def _scheme_groups(layers: dict[str, nn.Module]) -> list[tuple[Scheme, list[str]]]:
@@ -117,7 +118,8 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     fake_loaded = [n for n, m in layers.items() if isinstance(m, FakeQuantLinear)]
     if fake_loaded and fmt is not Format.FAKE:
         raise FormatError(f"layers such as {fake_loaded[0]!r} were loaded from a 'fake' checkpoint and hold "
-                          f"dequantized weights, not codes; they can only be saved with format='fake'")
+                          "dequantized weights, not codes; they can only be saved with {fake}",
+                          fake=OptionRef("format", "fake"))
     out_emb = getattr(model, "get_output_embeddings", lambda: None)()
     in_emb = getattr(model, "get_input_embeddings", lambda: None)()
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
@@ -146,7 +148,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     if lossy:
         warnings.warn(f"{len(lossy)} scales (e.g. {lossy[0]!r}) are not exactly representable in {dtype_name(dtype)}, "
                       f"the dtype compressed-tensors stores them in; the file holds them rounded. Use "
-                      f"format='lowbit' for a bit-exact checkpoint.", stacklevel=3)
+                      f"the 'lowbit' format for a bit-exact checkpoint.", stacklevel=3)
 
     seen: dict[tuple[int, int, tuple], str] = {}
     for k, v in model.state_dict().items():

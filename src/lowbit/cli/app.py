@@ -18,8 +18,9 @@ err_console = Console(stderr=True)
 
 
 @app.callback()
-def _root() -> None:
-    """lowbit: quantize LLM weights and activations with exact numerics (add --debug for tracebacks)."""
+def _root(debug: bool = typer.Option(False, "--debug", help="Show the Python traceback of an error (any position "
+                                                          "on the command line).")) -> None:
+    """lowbit: quantize LLM weights and activations with exact numerics."""
 
 
 @app.command("schemes")
@@ -54,7 +55,10 @@ def main(argv: list[str] | None = None) -> None:
     except (LowbitError, FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError) as e:
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)  # one line, never wrapped
+        from rich.markup import escape
+
+        msg = e.cli_message() if isinstance(e, LowbitError) else str(e)
+        err_console.print(f"[red]error:[/red] {escape(msg)}", highlight=False, soft_wrap=True)  # one line, never wrapped
         sys.exit(2)
 
 

@@ -26,22 +26,38 @@ def model_arg(value: str | None) -> str | None:
     return value
 
 
-def parse_smoothquant(value: str | None) -> float | str | None:
-    """--smoothquant: 'default' (the per-format alpha, lowbit.smoothquant.defaults), an alpha in
-    [0, 1], 'auto' (per-layer search) or 'none'."""
-    from lowbit.smoothquant.defaults import DEFAULT
+def check_model_path(value: str | None) -> None:
+    """A MODEL argument that names a folder must be a model folder: checked before anything heavy
+    (torch) is imported, so a wrong path fails at once. The built-in model is not checked here."""
+    from lowbit.models.builtin import resolve_model_path
 
-    if value is None or value.lower() in ("none", "off"):
-        return None
-    if value in ("auto", DEFAULT):
-        return value
+    if model_arg(value) is not None:
+        resolve_model_path(value)
+
+
+def check_folder(value: str) -> None:
+    """A checkpoint folder argument must exist (checked before torch is imported)."""
+    from pathlib import Path
+
+    from lowbit.models.builtin import ModelNotFoundError
+
+    if not Path(value).is_dir():
+        raise ModelNotFoundError(f"checkpoint folder not found: {value}")
+
+
+def parse_smoothquant(value: str) -> float | str | None:
+    """--smoothquant: 'default' (the scheme's alpha, lowbit.smoothquant.defaults), an alpha in
+    [0, 1], 'auto' (per-layer search) or 'none'; the values ``lowbit.quantize(smoothquant=...)``
+    takes, 'none' returned as None."""
+    from lowbit.smoothquant.defaults import AUTO, DEFAULT, OFF, check_choice
+
+    if value in (DEFAULT, AUTO, OFF):
+        return check_choice(value)
     try:
-        alpha = float(value)
+        return check_choice(float(value))
     except ValueError:
-        raise OptionError(f"--smoothquant must be an alpha in [0, 1], 'auto', 'default' or 'none', got {value!r}") from None
-    if not 0.0 <= alpha <= 1.0:
-        raise OptionError(f"--smoothquant alpha must be in [0, 1], got {alpha}")
-    return alpha
+        raise OptionError(f"--smoothquant must be an alpha in [0, 1], {AUTO!r}, {DEFAULT!r} or {OFF!r}, "
+                          f"got {value!r}") from None
 
 
 def _enum_option(key: str, given: str, enum, option: str):

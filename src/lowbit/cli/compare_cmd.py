@@ -69,9 +69,9 @@ def compare_cmd(
     lastword_context: int = typer.Option(96, "--lastword-context", help="Context tokens per last-word example."),
     text: Optional[str] = typer.Option(None, "--text", help="Evaluation text, one paragraph a line (default: built-in)."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text file (default: built-in)."),
-    calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows (default 8)."),
+    calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows (default 16, as lowbit quantize and lowbit.quantize)."),
     calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len",
-                                                help="Tokens per calibration window (default 256)."),
+                                                help="Tokens per calibration window (default 512, as lowbit quantize and lowbit.quantize)."),
     calib_preset: Optional[str] = typer.Option(
         None, "--calib-preset",
         help="A named calibration budget for every scheme, e.g. 'gptq-fast' (GPTQ on 4 x 128 tokens, float layer "
@@ -85,8 +85,9 @@ def compare_cmd(
     weight_rounding: Optional[str] = typer.Option(
         None, "--weight-rounding",
         help="'rtn' or 'gptq' (GPTQ calibrates every scheme, weight-only and dynamic ones too)."),
-    backend: str = typer.Option("fast", "--backend",
-                                help="Backend for quantized layers: 'fast' (auto + weight cache), 'auto', 'reference'..."),
+    backend: str = typer.Option("auto", "--backend",
+                                help="Backend for quantized layers: 'auto' (as lowbit.load), 'reference', 'cpu-int8', "
+                                     "'weight-cache'..."),
     save_format: Optional[str] = typer.Option(None, "--save-format",
                                               help="Also save each checkpoint in this format and report its size on disk."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -110,8 +111,6 @@ def compare_cmd(
     wr = parse_weight_rounding(weight_rounding)
     if wr is not None:
         calib_options["weight_rounding"] = wr.value
-    calib_samples = 8 if calib_samples is None else calib_samples
-    calib_seq_len = 256 if calib_seq_len is None else calib_seq_len
     opts = CompareOptions(schemes=parse_list(schemes, "--schemes"), limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,

@@ -8,10 +8,11 @@ import typer
 from rich.table import Table
 
 from lowbit.cli.app import app, console
+from lowbit.cli.common import check_folder, human_bytes
 
 
 def _mb(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**20:.2f} MiB"
+    return "?" if n is None else human_bytes(n)
 
 
 @app.command("inspect")
@@ -21,6 +22,7 @@ def inspect_cmd(
     strict: bool = typer.Option(False, "--strict", help="Exit with status 1 when an inconsistency is found."),
 ) -> None:
     """Show a quantized checkpoint's format, schemes, ignored layers, size and problems."""
+    check_folder(path)
     from lowbit.formats.inspect import inspect_checkpoint
 
     r = inspect_checkpoint(path)
@@ -40,7 +42,7 @@ def inspect_cmd(
         ignored = r["ignored"]
         console.print(f"ignored (float) layers: {', '.join(ignored) if ignored else 'none'}", highlight=False)
         ratio = "" if r["ratio"] is None else f" ({r['ratio']:.3f}x)"
-        console.print(f"size on disk {_mb(r['size_on_disk'])} vs float {_mb(r['float_size'])}{ratio}",
+        console.print(f"weights on disk {_mb(r['size_on_disk'])} vs float {_mb(r['float_size'])}{ratio}",
                       highlight=False)
         if r["inconsistencies"]:
             console.print(f"[red]{len(r['inconsistencies'])} inconsistencies:[/red]")

@@ -12,10 +12,9 @@ import typer
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
-    OptionError, human_bytes, model_arg, parse_calib_preset, parse_layer_inputs, parse_smoothquant,
+    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_layer_inputs, parse_smoothquant,
     parse_weight_rounding,
 )
-from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.errors import LowbitError
 
 
@@ -24,8 +23,9 @@ def _default_output(model: str | None, scheme: str) -> Path:
     return Path(f"{stem}-{scheme}")
 
 
-def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+def _weight_bytes(folder: Path) -> int:
+    """Bytes of the weight files (``*.safetensors``), what ``lowbit inspect`` reports as on disk."""
+    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
 
 
 @app.command("quantize")
@@ -35,8 +35,8 @@ def quantize_cmd(
     fmt: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output folder (default: MODEL-SCHEME)."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text, one paragraph a line (default: built-in)."),
-    calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows."),
-    calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len", help="Tokens per calibration window."),
+    calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows (default 16, as lowbit.quantize and lowbit compare)."),
+    calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len", help="Tokens per calibration window (default 512, as lowbit.quantize and lowbit compare)."),
     smoothquant: str = typer.Option(
         "default", "--smoothquant",
         help="SmoothQuant alpha in [0, 1], 'auto' (per-layer search), 'none', or 'default': 0.8 for schemes with "
@@ -63,9 +63,12 @@ def quantize_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
 ) -> None:
     """Quantize MODEL with SCHEME and write a checkpoint folder."""
+    if device is not None and not model_free:
+        raise OptionError("--device applies to --model-free quantization only: add --model-free or drop --device")
+    check_model_path(model)
     import lowbit
-    from lowbit.quant import WeightRounding
     from lowbit.schemes import get_scheme
+    from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
 
     sch = get_scheme(scheme)
     src = model_arg(model)
@@ -91,9 +94,10 @@ def quantize_cmd(
                             ignore=list(ignore or ()), overwrite=overwrite, progress=True, device=device)
         extra = {}
     else:
-        if device is not None:
-            raise OptionError("--device applies to --model-free quantization only: add --model-free or drop --device")
+        from lowbit.formats.writer import check_output_free
         from lowbit.models import load_model
+
+        check_output_free(out, overwrite)  # before the model is loaded and quantized
 
         save = getattr(lowbit, "save", None)
         if save is None:
@@ -111,27 +115,26 @@ def quantize_cmd(
             kwargs["weight_rounding"] = wr
         if li is not None:
             kwargs["layer_inputs"] = li
-        if preset is not None:
-            from lowbit.calibration import CalibrationConfig
+        from lowbit.calibration import CalibrationConfig
+        from lowbit.model_quant import calibrates
 
-            wr = CalibrationConfig.preset(preset, **kwargs).weight_rounding
-            kwargs["preset"] = preset
-        needs = sch.needs_calibration or sq is not None or wr is WeightRounding.GPTQ
+        cfg = CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
+        needs = calibrates(sch, sq, cfg)
         if not needs and (calib is not None or kwargs):
             err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
         if needs:
             err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
-            qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq,
-                                     ignore=list(ignore or ()), **kwargs)
+            qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq_choice,
+                                     ignore=list(ignore or ()), config=cfg)
         else:
-            qmodel = lowbit.quantize(qmodel, sch, ignore=list(ignore or ()))
+            qmodel = lowbit.quantize(qmodel, sch, smoothquant=sq_choice, ignore=list(ignore or ()))
         t_quant = time.perf_counter() - t0
         save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
         extra = {"quant_seconds": t_quant, "smoothquant": sq}
     summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
-               "seconds": time.perf_counter() - t0, "size_bytes": _folder_bytes(out), **extra}
+               "seconds": time.perf_counter() - t0, "size_bytes": _weight_bytes(out), **extra}
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
-        console.print(f"wrote {out} ({sch.name}, {fmt}, {human_bytes(summary['size_bytes'])}) "
+        console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
                       f"in {summary['seconds']:.1f} s", highlight=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Mapping
 
-from lowbit.errors import FormatError, SchemeError
+from lowbit.errors import FormatError, OptionRef, SchemeError
 from lowbit.numerics import FormatName
 from lowbit.schemes import PRESETS, Dynamic, Granularity, ObserverKind, QuantSpec, Scheme
 
@@ -52,7 +52,7 @@ def _read_weight_observer(name: Any) -> ObserverKind:
 
 def _refuse(scheme: Scheme, why: str) -> FormatError:
     return FormatError(f"format 'compressed-tensors' cannot hold scheme {scheme.name!r}: {why}. "
-                       f"Save it with format='lowbit' (exact for every scheme) instead.")
+                       "Save it with {lowbit} (exact for every scheme) instead.", lowbit=OptionRef("format", "lowbit"))
 
 
 def spec_to_args(spec: QuantSpec, scheme: Scheme, is_weight: bool) -> dict[str, Any]:

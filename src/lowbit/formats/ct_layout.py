@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import torch
 
-from lowbit.errors import FormatError
+from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.base import (
     FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
 )
@@ -65,7 +65,7 @@ class CompressedTensorsLayout(Layout):
         if spec.group_size and in_f % spec.group_size:
             raise FormatError(f"layer {prefix!r} ({scheme.name}): compressed-tensors needs the input dimension "
                               f"{in_f} to be a multiple of the group size {spec.group_size}; ignore this layer or "
-                              f"save with format='lowbit'")
+                              "save with {lowbit}", lowbit=OptionRef("format", "lowbit"))
         t: dict[str, torch.Tensor] = {}
         if fmt in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
             if spec.is_integer:

@@ -28,7 +28,7 @@ from typing import Mapping
 
 import torch
 
-from lowbit.errors import FormatError
+from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.base import FLOAT_DTYPES, Format, Layout, LinearRead, check_tensor, need, where
 from lowbit.formats.lowbit_layout import read_bias
 from lowbit.numerics import get_format
@@ -149,7 +149,8 @@ class GptqLayout(Layout):
     def linear_tensors(self, prefix, qweight, scheme, bias=None, input_scale=None, input_global_scale=None,
                        dtype=torch.bfloat16):
         raise FormatError(f"lowbit reads {PACKING} packing but does not write it (layer {prefix!r}); save with "
-                          f"format='compressed-tensors' or 'lowbit'")
+                          "{ct} or {lowbit}", ct=OptionRef("format", "compressed-tensors"),
+                          lowbit=OptionRef("format", "lowbit"))
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
         raise FormatError(f"lowbit does not write {PACKING} checkpoints")

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import save_file
 
-from lowbit.errors import FormatError
+from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.folder import STANDARD_STEM, WEIGHT_STEMS, WeightFiles, read_header, weight_files
 
 AUX_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -90,14 +90,20 @@ def copy_aux_files(src: str | Path | None, dst: str | Path) -> list[str]:
     return copied
 
 
+def check_output_free(out: str | os.PathLike, overwrite: bool) -> None:
+    """``out`` may be written: it does not exist, is an empty folder, or ``overwrite`` is set."""
+    out = Path(out)
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise FormatError(f"output folder {str(out)!r} already exists and is not empty "
+                          "(pass {overwrite} to replace it)", overwrite=OptionRef("overwrite"))
+
+
 class CheckpointWriter:
     def __init__(self, out_dir: str | Path, *, overwrite: bool = False, max_shard_bytes: int = 2 * 2**30,
                  resume: bool = False, always_index: bool = False, weights_stem: str = STANDARD_STEM) -> None:
         self.files = weight_files(weights_stem)
         self.out = Path(out_dir)
-        if self.out.exists() and not overwrite and (not self.out.is_dir() or any(self.out.iterdir())):
-            raise FormatError(f"output folder {str(self.out)!r} already exists and is not empty "
-                              f"(pass overwrite=True to replace it)")
+        check_output_free(self.out, overwrite)
         self.overwrite = overwrite
         self.max_shard_bytes = int(max_shard_bytes)
         self.always_index = always_index

@@ -91,7 +91,9 @@ class QuantLinear(nn.Module):
                                self.weight_zero_point, self.weight_global_scale)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return dequantize(self.weight_qtensor(), dtype)
+        """The weight's values [out, in] in ``dtype``, contiguous (a ragged last group is stored
+        padded; F.linear on the padded view is slower and every backend must see one layout)."""
+        return dequantize(self.weight_qtensor(), dtype).contiguous()
 
     def check_ready(self) -> None:
         """Static activation scales must be present before running."""

@@ -28,9 +28,9 @@ from lowbit.eval.lastword import lastword_accuracy, lastword_examples
 from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
 from lowbit.eval.text import read_paragraphs
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
-from lowbit.quant import WeightRounding
+from lowbit.model_quant import calibrates
 from lowbit.schemes import get_scheme
-from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
+from lowbit.smoothquant.defaults import DEFAULT, OFF, resolve_alpha
 
 DEFAULT_SCHEMES = ("nvfp4", "nvfp4-e5m3", "w8a8-int8", "w8a8-fp8")
 
@@ -47,17 +47,24 @@ class CompareOptions:
     lastword_context: int = 96      # context tokens per last-word example (cut from the left)
     text_file: str | None = None    # evaluation text (default: built-in)
     calib: str | None = None        # calibration text file (default: lowbit's built-in calibration text)
-    calib_samples: int = 8
-    calib_seq_len: int = 256
+    calib_samples: int | None = None    # None: CalibrationConfig's default (as lowbit.quantize)
+    calib_seq_len: int | None = None    # None: CalibrationConfig's default
     # SmoothQuant for schemes with static per-tensor input scales: DEFAULT (the per-format alpha of
-    # lowbit.smoothquant.defaults: 0.8 INT8, 0.5 FP8), an alpha in [0, 1], "auto" or None (off)
+    # lowbit.smoothquant.defaults: 0.8 INT8, 0.5 FP8), an alpha in [0, 1], "auto" or "none" / None (off)
     smoothquant: float | str | None = DEFAULT
     calib_options: dict = field(default_factory=dict)  # more CalibrationConfig fields (sink_positions,
     #                                                     weight_rounding...)
-    backend: str = "fast"           # "fast": auto + dequantize-once weight cache; or any backend name
+    backend: str = "auto"           # "auto" (lowbit.use_backend's default) or a backend name
     sqnr_tokens: int = 128
     save_format: str | None = None  # also save each checkpoint (lowbit.save) and measure it on disk
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        # one calibration budget default: lowbit.quantize's (CalibrationConfig's)
+        if self.calib_samples is None:
+            self.calib_samples = CalibrationConfig.num_samples
+        if self.calib_seq_len is None:
+            self.calib_seq_len = CalibrationConfig.seq_len
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,32 +85,20 @@ def quantize_with_options(model, scheme_name: str, tokenizer, opts: CompareOptio
     (model, calibrated: bool, smoothquant alpha or None)."""
     scheme = get_scheme(scheme_name)
     sq = resolve_alpha(opts.smoothquant, scheme, static_only=True)
-    gptq = CalibrationConfig(**opts.calib_options).rounding_for(scheme) is WeightRounding.GPTQ
-    if not scheme.needs_calibration and sq is None and not gptq:
-        return lowbit.quantize(model, scheme), False, None
+    options = {**opts.calib_options, "num_samples": opts.calib_samples, "seq_len": opts.calib_seq_len}
+    if not calibrates(scheme, sq, CalibrationConfig(**options)):
+        return lowbit.quantize(model, scheme, smoothquant=OFF), False, None
     calib = opts.calib if opts.calib is not None else "builtin"
-    q = lowbit.quantize(model, scheme, calibration=calib, tokenizer=tokenizer, smoothquant=sq,
-                        num_samples=opts.calib_samples, seq_len=opts.calib_seq_len, **opts.calib_options)
+    q = lowbit.quantize(model, scheme, calibration=calib, tokenizer=tokenizer, smoothquant=OFF if sq is None else sq,
+                        progress=opts.progress, **options)
     return q, True, sq
 
 
 def set_backends(qmodel, name: str) -> None:
-    """``name`` for every quantized layer; "fast" is the automatic choice, except that layers
-    left to the reference emulation use the dequantize-once weight cache when it is registered
-    and accepts them (same numerics, the weight is not dequantized at every forward)."""
-    from lowbit.backends import REGISTRY, use_backend
+    """``name`` ("auto" or a backend) for every quantized layer."""
+    from lowbit.backends import use_backend
 
-    if name != "fast":
-        use_backend(qmodel, name)
-        return
-    use_backend(qmodel, "auto")
-    try:
-        cache = REGISTRY.get("weight-cache")
-    except LowbitError:
-        return
-    for mod in quantized_linears(qmodel).values():
-        if getattr(mod.backend, "name", None) == "reference" and cache.accepts(mod):
-            mod.backend = cache.instance()
+    use_backend(qmodel, name)
 
 
 def _dir_bytes(folder: Path) -> int:

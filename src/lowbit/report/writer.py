@@ -34,23 +34,36 @@ def write_report(report: dict, output_dir: str | os.PathLike) -> dict[str, Path]
     return {"json": jpath, "png": ppath}
 
 
-def plot_report(report: dict, path: str | os.PathLike) -> Path:
-    """Three panels: perplexity, last-word accuracy (float as a line), per-layer SQNR."""
+def _ppl_limits(values: list[float]) -> tuple[float, float]:
+    """A perplexity axis around the values (float's included), not from 0: the differences show."""
+    lo, hi = min(values), max(values)
+    pad = max(hi - lo, 0.02 * hi) * 0.15
+    return max(lo - pad, 0.0), hi + 2 * pad
+
+
+def build_figure(report: dict):
+    """Three panels: perplexity (axis around the values, change vs float on each bar), last-word
+    accuracy (float as a line), per-layer SQNR of the schemes where it was measured (the others,
+    smoothed schemes, are named in the panel as not measured)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    path = Path(path)
     ok = [r for r in report["schemes"] if r.get("status") == "ok"]
     base = report["float"]
     names = [r["scheme"] for r in ok]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1, 1, 2]})
     ax = axes[0]
-    ax.bar(names, [r["perplexity"] for r in ok], color="tab:blue")
+    ppls = [r["perplexity"] for r in ok]
+    bars = ax.bar(names, ppls, color="tab:blue")
+    for b, r in zip(bars, ok):
+        ax.annotate(f"{r['ppl_change_pct']:+.1f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=8)
     ax.axhline(base["perplexity"], color="k", ls="--", label=f"float {base['perplexity']:.2f}")
+    ax.set_ylim(*_ppl_limits(ppls + [base["perplexity"]]))
     ax.set_title(f"perplexity ({base['tokens_scored']} tokens)")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     ax.tick_params(axis="x", rotation=30)
     ax = axes[1]
     if "lastword_accuracy" in base:
@@ -61,17 +74,31 @@ def plot_report(report: dict, path: str | os.PathLike) -> Path:
         ax.legend(loc="lower right")
     ax.tick_params(axis="x", rotation=30)
     ax = axes[2]
-    for r in ok:
-        vals = [v if v is not None else float("nan") for v in r.get("layers", {}).values()]
+    measured = [r for r in ok if r.get("layers")]
+    for r in measured:
+        vals = [v if v is not None else float("nan") for v in r["layers"].values()]
         ax.plot(range(len(vals)), vals, marker=".", lw=1, label=r["scheme"])
+    missing = [r["scheme"] for r in ok if not r.get("layers")]
+    if missing:
+        ax.text(0.01, 0.02, f"not measured (SmoothQuant changes each layer's input): {', '.join(missing)}",
+                transform=ax.transAxes, fontsize=8, va="bottom")
     ax.set_title("per-layer output SQNR (dB), model order; low = hurts")
     ax.set_xlabel("quantized linear #")
     ax.set_ylabel("SQNR dB")
     ax.grid(alpha=0.3)
-    if ok:
+    if measured:
         ax.legend(fontsize=8)
     fig.suptitle(f"lowbit compare: {report['model']['path']}", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot_report(report: dict, path: str | os.PathLike) -> Path:
+    """``build_figure`` written to ``path`` (PNG) atomically."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig = build_figure(report)
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)

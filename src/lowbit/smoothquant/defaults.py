@@ -22,7 +22,9 @@ from lowbit.schemes import Dynamic, Granularity, Scheme
 INT_ALPHA = 0.8
 FLOAT_ALPHA = 0.5
 
-DEFAULT = "default"  # the CLI / CompareOptions value that means "default_alpha(scheme)"
+DEFAULT = "default"  # the value (API, CLI, CompareOptions) that means "default_alpha(scheme)"; the default
+OFF = "none"         # the value that means "no smoothing" (the Python API also takes None for it)
+AUTO = "auto"        # per-layer alpha search
 
 
 def smoothquant_applies(scheme: Scheme) -> bool:
@@ -38,9 +40,23 @@ def default_alpha(scheme: Scheme) -> float | None:
     return INT_ALPHA if isinstance(get_format(scheme.input_activations.format), IntFormat) else FLOAT_ALPHA
 
 
+def check_choice(choice) -> float | str | None:
+    """A user's SmoothQuant choice, checked: DEFAULT, OFF (or None), AUTO or an alpha in [0, 1].
+    Returns it with OFF spelled None; anything else is a ValueError naming the accepted values."""
+    if choice is None or (isinstance(choice, str) and choice == OFF):
+        return None
+    if isinstance(choice, str) and choice in (DEFAULT, AUTO):
+        return choice
+    if isinstance(choice, bool) or not isinstance(choice, (int, float)) or not 0.0 <= choice <= 1.0:
+        raise ValueError(f"smoothquant must be an alpha in [0, 1], {AUTO!r}, {DEFAULT!r} or {OFF!r}, got {choice!r}")
+    return float(choice)
+
+
 def resolve_alpha(choice: float | str | None, scheme: Scheme, *, static_only: bool) -> float | str | None:
-    """The alpha for ``scheme`` given a user's choice: DEFAULT -> ``default_alpha``; None -> no
-    smoothing; an alpha or "auto" as given (with ``static_only``, only for schemes it applies to)."""
+    """The alpha for ``scheme`` given a user's (checked) choice: DEFAULT -> ``default_alpha``;
+    OFF / None -> no smoothing (None); an alpha or AUTO as given (with ``static_only``, only for
+    schemes it applies to)."""
+    choice = check_choice(choice)
     if choice == DEFAULT:
         return default_alpha(scheme)
     if choice is None or (static_only and not smoothquant_applies(scheme)):
