@@ -35,12 +35,28 @@ def byte_tokenizer():
                                    eos_token=chr(256))
 
 
-def save_tiny_folder(path, seed: int = 0, **overrides):
+BOS_ID = 1  # byte 1 never occurs in text
+
+
+def bos_byte_tokenizer():
+    """``byte_tokenizer`` that, like Gemma's and Llama 3's, puts a BOS token (id 1) before every
+    text by default (a template post-processor); ``add_special_tokens=False`` leaves it out."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend = byte_tokenizer().backend_tokenizer
+    bos = chr(256 + BOS_ID)  # GPT-2's byte-level character of byte 1
+    backend.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, BOS_ID)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False,
+                                   eos_token=chr(256), bos_token=bos)
+
+
+def save_tiny_folder(path, seed: int = 0, tokenizer=None, **overrides):
     from conftest import tiny_llama
 
     model = tiny_llama(seed=seed, **overrides)
     model.save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
+    (tokenizer or byte_tokenizer()).save_pretrained(path)
     return path
 
 

@@ -89,7 +89,7 @@ def test_lowbit_config_writes_every_spec_field():
     g = qcfg["config_groups"]["group_0"]
     assert g["targets"] == ["Linear"] and qcfg["ignore"] == ["lm_head"]
     assert set(g["scheme"]["weights"]) == {"format", "granularity", "group_size", "symmetric", "dynamic",
-                                           "scale_format", "global_scale", "observer"}
+                                           "scale_format", "global_scale", "observer", "scale_floor"}
     assert g["scheme"]["input_activations"]["dynamic"] == "local"
     assert g["scheme"]["input_activations"]["observer"] == "max"
     bad = json.loads(json.dumps(qcfg))

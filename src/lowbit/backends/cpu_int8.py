@@ -37,7 +37,7 @@ def supports_scheme(s: Scheme) -> bool:
     if a is None:
         return False
     w_ok = (w.format is FormatName.INT8 and w.symmetric and w.granularity in (Granularity.CHANNEL, Granularity.TENSOR))
-    a_ok = a.format is FormatName.INT8 and a.symmetric and (
+    a_ok = a.format is FormatName.INT8 and a.symmetric and a.scale_floor is None and (
         (a.granularity is Granularity.TENSOR and a.dynamic is Dynamic.STATIC)
         or (a.granularity is Granularity.TOKEN and a.dynamic is Dynamic.DYNAMIC)
     )

@@ -10,7 +10,10 @@
 
 Text is joined paragraph by paragraph (with a newline between them), tokenized once, and cut
 into consecutive, non-overlapping windows of ``seq_len`` tokens; at most ``num_samples``
-windows are kept (evenly spaced over the text when there are more).
+windows are kept (evenly spaced over the text when there are more). Each window starts the way
+the tokenizer starts a text (lowbit.textstart): when it adds a BOS token by default, a window is
+that BOS + ``seq_len - 1`` text tokens (``seq_len`` tokens in all, as the model sees them);
+otherwise ``seq_len`` text tokens. Token-id tensors are used as given.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from lowbit.calibration.observers import ObserverKind
 from lowbit.errors import LowbitError
 from lowbit.quant.gptq import GPTQOptions, WeightRounding
 from lowbit.schemes import Scheme
+from lowbit.textstart import bos_to_prepend, prepend
 from lowbit.textfiles import builtin_calibration_text_path
 from lowbit.textfiles import read_paragraphs as _read_paragraphs
 
@@ -226,18 +230,22 @@ def _token_ids(tokenizer, text: str) -> list[int]:
     return list(ids)
 
 
-def windows(ids: torch.Tensor, num_samples: int, seq_len: int) -> torch.Tensor:
-    """Cut a 1-D id sequence into at most ``num_samples`` evenly spaced windows [n, seq_len]."""
-    n_win = ids.numel() // seq_len
+def windows(ids: torch.Tensor, num_samples: int, seq_len: int, bos: int | None = None) -> torch.Tensor:
+    """Cut a 1-D id sequence into at most ``num_samples`` evenly spaced windows [n, seq_len]:
+    ``seq_len`` text tokens each, or ``bos`` + ``seq_len - 1`` when ``bos`` is given."""
+    span = seq_len - (bos is not None)
+    if span < 1:
+        raise CalibrationError(f"seq_len={seq_len} leaves no text token after the BOS token")
+    n_win = ids.numel() // span
     if n_win == 0:
         raise CalibrationError(
             f"calibration text has {ids.numel()} tokens, fewer than one window of seq_len={seq_len}"
+            + (" (BOS + seq_len - 1 text tokens)" if bos is not None else "")
         )
-    all_w = ids[: n_win * seq_len].reshape(n_win, seq_len)
-    if n_win <= num_samples:
-        return all_w
-    pick = torch.linspace(0, n_win - 1, num_samples).round().long()
-    return all_w[pick]
+    all_w = ids[: n_win * span].reshape(n_win, span)
+    if n_win > num_samples:
+        all_w = all_w[torch.linspace(0, n_win - 1, num_samples).round().long()]
+    return prepend(all_w, bos)
 
 
 def calibration_tokens(calibration, tokenizer=None, *, num_samples: int = 16, seq_len: int = 512) -> torch.Tensor:
@@ -265,4 +273,4 @@ def calibration_tokens(calibration, tokenizer=None, *, num_samples: int = 16, se
             f"{BUILTIN!r}; got {type(calibration).__name__}"
         )
     ids = torch.tensor(_token_ids(tokenizer, "\n".join(paras)), dtype=torch.int64)
-    return windows(ids, num_samples, seq_len)
+    return windows(ids, num_samples, seq_len, bos_to_prepend(tokenizer))

@@ -84,6 +84,7 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
         layout = parsed.layout_for(scheme)
         rec = _Recorder(folder)
         r = layout.read_linear(name, rec, scheme, dtype, config=parsed, shape=(lin.out_features, lin.in_features))
+        scheme = r.scheme or scheme  # what the stored tensors say the layer runs under
         leftover = [k for k in by_parent.get(name, ()) if k not in rec.used]
         if leftover:
             raise FormatError(f"tensor {folder.describe(leftover[0])} does not belong to layer {name!r} under its "

@@ -4,8 +4,10 @@ An example is a paragraph whose text ends in a word (optionally followed by clos
 punctuation or quotes, which are dropped): the context is everything before that word, the
 target is `` word``. The model is correct when greedy decoding reproduces the target's tokens
 exactly; with teacher forcing this is one forward pass: the argmax at every target position
-equals the target token (lm-eval's ``is_greedy``). Context is cut from the left to
-``max_context_tokens``. Only the hidden states at target positions reach the output head.
+equals the target token (lm-eval's ``is_greedy``). The context starts the way the tokenizer
+starts a text (its BOS token when it adds one by default, lowbit.textstart); text is cut from
+the left so that the context, the BOS included, is at most ``max_context_tokens`` tokens.
+Only the hidden states at target positions reach the output head.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tqdm.auto import tqdm
 
 from lowbit.eval.scoring import DEFAULT_MAX_LOGITS, score_positions
 from lowbit.eval.text import EvalDataError, read_paragraphs
+from lowbit.textstart import bos_to_prepend
 
 _ENDING = re.compile(r"^(?P<context>.*\S)\s+(?P<word>[A-Za-z]+)[\"'.,;:!?\)\u201d\u2019_-]*$", re.S)
 
@@ -39,6 +42,7 @@ class LastWordResult:
     correct: int
     examples: int
     mean_logprob: float     # mean log-probability of the whole target word, nats
+    bos_prepended: bool     # each context started with the tokenizer's BOS token
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,13 +65,20 @@ def lastword_examples(paragraphs: list[str], *, min_context_words: int = 20, min
     return out
 
 
-def encode_example(tokenizer, ex: LastWordExample, max_context_tokens: int) -> tuple[list[int], int]:
-    """Token ids of context + " word" (context cut from the left) and the number of target tokens."""
-    ctx = tokenizer(ex.context, add_special_tokens=False)["input_ids"][-max_context_tokens:]
+def encode_example(tokenizer, ex: LastWordExample, max_context_tokens: int,
+                   bos: int | None = None) -> tuple[list[int], int]:
+    """Token ids of [bos] + context + " word" and the number of target tokens; the context text
+    is cut from the left to ``max_context_tokens`` tokens, the BOS (when given) included."""
+    start = [] if bos is None else [bos]
+    keep = max_context_tokens - len(start)
+    if keep < 1:
+        raise EvalDataError(f"max_context_tokens must be at least {1 + len(start)}, got {max_context_tokens}")
+    ctx = tokenizer(ex.context, add_special_tokens=False)["input_ids"]
+    ctx = ctx[max(len(ctx) - keep, 0):]
     tgt = tokenizer(" " + ex.word, add_special_tokens=False)["input_ids"]
     if not tgt or not ctx:
         raise EvalDataError(f"cannot tokenize example ending in {ex.word!r}")
-    return ctx + tgt, len(tgt)
+    return start + ctx + tgt, len(tgt)
 
 
 @torch.no_grad()
@@ -83,7 +94,8 @@ def lastword_accuracy(model: nn.Module, tokenizer, examples: list[LastWordExampl
     if not examples:
         raise EvalDataError("no last-word examples (need paragraphs ending in a word)")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    encoded = [encode_example(tokenizer, ex, max_context_tokens) for ex in examples]
+    bos = bos_to_prepend(tokenizer)
+    encoded = [encode_example(tokenizer, ex, max_context_tokens, bos) for ex in examples]
     correct, total_lp = 0, 0.0
     bar = tqdm(total=len(encoded), desc=desc, unit="ex", disable=not progress, leave=False)
     for s in range(0, len(encoded), batch_size):
@@ -108,4 +120,4 @@ def lastword_accuracy(model: nn.Module, tokenizer, examples: list[LastWordExampl
         bar.update(len(batch))
     bar.close()
     return LastWordResult(accuracy=correct / len(encoded), correct=correct, examples=len(encoded),
-                          mean_logprob=total_lp / len(encoded))
+                          mean_logprob=total_lp / len(encoded), bos_prepended=bos is not None)

@@ -1,11 +1,20 @@
 """Perplexity over local text in fixed windows (optionally strided), with bits per byte.
 
-The text is tokenized once (no special tokens). Windows of ``window`` tokens start every
-``stride`` tokens (default: ``stride = window``, non-overlapping); each window scores the tokens
-not scored by an earlier window, never its own first token (which has no context), so every
-scored token has between 1 and ``window - 1`` tokens of context. ``limit`` caps the number of
-scored tokens. Bits per byte divides the total negative log-likelihood (in bits) by the UTF-8
-bytes those scored tokens cover, which makes results comparable across tokenizers.
+The text is tokenized once (no special tokens) and cut into windows; each window starts the way
+the tokenizer starts a text (lowbit.textstart): with its BOS token when it adds one by default
+(Gemma, Llama 3), with nothing otherwise (SmolLM2). ``window`` counts every token the model
+sees, the BOS included:
+
+- with BOS: BOS + ``window - 1`` text tokens; every text token can be scored, the first from
+  the BOS alone; the BOS itself is never scored;
+- without: ``window`` text tokens; the first is never scored (it has no context).
+
+Windows start every ``stride`` text tokens (default: the text tokens of a window, so they do not
+overlap; at most that many); each scores the text tokens not scored by an earlier window, so a
+non-overlapping window scores ``window - 1`` tokens either way, and every scored token has
+between 1 and ``window - 1`` tokens of context. ``limit`` caps the number of scored tokens.
+Bits per byte divides the total negative log-likelihood (in bits) by the UTF-8 bytes those
+scored tokens cover, which makes results comparable across tokenizers.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from tqdm.auto import tqdm
 
 from lowbit.eval.scoring import DEFAULT_MAX_LOGITS, score_positions
 from lowbit.eval.text import EvalDataError, read_text
+from lowbit.textstart import bos_to_prepend, prepend
 
 
 @dataclass(frozen=True)
@@ -31,8 +41,9 @@ class PerplexityResult:
     bytes_scored: int
     bits_per_byte: float
     windows: int
-    window: int
-    stride: int
+    window: int             # tokens per forward, the BOS included
+    stride: int             # text tokens between window starts
+    bos_prepended: bool     # each window started with the tokenizer's BOS token
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -56,16 +67,24 @@ def tokenize_with_bytes(tokenizer, text: str) -> tuple[torch.Tensor, np.ndarray]
     return torch.tensor(ids, dtype=torch.long), nbytes
 
 
-def window_plan(n_tokens: int, window: int, stride: int, limit: int | None) -> list[tuple[int, int, int]]:
-    """(begin, end, n_scored) per window; the scored tokens are [end - n_scored, end)."""
+def window_plan(n_tokens: int, window: int, stride: int, limit: int | None, *,
+                prefix: int = 0) -> list[tuple[int, int, int]]:
+    """(begin, end, n_scored) per window, in text-token indices: the window holds text tokens
+    [begin, end) after ``prefix`` start tokens (0, or 1 for a BOS), so at most
+    ``window - prefix`` of them; the scored tokens are [end - n_scored, end). Without a prefix a
+    window's first text token is not scored (no context); with one it can be."""
     if window < 2:
         raise EvalDataError(f"window must be at least 2 tokens, got {window}")
-    if not 1 <= stride <= window:
-        raise EvalDataError(f"stride must be in [1, window={window}], got {stride}")
+    if prefix not in (0, 1):
+        raise EvalDataError(f"a window starts with 0 or 1 BOS token, got prefix {prefix}")
+    span, skip = window - prefix, 1 - prefix  # text tokens per window; unscored ones at its start
+    if not 1 <= stride <= span:
+        bos = f" (window {window} less the BOS token each window starts with)" if prefix else ""
+        raise EvalDataError(f"stride must be in [1, {span}]{bos}, got {stride}")
     plan, prev_end, total = [], 0, 0
-    for begin in range(0, max(n_tokens - 1, 0), stride):
-        end = min(begin + window, n_tokens)
-        n = min(end - prev_end, end - begin - 1)
+    for begin in range(0, max(n_tokens - skip, 0), stride):
+        end = min(begin + span, n_tokens)
+        n = min(end - prev_end, end - begin - skip)
         if limit is not None and total + n > limit:
             cut = total + n - limit
             end, n = end - cut, n - cut
@@ -83,19 +102,22 @@ def perplexity(model: nn.Module, tokenizer, text: str | None = None, *, text_fil
                window: int = 512, stride: int | None = None, limit: int | None = None,
                progress: bool = True, desc: str = "perplexity", max_logits: int = DEFAULT_MAX_LOGITS,
                ) -> PerplexityResult:
-    """Perplexity of ``model`` on ``text`` (default: the built-in evaluation text)."""
+    """Perplexity of ``model`` on ``text`` (default: the built-in evaluation text); each window
+    starts with the tokenizer's BOS when it adds one (see the module docstring)."""
     if text is None:
         text = read_text(text_file)
-    stride = window if stride is None else stride
+    bos = bos_to_prepend(tokenizer)
+    prefix = 0 if bos is None else 1
+    stride = window - prefix if stride is None else stride
     ids, nbytes = tokenize_with_bytes(tokenizer, text)
-    plan = window_plan(len(ids), window, stride, limit)
+    plan = window_plan(len(ids), window, stride, limit, prefix=prefix)
     if not plan:
         raise EvalDataError(f"text too short for perplexity: {len(ids)} tokens")
     nll, count, nb = 0.0, 0, 0
     bar = tqdm(total=sum(p[2] for p in plan), desc=desc, unit="tok", disable=not progress, leave=False)
     for begin, end, n in plan:
-        chunk = ids[begin:end][None]
-        t = torch.arange(end - begin - n, end - begin)
+        chunk = prepend(ids[begin:end], bos)[None]
+        t = torch.arange(end - begin - n, end - begin) + prefix  # chunk positions of the scored tokens
         pos = torch.stack([torch.zeros_like(t), t], dim=1)
         lp, _ = score_positions(model, chunk, pos, max_logits=max_logits)
         nll -= float(lp.double().sum())
@@ -106,4 +128,4 @@ def perplexity(model: nn.Module, tokenizer, text: str | None = None, *, text_fil
     mean = nll / count
     return PerplexityResult(perplexity=math.exp(mean), nll=mean, tokens_scored=count, bytes_scored=nb,
                             bits_per_byte=nll / math.log(2) / max(nb, 1), windows=len(plan),
-                            window=window, stride=stride)
+                            window=window, stride=stride, bos_prepended=bos is not None)

@@ -26,7 +26,7 @@ Packing formats and the tensor layout each uses:
 | auto_round:fp8_static | ``weight`` float8_e4m3fn [out, in], ``weight_scale`` [out] model dtype, ``input_scale`` [1] (compressed-tensors layout) |
 | auto_round:llm_compressor | compressed-tensors layouts (nvfp4-pack, mxfp4-pack, mxfp8, pack-quantized); nvfp4_v2 layers as below |
 | auto_round:llm_compressor_nvfp4_e5m3 | ``weight_packed`` uint8 [out, in/2], ``weight_scale`` uint8 UE5M3 codes [out, in/16], no global scales (lowbit layout) |
-| auto_round:fake | ``weight`` already quantized-dequantized (fake layout); static input scales from ``input_scale`` tensors when present |
+| auto_round:fake | ``weight`` already quantized-dequantized (fake layout); static input scales from ``input_scale`` tensors when present; FP8 layers with only ``act_max_scale`` (auto-round's export: static scales not saved) read with dynamic per-tensor inputs, as auto-round's loader runs them (lowbit.formats.autoround_fake) |
 | auto_round:auto_gptq (the default) | ``qweight`` int32 [in_p / (32/bits), out], ``scales`` [in_p / g, out], ``qzeros`` int32 (zero - 1), optional trivial ``g_idx``; INT2/4/8 weight-only (lowbit.formats.gptq_pack) |
 
 auto_gptq symmetric weights read with the ``full-range`` observer (auto-round's rule: scale = the
@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from lowbit.errors import FormatError, SchemeError
+from lowbit.formats.autoround_fake import LAYOUT as FAKE_LAYOUT
 from lowbit.formats.base import Format, ParsedConfig
-from lowbit.formats.ct_args import named_scheme
+from lowbit.formats.ct_args import layout_format, named_scheme
 from lowbit.formats.gptq_pack import PACKING as GPTQ_PACKING
 from lowbit.formats.gptq_pack import GptqLayout, check_gptq_spec
 from lowbit.numerics import FormatName
@@ -60,7 +61,7 @@ PACKING = {
     "auto_round:fp8_static": Format.COMPRESSED_TENSORS,
     "auto_round:llm_compressor": Format.COMPRESSED_TENSORS,
     "auto_round:llm_compressor_nvfp4_e5m3": Format.LOWBIT,
-    "auto_round:fake": Format.FAKE,
+    "auto_round:fake": Format.FAKE,  # read by AutoRoundFakeLayout (AutoRoundConfig.layout_for)
     "fake": Format.FAKE,
     GPTQ_PACKING: Format.LOWBIT,  # read by GptqLayout into lowbit's QuantizedTensor (AutoRoundConfig.layout_for)
 }
@@ -211,13 +212,15 @@ class AutoRoundConfig(ParsedConfig):
         return scheme_from_fields(self.default_fields, "auto-round quantization_config", self.packing_format)
 
     def format_for(self, scheme: Scheme) -> Format:
-        if self.format is Format.COMPRESSED_TENSORS and scheme.weights.scale_format is FormatName.UE5M3:
-            return Format.LOWBIT  # nvfp4_v2 layers of an llm_compressor folder: raw E5M3 codes
+        if self.format is Format.COMPRESSED_TENSORS:
+            return layout_format(scheme)  # nvfp4_v2 layers of an llm_compressor folder: raw E5M3 codes
         return self.format
 
     def layout_for(self, scheme: Scheme):
         if self.packing_format == GPTQ_PACKING:
             return GPTQ_LAYOUT
+        if self.format is Format.FAKE:
+            return FAKE_LAYOUT
         return super().layout_for(scheme)
 
 

@@ -27,6 +27,7 @@ that store them in the model dtype).
 from __future__ import annotations
 
 import re
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
@@ -72,6 +73,8 @@ class LinearRead:
     weight: the float weight as stored (``fake`` format only), else None.
     bias: in the stored dtype, or None.
     input_scale / input_global_scale: float32 [1] or None.
+    scheme: the scheme the layer runs under when its tensors make it differ from the config's
+        (auto-round fake FP8 folders without exported input scales: dynamic inputs), else None.
     """
 
     qweight: QuantizedTensor | None
@@ -79,6 +82,7 @@ class LinearRead:
     input_scale: torch.Tensor | None = None
     input_global_scale: torch.Tensor | None = None
     weight: torch.Tensor | None = None
+    scheme: Scheme | None = None
 
 
 def matches_ignore_entry(name: str, entry: str) -> bool:
@@ -105,6 +109,13 @@ class ParsedConfig:
     static_scales: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = "lowbit"
     extra: dict[str, Any] = field(default_factory=dict)
+    warned: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def warn_once(self, key: str, message: str) -> None:
+        """A UserWarning the first time ``key`` comes up while this folder is read."""
+        if key not in self.warned:
+            self.warned.add(key)
+            warnings.warn(message, UserWarning, stacklevel=3)
 
     def is_ignored(self, name: str) -> bool:
         return any(matches_ignore_entry(name, e) for e in self.ignore)

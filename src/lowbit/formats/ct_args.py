@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any, Mapping
 
 from lowbit.errors import FormatError, OptionRef, SchemeError
+from lowbit.formats.base import Format
 from lowbit.numerics import FormatName
 from lowbit.schemes import PRESETS, Dynamic, Granularity, ObserverKind, QuantSpec, Scheme
 
@@ -24,6 +25,10 @@ class CTFormat(str, Enum):
     NVFP4_PACK_QUANTIZED = "nvfp4-pack-quantized"
     MXFP4_PACK_QUANTIZED = "mxfp4-pack-quantized"
     MXFP8_QUANTIZED = "mxfp8-quantized"
+    # read, never written: auto-round's llm_compressor export of NVFP4-E5M3 (provider "auto-round"),
+    # args as NVFP4's (tensor_group, group 16) but UE5M3 block scales and no global scales; stock
+    # compressed-tensors has no such format and reads those tensors as NVFP4 (see spec_to_args)
+    NVFP4_E5M3_PACK_QUANTIZED = "nvfp4-e5m3-pack-quantized"
 
 
 ARGS_KEYS = ("num_bits", "type", "symmetric", "group_size", "strategy", "block_structure", "dynamic",
@@ -63,9 +68,13 @@ def spec_to_args(spec: QuantSpec, scheme: Scheme, is_weight: bool) -> dict[str, 
         typ, bits = "float", spec.bits
     else:
         raise _refuse(scheme, f"element format {spec.format.value} has no compressed-tensors type")
+    if spec.scale_floor is not None:
+        raise _refuse(scheme, f"its scale floor ({spec.scale_floor:.6g}) has no compressed-tensors field")
     if spec.scale_format is FormatName.UE5M3:
-        raise _refuse(scheme, "UE5M3 block scales (NVFP4-E5M3) have no standard compressed-tensors layout "
-                              "(the non-standard 'nvfp4-e5m3-pack-quantized' is rejected by stock loaders)")
+        raise _refuse(scheme, "UE5M3 block scales (NVFP4-E5M3) have no standard compressed-tensors layout: stock "
+                              "transformers + compressed-tensors read auto-round's non-standard "
+                              "'nvfp4-e5m3-pack-quantized' as standard NVFP4 (wrong values, NaN logits) without an "
+                              "error")
     if spec.granularity is Granularity.GROUP:
         strategy = "tensor_group" if spec.global_scale else "group"
     else:
@@ -81,6 +90,15 @@ def spec_to_args(spec: QuantSpec, scheme: Scheme, is_weight: bool) -> dict[str, 
         "scale_dtype": _SCALE_DTYPE.get(spec.scale_format), "zp_dtype": None if spec.symmetric else "torch.int8",
         "observer": observer, "observer_kwargs": {},
     }
+
+
+def layout_format(scheme: Scheme) -> Format:
+    """The layout a layer of ``scheme`` is read with in a compressed-tensors-style folder:
+    NVFP4-E5M3 (UE5M3 block scales: ``nvfp4-e5m3-pack-quantized``, auto-round's
+    ``llm_compressor_nvfp4_e5m3``) stores ``weight_packed`` uint8 [out, in/2] (low nibble first)
+    and ``weight_scale`` uint8 UE5M3 codes [out, in/16], byte for byte lowbit's own layout;
+    every other scheme the compressed-tensors layout."""
+    return Format.LOWBIT if scheme.weights.scale_format is FormatName.UE5M3 else Format.COMPRESSED_TENSORS
 
 
 def ct_format_of(scheme: Scheme) -> CTFormat:
@@ -180,7 +198,14 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
             scale_format = FormatName.E8M0
     elif typ == "float" and bits == 4:
         fmt = FormatName.E2M1
-        if strategy == "tensor_group":
+        if ct_format == CTFormat.NVFP4_E5M3_PACK_QUANTIZED.value:
+            if strategy != "tensor_group" or group_size != 16 or scale_dtype not in (None, "uint8"):
+                raise FormatError(f"{where}: {ct_format} needs strategy tensor_group, group_size 16 and uint8 "
+                                  f"scales, got {strategy}, {group_size}, {scale_dtype}")
+            scale_format = FormatName.UE5M3
+            if dyn is Dynamic.LOCAL:  # auto-round writes NVFP4's "local": with no global scale, all dynamic
+                dyn = Dynamic.DYNAMIC
+        elif strategy == "tensor_group":
             if group_size != 16 or scale_dtype not in (None, "float8_e4m3fn"):
                 raise FormatError(f"{where}: NVFP4 needs group_size 16 and float8_e4m3fn scales, got "
                                   f"group_size {group_size}, scale_dtype {scale_dtype}")

@@ -16,7 +16,10 @@ Scales that compressed-tensors keeps in the model dtype are cast to it on writin
 scale is representable (always for float32 models); for bf16/fp16 models a float32 lowbit scale is
 rounded, which ``lowbit.save`` reports (the file then holds a slightly different dequantization).
 Reading uses the stored scales exactly (compressed-tensors' int scales are amax/127.5 and its
-codes span -128..127; both are read as they are). NVFP4-E5M3 is refused (no standard layout).
+codes span -128..127; both are read as they are). Groups in auto-round's non-standard
+``nvfp4-e5m3-pack-quantized`` format are read (with lowbit's layout, which their tensors are byte
+for byte: ``ct_args.layout_format``); writing NVFP4-E5M3 is refused (``ct_args.spec_to_args``
+says why).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.base import (
     FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
 )
-from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, named_scheme, spec_to_args
+from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, layout_format, named_scheme, spec_to_args
 from lowbit.formats.folder import STANDARD_STEM
 from lowbit.formats.lowbit_layout import read_bias, scale_shape
 from lowbit.numerics import E8M0, FormatName, get_format
@@ -37,6 +40,23 @@ from lowbit.quant import QuantizedTensor, nibbles, pack_int32, unpack_int32, unp
 from lowbit.schemes import Dynamic, Scheme
 
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose layouts these files were checked against
+
+
+class CTConfig(ParsedConfig):
+    """A compressed-tensors config: each layer read with ``layout_format(scheme)``."""
+
+    def format_for(self, scheme: Scheme) -> Format:
+        return layout_format(scheme)
+
+
+def _check_e5m3(scheme: Scheme, where_: str) -> None:
+    """An ``nvfp4-e5m3-pack-quantized`` group: NVFP4-E5M3 weights, inputs the same or none."""
+    w, a = scheme.weights, scheme.input_activations
+    if a is not None and not (a.scale_format is FormatName.UE5M3 and a.group_size == 16):
+        raise FormatError(f"{where_}: {CTFormat.NVFP4_E5M3_PACK_QUANTIZED.value} takes NVFP4-E5M3 input "
+                          f"activations (group 16) or none, got {a.describe()}")
+    if w.scale_format is not FormatName.UE5M3:
+        raise FormatError(f"{where_}: {CTFormat.NVFP4_E5M3_PACK_QUANTIZED.value} needs FP4 weights, got {w.describe()}")
 
 
 def _float_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -149,13 +169,18 @@ class CompressedTensorsLayout(Layout):
             for t in targets:
                 formats[t] = f
             groups.append((scheme, targets))
+            if f == CTFormat.NVFP4_E5M3_PACK_QUANTIZED.value:
+                _check_e5m3(scheme, gw)
+                continue
             try:
                 ct_format_of(scheme)
             except FormatError as e:
                 raise FormatError(f"{gw}: {e}") from None
         ignore = qcfg.get("ignore") or []
-        return ParsedConfig(Format.COMPRESSED_TENSORS, groups, list(ignore), source="compressed-tensors",
-                            extra={"version": qcfg.get("version"), "formats": formats})
+        provider = qcfg.get("provider")
+        return CTConfig(Format.COMPRESSED_TENSORS, groups, list(ignore),
+                        source="compressed-tensors" + (f" ({provider})" if provider else ""),
+                        extra={"version": qcfg.get("version"), "formats": formats})
 
     def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None, shape=None):
         fmt = ct_format_of(scheme)

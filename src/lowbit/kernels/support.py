@@ -16,8 +16,8 @@ def supports_block_spec(spec: QuantSpec | None) -> bool:
 
 
 def supports_row_spec(spec: QuantSpec | None) -> bool:
-    """INT8 / FP8-E4M3 activations per token (dynamic) or per tensor (static)."""
-    if spec is None or not spec.symmetric or spec.scale_format is not FormatName.FP32:
+    """INT8 / FP8-E4M3 activations per token (dynamic) or per tensor (static), without a scale floor."""
+    if spec is None or not spec.symmetric or spec.scale_format is not FormatName.FP32 or spec.scale_floor is not None:
         return False
     if spec.format not in (FormatName.INT8, FormatName.E4M3):
         return False

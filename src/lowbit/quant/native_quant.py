@@ -38,7 +38,7 @@ OBSERVERS = (ObserverKind.MAX, ObserverKind.HALF_STEP, ObserverKind.FULL_RANGE) 
 def supports(x: torch.Tensor, spec: QuantSpec) -> bool:
     """Whether ``quantize_native`` takes ``x`` under ``spec`` (before trying the library)."""
     fmt = get_format(spec.format)
-    return (spec.symmetric and spec.observer in OBSERVERS and x.dim() >= 1 and x.numel() > 0
+    return (spec.symmetric and spec.observer in OBSERVERS and spec.scale_floor is None and x.dim() >= 1 and x.numel() > 0
             and (has_table(fmt) or isinstance(fmt, IntFormat)) and native.usable(x))
 
 

@@ -48,12 +48,18 @@ def global_scale_from_amax(tensor_amax: torch.Tensor, spec: QuantSpec) -> torch.
     return torch.where(a > 0, num / torch.where(a > 0, a, torch.ones_like(a)), torch.ones_like(a))
 
 
+def fp32_scales(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """fp32 scales from a float32 amax: amax / divisor, raised to ``spec.scale_floor`` when set."""
+    s = divide(a, amax_divisor(spec))
+    return s if spec.scale_floor is None else torch.clamp_min(s, spec.scale_floor)
+
+
 def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Scales (symmetric) from an amax tensor, following the rules of lowbit.quant.scaling."""
     a = a.to(torch.float32)
     sf = spec.scale_format
     if sf is FormatName.FP32:
-        return divide(a, amax_divisor(spec))
+        return fp32_scales(a, spec)
     if sf is FormatName.E8M0:
         return fast_encode.decode(E8M0, mx_scale_codes(a, spec))
     return fast_encode.qdq(get_format(sf), _raw_block_scales(a, spec, global_scale))  # fmt.qdq(raw), bit for bit
@@ -66,7 +72,7 @@ def scales_and_codes_from_amax(a: torch.Tensor, spec: QuantSpec,
     a = a.to(torch.float32)
     sf = spec.scale_format
     if sf is FormatName.FP32:
-        return divide(a, amax_divisor(spec)), None
+        return fp32_scales(a, spec), None
     fmt = get_format(sf)
     codes = (mx_scale_codes(a, spec) if sf is FormatName.E8M0
              else fast_encode.encode(fmt, _raw_block_scales(a, spec, global_scale)))

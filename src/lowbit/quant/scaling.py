@@ -5,6 +5,7 @@ of an activation [..., in]). The arithmetic is float32 and its order of operatio
 the contract (every backend reproduces it bit for bit):
 
 - INT symmetric:   scale = amax / qmax;                      q = round_half_even(x / scale)
+  (symmetric fp32 scales, INT or FP, are raised to ``spec.scale_floor`` when it is set)
 - INT asymmetric:  scale = (max - min) / (qmax - qmin) with min <= 0 <= max;
                    zp = clamp(round(qmin - min / scale));    q = clamp(round(x / scale) + zp)
 - FP, fp32 scale:  scale = amax / elem_max;                  q = elem(x / scale)

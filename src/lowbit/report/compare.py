@@ -31,6 +31,7 @@ from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_lin
 from lowbit.model_quant import calibrates
 from lowbit.schemes import get_scheme
 from lowbit.smoothquant.defaults import DEFAULT, OFF, resolve_alpha
+from lowbit.textstart import bos_to_prepend, prepend
 
 DEFAULT_SCHEMES = ("nvfp4", "nvfp4-e5m3", "w8a8-int8", "w8a8-fp8")
 
@@ -110,7 +111,7 @@ def evaluate(model, tokenizer, opts: CompareOptions, examples, label: str) -> di
     ppl = perplexity(model, tokenizer, text_file=opts.text_file, window=opts.window, stride=opts.stride,
                      limit=opts.limit, progress=opts.progress, desc=f"{label}: perplexity")
     out = {"perplexity": ppl.perplexity, "bits_per_byte": ppl.bits_per_byte, "nll": ppl.nll,
-           "tokens_scored": ppl.tokens_scored, "bytes_scored": ppl.bytes_scored}
+           "tokens_scored": ppl.tokens_scored, "bytes_scored": ppl.bytes_scored, "bos_prepended": ppl.bos_prepended}
     if examples:
         lw = lastword_accuracy(model, tokenizer, examples, max_context_tokens=opts.lastword_context,
                                progress=opts.progress, desc=f"{label}: last word")
@@ -145,7 +146,7 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
     paragraphs = read_paragraphs(opts.text_file)
     examples = lastword_examples(paragraphs, limit=opts.lastword) if opts.lastword > 0 else []
     ids, _ = tokenize_with_bytes(tokenizer, "\n".join(paragraphs))
-    sqnr_ids = ids[: max(opts.sqnr_tokens, 2)][None]
+    sqnr_ids = prepend(ids[: max(opts.sqnr_tokens, 2)], bos_to_prepend(tokenizer))[None]  # as the model sees text
 
     report: dict = {
         "lowbit_version": lowbit.__version__,

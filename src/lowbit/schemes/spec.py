@@ -86,6 +86,10 @@ class QuantSpec:
         ObserverKind). The NVFP4 global scale stays amax-based. Dynamic specs and the
         input activations of a scheme keep MAX (static activation scales are chosen by
         ``CalibrationConfig.observer``).
+    scale_floor: None, or the smallest scale computed from data (symmetric fp32 scales under
+        the ``max`` rule): scale = max(amax / elem_max, scale_floor). auto-round's loader floors
+        its dynamic FP8 activation scales at 1 / (448 * 512); None (every lowbit preset): no
+        floor, and an all-zero group gets a zero scale.
     """
 
     format: FormatName
@@ -96,6 +100,7 @@ class QuantSpec:
     scale_format: FormatName = FormatName.FP32
     global_scale: bool = False
     observer: ObserverKind = ObserverKind.MAX
+    scale_floor: float | None = None
 
     def __post_init__(self) -> None:
         # normalise strings given by callers into the enums
@@ -141,6 +146,15 @@ class QuantSpec:
             raise SchemeError(f"observer {self.observer.value!r} is a rule for symmetric INT formats with fp32 scales, "
                               f"not {self.format.value} / {self.scale_format.value} scales"
                               f"{'' if self.symmetric else ' (asymmetric)'}")
+        if self.scale_floor is not None:
+            f = self.scale_floor
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < float("inf"):
+                raise SchemeError(f"scale_floor must be a positive number or None, got {f!r}")
+            if self.scale_format is not FormatName.FP32 or not self.symmetric or self.observer is not ObserverKind.MAX:
+                raise SchemeError("scale_floor applies to symmetric fp32 scales under the 'max' rule, not "
+                                  f"{self.format.value} / {self.scale_format.value} scales, observer {self.observer.value}"
+                                  f"{'' if self.symmetric else ' (asymmetric)'}")
+            object.__setattr__(self, "scale_floor", float(f))
         if self.dynamic is not Dynamic.STATIC and self.observer is not ObserverKind.MAX:
             raise SchemeError(f"observer {self.observer.value!r} needs static scales: {self.dynamic.value} "
                               f"scales are computed at run time with the 'max' rule")
@@ -175,15 +189,18 @@ class QuantSpec:
             "scale_format": self.scale_format.value,
             "global_scale": self.global_scale,
             "observer": self.observer.value,
+            "scale_floor": self.scale_floor,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "QuantSpec":
+        """The spec ``to_dict`` wrote; ``scale_floor`` may be absent (files written before the
+        field existed: no floor), every other field is required."""
         if not isinstance(d, dict):
             raise SchemeError(f"a quantization spec must be a mapping, got {d!r}")
         expected = {"format", "granularity", "group_size", "symmetric", "dynamic", "scale_format", "global_scale",
-                    "observer"}
-        missing, unknown = expected - set(d), set(d) - expected
+                    "observer", "scale_floor"}
+        missing, unknown = expected - set(d) - {"scale_floor"}, set(d) - expected
         if missing or unknown:
             raise SchemeError(
                 f"quantization spec fields: missing {sorted(missing)}, unknown {sorted(unknown)}"
@@ -213,6 +230,8 @@ class QuantSpec:
             parts.append("asymmetric")
         if self.observer is not ObserverKind.MAX:
             parts.append(f"{self.observer.value} observer")
+        if self.scale_floor is not None:
+            parts.append(f"scales >= {self.scale_floor:.6g}")
         return ", ".join(parts)
 
 
