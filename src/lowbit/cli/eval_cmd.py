@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
-from lowbit.cli.common import model_arg, parse_list, quiet_progress
+from lowbit.cli.common import OptionError, model_arg, parse_list, quiet_progress
 
 
 def _evaluate(path, text, limit, window, stride, lastword, progress, label):
@@ -48,6 +48,8 @@ def eval_cmd(
     from lowbit.eval import read_paragraphs
 
     quiet_progress(progress)
+    if limit <= 0:
+        raise OptionError(f"--limit must be a positive number of tokens to score, got {limit}")
     read_paragraphs(text)  # a bad --text fails before any model is loaded
     result, model, tok = _evaluate(path, text, limit, window, stride, lastword, progress, "model")
     report = {"model": result}

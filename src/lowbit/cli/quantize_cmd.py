@@ -17,6 +17,8 @@ from lowbit.cli.common import (
 )
 from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.errors import LowbitError
+from lowbit.formats.outguard import check_not_source
+from lowbit.formats.outlock import output_lock
 
 
 def _default_output(model: str | None, scheme: str) -> Path:
@@ -64,7 +66,6 @@ def quantize_cmd(
 ) -> None:
     """Quantize MODEL with SCHEME and write a checkpoint folder."""
     import lowbit
-    from lowbit.quant import WeightRounding
     from lowbit.schemes import get_scheme
 
     sch = get_scheme(scheme)
@@ -93,41 +94,13 @@ def quantize_cmd(
     else:
         if device is not None:
             raise OptionError("--device applies to --model-free quantization only: add --model-free or drop --device")
-        from lowbit.models import load_model
-
-        save = getattr(lowbit, "save", None)
-        if save is None:
-            raise LowbitError("saving a checkpoint needs lowbit.save, which is not in this build")
         from lowbit.models import resolve_model_path
 
         folder = resolve_model_path(src)
-        qmodel, tok = load_model(folder)
-        kwargs = {}
-        if calib_samples is not None:
-            kwargs["num_samples"] = calib_samples
-        if calib_seq_len is not None:
-            kwargs["seq_len"] = calib_seq_len
-        if wr is not None:
-            kwargs["weight_rounding"] = wr
-        if li is not None:
-            kwargs["layer_inputs"] = li
-        if preset is not None:
-            from lowbit.calibration import CalibrationConfig
-
-            wr = CalibrationConfig.preset(preset, **kwargs).weight_rounding
-            kwargs["preset"] = preset
-        needs = sch.needs_calibration or sq is not None or wr is WeightRounding.GPTQ
-        if not needs and (calib is not None or kwargs):
-            err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
-        if needs:
-            err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
-            qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq,
-                                     ignore=list(ignore or ()), **kwargs)
-        else:
-            qmodel = lowbit.quantize(qmodel, sch, ignore=list(ignore or ()))
-        t_quant = time.perf_counter() - t0
-        save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
-        extra = {"quant_seconds": t_quant, "smoothquant": sq}
+        check_not_source(folder, out)
+        with output_lock(out):  # held from loading to the rename: a second run into `out` is refused now
+            extra = _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq, wr, li,
+                                preset, ignore, overwrite, t0)
     summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
                "seconds": time.perf_counter() - t0, "size_bytes": _folder_bytes(out), **extra}
     if as_json:
@@ -135,3 +108,38 @@ def quantize_cmd(
     else:
         console.print(f"wrote {out} ({sch.name}, {fmt}, {human_bytes(summary['size_bytes'])}) "
                       f"in {summary['seconds']:.1f} s", highlight=False)
+
+
+def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq, wr, li, preset, ignore,
+                overwrite, t0) -> dict:
+    """Load ``folder``, quantize it (calibrated when the options ask for it) and save it to ``out``."""
+    from lowbit.models import load_model
+    from lowbit.quant import WeightRounding
+
+    qmodel, tok = load_model(folder)
+    kwargs = {}
+    if calib_samples is not None:
+        kwargs["num_samples"] = calib_samples
+    if calib_seq_len is not None:
+        kwargs["seq_len"] = calib_seq_len
+    if wr is not None:
+        kwargs["weight_rounding"] = wr
+    if li is not None:
+        kwargs["layer_inputs"] = li
+    if preset is not None:
+        from lowbit.calibration import CalibrationConfig
+
+        wr = CalibrationConfig.preset(preset, **kwargs).weight_rounding
+        kwargs["preset"] = preset
+    needs = sch.needs_calibration or sq is not None or wr is WeightRounding.GPTQ
+    if not needs and (calib is not None or kwargs):
+        err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
+    if needs:
+        err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
+        qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq,
+                                 ignore=list(ignore or ()), **kwargs)
+    else:
+        qmodel = lowbit.quantize(qmodel, sch, ignore=list(ignore or ()))
+    t_quant = time.perf_counter() - t0
+    lowbit.save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
+    return {"quant_seconds": t_quant, "smoothquant": sq}

@@ -146,14 +146,22 @@ def resolve_model_path(path: str | os.PathLike | None, cache_dir: str | os.PathL
 def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None):
     """Load ``(model, tokenizer)`` in float32, eval mode. ``None`` means the built-in model.
 
-    A quantized lowbit/compressed-tensors folder is loaded with ``lowbit.load`` when available.
+    A quantized lowbit/compressed-tensors folder is loaded with ``lowbit.load`` when available; a
+    float folder is checked first (lowbit.models.float_check: FormatError naming the file or
+    tensor for a damaged folder, a shape the config contradicts, integer weights, an index naming
+    files outside the folder, pickled-only weights), and only its safetensors are read.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = resolve_model_path(path, cache_dir)
+    quantized = is_quantized_folder(folder)
+    if not quantized:
+        from lowbit.models.float_check import check_float_folder
+
+        check_float_folder(folder)  # before transformers reads anything of it
     tok = AutoTokenizer.from_pretrained(folder)
-    if is_quantized_folder(folder):
+    if quantized:
         try:
             from lowbit import load as lowbit_load  # issue 4 (save/load)
         except ImportError as e:
@@ -161,7 +169,7 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
                               f"lowbit.load to read it") from e
         model = lowbit_load(folder)
     else:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
     model.eval()
     return model, tok
 
