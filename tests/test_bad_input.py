@@ -43,13 +43,15 @@ def run(capsys, *args) -> tuple[int, str, str]:
 
 
 def assert_one_error(code: int, err: str, *names: str) -> str:
-    """Exit 2, a single ``error:`` line (no traceback) naming each of ``names``; returns the line."""
+    """Exit 2, one ``error:`` line, the last on stderr (progress bars may precede it), no traceback,
+    naming each of ``names``; returns the line."""
     lines = err.strip().splitlines()
     assert code == 2, err[-3000:]
-    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error:"), err[-3000:]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    assert "Traceback" not in err and len(errors) == 1 and lines[-1] == errors[0], err[-3000:]
     for n in names:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
+        assert n in errors[0], (n, errors[0])
+    return errors[0]
 
 
 def leftovers(out: Path) -> list[str]:

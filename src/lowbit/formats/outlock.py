@@ -8,7 +8,8 @@ holder exits, however it exits (a killed run never leaves a stale lock). The hol
 file on release; a waiter that locked a file removed meanwhile retries on the new one, so two
 processes never both believe they hold the lock. In one process the lock is reentrant for the
 thread holding it (``lowbit quantize`` holds it across loading, calibration and ``lowbit.save``,
-which takes it again); another thread of the same process is refused like another process.
+which takes it again), and the outermost holder releases it; another thread of the same process is
+refused like another process.
 Without ``fcntl`` (Windows) no lock is taken.
 """
 
@@ -28,7 +29,7 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-_held: dict[str, tuple[int, int, int]] = {}  # lock path -> (fd, owner thread, depth)
+_held: dict[str, tuple[int, int]] = {}  # lock path -> (fd or -1 without fcntl, owner thread)
 _guard = threading.Lock()
 
 
@@ -72,7 +73,9 @@ def _acquire(out: Path, path: Path) -> int:
 @contextmanager
 def output_lock(out: str | os.PathLike) -> Iterator[Path]:
     """Hold the lock of output folder ``out`` for the ``with`` block; yields the lock file's path.
-    OutputError (naming the folder and the lock file) when another process or thread holds it."""
+    OutputError (naming the folder and the lock file) when another process or thread holds it.
+    Inside a block of the same thread holding it, this is a no-op: the outermost block releases it
+    when it ends, whatever the inner ones did."""
     out_p = Path(out).resolve()
     path = lock_path(out_p)
     key = str(path)
@@ -82,20 +85,17 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
         if held is not None:
             if held[1] != me:
                 raise _busy(out_p, path)
-            _held[key] = (held[0], me, held[2] + 1)
-        elif fcntl is not None:
-            _held[key] = (_acquire(out_p, path), me, 1)
+            outermost = False
+        else:
+            _held[key] = (_acquire(out_p, path) if fcntl is not None else -1, me)
+            outermost = True
     try:
         yield path
     finally:
-        with _guard:
-            held = _held.get(key)
-            if held is not None:
-                fd, owner, depth = held
-                if depth > 1:
-                    _held[key] = (fd, owner, depth - 1)
-                else:
-                    del _held[key]
+        if outermost:
+            with _guard:
+                fd, _ = _held.pop(key)
+                if fd >= 0:
                     try:
                         path.unlink()
                     except OSError:

@@ -82,9 +82,10 @@ def write_safetensors_atomic(path: Path, tensors: Mapping[str, torch.Tensor],
 
 def write_failure(exc: OSError, out: Path, what: str = "") -> OutputError:
     """One line for a write the system refused: the path it names (else ``out``) and its reason."""
-    where = exc.filename if exc.filename is not None else out
     reason = exc.strerror or str(exc) or type(exc).__name__
-    return OutputError(f"cannot write {where} (output folder {out}): {reason}{what}")
+    if exc.filename is None:
+        return OutputError(f"cannot write the output folder {out}: {reason}{what}")
+    return OutputError(f"cannot write {exc.filename} (output folder {out}): {reason}{what}")
 
 
 def copy_aux_files(src: str | Path | None, dst: str | Path) -> list[str]:
