@@ -168,3 +168,29 @@ def test_lock_is_reentrant_in_its_thread_only(tmp_path):
     assert len(errors) == 1 and not lock.exists()
     with output_lock(out):  # released: taken again
         pass
+
+
+def test_existing_output_is_refused_before_any_work_and_new_parents_are_not_left(capsys, monkeypatch, tiny,
+                                                                                  tmp_path):
+    import lowbit.models
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("mine")
+
+    def no_loading(*a, **k):
+        raise AssertionError("the model was loaded although the output is refused")
+
+    monkeypatch.setattr(lowbit.models, "load_model", no_loading)
+    for extra in ([], ["--model-free"]):
+        code, _, err = run(capsys, "quantize", tiny, "--scheme", "w8a16", "--output", out, *extra)
+        assert_one_error(code, err, str(out), "--overwrite")
+        assert (out / "keep").read_text() == "mine"
+    monkeypatch.undo()
+    deep = tmp_path / "new" / "deeper" / "out"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{")
+    code, _, err = run(capsys, "quantize", bad, "--scheme", "w8a16", "--output", deep)
+    assert_one_error(code, err, "config.json")
+    assert not (tmp_path / "new").exists()  # the folders made for the lock are removed with it

@@ -88,7 +88,9 @@ def quantize_cmd(
             raise LowbitError("model-free quantization (lowbit.modelfree.quantize_checkpoint) is not in this build") from e
         from lowbit.models import resolve_model_path
 
-        quantize_checkpoint(resolve_model_path(src), out, scheme=sch.name, format=fmt, workers=workers,
+        folder = resolve_model_path(src)
+        _check_output(folder, out, overwrite)
+        quantize_checkpoint(folder, out, scheme=sch.name, format=fmt, workers=workers,
                             ignore=list(ignore or ()), overwrite=overwrite, progress=True, device=device)
         extra = {}
     else:
@@ -97,7 +99,7 @@ def quantize_cmd(
         from lowbit.models import resolve_model_path
 
         folder = resolve_model_path(src)
-        check_not_source(folder, out)
+        _check_output(folder, out, overwrite)
         with output_lock(out):  # held from loading to the rename: a second run into `out` is refused now
             extra = _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq, wr, li,
                                 preset, ignore, overwrite, t0)
@@ -108,6 +110,14 @@ def quantize_cmd(
     else:
         console.print(f"wrote {out} ({sch.name}, {fmt}, {human_bytes(summary['size_bytes'])}) "
                       f"in {summary['seconds']:.1f} s", highlight=False)
+
+
+def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
+    """Before any work: the output is not the source, and is new, empty or replaced on purpose."""
+    check_not_source(folder, out)
+    if not overwrite and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise OptionError(f"output folder {out} already exists and is not empty: pass --overwrite to replace it, "
+                          f"or choose another --output")
 
 
 def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq, wr, li, preset, ignore,

@@ -44,6 +44,24 @@ def _busy(out: Path, path: Path) -> OutputError:
                        f"{path}); wait for it to finish or choose another --output")
 
 
+def _missing_parents(path: Path) -> list[Path]:
+    """The folders above ``path`` that do not exist yet, innermost first."""
+    out = []
+    for p in path.parents:
+        if p.exists():
+            break
+        out.append(p)
+    return out
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for p in folders:  # innermost first; one that is not empty (a finished output) stops it
+        try:
+            p.rmdir()
+        except OSError:
+            return
+
+
 def _acquire(out: Path, path: Path) -> int:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +105,7 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
                 raise _busy(out_p, path)
             outermost = False
         else:
+            made = _missing_parents(path)  # created for the lock: removed again if nothing was written
             _held[key] = (_acquire(out_p, path) if fcntl is not None else -1, me)
             outermost = True
     try:
@@ -101,3 +120,4 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
                     except OSError:
                         pass
                     os.close(fd)  # closing the last descriptor releases the flock
+                _remove_empty(made)
