@@ -82,8 +82,8 @@ INDEX_NAME = WeightFiles(STANDARD_STEM).index
 SINGLE_NAME = WeightFiles(STANDARD_STEM).single
 MAX_HEADER = 100 * 1024 * 1024
 
-#: safetensors dtype codes of the float weights lowbit quantizes from (a model's own float dtypes)
-FLOAT_DTYPES = frozenset({"F32", "F16", "BF16"})
+#: safetensors dtype codes of the float weights lowbit quantizes from (formats.base.FLOAT_DTYPES as stored)
+FLOAT_DTYPE_CODES = frozenset({"F32", "F16", "BF16"})
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 

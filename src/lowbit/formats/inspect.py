@@ -24,7 +24,7 @@ import torch.nn as nn
 from lowbit.errors import FormatError, LowbitError
 from lowbit.formats.base import QUANT_SUFFIXES, Format, parse_dtype
 from lowbit.formats.detect import parse_quantization_config
-from lowbit.formats.folder import FLOAT_DTYPES, SafetensorsFolder, read_config
+from lowbit.formats.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
 
 
@@ -151,9 +151,9 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                     if tuple(st_shape) != tuple(state[k].shape):
                         problems.append(f"tensor {folder.describe(k)} has shape {tuple(st_shape)}, the model config "
                                         f"says {tuple(state[k].shape)}")
-                    elif state[k].dtype.is_floating_point and st_dtype not in FLOAT_DTYPES:
+                    elif state[k].dtype.is_floating_point and st_dtype not in FLOAT_DTYPE_CODES:
                         problems.append(f"tensor {folder.describe(k)} has dtype {st_dtype}, expected a float dtype "
-                                        f"({', '.join(sorted(FLOAT_DTYPES))})")
+                                        f"({', '.join(sorted(FLOAT_DTYPE_CODES))})")
     for scheme, targets in parsed.groups:
         report["groups"].append({
             "scheme": scheme.name, "targets": targets, "layers": counts.get(scheme.name, 0),

@@ -21,8 +21,8 @@ import torch
 
 from lowbit.errors import FormatError
 from lowbit.formats.folder import (
-    FLOAT_DTYPES, INDEX_NAME, SINGLE_NAME, WeightFiles, check_shard_name, find_weight_files, read_header_and_offset,
-    refuse_pickled_only,
+    FLOAT_DTYPE_CODES, INDEX_NAME, SINGLE_NAME, WeightFiles, check_shard_name, find_weight_files,
+    read_header_and_offset, refuse_pickled_only,
 )
 
 REOPEN_BYTES = 64 << 20
@@ -32,7 +32,7 @@ DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
     "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
 }
-FLOAT_SOURCES = FLOAT_DTYPES
+FLOAT_SOURCES = FLOAT_DTYPE_CODES
 FP8_SOURCES = frozenset({"F8_E4M3"})
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 CONFIG_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -155,12 +155,7 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = resolve_model_path(path, cache_dir)
-    quantized = is_quantized_folder(folder)
-    if not quantized:
-        from lowbit.models.float_check import check_float_folder
-
-        check_float_folder(folder)  # before transformers reads anything of it
-    if quantized:
+    if is_quantized_folder(folder):
         try:
             from lowbit import load as lowbit_load  # issue 4 (save/load)
         except ImportError as e:
@@ -168,6 +163,9 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
                               f"lowbit.load to read it") from e
         model = lowbit_load(folder)
     else:
+        from lowbit.models.float_check import check_float_folder
+
+        check_float_folder(folder)  # before transformers reads anything of it
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
     try:
         tok = AutoTokenizer.from_pretrained(folder)

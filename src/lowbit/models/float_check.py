@@ -8,7 +8,7 @@ parameters silently. This reads the folder as lowbit.load and model-free quantiz
 (lowbit.formats.folder: config.json is JSON; shard names are plain file names in the folder; every
 shard header agrees with its file size) and compares every stored tensor with the model the config
 describes, built on the meta device (no memory, no data): its shape must match, and a float
-parameter must be stored in a float dtype (F32, F16 or BF16, FLOAT_DTYPES: the same rule as
+parameter must be stored in a float dtype (F32, F16 or BF16, FLOAT_DTYPE_CODES: the same rule as
 model-free quantization). Only safetensors weights are read, never pickled ``.bin`` files.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lowbit.errors import FormatError
-from lowbit.formats.folder import FLOAT_DTYPES, SafetensorsFolder, read_config
+from lowbit.formats.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
 
 
 def _meta_state(folder: Path) -> tuple[dict, str]:
@@ -50,7 +50,7 @@ def check_float_folder(path: str | Path) -> SafetensorsFolder:
         if tuple(shape) != tuple(ref.shape):
             raise FormatError(f"tensor {name!r} in {shard} has shape {tuple(shape)}, the model config says "
                               f"{tuple(ref.shape)} ({str(folder / 'config.json')!r} and the weights disagree)")
-        if ref.dtype.is_floating_point and dtype not in FLOAT_DTYPES:
+        if ref.dtype.is_floating_point and dtype not in FLOAT_DTYPE_CODES:
             raise FormatError(f"tensor {name!r} in {shard} has dtype {dtype}; lowbit quantizes float weights "
-                              f"({', '.join(sorted(FLOAT_DTYPES))}) only")
+                              f"({', '.join(sorted(FLOAT_DTYPE_CODES))}) only")
     return st
