@@ -106,7 +106,11 @@ def output_lock(out: str | os.PathLike) -> Iterator[Path]:
             outermost = False
         else:
             made = _missing_parents(path)  # created for the lock: removed again if nothing was written
-            _held[key] = (_acquire(out_p, path) if fcntl is not None else -1, me)
+            try:
+                _held[key] = (_acquire(out_p, path) if fcntl is not None else -1, me)
+            except BaseException:
+                _remove_empty(made)
+                raise
             outermost = True
     try:
         yield path
