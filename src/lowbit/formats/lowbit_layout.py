@@ -106,11 +106,16 @@ def _packs_nibbles(spec: QuantSpec, in_f: int) -> bool:
     return spec.bits == 4 and in_f % 2 == 0
 
 
+def scale_dtype(spec: QuantSpec) -> torch.dtype:
+    """The dtype ``weight_scale`` of ``spec`` is stored in: float32, or uint8 codes of the scale format."""
+    return torch.float32 if spec.scale_format is FormatName.FP32 else torch.uint8
+
+
 def stored_scale(qweight: QuantizedTensor) -> torch.Tensor:
-    """The weight scale as stored: float32, or uint8 codes of the spec's scale format."""
+    """The weight scale as stored (in ``scale_dtype``): float32, or the codes of the spec's scale format."""
     if qweight.spec.scale_format is FormatName.FP32:
-        return qweight.scale.to(torch.float32).contiguous()
-    return qweight.scale_codes().contiguous()
+        return qweight.scale.to(scale_dtype(qweight.spec)).contiguous()
+    return qweight.scale_codes().contiguous().view(scale_dtype(qweight.spec))
 
 
 def decode_scale(stored: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -204,9 +209,8 @@ class LowbitLayout(Layout):
         check_codes(tensors, pk if pk in tensors else ck, codes, spec, what)
         sshape = scale_shape(spec, out_f, in_f, prefix)
         sk = f"{prefix}.weight_scale"
-        sdt = torch.float32 if spec.scale_format is FormatName.FP32 else torch.uint8
-        scale = decode_scale(check_tensor(tensors, sk, need(tensors, sk, what), shape=sshape, dtypes=[sdt],
-                                          what=what), spec)
+        scale = decode_scale(check_tensor(tensors, sk, need(tensors, sk, what), shape=sshape,
+                                          dtypes=[scale_dtype(spec)], what=what), spec)
         zp = None
         if not spec.symmetric:
             zk = f"{prefix}.weight_zero_point"
