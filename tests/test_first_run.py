@@ -139,3 +139,10 @@ def test_readme_scheme_table_states_each_weight_observer():
     assert set(rows) == set(PRESETS)
     for name, scheme in PRESETS.items():
         assert rows[name] == f"`{scheme.weights.observer.value}`", name
+
+
+@pytest.mark.parametrize("command", ["eval", "compare"])
+@pytest.mark.parametrize("limit", ["0", "-5"])
+def test_limit_must_be_positive_before_any_work(capsys, command, limit, tmp_path):
+    code, _, err = run(capsys, command, tmp_path / "no-such-model", "--limit", limit)
+    assert code == 2 and "--limit must be a positive" in err and len(err.strip().splitlines()) == 1

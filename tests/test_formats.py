@@ -80,7 +80,8 @@ def test_lowbit_layout_packs_low_bit_codes_and_scale_codes():
     assert int(t["p.weight_packed"][0, 0]) == int(qw.codes[0, 0]) | (int(qw.codes[0, 1]) << 4)
     s, qw, *_ = _layer("w8a8-int8")
     t = layout.linear_tensors("p", qw, s, input_scale=torch.tensor([0.5]))
-    assert t["p.weight_codes"].dtype == torch.uint8 and t["p.weight_scale"].dtype == torch.float32
+    assert t["p.weight_codes"].dtype == torch.int8 and t["p.weight_scale"].dtype == torch.float32  # typed codes
+    assert torch.equal(t["p.weight_codes"].view(torch.uint8), qw.codes)
     assert t["p.input_scale"].dtype == torch.float32
 
 

@@ -61,3 +61,8 @@ class SchemeError(LowbitError, ValueError):
 
 class FormatError(LowbitError, ValueError):
     """A checkpoint on disk is malformed or does not match its declared scheme."""
+
+
+class OutputError(LowbitError, OSError):
+    """An output folder cannot be written: it is the source, another run holds its lock, or the
+    system refused a write (read-only, disk full); the message names the path."""

@@ -24,7 +24,7 @@ import torch.nn as nn
 from lowbit.checkpoint.fake_module import FakeQuantLinear
 from lowbit.errors import FormatError
 from lowbit.formats import Format, SafetensorsFolder, parse_quantization_config, read_config
-from lowbit.formats.base import QUANT_SUFFIXES, ParsedConfig, parse_dtype
+from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, parse_dtype
 from lowbit.model_quant import set_submodule
 from lowbit.modules import QuantLinear
 
@@ -163,8 +163,10 @@ def _load_rest(model: nn.Module, folder: SafetensorsFolder, consumed: set[str], 
         if tuple(t.shape) != tuple(ref.shape):
             raise FormatError(f"tensor {folder.describe(k)} has shape {tuple(t.shape)}, the model config says "
                               f"{tuple(ref.shape)}")
-        if t.dtype.is_floating_point != ref.dtype.is_floating_point:
-            raise FormatError(f"tensor {folder.describe(k)} has dtype {t.dtype}, expected {ref.dtype}")
+        if t.dtype.is_floating_point != ref.dtype.is_floating_point or \
+                (ref.dtype.is_floating_point and t.dtype not in FLOAT_DTYPES):  # no FP8 cast in silently
+            raise FormatError(f"tensor {folder.describe(k)} has dtype {t.dtype}, expected {ref.dtype} "
+                              f"(or another of {', '.join(str(d) for d in FLOAT_DTYPES)})")
         sd[k] = t.to(ref.dtype)
         consumed.add(k)
     model.load_state_dict(sd, strict=False, assign=True)

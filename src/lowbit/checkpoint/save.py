@@ -10,7 +10,10 @@ transformers fail on it rather than load uninitialised weights for its layers),
 generation_config.json, and the tokenizer (``tokenizer.save_pretrained``) or the tokenizer and
 generation files copied from ``source_dir`` (default: the folder the model was loaded from, when it
 is a local folder). Everything is written to a temporary folder renamed at the end: a failed save
-leaves nothing behind. Tied input/output embeddings are written once.
+leaves nothing behind (a refused write, disk full or read-only, is an OutputError naming the path).
+Tied input/output embeddings are written once. The output folder's lock (lowbit.formats.outlock) is
+held while writing: a second save into the same folder at the same time is refused; an output that
+is the source folder (or holds it) is refused (lowbit.formats.outguard).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from lowbit.checkpoint.fake_module import FakeQuantLinear
 from lowbit.errors import FormatError, OptionRef
 from lowbit.formats import CheckpointWriter, Format, get_layout, static_scale_entry
 from lowbit.formats.base import dtype_name
+from lowbit.formats.outguard import check_not_source
 from lowbit.fusion import fused_groups
 from lowbit.modules import QuantLinear
 from lowbit.schemes import Scheme
@@ -184,6 +188,8 @@ def save(model: nn.Module, out_dir: str | Path, format: Format | str = Format.LO
     tensors, qcfg, untie = collect_tensors(model, fmt, dtype)
     config = _config_dict(model, dtype, qcfg, untie)
     src = _source_dir(model, source_dir)
+    if src is not None:
+        check_not_source(src, out_dir)  # never replace the folder the model was loaded from
     with CheckpointWriter(out_dir, overwrite=overwrite, max_shard_bytes=max_shard_size,
                           weights_stem=get_layout(fmt).weights_stem) as w:
         w.add_tensors(tensors)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
-    human_bytes, model_arg, parse_calib_preset, parse_list, parse_smoothquant, parse_weight_rounding, quiet_progress,
+    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_list, parse_smoothquant, parse_weight_rounding, quiet_progress,
 )
 
 
@@ -94,6 +94,11 @@ def compare_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Quantize MODEL with each scheme and compare perplexity, last-word accuracy, size and time with float."""
+    if limit <= 0:
+        raise OptionError(f"--limit must be a positive number of tokens to score, got {limit}")
+    if lastword < 0:
+        raise OptionError(f"--lastword must be 0 (skip) or a positive number of examples, got {lastword}")
+    check_model_path(model)
     from lowbit.report import CompareOptions, run_compare
     from lowbit.report.writer import report_json
 

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
-from lowbit.cli.common import check_model_path, model_arg, parse_list, quiet_progress
+from lowbit.cli.common import OptionError, check_model_path, model_arg, parse_list, quiet_progress
 
 
 def _evaluate(path, text, limit, window, stride, lastword, progress, label):
@@ -45,6 +45,8 @@ def eval_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Perplexity (tokens scored, bits per byte) and last-word accuracy of PATH."""
+    if limit <= 0:
+        raise OptionError(f"--limit must be a positive number of tokens to score, got {limit}")
     check_model_path(path)
     if baseline is not None:
         check_model_path(baseline)

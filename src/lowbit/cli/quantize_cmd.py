@@ -90,47 +90,20 @@ def quantize_cmd(
             raise LowbitError("model-free quantization (lowbit.modelfree.quantize_checkpoint) is not in this build") from e
         from lowbit.models import resolve_model_path
 
-        quantize_checkpoint(resolve_model_path(src), out, scheme=sch.name, format=fmt, workers=workers,
+        folder = resolve_model_path(src)
+        _check_output(folder, out, overwrite)
+        quantize_checkpoint(folder, out, scheme=sch.name, format=fmt, workers=workers,
                             ignore=list(ignore or ()), overwrite=overwrite, progress=True, device=device)
         extra = {}
     else:
-        from lowbit.formats.writer import check_output_free
-        from lowbit.models import load_model
-
-        check_output_free(out, overwrite)  # before the model is loaded and quantized
-
-        save = getattr(lowbit, "save", None)
-        if save is None:
-            raise LowbitError("saving a checkpoint needs lowbit.save, which is not in this build")
+        from lowbit.formats.outlock import output_lock
         from lowbit.models import resolve_model_path
 
         folder = resolve_model_path(src)
-        qmodel, tok = load_model(folder)
-        kwargs = {}
-        if calib_samples is not None:
-            kwargs["num_samples"] = calib_samples
-        if calib_seq_len is not None:
-            kwargs["seq_len"] = calib_seq_len
-        if wr is not None:
-            kwargs["weight_rounding"] = wr
-        if li is not None:
-            kwargs["layer_inputs"] = li
-        from lowbit.calibration import CalibrationConfig
-        from lowbit.model_quant import calibrates
-
-        cfg = CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
-        needs = calibrates(sch, sq, cfg)
-        if not needs and (calib is not None or kwargs):
-            err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
-        if needs:
-            err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
-            qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq_choice,
-                                     ignore=list(ignore or ()), config=cfg)
-        else:
-            qmodel = lowbit.quantize(qmodel, sch, smoothquant=sq_choice, ignore=list(ignore or ()))
-        t_quant = time.perf_counter() - t0
-        save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
-        extra = {"quant_seconds": t_quant, "smoothquant": sq}
+        _check_output(folder, out, overwrite)
+        with output_lock(out):  # held from loading to the rename: a second run into `out` is refused now
+            extra = _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq_choice, sq,
+                                wr, li, preset, ignore, overwrite, t0)
     summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
                "seconds": time.perf_counter() - t0, "size_bytes": _weight_bytes(out), **extra}
     if as_json:
@@ -138,3 +111,45 @@ def quantize_cmd(
     else:
         console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
                       f"in {summary['seconds']:.1f} s", highlight=False)
+
+
+def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
+    """Before any work: the output is not the source, and is new, empty or replaced on purpose."""
+    from lowbit.formats.outguard import check_not_source
+    from lowbit.formats.writer import check_output_free
+
+    check_not_source(folder, out)
+    check_output_free(out, overwrite)
+
+
+def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq_choice, sq, wr, li, preset,
+                ignore, overwrite, t0) -> dict:
+    """Load ``folder``, quantize it (calibrated when the options ask for it: ``model_quant.calibrates``)
+    and save it to ``out``."""
+    from lowbit.calibration import CalibrationConfig
+    from lowbit.model_quant import calibrates
+    from lowbit.models import load_model
+
+    qmodel, tok = load_model(folder)
+    kwargs = {}
+    if calib_samples is not None:
+        kwargs["num_samples"] = calib_samples
+    if calib_seq_len is not None:
+        kwargs["seq_len"] = calib_seq_len
+    if wr is not None:
+        kwargs["weight_rounding"] = wr
+    if li is not None:
+        kwargs["layer_inputs"] = li
+    cfg = CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
+    needs = calibrates(sch, sq, cfg)
+    if not needs and (calib is not None or kwargs):
+        err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
+    if needs:
+        err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
+        qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq_choice,
+                                 ignore=list(ignore or ()), config=cfg)
+    else:
+        qmodel = lowbit.quantize(qmodel, sch, smoothquant=sq_choice, ignore=list(ignore or ()))
+    t_quant = time.perf_counter() - t0
+    lowbit.save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
+    return {"quant_seconds": t_quant, "smoothquant": sq}

@@ -28,7 +28,7 @@ import torch
 from lowbit.errors import FormatError
 from lowbit.formats.base import FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_tensor, need
 from lowbit.formats.folder import STANDARD_STEM
-from lowbit.formats.lowbit_layout import FORMAT_VERSION, lowbit_quantization_config, read_bias, scheme_groups
+from lowbit.formats.lowbit_layout import lowbit_quantization_config, read_bias, read_version, scheme_groups
 from lowbit.quant import dequantize
 from lowbit.schemes import Dynamic, Scheme
 
@@ -69,8 +69,7 @@ class FakeLayout(Layout):
         missing, unknown = expected - set(qcfg), set(qcfg) - expected
         if missing or unknown:
             raise FormatError(f"{w}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
-        if qcfg["format_version"] != FORMAT_VERSION:
-            raise FormatError(f"{w}: format_version {qcfg['format_version']!r} is not supported")
+        read_version(qcfg, w)  # the fake layout's tensors are the same in every version
         scales = qcfg["static_scales"]
         if not isinstance(scales, dict):
             raise FormatError(f"{w}: 'static_scales' must map layer names to their scales")

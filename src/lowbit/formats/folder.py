@@ -82,8 +82,35 @@ INDEX_NAME = WeightFiles(STANDARD_STEM).index
 SINGLE_NAME = WeightFiles(STANDARD_STEM).single
 MAX_HEADER = 100 * 1024 * 1024
 
+#: safetensors dtype codes of the float weights lowbit quantizes from (formats.base.FLOAT_DTYPES as stored)
+FLOAT_DTYPE_CODES = frozenset({"F32", "F16", "BF16"})
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+
+
+def check_shard_name(index: Path, shard: object) -> None:
+    """FormatError unless ``shard``, a shard named by the index file ``index``, is a plain
+    ``*.safetensors`` file name: no folder part (``../outside.safetensors``, ``sub/x.safetensors``), no
+    absolute path, so a checkpoint is only ever read from inside its own folder."""
+    if not isinstance(shard, str) or Path(shard).name != shard or "\\" in shard or \
+            not shard.endswith(".safetensors"):
+        raise FormatError(f"{str(index)!r} names an invalid shard file {shard!r} (a plain *.safetensors file name "
+                          f"in the folder is expected)")
+
+
+PICKLED_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
+
+
+def refuse_pickled_only(path: Path) -> None:
+    """FormatError when a folder with no ``*.safetensors`` file holds pickled PyTorch weights:
+    lowbit reads safetensors only and never unpickles a file (unpickling runs code)."""
+    if any(path.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for pat in PICKLED_WEIGHTS for p in path.glob(pat))
+    if pickled:
+        raise FormatError(f"{str(path)!r} holds only {pickled[0]} (pickled PyTorch weights); lowbit reads "
+                          f"safetensors weights only and never unpickles them: convert the folder to "
+                          f"model.safetensors first")
 
 
 def read_header(path: Path) -> dict[str, Any]:
@@ -145,6 +172,7 @@ class SafetensorsFolder(Mapping):
         self._where: dict[str, str] = {}
         self._headers: dict[str, dict[str, Any]] = {}
         self._handles: dict[str, Any] = {}
+        refuse_pickled_only(self.path)
         self.files = find_weight_files(self.path)
         index = self.path / (self.files or WeightFiles()).index
         self.index_path: Path | None = index if index.is_file() else None
@@ -154,10 +182,8 @@ class SafetensorsFolder(Mapping):
                 assert isinstance(wm, dict)
             except (json.JSONDecodeError, KeyError, AssertionError, TypeError):
                 raise FormatError(f"{str(index)!r} is not a valid index (needs a 'weight_map' object)") from None
-            for shard in sorted(set(wm.values())):
-                if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
-                    raise FormatError(f"{str(index)!r} names an invalid shard file {shard!r} (a plain "
-                                      f"*.safetensors file name in the folder is expected)")
+            for shard in sorted(set(wm.values()), key=str):
+                check_shard_name(index, shard)
                 if not (self.path / shard).exists():
                     raise FormatError(f"shard {shard!r} named by {index.name} is missing from {str(self.path)!r}")
                 self._headers[shard] = read_header(self.path / shard)

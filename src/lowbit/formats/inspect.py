@@ -24,7 +24,7 @@ import torch.nn as nn
 from lowbit.errors import FormatError, LowbitError
 from lowbit.formats.base import QUANT_SUFFIXES, Format, parse_dtype
 from lowbit.formats.detect import parse_quantization_config
-from lowbit.formats.folder import SafetensorsFolder, read_config
+from lowbit.formats.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
 
 
@@ -95,6 +95,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         if report["float_size"]:
             report["ratio"] = round(report["size_on_disk"] / report["float_size"], 4)
         quantized: dict[str, Any] = {}
+        unreadable: set[str] = set()  # quantized layers whose tensors could not be read (reported)
         for name, mod in model.named_modules():
             if not isinstance(mod, nn.Linear):
                 continue
@@ -122,6 +123,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                                                         shape=(mod.out_features, mod.in_features))
             except LowbitError as e:
                 problems.append(str(e))
+                unreadable.add(name)
                 continue
             got = tuple(r.qweight.codes.shape) if r.qweight is not None else tuple(r.weight.shape)
             if got != (mod.out_features, mod.in_features):
@@ -137,12 +139,21 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
             if len(group) > 1 and gs[0] is not None and any(g is None or not torch.equal(g, gs[0]) for g in gs):
                 problems.append(f"layers {group} are fused by runtimes but their weight_global_scale values differ")
         if folder is not None:
-            expected = {k for k in model.state_dict() if k.rpartition(".")[0] not in quantized}
+            state = model.state_dict()
+            expected = {k for k in state if k.rpartition(".")[0] not in quantized.keys() | unreadable}
             for k in sorted(expected):
                 if k not in folder and not (tied and out_emb is not None and k == _out_key(model, out_emb)):
                     if k.rsplit(".", 1)[0] in report["ignored"] and k.endswith(".weight"):
                         continue  # already reported above
                     problems.append(f"tensor {k!r} is missing")
+                elif k in folder:
+                    st_dtype, st_shape, _ = folder.info(k)
+                    if tuple(st_shape) != tuple(state[k].shape):
+                        problems.append(f"tensor {folder.describe(k)} has shape {tuple(st_shape)}, the model config "
+                                        f"says {tuple(state[k].shape)}")
+                    elif state[k].dtype.is_floating_point and st_dtype not in FLOAT_DTYPE_CODES:
+                        problems.append(f"tensor {folder.describe(k)} has dtype {st_dtype}, expected a float dtype "
+                                        f"({', '.join(sorted(FLOAT_DTYPE_CODES))})")
     for scheme, targets in parsed.groups:
         report["groups"].append({
             "scheme": scheme.name, "targets": targets, "layers": counts.get(scheme.name, 0),

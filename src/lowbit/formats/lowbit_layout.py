@@ -5,7 +5,7 @@ Tensors of one quantized Linear ``P`` (nothing else is stored for it):
 | tensor | dtype | shape | meaning |
 |---|---|---|---|
 | ``P.weight_packed`` | uint8 | [out, in/2] | 4-bit element codes (E2M1, INT4), element 2i in the low nibble (in even) |
-| ``P.weight_codes`` | uint8 | [out, in] | codes of every other element format (INT8 two's complement, E4M3 bits...), and 4-bit codes when in is odd |
+| ``P.weight_codes`` | code dtype | [out, in] | codes of every other element format, and 4-bit codes when in is odd |
 | ``P.weight_scale`` | float32 | scale shape | plain (fp32) scales, exactly as quantized |
 | ``P.weight_scale`` | uint8 | scale shape | codes of the block-scale format (UE4M3, UE5M3, E8M0) |
 | ``P.weight_zero_point`` | int8 | scale shape | asymmetric INT only |
@@ -15,6 +15,12 @@ Tensors of one quantized Linear ``P`` (nothing else is stored for it):
 | ``P.bias`` | model dtype | [out] | |
 
 Scale shape: TENSOR [1], CHANNEL [out, 1], GROUP [out, ceil(in / group_size)].
+
+Code dtype (``code_dtype``): the torch dtype whose bits are the element format's codes where one
+exists, so that the stored dtype says which format the codes are in (a folder whose config names
+another scheme is refused, never decoded as the wrong format): int8 for INT8 (two's complement),
+float8_e4m3fn for E4M3, float8_e5m2 for E5M2; uint8 for the others (4-bit codes, INT2..INT7).
+Format version 1 folders stored every code as uint8 and are still read as such.
 
 Weight files (``weights_stem = "lowbit-model"``):
 
@@ -54,7 +60,15 @@ from lowbit.numerics import FormatName, get_format
 from lowbit.quant import QuantizedTensor, nibbles, num_groups, unpack_nibbles
 from lowbit.schemes import Granularity, QuantSpec, Scheme
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: weight_codes in their code dtype (1: always uint8)
+READ_VERSIONS = (1, 2)
+# the element formats whose codes are the bits of a torch dtype (the rest are stored as uint8)
+_CODE_DTYPES = {FormatName.INT8: torch.int8, FormatName.E4M3: torch.float8_e4m3fn, FormatName.E5M2: torch.float8_e5m2}
+
+
+def code_dtype(spec: QuantSpec, version: int = FORMAT_VERSION) -> torch.dtype:
+    """The dtype ``weight_codes`` of ``spec`` is stored in (format ``version``): see the module docstring."""
+    return _CODE_DTYPES.get(spec.format, torch.uint8) if version >= 2 else torch.uint8
 
 
 def lowbit_quantization_config(fmt: Format, groups, ignore: Iterable[str]) -> dict[str, Any]:
@@ -70,6 +84,15 @@ def lowbit_quantization_config(fmt: Format, groups, ignore: Iterable[str]) -> di
     }
 
 
+def read_version(qcfg: Mapping[str, Any], w: str) -> int:
+    """The config's format_version, one of READ_VERSIONS (FormatError naming the config otherwise)."""
+    v = qcfg["format_version"]
+    if isinstance(v, bool) or v not in READ_VERSIONS:
+        raise FormatError(f"{w}: format_version {v!r} is not supported (this lowbit reads versions "
+                          f"{', '.join(map(str, READ_VERSIONS))})")
+    return v
+
+
 def scale_shape(spec: QuantSpec, out_f: int, in_f: int, name: str = "tensor") -> tuple[int, ...]:
     """The shape of the scales of an [out, in] weight under ``spec``."""
     if spec.granularity is Granularity.TENSOR:
@@ -83,11 +106,16 @@ def _packs_nibbles(spec: QuantSpec, in_f: int) -> bool:
     return spec.bits == 4 and in_f % 2 == 0
 
 
+def scale_dtype(spec: QuantSpec) -> torch.dtype:
+    """The dtype ``weight_scale`` of ``spec`` is stored in: float32, or uint8 codes of the scale format."""
+    return torch.float32 if spec.scale_format is FormatName.FP32 else torch.uint8
+
+
 def stored_scale(qweight: QuantizedTensor) -> torch.Tensor:
-    """The weight scale as stored: float32, or uint8 codes of the spec's scale format."""
+    """The weight scale as stored (in ``scale_dtype``): float32, or the codes of the spec's scale format."""
     if qweight.spec.scale_format is FormatName.FP32:
-        return qweight.scale.to(torch.float32).contiguous()
-    return qweight.scale_codes().contiguous()
+        return qweight.scale.to(scale_dtype(qweight.spec)).contiguous()
+    return qweight.scale_codes().contiguous().view(scale_dtype(qweight.spec))
 
 
 def decode_scale(stored: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -137,7 +165,7 @@ class LowbitLayout(Layout):
         if _packs_nibbles(spec, in_f):
             t[f"{prefix}.weight_packed"] = nibbles(qweight, f"{prefix}.weight")
         else:
-            t[f"{prefix}.weight_codes"] = qweight.codes.to(torch.uint8).contiguous()
+            t[f"{prefix}.weight_codes"] = qweight.codes.to(torch.uint8).contiguous().view(code_dtype(spec))
         t[f"{prefix}.weight_scale"] = stored_scale(qweight)
         stored_input_scale = None if input_scale is None else input_scale.to(torch.float32)
         t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
@@ -154,13 +182,12 @@ class LowbitLayout(Layout):
         missing, unknown = expected - set(qcfg), set(qcfg) - expected
         if missing or unknown:
             raise FormatError(f"{w}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
-        if qcfg["format_version"] != FORMAT_VERSION:
-            raise FormatError(f"{w}: format_version {qcfg['format_version']!r} is not supported "
-                              f"(this lowbit reads version {FORMAT_VERSION})")
+        version = read_version(qcfg, w)
         ignore = qcfg["ignore"]
         if not isinstance(ignore, list):
             raise FormatError(f"{w}: 'ignore' must be a list of layer names")
-        return ParsedConfig(Format.LOWBIT, scheme_groups(qcfg, w), list(ignore), source="lowbit")
+        return ParsedConfig(Format.LOWBIT, scheme_groups(qcfg, w), list(ignore), source="lowbit",
+                            extra={"format_version": version})
 
     def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None, shape=None):
         spec = scheme.weights
@@ -173,16 +200,17 @@ class LowbitLayout(Layout):
                                   f"4-bit element format, scheme {scheme.name} has {spec.format.value}")
             codes = unpack_nibbles(packed)
         else:
-            codes = check_tensor(tensors, ck, need(tensors, ck, what), dtypes=[torch.uint8], what=what)
+            version = (config.extra if config is not None else {}).get("format_version", FORMAT_VERSION)
+            codes = check_tensor(tensors, ck, need(tensors, ck, what), dtypes=[code_dtype(spec, version)],
+                                 what=f"the {spec.format.value} codes of {what}").view(torch.uint8)
             if codes.dim() != 2:
                 raise FormatError(f"tensor {where(tensors, ck)} must be 2-D, has shape {tuple(codes.shape)}")
         out_f, in_f = codes.shape
         check_codes(tensors, pk if pk in tensors else ck, codes, spec, what)
         sshape = scale_shape(spec, out_f, in_f, prefix)
         sk = f"{prefix}.weight_scale"
-        sdt = torch.float32 if spec.scale_format is FormatName.FP32 else torch.uint8
-        scale = decode_scale(check_tensor(tensors, sk, need(tensors, sk, what), shape=sshape, dtypes=[sdt],
-                                          what=what), spec)
+        scale = decode_scale(check_tensor(tensors, sk, need(tensors, sk, what), shape=sshape,
+                                          dtypes=[scale_dtype(spec)], what=what), spec)
         zp = None
         if not spec.symmetric:
             zk = f"{prefix}.weight_zero_point"

@@ -22,6 +22,11 @@ The temporary folder is ``<parent>/.<name>.lowbit-tmp``; ``resume=True`` keeps s
 (``w.has_shard(filename)`` tells which; their tensor names are read back from their headers for
 the index), so a killed run can be continued. Every file is written to a ``.partial`` name first
 and renamed when complete, so a shard in the temporary folder is always whole.
+
+The writer holds the output's lock (lowbit.formats.outlock) from construction to close/abort, so a
+second writer of the same folder is refused at once (OutputError) instead of mixing files. A write
+the system refuses (disk full, read-only) inside the ``with`` block, or while closing, removes the
+temporary folder (unless resuming) and is raised as an OutputError naming the path.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import save_file
 
-from lowbit.errors import FormatError, OptionRef
+from lowbit.errors import FormatError, LowbitError, OptionRef, OutputError
 from lowbit.formats.folder import STANDARD_STEM, WEIGHT_STEMS, WeightFiles, read_header, weight_files
+from lowbit.formats.outlock import output_lock
 
 AUX_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
              "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "tokenizer.model", "spiece.model",
@@ -74,6 +80,14 @@ def write_safetensors_atomic(path: Path, tensors: Mapping[str, torch.Tensor],
     return sum(tensor_nbytes(t) for t in clean.values())
 
 
+def write_failure(exc: OSError, out: Path, what: str = "") -> OutputError:
+    """One line for a write the system refused: the path it names (else ``out``) and its reason."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is None:
+        return OutputError(f"cannot write the output folder {out}: {reason}{what}")
+    return OutputError(f"cannot write {exc.filename} (output folder {out}): {reason}{what}")
+
+
 def copy_aux_files(src: str | Path | None, dst: str | Path) -> list[str]:
     """Copy tokenizer, generation and processor files (never weights or config.json)."""
     if src is None:
@@ -103,6 +117,22 @@ class CheckpointWriter:
                  resume: bool = False, always_index: bool = False, weights_stem: str = STANDARD_STEM) -> None:
         self.files = weight_files(weights_stem)
         self.out = Path(out_dir)
+        self._lock = output_lock(self.out)
+        self._lock.__enter__()  # released by close() or abort()
+        try:
+            self._start(overwrite, max_shard_bytes, always_index, resume)
+        except BaseException as e:
+            self._release()
+            if isinstance(e, OSError) and not isinstance(e, LowbitError):
+                raise write_failure(e, self.out) from None
+            raise
+
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.__exit__(None, None, None)
+
+    def _start(self, overwrite: bool, max_shard_bytes: int, always_index: bool, resume: bool) -> None:
         check_output_free(self.out, overwrite)
         self.overwrite = overwrite
         self.max_shard_bytes = int(max_shard_bytes)
@@ -209,6 +239,7 @@ class CheckpointWriter:
                                   f"{self.files.stem}* files")
         self._finalize()
         self._closed = True
+        self._release()
         return self.out
 
     def _finalize(self) -> None:
@@ -223,15 +254,31 @@ class CheckpointWriter:
             shutil.rmtree(trash, ignore_errors=True)
 
     def abort(self) -> None:
+        """Remove the temporary folder and release the lock; the output is untouched."""
         self._buffer.clear()
         shutil.rmtree(self.tmp, ignore_errors=True)
         self._closed = True
+        self._release()
 
     def __enter__(self) -> "CheckpointWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.close()
-        elif not self._closed and not self.resume:
-            self.abort()  # with resume=True the finished shards stay for the next run
+            try:
+                self.close()
+            except BaseException as e:
+                self._fail(e)
+                raise
+            return
+        if isinstance(exc, BaseException):
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """After an error: remove the temporary folder (kept with resume=True, for the next run),
+        release the lock, and raise a refused write as an OutputError naming its path."""
+        if not self._closed and not self.resume:
+            self.abort()
+        self._release()
+        if isinstance(exc, OSError) and not isinstance(exc, LowbitError):
+            raise write_failure(exc, self.out) from None

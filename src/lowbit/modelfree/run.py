@@ -42,6 +42,9 @@ from typing import Any, Iterable
 
 import torch
 from lowbit.errors import FormatError, LowbitError, SchemeError
+from lowbit.formats.outguard import check_not_source
+from lowbit.formats.outlock import output_lock
+from lowbit.formats.writer import write_failure
 from lowbit.modelfree.plan import Item, Kind, Plan, make_plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
@@ -65,8 +68,8 @@ POOL_MIN_BYTES = 4 << 30
 # the copy), since one call per band keeps the GIL free; processes are kept for many workers (unmeasured
 # here since the native path changed: a machine with more cores should decide this threshold)
 POOL_MIN_WORKERS = 4
-LAYOUT_VERSION = 3  # bump when the files written for the same inputs change (2: weight file names by format;
-# 3: shard headers padded to 8 bytes, written before the data)
+LAYOUT_VERSION = 4  # bump when the files written for the same inputs change (2: weight file names by format;
+# 3: shard headers padded to 8 bytes, written before the data; 4: lowbit format 2, typed weight_codes)
 # what to run instead of a scheme that needs calibration
 CALIBRATION_ALTERNATIVES = {
     "w8a8-int8": "w8a8-int8-dynamic", "w8a8-fp8": "w8a8-fp8-dynamic", "nvfp4": "nvfp4-e5m3 or nvfp4a16",
@@ -288,10 +291,17 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     layout = get_layout(fmt)
     layout.check_scheme(scheme)
     src_p, out_p = Path(src).resolve(), Path(out).resolve()
-    if out_p == src_p or out_p in src_p.parents:
-        raise FormatError(f"output folder {out_p} would overwrite the source checkpoint {src_p}")
+    check_not_source(src_p, out_p)
     ignore = list(ignore)
     dev = resolve_device(device)
+    with output_lock(out_p):  # a second run into the same folder is refused here, before any write
+        return _locked(src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume, overwrite, progress,
+                       workers, dev)
+
+
+def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
+            include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
+            dev: torch.device | None) -> Path:
     ckpt = Checkpoint(src_p)
     # worker processes start now, importing torch while the plan is made and finished shards found
     source_total = sum(i.nbytes for i in ckpt.tensors.values())
@@ -305,6 +315,14 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
                                  overwrite, progress, workers, dev, pool)
         ok = True
         return out_path
+    except OSError as e:
+        if isinstance(e, LowbitError):
+            raise
+        # disk full, read-only: the finished units stay for a resumed run, and the message says so
+        tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
+        hint = (f"; the finished shards stay in {tmp}: run the same command again to resume, or delete that "
+                f"folder") if tmp.exists() else ""
+        raise write_failure(e, out_p, hint) from None
     finally:
         if pool is not None:
             pool.close(ok)

@@ -20,7 +20,10 @@ from typing import Any
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats.folder import INDEX_NAME, SINGLE_NAME, WeightFiles, find_weight_files, read_header_and_offset
+from lowbit.formats.folder import (
+    FLOAT_DTYPE_CODES, INDEX_NAME, SINGLE_NAME, WeightFiles, check_shard_name, find_weight_files,
+    read_header_and_offset, refuse_pickled_only,
+)
 
 REOPEN_BYTES = 64 << 20
 
@@ -29,7 +32,7 @@ DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
     "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
 }
-FLOAT_SOURCES = frozenset({"F32", "F16", "BF16"})
+FLOAT_SOURCES = FLOAT_DTYPE_CODES
 FP8_SOURCES = frozenset({"F8_E4M3"})
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 CONFIG_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -88,6 +91,7 @@ class Checkpoint:
             self.config: dict[str, Any] = json.loads(cfg_path.read_text())
         except json.JSONDecodeError as e:
             raise FormatError(f"{cfg_path}: invalid JSON ({e})") from None
+        refuse_pickled_only(self.root)
         # either naming (a lowbit-format folder is then refused as already quantized, by make_plan)
         files = find_weight_files(self.root) or WeightFiles()
         self.index_path = self.root / files.index
@@ -98,10 +102,10 @@ class Checkpoint:
                 weight_map: dict[str, str] = dict(index["weight_map"])
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise FormatError(f"{self.index_path}: invalid index ({e!r})") from None
+            for s in set(weight_map.values()):
+                check_shard_name(self.index_path, s)
             shards = sorted(set(weight_map.values()))
             for s in shards:
-                if Path(s).name != s:
-                    raise FormatError(f"{self.index_path}: shard name {s!r} must be a plain file name")
                 if not (self.root / s).is_file():
                     raise FormatError(f"{self.index_path} names shard {s!r}, which is missing from {self.root}")
         elif (self.root / files.single).is_file():

