@@ -138,7 +138,7 @@ def test_weight_cache_invalidated_on_new_weights():
     y1 = be.forward(m, x)
     torch.testing.assert_close(y1, -y0 + 2 * m.bias, rtol=1e-5, atol=1e-5)
     be.release(m)
-    assert "_lowbit_cpu_int8" not in m.__dict__
+    assert m not in be.cache and len(be.cache) == 0
 
 
 @pytest.mark.parametrize("scheme", ["w8a8-int8", "w8a8-int8-dynamic"])

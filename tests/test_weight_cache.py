@@ -59,7 +59,7 @@ def test_invalidated_by_load_state_dict_and_released():
     assert not torch.equal(before, after)
     assert torch.equal(after, ReferenceBackend().forward(m, x))
     be.release(m)
-    assert "_lowbit_weight_cache" not in m.__dict__
+    assert m not in be.cache and len(be.cache) == 0
 
 
 @pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-fp8-dynamic"])

@@ -12,6 +12,7 @@ from typing import Iterable
 import torch
 import torch.nn as nn
 
+from lowbit.backends import use_backend
 from lowbit.errors import QuantizationError
 from lowbit.fusion import fused_groups, shared_amax
 from lowbit.modules import QuantLinear
@@ -43,7 +44,8 @@ def shared_weight_global_scales(weights: dict[str, torch.Tensor], scheme: Scheme
 @torch.no_grad()
 def quantize_rtn(model: nn.Module, scheme: Scheme | str, *, ignore: Iterable[str] = (),
                  include_lm_head: bool = False, names: list[str] | None = None) -> nn.Module:
-    """Replace target linears with QuantLinear by round-to-nearest (no activation scales)."""
+    """Replace target linears with QuantLinear by round-to-nearest (no activation scales); every
+    layer gets the automatic backend."""
     scheme = get_scheme(scheme)
     if names is None:
         names = quantizable_linears(model, ignore, include_lm_head)
@@ -52,6 +54,7 @@ def quantize_rtn(model: nn.Module, scheme: Scheme | str, *, ignore: Iterable[str
     for n, lin in linears.items():
         q = QuantLinear.from_linear(lin, scheme, name=n, weight_global_scale=gscales.get(n))
         set_submodule(model, n, q)
+    use_backend(model, "auto")
     return model
 
 
@@ -142,4 +145,5 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     report = LayerwiseCalibrator(model, scheme, cfg, smoothquant).run(tokens, names, progress=progress)
     model.train(was_training)
     model.lowbit_calibration = report
+    use_backend(model, "auto")
     return model

@@ -1,63 +1,70 @@
-"""Backends that run QuantLinear, in a declarative registry.
+"""Backends that run QuantLinear, described as data (``BACKENDS``) and chosen per layer.
 
     lowbit.use_backend(model, "reference" | "cpu-int8" | ... | "auto")
+
+``BACKENDS`` is a constant tuple of specs; ``REGISTRY`` answers questions about it (by name, best
+for a layer) and sets backends on a model. Nothing is chosen at import or inside a forward: a
+layer runs the backend ``use_backend`` set (``lowbit.quantize`` and ``lowbit.load`` set "auto").
 """
 
 from __future__ import annotations
 
+from lowbit.backends import cpu_int8 as _cpu_int8
+from lowbit.backends import gpu_w8a8 as _gpu_w8a8
+from lowbit.backends import triton_mx as _triton_mx
+from lowbit.backends import weight_cache as _weight_cache
 from lowbit.backends.reference import ReferenceBackend, qdq_input, quantize_input
 from lowbit.backends.registry import Backend, BackendRegistry, BackendSpec
 
-REGISTRY = BackendRegistry()
-REGISTRY.register(BackendSpec(
-    name="reference", factory=ReferenceBackend, devices=frozenset({"cpu", "cuda"}),
-    supports_scheme=lambda s: True, priority=0,
-    description="exact emulation in float32 (QDQ input, dequantize weight, F.linear)",
-))
+BACKENDS: tuple[BackendSpec, ...] = (
+    BackendSpec(
+        name="reference", factory=ReferenceBackend, devices=frozenset({"cpu", "cuda"}),
+        supports_scheme=lambda s: True, priority=0,
+        description="exact emulation in float32 (QDQ input, dequantize weight, F.linear)",
+    ),
+    BackendSpec(
+        name="cpu-int8", factory=_cpu_int8.CpuInt8Backend, devices=frozenset({"cpu"}),
+        supports_scheme=_cpu_int8.supports_scheme, priority=10,
+        description="w8a8-int8 (static/dynamic): int8 values in float32 GEMM, K chunks <= 1024, exact int32 "
+                    "accumulators",
+    ),
+    BackendSpec(
+        name="weight-cache", factory=_weight_cache.WeightCacheBackend, devices=frozenset({"cpu"}),
+        supports_scheme=_weight_cache.supports_scheme, priority=5,
+        description="weight dequantized once and kept in float32 (weight-only and FP schemes; 'reference' saves "
+                    "that memory)",
+    ),
+    BackendSpec(
+        name="triton", factory=_triton_mx.TritonBackend, devices=frozenset({"cuda"}),
+        supports_scheme=_triton_mx.supports, priority=20, available=_triton_mx.available,
+        description="GPU: Triton QDQ of microscaled inputs + packed-weight dequantization (bit-exact), cuBLAS matmul",
+    ),
+    BackendSpec(
+        name="cuda-int8", factory=_gpu_w8a8.Int8MMBackend, devices=frozenset({"cuda"}),
+        supports_scheme=_gpu_w8a8.supports_int8, supports_shape=lambda i, o: i % 8 == 0 and o % 8 == 0,
+        priority=20, available=_gpu_w8a8.int8_available,
+        description="GPU w8a8-int8: Triton input quantization (bit-exact) + torch._int_mm (exact int32)",
+    ),
+    BackendSpec(
+        name="cuda-fp8", factory=_gpu_w8a8.FP8MMBackend, devices=frozenset({"cuda"}),
+        supports_scheme=_gpu_w8a8.supports_fp8, supports_shape=lambda i, o: i % 16 == 0 and o % 16 == 0,
+        priority=20, available=_gpu_w8a8.fp8_available,
+        description="GPU w8a8-fp8 (sm_89+): Triton input quantization (bit-exact) + torch._scaled_mm",
+    ),
+)
 
-from lowbit.backends import cpu_int8 as _cpu_int8, weight_cache as _weight_cache  # noqa: E402
-
-REGISTRY.register(BackendSpec(
-    name="cpu-int8", factory=_cpu_int8.CpuInt8Backend, devices=frozenset({"cpu"}),
-    supports_scheme=_cpu_int8.supports_scheme, priority=10,
-    description="w8a8-int8 (static/dynamic): int8 values in float32 GEMM, K chunks <= 1024, exact int32 accumulators",
-))
-REGISTRY.register(BackendSpec(
-    name="weight-cache", factory=_weight_cache.WeightCacheBackend, devices=frozenset({"cpu"}),
-    supports_scheme=_weight_cache.supports_scheme, priority=5,
-    description="weight dequantized once and kept in float32 (weight-only and FP schemes; 'reference' saves "
-                "that memory)",
-))
-
-
-from lowbit.backends import gpu_w8a8 as _gpu_w8a8, triton_mx as _triton_mx  # noqa: E402
-
-REGISTRY.register(BackendSpec(
-    name="triton", factory=_triton_mx.TritonBackend, devices=frozenset({"cuda"}),
-    supports_scheme=_triton_mx.supports, priority=20, available=_triton_mx.available,
-    description="GPU: Triton QDQ of microscaled inputs + packed-weight dequantization (bit-exact), cuBLAS matmul",
-))
-REGISTRY.register(BackendSpec(
-    name="cuda-int8", factory=_gpu_w8a8.Int8MMBackend, devices=frozenset({"cuda"}),
-    supports_scheme=_gpu_w8a8.supports_int8, supports_shape=lambda i, o: i % 8 == 0 and o % 8 == 0,
-    priority=20, available=_gpu_w8a8.int8_available,
-    description="GPU w8a8-int8: Triton input quantization (bit-exact) + torch._int_mm (exact int32)",
-))
-REGISTRY.register(BackendSpec(
-    name="cuda-fp8", factory=_gpu_w8a8.FP8MMBackend, devices=frozenset({"cuda"}),
-    supports_scheme=_gpu_w8a8.supports_fp8, supports_shape=lambda i, o: i % 16 == 0 and o % 16 == 0,
-    priority=20, available=_gpu_w8a8.fp8_available,
-    description="GPU w8a8-fp8 (sm_89+): Triton input quantization (bit-exact) + torch._scaled_mm",
-))
+REGISTRY = BackendRegistry(BACKENDS)
 
 
 def select_backend(module) -> Backend:
+    """A new instance of the best automatic backend for ``module``."""
     return REGISTRY.select(module)
 
 
 def use_backend(model, name: str = "auto") -> dict[str, int]:
+    """Set ``name`` (or the best automatic choice per layer) on every lowbit layer of ``model``."""
     return REGISTRY.use(model, name)
 
 
-__all__ = ["REGISTRY", "Backend", "BackendSpec", "BackendRegistry", "ReferenceBackend", "select_backend",
-           "use_backend", "quantize_input", "qdq_input"]
+__all__ = ["BACKENDS", "REGISTRY", "Backend", "BackendSpec", "BackendRegistry", "ReferenceBackend",
+           "select_backend", "use_backend", "quantize_input", "qdq_input"]

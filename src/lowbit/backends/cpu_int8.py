@@ -11,8 +11,8 @@ integer dot product (the reference's codes multiplied in int64), and the output 
 input_scale) * weight_scale + bias``), equal to the reference's
 F.linear(QDQ(x), dequant(W)) within float32 rounding.
 
-The weight's integer values are decoded to float32 once and cached per module (keyed on the
-buffers' identity and version, so a reload invalidates it).
+The weight's integer values are decoded to float32 once per layer and kept in a
+``lowbit.backends.cache.ModuleCache`` (a reload of the weights rebuilds them).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from lowbit.numerics import INT8, FormatName
+from lowbit.backends.cache import ModuleCache
 from lowbit.backends.reference import input_args
 from lowbit.backends.shared_input import SharedInput, input_key
 from lowbit.quant.fast_qdq import int_row_values
@@ -29,7 +30,6 @@ from lowbit.schemes import Dynamic, Granularity, Scheme
 EXACT_LIMIT = 1 << 24           # float32 holds every integer up to 2^24
 MAX_PRODUCT = 128 * 128         # |int8 * int8| <= 2^14 (-128 * -128)
 CHUNK = EXACT_LIMIT // MAX_PRODUCT  # 1024
-_KEY = "_lowbit_cpu_int8"
 
 
 def supports_scheme(s: Scheme) -> bool:
@@ -76,27 +76,23 @@ def quantize_input_values(module, x2: torch.Tensor) -> tuple[torch.Tensor, torch
     return int_row_values(x2, module.scheme.input_activations, args["scale"], args["name"])
 
 
+def _decoded_weight(module) -> dict:
+    """The weight's int8 values in float32, cut into K chunks, and its scales as a row."""
+    w_vals = INT8.decode(module.weight_codes)
+    bounds = chunk_bounds(module.in_features)
+    return {"bounds": bounds, "chunks": [w_vals[:, lo:hi].contiguous() for lo, hi in bounds],
+            "w_scale": module.weight_scale.to(torch.float32).reshape(1, -1)}
+
+
 class CpuInt8Backend:
     name = "cpu-int8"
 
     def __init__(self) -> None:
         self.shared = SharedInput()  # q/k/v and gate/up quantize their common input once
+        self.cache = ModuleCache()
 
     def _weights(self, module) -> dict:
-        key = (module.weight_codes.data_ptr(), module.weight_codes._version,
-               module.weight_scale.data_ptr(), module.weight_scale._version)
-        st = module.__dict__.get(_KEY)
-        if st is None or st["key"] != key:
-            w_vals = INT8.decode(module.weight_codes)
-            bounds = chunk_bounds(module.in_features)
-            st = {
-                "key": key,
-                "bounds": bounds,
-                "chunks": [w_vals[:, lo:hi].contiguous() for lo, hi in bounds],
-                "w_scale": module.weight_scale.to(torch.float32).reshape(1, -1),
-            }
-            module.__dict__[_KEY] = st
-        return st
+        return self.cache.get(module, _decoded_weight)
 
     def accumulators(self, module, x: torch.Tensor) -> torch.Tensor:
         """The int32 accumulators of ``x`` (any leading shape) against the module's weight."""
@@ -123,4 +119,4 @@ class CpuInt8Backend:
         return y.reshape(*x.shape[:-1], module.out_features).to(x.dtype)
 
     def release(self, module) -> None:
-        module.__dict__.pop(_KEY, None)
+        self.cache.release(module)

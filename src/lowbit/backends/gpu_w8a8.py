@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from lowbit.numerics import FormatName
+from lowbit.backends.cache import ModuleCache
 from lowbit.schemes import Granularity, Scheme
 
-_KEY = "_lowbit_w8a8_weight"
 
 
 def _supports(scheme: Scheme, fmt: FormatName) -> bool:
@@ -53,18 +53,14 @@ class _W8A8Backend:
 
     def __init__(self, check_finite: bool = True) -> None:
         self.check_finite = check_finite
+        self.cache = ModuleCache()
 
     def release(self, module) -> None:
-        module.__dict__.pop(_KEY, None)
+        self.cache.release(module)
 
     def _weight_t(self, module) -> torch.Tensor:
-        codes = module.weight_codes
-        stamp = (codes.data_ptr(), codes._version)
-        cached = module.__dict__.get(_KEY)
-        if cached is None or cached[0] != stamp:
-            cached = (stamp, codes.contiguous())
-            module.__dict__[_KEY] = cached
-        return cached[1].t()  # [K, N], column-major: the layout cuBLAS wants for mat2
+        codes = self.cache.get(module, lambda m: m.weight_codes.contiguous())
+        return codes.t()  # [K, N], column-major: the layout cuBLAS wants for mat2
 
     def _matmul(self, xc: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

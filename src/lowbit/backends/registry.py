@@ -1,4 +1,4 @@
-"""A declarative registry of backends.
+"""Backend specs and the lookups over them.
 
 Each backend declares what it supports (a predicate on the scheme, the devices, a predicate on
 the layer shape) and a priority; ``select_backend`` picks the highest-priority backend that
@@ -50,13 +50,14 @@ class BackendSpec:
 
 
 class BackendRegistry:
-    def __init__(self) -> None:
-        self._specs: dict[str, BackendSpec] = {}
+    """Lookups over a fixed collection of backend specs (names unique)."""
 
-    def register(self, spec: BackendSpec) -> None:
-        if spec.name in self._specs:
-            raise ValueError(f"backend {spec.name!r} registered twice")
-        self._specs[spec.name] = spec
+    def __init__(self, specs: tuple[BackendSpec, ...]) -> None:
+        self._specs: dict[str, BackendSpec] = {}
+        for spec in specs:
+            if spec.name in self._specs:
+                raise ValueError(f"backend {spec.name!r} listed twice")
+            self._specs[spec.name] = spec
 
     def names(self) -> list[str]:
         return list(self._specs)

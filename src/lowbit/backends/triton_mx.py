@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lowbit.backends.cache import ModuleCache
 from lowbit.schemes import Scheme
 
-_KEY = "_lowbit_triton_weight"
 
 
 def supports(scheme: Scheme) -> bool:
@@ -44,34 +44,33 @@ def compute_dtype(x_dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if x_dtype == torch.bfloat16 else torch.float32
 
 
+def _pack(module):
+    """The weight in the layout the Triton kernels read: ("mx", data, scale codes) or ("int", ...)."""
+    from lowbit.kernels.dequant import pack_int, pack_microscaled
+    from lowbit.kernels.support import supports_microscaled_weight
+
+    spec = module.scheme.weights
+    codes = module.weight_codes
+    if supports_microscaled_weight(spec):
+        data, scodes = pack_microscaled(codes, module.weight_scale, spec, f"{module.name}.weight")
+        return ("mx", data, scodes)
+    return ("int", pack_int(codes, spec), module.weight_scale.to(torch.float32).contiguous())
+
+
 class TritonBackend:
     name = "triton"
 
     def __init__(self, check_finite: bool = True, fused_max_m: int = 0) -> None:
         self.check_finite = check_finite
         self.fused_max_m = fused_max_m
+        self.cache = ModuleCache()
 
     # ------------------------------------------------------------------ weight
     def _packed(self, module):
-        codes = module.weight_codes
-        stamp = (codes.data_ptr(), codes._version, module.weight_scale.data_ptr(), module.weight_scale._version)
-        cached = module.__dict__.get(_KEY)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-        from lowbit.kernels.dequant import pack_int, pack_microscaled
-        from lowbit.kernels.support import supports_microscaled_weight
-
-        spec = module.scheme.weights
-        if supports_microscaled_weight(spec):
-            data, scodes = pack_microscaled(codes, module.weight_scale, spec, f"{module.name}.weight")
-            packed = ("mx", data, scodes)
-        else:
-            packed = ("int", pack_int(codes, spec), module.weight_scale.to(torch.float32).contiguous())
-        module.__dict__[_KEY] = (stamp, packed)
-        return packed
+        return self.cache.get(module, _pack)
 
     def release(self, module) -> None:
-        module.__dict__.pop(_KEY, None)
+        self.cache.release(module)
 
     def dequantized_weight(self, module, dtype: torch.dtype) -> torch.Tensor:
         from lowbit.kernels.dequant import dequantize_int, dequantize_microscaled

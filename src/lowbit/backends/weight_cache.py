@@ -8,8 +8,8 @@ choice on the CPU for these schemes (above ``reference``, below ``cpu-int8``): w
 one-token decode step dequantizes every weight of the model. The price is a float32 copy of
 every weight in memory; ``use_backend(model, "reference")`` saves it.
 
-The cache is keyed on the weight buffers' identity and version: loading new weights into
-the module invalidates it. ``release`` drops it.
+The cache (``lowbit.backends.cache.ModuleCache``) is rebuilt when the weight buffers change;
+``release`` drops a layer's entry.
 """
 
 from __future__ import annotations
@@ -17,21 +17,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lowbit.backends.cache import ModuleCache
 from lowbit.backends.reference import qdq_input
 from lowbit.backends.shared_input import SharedInput, input_key
 from lowbit.schemes import Scheme
 
-_KEY = "_lowbit_weight_cache"
-
 
 def supports_scheme(s: Scheme) -> bool:
     return s.weight_only or not s.weights.is_integer
-
-
-def _buffers(module) -> tuple:
-    return tuple((t.data_ptr(), t._version) if t is not None else None
-                 for t in (module.weight_codes, module.weight_scale, module.weight_zero_point,
-                           module.weight_global_scale))
 
 
 class WeightCacheBackend:
@@ -39,14 +32,10 @@ class WeightCacheBackend:
 
     def __init__(self) -> None:
         self.shared = SharedInput()  # q/k/v and gate/up QDQ their common input once
+        self.cache = ModuleCache()
 
     def weight(self, module) -> torch.Tensor:
-        key = _buffers(module)
-        st = module.__dict__.get(_KEY)
-        if st is None or st[0] != key:
-            st = (key, module.dequantized_weight(torch.float32))
-            module.__dict__[_KEY] = st
-        return st[1]
+        return self.cache.get(module, lambda m: m.dequantized_weight(torch.float32))
 
     def forward(self, module, x: torch.Tensor) -> torch.Tensor:
         if module.scheme.input_activations is None:
@@ -57,4 +46,4 @@ class WeightCacheBackend:
         return F.linear(xq, self.weight(module), b).to(x.dtype)
 
     def release(self, module) -> None:
-        module.__dict__.pop(_KEY, None)
+        self.cache.release(module)

@@ -340,7 +340,7 @@ class LayerwiseCalibrator:
             mods = {g[0]: self.model.get_submodule(g[0]) for g in groups}
             device = next(self.model.parameters()).device
             sinks = self.cfg.sink_positions
-            with observing(mods, lambda n, x: stats[n].observe(x, sinks)):
+            with observing(mods, lambda n, x: stats[n].observe(x, sinks)), _fast_backends(self.model):
                 for i in range(0, tokens.shape[0], self.cfg.batch_size):
                     self.model(input_ids=tokens[i:i + self.cfg.batch_size].to(device), use_cache=False)
         self._quantize_groups(self.model, groups, rel, stats)

@@ -43,7 +43,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_global_scale", None)
         self.register_buffer("input_scale", None)
         self.register_buffer("input_global_scale", None)
-        self.backend = None  # set by lowbit.backends.use_backend; None means "auto" on first call
+        self.backend = None  # set by lowbit.backends.use_backend (lowbit.quantize and lowbit.load call it)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -112,9 +112,8 @@ class QuantLinear(nn.Module):
     # ------------------------------------------------------------------ run
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend is None:
-            from lowbit.backends import select_backend
-
-            self.backend = select_backend(self)
+            raise QuantizationError(f"layer {self.name!r} has no backend: lowbit.quantize and lowbit.load set one; "
+                                    f"after building layers by hand call lowbit.use_backend(model)")
         return self.backend.forward(self, x)
 
     def extra_repr(self) -> str:
