@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eval_fixtures import save_tiny_folder
-from lowbit.cli import main
+from cli_support import run
 
 TEXT = "\n".join(f"one two three four five six seven eight nine ten and the story of the {w} ended there."
                  for w in ("garden", "letter", "carriage", "evening", "sister", "window"))
@@ -30,16 +30,6 @@ def text_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("text") / "eval.txt"
     p.write_text(TEXT)
     return p
-
-
-def run(capsys, *args) -> tuple[int, str, str]:
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def assert_one_error(code: int, err: str, *names: str) -> str:

@@ -9,9 +9,9 @@ import torch
 
 import lowbit
 from eval_fixtures import byte_tokenizer, save_tiny_folder
-from lowbit.cli import main
 from lowbit.eval import perplexity
 from lowbit.models import load_model
+from cli_support import run
 
 TEXT = "\n".join(
     "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -29,16 +29,6 @@ def text_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("text") / "eval.txt"
     p.write_text(TEXT)
     return p
-
-
-def run(capsys, *args):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_eval_json_matches_api_and_baseline(capsys, tiny_dir, text_file):

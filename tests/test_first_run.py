@@ -16,20 +16,10 @@ import torch
 
 import lowbit
 from eval_fixtures import save_tiny_folder
-from lowbit.cli import main
 from lowbit.errors import FormatError, OptionRef, QuantizationError
+from cli_support import run
 
 README = Path(__file__).parents[1] / "README.md"
-
-
-def run(capsys, *args):
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_quantizing_a_quantized_model_is_refused(llama):

@@ -45,7 +45,10 @@ def compare_table(report: dict) -> Table:
             failed.append(f"{r['scheme']}: {r.get('error', 'failed')}")
             continue
         worst = r["worst_layers"][0] if r.get("worst_layers") else None
-        row = [r["scheme"], f"{r['perplexity']:.3f}", f"{r['ppl_change_pct']:+.2f}%", f"{r['bits_per_byte']:.4f}"]
+        change = f"{r['ppl_change_pct']:+.2f}%"
+        if r.get("ppl_change_sd_pct") is not None:
+            change += f" ±{r['ppl_change_sd_pct']:.2f}"
+        row = [r["scheme"], f"{r['perplexity']:.3f}", change, f"{r['bits_per_byte']:.4f}"]
         if lw:
             row.append(f"{100 * r['lastword_accuracy']:.1f}%")
         row += [human_bytes(r["size_bytes"]), f"{r['size_ratio']:.2f}", f"{r['quant_seconds']:.1f}",
@@ -90,12 +93,18 @@ def compare_cmd(
                                      "'weight-cache'..."),
     save_format: Optional[str] = typer.Option(None, "--save-format",
                                               help="Also save each checkpoint in this format and report its size on disk."),
+    spread: Optional[int] = typer.Option(
+        None, "--spread",
+        help="Perturbed perplexity evaluations per scheme with quantized activations, to show the float-rounding "
+             "noise of each change as ±sd (default 2, as lowbit eval; 0 skips)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Quantize MODEL with each scheme and compare perplexity, last-word accuracy, size and time with float."""
     if limit <= 0:
         raise OptionError(f"--limit must be a positive number of tokens to score, got {limit}")
+    if spread is not None and spread < 0:
+        raise OptionError(f"--spread must be 0 (skip) or a number of perturbed evaluations, got {spread}")
     if lastword < 0:
         raise OptionError(f"--lastword must be 0 (skip) or a positive number of examples, got {lastword}")
     check_model_path(model)
@@ -120,7 +129,8 @@ def compare_cmd(
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                           calib_options=calib_options, smoothquant=parse_smoothquant(smoothquant),
-                          backend=backend, save_format=save_format, progress=progress)
+                          backend=backend, save_format=save_format, progress=progress,
+                          **({} if spread is None else {"spread": spread}))
     log = (lambda s: err_console.print(f"[dim]{s}[/dim]", highlight=False)) if progress else (lambda s: None)
     report = run_compare(model_path=model_arg(model), opts=opts, output_dir=output, log=log)
     if as_json:

@@ -14,14 +14,20 @@ from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import OptionError, check_model_path, model_arg, parse_list, quiet_progress
 
 
-def _evaluate(path, text, limit, window, stride, lastword, progress, label):
+def _evaluate(path, text, limit, window, stride, lastword, progress, label, spread):
     from lowbit.eval import lastword_accuracy, perplexity
+    from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, has_quantized_activations, perplexity_spread, spread_summary
     from lowbit.models import load_model
 
     model, tok = load_model(model_arg(path))
     ppl = perplexity(model, tok, text_file=text, window=window, stride=stride, limit=limit,
                      progress=progress, desc=f"{label}: perplexity")
     out = {"path": path, **ppl.to_dict()}
+    seeds = DEFAULT_SPREAD_SEEDS if spread is None else spread
+    if seeds > 0 and has_quantized_activations(model):
+        perturbed = perplexity_spread(model, tok, seeds=seeds, text_file=text, window=window, stride=stride,
+                                      limit=limit, progress=False)
+        out["ppl_spread"] = spread_summary(ppl.perplexity, perturbed)
     if lastword > 0:
         lw = lastword_accuracy(model, tok, text_file=text, limit=lastword, progress=progress,
                                desc=f"{label}: last word")
@@ -41,12 +47,18 @@ def eval_cmd(
     tasks: Optional[str] = typer.Option(None, "--tasks",
                                         help="lm-eval tasks, comma-separated (needs lm-eval; 'lowbit_lastword' is built in)."),
     include_path: Optional[str] = typer.Option(None, "--include-path", help="Folder of local lm-eval task YAMLs."),
+    spread: Optional[int] = typer.Option(
+        None, "--spread",
+        help="Perturbed perplexity evaluations of a model with quantized activations, to report the float-rounding "
+             "noise of its perplexity (default 2, as lowbit compare; 0 skips)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Perplexity (tokens scored, bits per byte) and last-word accuracy of PATH."""
     if limit <= 0:
         raise OptionError(f"--limit must be a positive number of tokens to score, got {limit}")
+    if spread is not None and spread < 0:
+        raise OptionError(f"--spread must be 0 (skip) or a number of perturbed evaluations, got {spread}")
     check_model_path(path)
     if baseline is not None:
         check_model_path(baseline)
@@ -54,12 +66,15 @@ def eval_cmd(
 
     quiet_progress(progress)
     read_paragraphs(text)  # a bad --text fails before any model is loaded
-    result, model, tok = _evaluate(path, text, limit, window, stride, lastword, progress, "model")
+    result, model, tok = _evaluate(path, text, limit, window, stride, lastword, progress, "model", spread)
     report = {"model": result}
     if baseline is not None:
-        base, _, _ = _evaluate(baseline, text, limit, window, stride, lastword, progress, "baseline")
+        base, _, _ = _evaluate(baseline, text, limit, window, stride, lastword, progress, "baseline", spread)
         report["baseline"] = base
         report["ppl_change_pct"] = 100.0 * (result["perplexity"] / base["perplexity"] - 1.0)
+        sds = [r["ppl_spread"]["sd"] for r in (result, base) if "ppl_spread" in r]
+        if sds:  # the change's float-rounding noise, in % of the baseline's perplexity
+            report["ppl_change_sd_pct"] = 100.0 * sum(sd * sd for sd in sds) ** 0.5 / base["perplexity"]
         if "lastword" in result:
             report["lastword_delta"] = result["lastword"]["accuracy"] - base["lastword"]["accuracy"]
     if tasks:
@@ -82,11 +97,15 @@ def eval_cmd(
     rows = [report["model"]] + ([report["baseline"]] if "baseline" in report else [])
     for r in rows:
         lw = r.get("lastword")
-        t.add_row(str(r["path"]), f"{r['perplexity']:.3f}", f"{r['bits_per_byte']:.4f}",
+        sp = r.get("ppl_spread")
+        t.add_row(str(r["path"]), f"{r['perplexity']:.3f}" + (f" ±{sp['sd']:.3f}" if sp else ""),
+                  f"{r['bits_per_byte']:.4f}",
                   f"{100 * lw['accuracy']:.1f}% of {lw['examples']}" if lw else "-")
     console.print(t)
     if "ppl_change_pct" in report:
-        console.print(f"perplexity change vs baseline: {report['ppl_change_pct']:+.2f}%")
+        sd = report.get("ppl_change_sd_pct")
+        console.print(f"perplexity change vs baseline: {report['ppl_change_pct']:+.2f}%"
+                      + ("" if sd is None else f" ±{sd:.2f} (float-rounding spread)"))
     for task, res in report.get("lm_eval", {}).items():
         console.print(f"lm-eval {task}: " + ", ".join(f"{k}={v:.4f}" for k, v in res.items()
                                                       if isinstance(v, float)), highlight=False)

@@ -26,6 +26,7 @@ from lowbit.calibration import CalibrationConfig
 from lowbit.errors import LowbitError
 from lowbit.eval.lastword import lastword_accuracy, lastword_examples
 from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
+from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, has_quantized_activations, perplexity_spread, spread_summary
 from lowbit.eval.text import read_paragraphs
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
 from lowbit.model_quant import calibrates
@@ -56,6 +57,8 @@ class CompareOptions:
     calib_options: dict = field(default_factory=dict)  # more CalibrationConfig fields (sink_positions,
     #                                                     weight_rounding...)
     backend: str = "auto"           # "auto" (lowbit.use_backend's default) or a backend name
+    spread: int = DEFAULT_SPREAD_SEEDS  # perturbed perplexity evaluations per scheme with quantized
+    #                                      activations (lowbit.eval.spread); 0 skips
     sqnr_tokens: int = 128
     save_format: str | None = None  # also save each checkpoint (lowbit.save) and measure it on disk
     progress: bool = True
@@ -112,6 +115,10 @@ def evaluate(model, tokenizer, opts: CompareOptions, examples, label: str) -> di
                      limit=opts.limit, progress=opts.progress, desc=f"{label}: perplexity")
     out = {"perplexity": ppl.perplexity, "bits_per_byte": ppl.bits_per_byte, "nll": ppl.nll,
            "tokens_scored": ppl.tokens_scored, "bytes_scored": ppl.bytes_scored, "bos_prepended": ppl.bos_prepended}
+    if opts.spread > 0 and has_quantized_activations(model):
+        perturbed = perplexity_spread(model, tokenizer, seeds=opts.spread, text_file=opts.text_file,
+                                      window=opts.window, stride=opts.stride, limit=opts.limit, progress=False)
+        out["ppl_spread"] = spread_summary(ppl.perplexity, perturbed)
     if examples:
         lw = lastword_accuracy(model, tokenizer, examples, max_context_tokens=opts.lastword_context,
                                progress=opts.progress, desc=f"{label}: last word")
@@ -201,6 +208,8 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
             row["worst_layers"] = [[k, finite[k]] for k in worst]
             row["mean_sqnr_db"] = sum(finite.values()) / len(finite) if finite else None
             row["ppl_change_pct"] = 100.0 * (row["perplexity"] / base["perplexity"] - 1.0)
+            if "ppl_spread" in row:  # the change's own noise: the spread, in % of float's perplexity
+                row["ppl_change_sd_pct"] = 100.0 * row["ppl_spread"]["sd"] / base["perplexity"]
             if "lastword_accuracy" in row:
                 row["lastword_delta"] = row["lastword_accuracy"] - base["lastword_accuracy"]
             row["size_ratio"] = row["size_bytes"] / base["size_bytes"]
