@@ -1,11 +1,11 @@
-"""lowbit.quant.nearest: in-place nearest rounding (GPTQ's columns, the mse search) equals the
+"""lowbit.kernels.rounding: in-place nearest rounding (GPTQ's columns, the mse search) equals the
 reference qdq, up to the sign of zero, on adversarial values."""
 
 import pytest
 import torch
 
 from lowbit.numerics import E2M1, E4M3, E5M2, UE4M3, IntFormat
-from lowbit.quant.nearest import column_rounder, round_nearest_
+from lowbit.kernels.rounding import column_rounder, round_nearest_
 from test_fast_act_qdq import _finite_half_patterns, _ties, _wide_random
 
 

@@ -34,12 +34,10 @@ def pack_nibbles(codes: torch.Tensor, name: str = "tensor") -> torch.Tensor:
 
 
 def _pack_native(codes: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """(packed, largest code) in one C pass (lowbit.numerics.native), or None (torch path)."""
-    from lowbit.numerics import native
+    """(packed, largest code) in one C pass (lowbit.kernels.codes.pack_nibbles), or None (torch path)."""
+    from lowbit.kernels.codes import pack_nibbles as pack
 
-    if not codes.numel() or codes.device.type != "cpu" or not codes.is_contiguous():
-        return None
-    return native.pack_nibbles(codes)
+    return pack(codes)
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,11 @@ lowbit.quant.scaling for the whole list of rules).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics import E8M0, FormatName, IntFormat, fast_encode, get_format
+from lowbit.kernels import codes
+from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.quant.groups import reduce_groups
 from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec
 
@@ -61,8 +60,8 @@ def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tenso
     if sf is FormatName.FP32:
         return fp32_scales(a, spec)
     if sf is FormatName.E8M0:
-        return fast_encode.decode(E8M0, mx_scale_codes(a, spec))
-    return fast_encode.qdq(get_format(sf), _raw_block_scales(a, spec, global_scale))  # fmt.qdq(raw), bit for bit
+        return codes.decode(E8M0, mx_scale_codes(a, spec))
+    return codes.qdq(get_format(sf), _raw_block_scales(a, spec, global_scale))  # fmt.qdq(raw), bit for bit
 
 
 def scales_and_codes_from_amax(a: torch.Tensor, spec: QuantSpec,
@@ -74,9 +73,9 @@ def scales_and_codes_from_amax(a: torch.Tensor, spec: QuantSpec,
     if sf is FormatName.FP32:
         return fp32_scales(a, spec), None
     fmt = get_format(sf)
-    codes = (mx_scale_codes(a, spec) if sf is FormatName.E8M0
-             else fast_encode.encode(fmt, _raw_block_scales(a, spec, global_scale)))
-    return fast_encode.decode(fmt, codes), codes  # a minifloat's qdq is decode(encode(.)), bit for bit
+    c = (mx_scale_codes(a, spec) if sf is FormatName.E8M0
+         else codes.encode(fmt, _raw_block_scales(a, spec, global_scale)))
+    return codes.decode(fmt, c), c  # a minifloat's qdq is decode(encode(.)), bit for bit
 
 
 def _raw_block_scales(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
@@ -103,7 +102,7 @@ def mx_scale_codes(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
 
 def mx_emax(spec: QuantSpec) -> int:
     """floor(log2) of the element format's largest finite value: the OCP MX ``emax``."""
-    return math.frexp(elem_max(spec))[1] - 1
+    return get_format(spec.format).emax
 
 
 def effective_scale(scale: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
