@@ -25,9 +25,9 @@ NO_CC = ("lowbit-no-such-compiler",)
 def fresh(tmp_path, monkeypatch):
     """An empty cache folder and no loaded library; restored afterwards."""
     monkeypatch.setattr(build, "cache_dir", lambda: tmp_path / "native")
-    build.reset()
+    select.reset()
     yield tmp_path / "native"
-    build.reset()
+    select.reset()
 
 
 def _weight():
@@ -44,7 +44,6 @@ def test_no_compiler_native_is_an_error_and_auto_warns_once(fresh, monkeypatch, 
     with pytest.raises(KernelUnavailable, match="'native' is unavailable: RuntimeError: no C compiler"):
         with using(Implementation.NATIVE, compilers=NO_CC):
             pass
-    monkeypatch.setattr(select, "_warned", set())
     caplog.clear()
     with using(Implementation.AUTO, compilers=NO_CC), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -73,7 +72,7 @@ def test_native_and_fallback_give_the_same_bits(fresh, monkeypatch):
     w = _weight()
     for name in ("nvfp4-e5m3", "w4a16", "mxfp4", "w8a8-int8-dynamic"):
         spec = get_scheme(name).weights
-        build.reset()
+        select.reset()
         nat = quantize(w, spec)
         assert native_quant.quantize_native(w, spec) is not None
         with using(Implementation.TORCH):

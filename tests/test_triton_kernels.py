@@ -30,7 +30,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 # (transformers' Llama does), these tests run in a fresh process instead (see the end).
 IN_PROCESS = isinstance(tl.sum, InterpretedFunction)
 from lowbit.errors import QuantizationError  # noqa: E402
-from lowbit.kernels import conformance as C  # noqa: E402
+from lowbit.backends import triton_conformance as C  # noqa: E402
 from lowbit.kernels.actquant import quantize_blocks, quantize_rows  # noqa: E402
 from lowbit.kernels.dequant import dequantize_microscaled, pack_microscaled  # noqa: E402
 from lowbit.numerics import E8M0, UE4M3, UE5M3  # noqa: E402

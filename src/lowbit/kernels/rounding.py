@@ -19,7 +19,7 @@ import torch
 from lowbit.kernels import native, torch_ops
 from lowbit.kernels.select import Implementation, allows
 
-supports = torch_ops.supports_rounding  # INT and signed minifloats
+supports = torch_ops.supports_rounding  # INT and minifloats (unsigned ones: non-negative values only)
 
 
 def _check(fmt) -> None:
@@ -29,7 +29,7 @@ def _check(fmt) -> None:
 
 def round_nearest_(y: torch.Tensor, fmt) -> torch.Tensor:
     """``fmt.qdq(y)`` up to the sign of zero, in place, for a contiguous float32 tensor of finite
-    values; returns y."""
+    values (non-negative ones for an unsigned format); returns y."""
     _check(fmt)
     if allows(Implementation.TORCH):
         return torch_ops.round_nearest_(y, fmt)

@@ -11,7 +11,7 @@ of lowbit.kernels, CUDA tensors). Which one runs is decided here, and only here:
         qt = lowbit.quant.quantize(w, spec)
 
 The setting is one typed value for the process (threads share it; ``using`` restores the previous
-value on exit). ``Implementation.AUTO`` (the default) resolves, once per process and compiler
+value on exit; worker processes adopt their parent's, ``adopt``). ``Implementation.AUTO`` (the default) resolves, once per process and compiler
 list, to the best available: ``native`` when the C library builds and loads, else ``torch``, and
 that fallback is reported once, as a warning (RuntimeWarning and a warning log line) naming why
 the library is unavailable. Asking for an implementation that is unavailable (``using(NATIVE)``
@@ -76,6 +76,7 @@ class Selection:
 
 _lock = threading.Lock()
 _setting: list[Selection] = [Selection()]
+_resolved: dict[Selection, tuple[Implementation, object]] = {}  # what resolve() and native_library() give
 _warned: set[tuple[str, ...]] = set()
 
 
@@ -136,10 +137,33 @@ def using(implementation: Implementation, *, compilers: tuple[str, ...] | None =
             _setting[0] = before
 
 
+def adopt(selection: Selection) -> None:
+    """Make ``selection`` this process's setting: a worker process's initializer takes its
+    parent's ``current()`` (lowbit.modelfree's pool), so that the choice holds there too."""
+    _check(selection)
+    with _lock:
+        _setting[0] = selection
+
+
 def resolve() -> Implementation:
     """The implementation in force, never AUTO: AUTO becomes NATIVE when the C library is
     available, else TORCH (reported once per process and compiler list, at warning level)."""
-    sel = current()
+    return _resolution()[0]
+
+
+def _resolution() -> tuple[Implementation, object]:
+    """(resolve(), the C library or None where the resolved implementation is below NATIVE),
+    worked out once per setting: every kernel call asks."""
+    sel = _setting[0]
+    got = _resolved.get(sel)
+    if got is None:
+        impl = _resolve(sel)
+        got = (impl, _native_library(sel.compilers) if impl.level >= Implementation.NATIVE.level else None)
+        _resolved[sel] = got
+    return got
+
+
+def _resolve(sel: Selection) -> Implementation:
     if sel.implementation is not Implementation.AUTO:
         return sel.implementation
     if _native_library(sel.compilers) is not None:
@@ -155,13 +179,21 @@ def resolve() -> Implementation:
     return Implementation.TORCH
 
 
+def reset() -> None:
+    """Forget the resolutions, the warnings given and the loaded libraries (tests: retry a build)."""
+    from lowbit.kernels.native.build import reset as forget_libraries
+
+    with _lock:
+        _resolved.clear()
+        _warned.clear()
+    forget_libraries()
+
+
 def allows(impl: Implementation) -> bool:
     """Whether an operation may run its ``impl`` implementation under the setting in force."""
-    return impl.level <= resolve().level
+    return _LEVELS[impl] <= _LEVELS[_resolution()[0]]
 
 
 def native_library():
     """The C library when the setting allows the native implementation, else None."""
-    if not allows(Implementation.NATIVE):
-        return None
-    return _native_library(current().compilers)
+    return _resolution()[1]

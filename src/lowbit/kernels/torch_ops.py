@@ -16,7 +16,8 @@ tests/test_kernel_conformance.py).
   binade, so (y + M) - M is y rounded to the quantum (ties to even, as float32 addition does)
   and exact. M is built from the exponent field of y's bits (``MiniFloat.round_magic``), clamped
   to the smallest normal binade, which also covers subnormals and zero; M is an even multiple
-  of the quantum, so -y rounds to minus what y rounds to. INT: ``round`` (half to even), clamp.
+  of the quantum, so -y rounds to minus what y rounds to (an unsigned format's non-negative values
+  round the same way). INT: ``round`` (half to even), clamp.
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ def encode(fmt: object, x: torch.Tensor) -> torch.Tensor | None:
 
 # ---------------------------------------------------------------------------- nearest rounding
 def supports_rounding(fmt) -> bool:
-    """Whether ``fmt`` has an in-place nearest rounding here (INT, signed minifloats)."""
-    return isinstance(fmt, IntFormat) or (isinstance(fmt, MiniFloat) and fmt.signed and fmt.man_bits <= 21)
+    """Whether ``fmt`` has an in-place nearest rounding here: INT, and minifloats (an unsigned
+    one only for non-negative values)."""
+    return isinstance(fmt, IntFormat) or (isinstance(fmt, MiniFloat) and fmt.man_bits <= 21)
 
 
 @lru_cache(maxsize=None)
@@ -120,7 +122,8 @@ def _round_magic_(y: torch.Tensor, consts, bits: torch.Tensor | None = None) -> 
 
 def round_nearest_(y: torch.Tensor, fmt) -> torch.Tensor:
     """``fmt.qdq(y)`` up to the sign of zero, in place, for a contiguous float32 tensor of finite
-    values (``supports_rounding(fmt)``); returns y."""
+    values (non-negative for an unsigned format; +Inf saturates as in ``qdq``), where
+    ``supports_rounding(fmt)``; returns y."""
     if isinstance(fmt, IntFormat):
         return y.round_().clamp_(fmt.qmin, fmt.qmax)
     return _round_magic_(y, _magic(fmt, str(y.device)))

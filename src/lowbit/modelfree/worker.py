@@ -25,6 +25,7 @@ import torch
 
 from lowbit.errors import LowbitError
 from lowbit.fusion import shared_amax
+from lowbit.kernels.select import Selection, adopt
 from lowbit.modelfree.fp8 import dequantize_fp8_block
 from lowbit.modelfree.plan import Item, Kind, Source
 from lowbit.modelfree.outshape import Entry
@@ -84,10 +85,13 @@ def partial_path(out_dir: str | Path, shard: str) -> Path:
     return Path(out_dir) / f"{shard}.partial"
 
 
-def init_worker(queue: Any = None, threads: int = 1) -> None:
-    """Process initializer: one compute thread per worker, progress events to ``queue``."""
+def init_worker(queue: Any = None, threads: int = 1, kernels: Selection | None = None) -> None:
+    """Process initializer: one compute thread per worker, progress events to ``queue``, the
+    parent's kernel setting (``kernels``: lowbit.kernels.select.current() there)."""
     global _REPORT
     torch.set_num_threads(threads)
+    if kernels is not None:
+        adopt(kernels)
     _REPORT = None if queue is None else queue.put
 
 

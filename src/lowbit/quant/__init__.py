@@ -3,7 +3,7 @@
 from lowbit.quant.gptq import (
     GPTQOptions, WeightRounding, gptq_quantize, gptq_quantize_groups, gptq_quantize_shared, inverse_hessian_factor,
 )
-from lowbit.quant.packing import pack_int32, pack_nibbles, unpack_int32, unpack_nibbles
+from lowbit.kernels.packing import pack_int32, pack_nibbles, unpack_int32, unpack_nibbles
 from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor, nibbles
 from lowbit.quant.search import group_error, search_scales
 from lowbit.quant.scaling import (

@@ -9,7 +9,9 @@ float32:
   only a non-finite amax or sum runs the reference check, so the error is the reference's
   (an overflowing sum of finite values just costs that check).
 - Scales are computed on tensors of one value per block or row (small) by the reference scale
-  rules (``scales_from_amax``, ``effective_scale``).
+  rules (``scales_from_amax``, ``effective_scale``); block scales in UE4M3 / UE5M3 take the
+  reference's raw scales (``raw_block_scales``: amax / elem_max, times the global scale) rounded
+  by the nearest-rounding kernel (non-negative values: ``fmt.qdq``, bit for bit).
 - The element division is the reference's division by the same divisor. For E8M0 scales the
   divisor is a power of two 2^k with |k| <= 127 whose inverse is a normal float32, and
   ``v * 2^-k`` is the correctly rounded ``v / 2^k`` just as the division is: equal.
@@ -27,7 +29,7 @@ import torch
 from lowbit.kernels.rounding import round_nearest_
 from lowbit.numerics import FormatName, IntFormat, MiniFloat, get_format
 from lowbit.quant.groups import check_finite
-from lowbit.quant.scales import effective_scale, global_scale_from_amax, scales_from_amax
+from lowbit.quant.scales import effective_scale, global_scale_from_amax, raw_block_scales, scales_from_amax
 from lowbit.schemes import Granularity, ObserverKind, QuantSpec
 
 _AMAX_RULES = (ObserverKind.MAX, ObserverKind.HALF_STEP)  # scales from the amax (scales_from_amax)
@@ -125,7 +127,10 @@ def _block_qdq(x, spec, global_scale, name) -> torch.Tensor:
         check_finite(x, name)                                      # raises the reference error
     if spec.global_scale and global_scale is None:
         global_scale = global_scale_from_amax(a.amax(), spec)
-    s = scales_from_amax(a, spec, global_scale)
+    if spec.scale_format is FormatName.E8M0:
+        s = scales_from_amax(a, spec, global_scale)
+    else:
+        s = round_nearest_(raw_block_scales(a, spec, global_scale), get_format(spec.scale_format))
     fmt = _signed_minifloat(spec)
     if spec.scale_format is FormatName.E8M0:                       # 2^-127 <= s <= 2^126: never 0
         y = v * (1.0 / s).unsqueeze(-1)                            # exact: == v / s

@@ -14,7 +14,7 @@ No compiler, a failed build or a failed load: ``library(compilers)`` returns Non
 ``unavailable_reason(compilers)`` says why; whether that is an error or a fallback (reported once
 at warning level) is decided by the one selection point, lowbit.kernels.select. The flags keep IEEE
 float32 arithmetic: no -ffast-math, no FMA contraction. Nothing here reads the environment
-except the cache directory's location (lowbit.models.builtin.default_cache_dir); numerics never
+except the cache directory's location (lowbit.cache.default_cache_dir); numerics never
 depend on it.
 """
 
@@ -31,6 +31,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from lowbit.cache import default_cache_dir
 from lowbit.kernels.native.constants import ABI_VERSION, header
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,6 @@ _state: dict[tuple[str, ...], tuple[ctypes.CDLL | None, str | None]] = {}  # com
 
 
 def cache_dir() -> Path:
-    from lowbit.models.builtin import default_cache_dir
-
     return default_cache_dir() / "native"
 
 
