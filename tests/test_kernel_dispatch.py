@@ -13,12 +13,13 @@ SRC = Path(lowbit.__file__).parent
 
 # implementation module -> the modules allowed to import it (the entry points of its operations)
 TRITON_USERS = {"lowbit.backends.triton_mx", "lowbit.backends.gpu_w8a8", "lowbit.backends.triton_conformance",
-                "lowbit.kernels.ptx_audit"}  # the Triton backends are chosen per module (lowbit.backends)
+                "lowbit.kernels.ptx_audit", "lowbit.kernels.triton_ops"}  # the Triton backends are chosen per module (lowbit.backends)
 ENTRY_POINTS = {
     "lowbit.kernels.torch_ops": {"lowbit.kernels.codes", "lowbit.kernels.rounding"},
     "lowbit.kernels.native": {"lowbit.kernels.codes", "lowbit.kernels.rounding", "lowbit.quant.native_quant"},
     "lowbit.kernels.native.build": {"lowbit.kernels.select"},
     "lowbit.quant.fast_qdq": {"lowbit.quant.scaling"},
+    "lowbit.kernels.triton_ops": {"lowbit.quant.scaling"},
     "lowbit.quant.native_quant": {"lowbit.quant.scaling"},
     **{f"lowbit.kernels.{m}": TRITON_USERS for m in ("actquant", "dequant", "matmul", "gemm", "epilogue")},
 }

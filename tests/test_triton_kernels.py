@@ -74,6 +74,23 @@ def test_block_quant_small_programs_and_leading_dims():
     assert torch.equal(got["qdq"], dequantize(ref, torch.bfloat16))
 
 
+@pytest.mark.parametrize("scheme", BLOCK_SCHEMES + ["w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8", "w8a8-fp8-dynamic"])
+def test_triton_implementation_of_spec_qdq_equals_the_reference(scheme):
+    """lowbit.kernels.triton_ops (what fake_quantize runs for CUDA tensors under using(TRITON))."""
+    from lowbit.kernels import Implementation, triton_ops, using
+    from lowbit.quant import fake_quantize
+
+    spec = get_scheme(scheme).input_activations
+    x = C.adversarial_blocks(spec, n_random=8) if spec.is_microscaled else torch.randn(6, 96) * torch.logspace(-3, 3, 96)
+    kw = {"global_scale": torch.tensor([37.5])} if spec.global_scale else {}
+    if spec.dynamic.value == "static":
+        kw["scale"] = torch.tensor([0.0123])
+    got = triton_ops.fake_quantize(x, spec, **kw)
+    with using(Implementation.REFERENCE):
+        want = fake_quantize(x, spec, **kw)
+    assert got is not None and torch.equal(got.view(torch.int32), want.view(torch.int32)), scheme
+
+
 def test_adversarial_blocks_reach_the_edge_cases():
     """The adversarial set exercises what it claims (else the bit-exactness test proves little)."""
     e5 = get_scheme("nvfp4-e5m3").input_activations

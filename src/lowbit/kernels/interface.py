@@ -15,11 +15,12 @@ nearest rounding   lowbit.kernels.rounding.round_nearest_,     reference: ``fmt.
 quantize groups    lowbit.quant.quantize (and .quantize_into)  reference: lowbit.quant.scaling;
                                                                native: lowbit.quant.native_quant
 QDQ of a spec      lowbit.quant.fake_quantize (.int_values)    reference: lowbit.quant.scaling;
-                                                               torch: lowbit.quant.fast_qdq
+                                                               torch: lowbit.quant.fast_qdq;
+                                                               triton: lowbit.kernels.triton_ops
 =================  ==========================================  =====================================
 
-The Triton kernels (quantize groups and QDQ of activations, weight dequantization, on CUDA
-tensors) are run by the Triton backends (lowbit.backends), chosen per module.
+The Triton kernels are also run by the Triton backends (lowbit.backends: quantize groups of
+activations, weight dequantization, fused matmuls), chosen per module.
 
 The Protocols below state the signatures; tests/test_kernel_conformance.py runs every
 implementation of every operation on adversarial values of every format and compares bits.

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lowbit.kernels import codes as element_codes
+from lowbit.kernels import codes as element_codes, triton_ops
 from lowbit.kernels.select import Implementation, allows
 from lowbit.numerics import IntFormat, get_format
 from lowbit.quant.groups import (
@@ -185,7 +185,12 @@ def fake_quantize(
     Bit-identical to ``dequantize(quantize(...))`` but without building codes: symmetric specs
     round with the format's ``qdq`` (the same nearest value ``decode(encode(.))`` gives; +0.0
     added for INT so that -0.0 becomes the +0.0 an integer code decodes to). The torch
-    implementation (lowbit.quant.fast_qdq) runs where the kernel setting allows it."""
+    implementation (lowbit.quant.fast_qdq) runs where the kernel setting allows it, the Triton
+    kernels (lowbit.kernels.triton_ops) for CUDA tensors under ``using(Implementation.TRITON)``."""
+    if x.is_cuda and allows(Implementation.TRITON):
+        q = triton_ops.fake_quantize(x, spec, scale=scale, global_scale=global_scale, name=name)
+        if q is not None:
+            return q
     if allows(Implementation.TORCH):
         q = fast_qdq.qdq(x, spec, scale=scale, global_scale=global_scale, name=name)
         if q is not None:
