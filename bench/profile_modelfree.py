@@ -36,7 +36,7 @@ from lowbit.formats import get_layout
 from lowbit.modelfree.outshape import Entry, ShardFile
 from lowbit.modelfree.source import DTYPE_NAMES
 from lowbit.modelfree.stwriter import RegionWriter, create_shard_file
-from lowbit.kernels import Implementation, codes, using
+from lowbit.kernels import Implementation, codes as kcodes, using
 from lowbit.kernels.native import build as native_build
 from lowbit.quant import QuantizedTensor, check_finite, native_quant, quantize
 from lowbit.quant import scaling as S
@@ -115,7 +115,7 @@ def profile(scheme_name: str, path: Path, out_dir: Path, repeat: int) -> list[tu
     rest = max(0.0, t_prep - t_fin - t_f32)
     rows.append(("amax + scales (rest of _prepare)", rest, rest))
     scaled, _ = both("divide by the scales", lambda: p.v / p.divisor)
-    ref_codes, fast_codes = both("encode", lambda: p.fmt.encode(scaled), lambda: codes.encode(p.fmt, scaled))
+    ref_codes, fast_codes = both("encode", lambda: p.fmt.encode(scaled), lambda: kcodes.encode(p.fmt, scaled))
     assert torch.equal(ref_codes, fast_codes)
 
     def old_mask():

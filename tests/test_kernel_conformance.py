@@ -144,3 +144,21 @@ def test_spec_qdq(impl, name):
     with using(Implementation.REFERENCE):
         want = fake_quantize(x, spec, name="a", **kw)
     assert same_bits(got, want), name
+
+
+# ---------------------------------------------------------------------------- the setting
+def test_using_nests_restores_and_refuses_what_cannot_run():
+    from lowbit.kernels import KernelUnavailable, current, resolve
+
+    before = current()
+    with using(Implementation.REFERENCE):
+        assert resolve() is Implementation.REFERENCE
+        with using(Implementation.TORCH):
+            assert resolve() is Implementation.TORCH
+        assert resolve() is Implementation.REFERENCE
+    assert current() == before
+    if not available(Implementation.TRITON):
+        with pytest.raises(KernelUnavailable, match="'triton' is unavailable"):
+            with using(Implementation.TRITON):
+                pass  # pragma: no cover
+        assert current() == before
