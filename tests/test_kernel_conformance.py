@@ -10,7 +10,7 @@ import torch
 
 from lowbit.kernels import Implementation, available, codes, rounding, using
 from lowbit.numerics import FormatName, IntFormat, get_format
-from lowbit.quant import fake_quantize, quantize
+from lowbit.quant import fake_quantize, int_values, quantize
 from lowbit.schemes import PRESETS, Dynamic, Granularity
 
 IMPLEMENTATIONS = [Implementation.REFERENCE, Implementation.TORCH, Implementation.NATIVE, Implementation.TRITON]
@@ -144,6 +144,18 @@ def test_spec_qdq(impl, name):
     with using(Implementation.REFERENCE):
         want = fake_quantize(x, spec, name="a", **kw)
     assert same_bits(got, want), name
+
+
+@pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-int8-dynamic"])
+def test_int_values(impl, name):
+    spec = ACT_SPECS[name]
+    x = adversarial(cols=128, seed=2).clamp(-1e30, 1e30)
+    scale = torch.tensor([0.37]) if spec.dynamic is Dynamic.STATIC else None
+    with using(impl):
+        vals, eff = int_values(x, spec, scale, "a")
+    with using(Implementation.REFERENCE):
+        want = fake_quantize(x, spec, scale=scale, name="a")
+    assert bool((vals == vals.round()).all()) and same_bits((vals * eff).add_(0.0), want), name
 
 
 # ---------------------------------------------------------------------------- the setting

@@ -11,11 +11,13 @@ of lowbit.kernels, CUDA tensors). Which one runs is decided here, and only here:
         qt = lowbit.quant.quantize(w, spec)
 
 The setting is one typed value for the process (threads share it; ``using`` restores the previous
-value on exit; worker processes adopt their parent's, ``adopt``). ``Implementation.AUTO`` (the default) resolves, once per process and compiler
-list, to the best available: ``native`` when the C library builds and loads, else ``torch``, and
-that fallback is reported once, as a warning (RuntimeWarning and a warning log line) naming why
-the library is unavailable. Asking for an implementation that is unavailable (``using(NATIVE)``
-without a C compiler, ``using(TRITON)`` without Triton and CUDA) raises KernelUnavailable.
+value on exit; worker processes adopt their parent's, ``adopt``). ``Implementation.AUTO`` (the
+default) resolves, once per process and compiler list, to the best available CPU implementation:
+``native`` when the C library builds and loads, else ``torch``, and that fallback is reported
+once, as a warning (RuntimeWarning and a warning log line) naming why the library is unavailable.
+Triton runs at the entry points only when asked for (the Triton backends of lowbit.backends are
+chosen per module). Asking for an implementation that is unavailable (``using(NATIVE)`` without a
+C compiler, ``using(TRITON)`` without Triton and CUDA) raises KernelUnavailable.
 
 The implementations are ordered REFERENCE < TORCH < NATIVE < TRITON. An operation runs the
 highest implementation it has that is not above the resolved one and takes its input (native
