@@ -17,9 +17,19 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lowbit.quant import fake_quantize, global_scale_from_amax
-from lowbit.quant.fast_qdq import fast_fake_quantize
+from lowbit.kernels import Implementation, using
+from lowbit.quant import fake_quantize as _fake_quantize, global_scale_from_amax
 from lowbit.schemes import PRESETS, Dynamic, Granularity
+
+
+def fake_quantize(x, spec, **kw):
+    with using(Implementation.REFERENCE):
+        return _fake_quantize(x, spec, **kw)
+
+
+def fast_fake_quantize(x, spec, **kw):
+    with using(Implementation.TORCH):
+        return _fake_quantize(x, spec, **kw)
 
 
 def best_ms(fn, reps: int) -> float:

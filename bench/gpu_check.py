@@ -6,7 +6,7 @@
 
 (a) Bit-exactness, GPU vs lowbit.quant on the CPU: activation quantization (codes, block
     scales, scale codes, QDQ in float32 and bfloat16) for NVFP4, NVFP4-E5M3, MXFP4, MXFP8 and
-    per-token / per-tensor INT8 and FP8, on the adversarial sets of lowbit.kernels.conformance
+    per-token / per-tensor INT8 and FP8, on the adversarial sets of lowbit.backends.triton_conformance
     (ties, binade edges, subnormal UE5M3 scales, the E8M0 2^-127 scale, zero blocks, float32
     subnormals, the largest finite values) and on random Llama-sized tensors; weight
     dequantization from the packed layouts; the PTX audit for this device; and, for
@@ -175,7 +175,7 @@ def _exact(label, fn):
 
 
 def exactness(dev, big):
-    from lowbit.kernels import conformance as C
+    from lowbit.backends import triton_conformance as C
     from lowbit.quant import quantize
     from lowbit.schemes import get_scheme
 
@@ -211,7 +211,7 @@ def exactness(dev, big):
 @guarded("lowbit.quant on CUDA vs CPU (information)")
 def reference_on_cuda(dev, big):
     """Is lowbit.quant itself bit-exact when run with torch ops on CUDA tensors?"""
-    from lowbit.kernels import conformance as C
+    from lowbit.backends import triton_conformance as C
     from lowbit.quant import quantize
     from lowbit.schemes import get_scheme
 

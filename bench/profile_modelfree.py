@@ -10,7 +10,7 @@ it is timed (best of --repeat): read, to float32, NaN/Inf check, amax + scales (
 "reference" runs the functions as they were before the fast path (isfinite pass, the format's
 ``encode``, ``torch.where`` mask, the old nibble packing); "fast" runs what ``lowbit.quant.quantize``
 did before the native kernels (run here with them switched off). "native" runs the C path
-(lowbit.numerics.native, lowbit.quant.native_quant): one pass for the per-group amax with the
+(lowbit.kernels.native, lowbit.quant.native_quant): one pass for the per-group amax with the
 NaN/Inf flag, the scale rules in torch on the amaxes, one fused divide + encode pass, native
 nibble packing and scale encoding in the layout; "whole" is the worker's quantize_rows + layout.
 All produce the same bytes (asserted here). Times are CPU seconds of this process (robust to
@@ -36,8 +36,8 @@ from lowbit.formats import get_layout
 from lowbit.modelfree.outshape import Entry, ShardFile
 from lowbit.modelfree.source import DTYPE_NAMES
 from lowbit.modelfree.stwriter import RegionWriter, create_shard_file
-from lowbit.numerics import fast_encode
-from lowbit.numerics.native import build as native_build
+from lowbit.kernels import Implementation, codes as kcodes, using
+from lowbit.kernels.native import build as native_build
 from lowbit.quant import QuantizedTensor, check_finite, native_quant, quantize
 from lowbit.quant import scaling as S
 from lowbit.schemes import get_scheme
@@ -115,7 +115,7 @@ def profile(scheme_name: str, path: Path, out_dir: Path, repeat: int) -> list[tu
     rest = max(0.0, t_prep - t_fin - t_f32)
     rows.append(("amax + scales (rest of _prepare)", rest, rest))
     scaled, _ = both("divide by the scales", lambda: p.v / p.divisor)
-    ref_codes, fast_codes = both("encode", lambda: p.fmt.encode(scaled), lambda: fast_encode.encode(p.fmt, scaled))
+    ref_codes, fast_codes = both("encode", lambda: p.fmt.encode(scaled), lambda: kcodes.encode(p.fmt, scaled))
     assert torch.equal(ref_codes, fast_codes)
 
     def old_mask():
@@ -198,9 +198,8 @@ def main() -> None:
         n = w.numel()
         print(f"native library: {native_build.library()} {native_build.unavailable_reason() or ''}")
         for s in args.schemes.split(","):
-            native_build.ENABLED = False
-            rows = profile(s, d / "w.safetensors", d, args.repeat)
-            native_build.ENABLED = True
+            with using(Implementation.TORCH):
+                rows = profile(s, d / "w.safetensors", d, args.repeat)
             spec = get_scheme(s).weights
             gs = S.global_scale_from_amax(w.float().abs().amax(), spec) if spec.global_scale else None
             nat = profile_native(s, w, gs, args.repeat)

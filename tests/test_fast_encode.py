@@ -1,16 +1,25 @@
-"""The fast encoders (lowbit.numerics.fast_encode) equal the reference encoders bit for bit, and
+"""The torch encoders (lowbit.kernels.torch_ops) equal the reference encoders bit for bit, and
 quantize (which uses them) equals the reference pipeline, on adversarial values."""
 
 import pytest
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics import E2M1, E4M3, E5M2, E8M0, INT2, INT4, INT8, UE4M3, UE5M3, fast_encode
+from types import SimpleNamespace
+
+from lowbit.kernels import Implementation, codes, torch_ops, using
+from lowbit.numerics import E2M1, E4M3, E5M2, E8M0, INT2, INT4, INT8, UE4M3, UE5M3
 from lowbit.quant import check_finite, quantize
 from lowbit.quant.scaling import _prepare, ungroup
 from lowbit.numerics import FormatName
 from lowbit.schemes import Granularity, QuantSpec, get_scheme
 
+def _torch_encode(fmt, x):
+    with using(Implementation.TORCH):  # the key tables and INT rounding, through the entry point
+        return codes.encode(fmt, x)
+
+
+fast_encode = SimpleNamespace(encode=_torch_encode, has_table=torch_ops.has_table)
 MINIFLOATS = [E2M1, E4M3, E5M2, UE4M3, UE5M3]
 # dropped-bit patterns around every 16-bit key: exact, just above, just below half, half, above half, top
 LOW_BITS = [0, 1, 2, 0x7FFF, 0x8000, 0x8001, 0xFFFE, 0xFFFF]

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from lowbit.numerics import get_format
-from lowbit.numerics.native import build
-from lowbit.numerics.native import library
+from lowbit.kernels import Implementation, native, using
+from lowbit.kernels.native.build import library
 from lowbit.quant import GPTQOptions, gptq_quantize_groups
 from lowbit.quant.gptq_solve import solve_columns
-from lowbit.quant.nearest import native_rounding
 from lowbit.schemes import PRESETS
 
 needs_native = pytest.mark.skipif(library() is None, reason="no native library (no C compiler)")
@@ -39,14 +38,8 @@ def layer_like(n: int = 192, seed: int = 0):
 
 
 def solve(groups, hs, spec, options, native: bool):
-    import lowbit.quant.gptq as G
-
-    orig = G.solve_columns
-    G.solve_columns = lambda *a, **k: orig(*a, native=native, **k)
-    try:
+    with using(Implementation.NATIVE if native else Implementation.TORCH):
         return gptq_quantize_groups(groups, hs, spec, options=options)
-    finally:
-        G.solve_columns = orig
 
 
 @needs_native
@@ -77,19 +70,18 @@ def test_native_rounding_of_ties_and_saturation(name, want):
     vals = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, 127.5, 300.0, -300.0, 0.0, 1e-30, 3.75, 4.25, 449.0])
     w = vals.reshape(-1, 1)
     one = torch.ones(1, w.shape[0])
-    a = solve_columns([(w, -torch.eye(1))], one, one, fmt, 128, native=True)[0].flatten()
-    b = solve_columns([(w, -torch.eye(1))], one, one, fmt, 128, native=False)[0].flatten()
+    with using(Implementation.NATIVE):
+        a = solve_columns([(w, -torch.eye(1))], one, one, fmt, 128)[0].flatten()
+    with using(Implementation.TORCH):
+        b = solve_columns([(w, -torch.eye(1))], one, one, fmt, 128)[0].flatten()
     want = torch.tensor([float(fmt.qmin) if v == "qmin" else float(v) for v in want])
     assert torch.equal(a, b) and torch.equal(a, want), (a, b)
-    assert native_rounding(fmt)[0] == (0 if name == "w8a8-int8-dynamic" else 1)
+    assert native.rounding_args(fmt)[0] == (0 if name == "w8a8-int8-dynamic" else 1)
 
 
 def test_without_the_library_the_torch_loop_runs():
     groups, hs = layer_like(n=48, seed=3)
-    old, build.ENABLED = build.ENABLED, False
-    try:
-        got = solve(groups, hs, SPECS["w8a8-int8-dynamic"], GPTQOptions(), True)
-    finally:
-        build.ENABLED = old
-    want = solve(groups, hs, SPECS["w8a8-int8-dynamic"], GPTQOptions(), False)
+    got = solve(groups, hs, SPECS["w8a8-int8-dynamic"], GPTQOptions(), False)
+    with using(Implementation.REFERENCE):  # the reference rounding (fmt.qdq) in the torch loop
+        want = gptq_quantize_groups(groups, hs, SPECS["w8a8-int8-dynamic"], options=GPTQOptions())
     assert all(a.equal(b) for ga, gb in zip(got, want) for a, b in zip(ga, gb))

@@ -1,45 +1,60 @@
 """The native library's build: compiled once into the cache (atomically, keyed by source, flags
-and compiler), loaded from there afterwards, and a silent torch fallback when there is no
-compiler or the build fails (same bits either way)."""
+and compiler), loaded from there afterwards; without a compiler or when the build fails, asking for the
+native implementation is an error and ``auto`` falls back to torch with one warning (same bits
+either way)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import warnings
 
 import pytest
 import torch
 
-from lowbit.numerics.native import build
+from lowbit.kernels import Implementation, KernelUnavailable, native, select, using
+from lowbit.kernels.native import build
 from lowbit.quant import native_quant, quantize
 from lowbit.schemes import get_scheme
 
 HAS_CC = build.find_compiler() is not None
+NO_CC = ("lowbit-no-such-compiler",)
 
 
 @pytest.fixture
 def fresh(tmp_path, monkeypatch):
     """An empty cache folder and no loaded library; restored afterwards."""
     monkeypatch.setattr(build, "cache_dir", lambda: tmp_path / "native")
-    build.reset()
+    select.reset()
     yield tmp_path / "native"
-    build.reset()
+    select.reset()
 
 
 def _weight():
     return (torch.randn(16, 64, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
 
 
-def test_no_compiler_falls_back_to_torch_with_one_debug_line(fresh, monkeypatch, caplog):
-    monkeypatch.setattr(build, "COMPILERS", ("lowbit-no-such-compiler",))
+def test_no_compiler_native_is_an_error_and_auto_warns_once(fresh, monkeypatch, caplog):
     w, spec = _weight(), get_scheme("nvfp4-e5m3").weights
     with caplog.at_level(logging.DEBUG, logger=build.__name__):
-        assert build.library() is None
-        assert build.library() is None  # tried once
-    assert "no C compiler" in build.unavailable_reason()
+        assert build.library(NO_CC) is None
+        assert build.library(NO_CC) is None  # tried once
+    assert "no C compiler" in build.unavailable_reason(NO_CC)
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
-    assert not native_quant.supports(w, spec) and native_quant.quantize_native(w, spec) is None
-    qt = quantize(w, spec)  # the torch path
+    with pytest.raises(KernelUnavailable, match="'native' is unavailable: RuntimeError: no C compiler"):
+        with using(Implementation.NATIVE, compilers=NO_CC):
+            pass
+    caplog.clear()
+    with using(Implementation.AUTO, compilers=NO_CC), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert select.resolve() is Implementation.TORCH
+        assert not native.usable(w) and not native_quant.supports(w, spec)
+        qt = quantize(w, spec)  # the torch path
+        assert select.resolve() is Implementation.TORCH
+    assert [str(c.message) for c in caught] == [
+        "lowbit native kernels unavailable (RuntimeError: no C compiler found (looked for lowbit-no-such-compiler)): "
+        "using the torch kernels"]
+    assert [r.levelno for r in caplog.records if r.name == select.__name__] == [logging.WARNING]
     assert qt.codes.shape == (16, 64) and qt.scale.shape == (16, 4)
     assert not fresh.exists() or not any(fresh.iterdir())
 
@@ -57,14 +72,11 @@ def test_native_and_fallback_give_the_same_bits(fresh, monkeypatch):
     w = _weight()
     for name in ("nvfp4-e5m3", "w4a16", "mxfp4", "w8a8-int8-dynamic"):
         spec = get_scheme(name).weights
-        build.reset()
-        native = quantize(w, spec)
+        select.reset()
+        nat = quantize(w, spec)
         assert native_quant.quantize_native(w, spec) is not None
-        monkeypatch.setattr(build, "COMPILERS", ("lowbit-no-such-compiler",))
-        build.reset()
-        assert native.equal(quantize(w, spec)), name
-        monkeypatch.undo()
-        monkeypatch.setattr(build, "cache_dir", lambda: fresh)
+        with using(Implementation.TORCH):
+            assert nat.equal(quantize(w, spec)), name
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
@@ -106,10 +118,10 @@ def test_concurrent_first_use_builds_once_per_process(fresh):
     assert len(list(fresh.glob("*.so"))) == 1
 
 
-def test_switch_forces_the_torch_path(monkeypatch):
-    monkeypatch.setattr(build, "ENABLED", False)
-    assert build.library() is None
-    assert not native_quant.supports(_weight(), get_scheme("w4a16").weights)
+def test_switch_forces_the_torch_path():
+    with using(Implementation.TORCH):
+        assert select.native_library() is None and not native.usable(_weight())
+        assert not native_quant.supports(_weight(), get_scheme("w4a16").weights)
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")

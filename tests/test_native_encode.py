@@ -6,17 +6,18 @@ float16 and float32. Build, cache and fallback: tests/test_native_build.py."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 
 from lowbit.errors import QuantizationError
 from lowbit.formats import get_layout
 from lowbit.modelfree.worker import quantize_rows
-from lowbit.numerics import E2M1, E4M3, E5M2, E8M0, INT2, INT4, INT8, UE4M3, UE5M3, fast_encode, native
+from lowbit.kernels import Implementation, native, using
+from lowbit.kernels import codes as kcodes
+from lowbit.kernels.native import build
+from lowbit.kernels.native.constants import STEPS
+from lowbit.numerics import E2M1, E4M3, E5M2, E8M0, INT2, INT4, INT8, UE4M3, UE5M3
 from lowbit.numerics import FormatName as F
-from lowbit.numerics.native import build
 from lowbit.quant import PackedQuantizedTensor, QuantizedTensor, native_quant, nibbles, pack_nibbles, quantize
 from lowbit.schemes import Granularity as G, ObserverKind, QuantSpec, get_scheme
 
@@ -29,13 +30,8 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
 
-@contextmanager
 def torch_path():
-    old, build.ENABLED = build.ENABLED, False
-    try:
-        yield
-    finally:
-        build.ENABLED = old
+    return using(Implementation.TORCH)
 
 
 def both(x, spec, **kw):
@@ -234,7 +230,7 @@ def test_kernel_encode_equals_reference_on_every_key(fmt):
     x = x[~torch.isnan(x)]
     if fmt in (UE4M3, UE5M3, E8M0):  # unsigned
         x = x[~(x < 0)]
-    got = fast_encode.encode_native(fmt, x)
+    got = native.encode_format(fmt, x)
     assert got is not None and torch.equal(got, fmt.encode(x))
     if fmt.bits == 4:
         xs = x[: x.numel() // 2 * 2].reshape(1, -1).contiguous()
@@ -245,14 +241,14 @@ def test_kernel_encode_equals_reference_on_every_key(fmt):
 
 def test_kernel_refuses_what_the_reference_refuses():
     nan = torch.tensor([1.0, float("nan")])
-    assert fast_encode.encode_native(E2M1, nan) is None and fast_encode.encode_native(INT4, nan) is None
-    assert fast_encode.encode_native(UE5M3, torch.tensor([1.0, -2.0])) is None
-    assert fast_encode.encode_native(UE5M3, torch.tensor([1.0, -0.0])).tolist() == [UE5M3.encode(torch.tensor(1.0)).item(), 0]
+    assert native.encode_format(E2M1, nan) is None and native.encode_format(INT4, nan) is None
+    assert native.encode_format(UE5M3, torch.tensor([1.0, -2.0])) is None
+    assert native.encode_format(UE5M3, torch.tensor([1.0, -0.0])).tolist() == [UE5M3.encode(torch.tensor(1.0)).item(), 0]
     with pytest.raises(ValueError, match="e2m1 has no NaN"):
-        fast_encode.encode(E2M1, nan)
+        kcodes.encode(E2M1, nan)
     with pytest.raises(ValueError, match="unsigned"):
-        fast_encode.encode(E8M0, torch.tensor([-1.0]))
-    assert fast_encode.encode(E4M3, torch.tensor([float("nan"), -float("nan")])).tolist() == [0x7F, 0x7F]
+        kcodes.encode(E8M0, torch.tensor([-1.0]))
+    assert kcodes.encode(E4M3, torch.tensor([float("nan"), -float("nan")])).tolist() == [0x7F, 0x7F]
 
 
 @pytest.mark.parametrize("fmt", [UE4M3, UE5M3, E4M3, E2M1], ids=lambda f: f.name)
@@ -260,7 +256,7 @@ def test_fast_qdq_equals_qdq(fmt):
     x = every_key_value()
     x = x[~torch.isnan(x)] if fmt.nan_code is None else x
     x = x if fmt.signed else x[~(x < 0)]
-    a, b = fast_encode.qdq(fmt, x), fmt.qdq(x)
+    a, b = kcodes.qdq(fmt, x), fmt.qdq(x)
     assert torch.equal(a.view(torch.int32)[~torch.isnan(b)], b.view(torch.int32)[~torch.isnan(b)])
     assert torch.equal(torch.isnan(a), torch.isnan(b))
 
@@ -332,23 +328,23 @@ def test_packed_quantized_tensor_reads_as_its_codes():
 
 # ----------------------------------------------------------------------------- steps (E2M1)
 def test_steps_are_derived_for_e2m1_only():
-    st = fast_encode.native_steps(E2M1)
-    assert st is not None and st.dtype == torch.uint16 and st.numel() == fast_encode.NATIVE_STEPS + 1
+    st = native.steps(E2M1)
+    assert st is not None and st.dtype == torch.uint16 and st.numel() == STEPS + 1
     assert int(st[-1]) == int(E2M1.encode(torch.tensor([-0.0]))[0])  # the sign's code bits
     for fmt in (E4M3, E5M2, UE4M3, UE5M3, INT4, E8M0):  # more than 8 magnitude codes, or no table
-        assert fast_encode.native_steps(fmt) is None
+        assert native.steps(fmt) is None
 
 
 @pytest.mark.parametrize("simd", [1, 0], ids=["simd", "scalar"])
 @pytest.mark.parametrize("pack", [0, 1], ids=["codes", "packed"])
 def test_step_codes_equal_the_table_on_every_key(simd, pack):
-    table = fast_encode.code_table(E2M1)
+    table = E2M1.key_table
     keys = torch.arange(1 << 16, dtype=torch.int32)
     keys = keys[(keys & 0x7FFF) <= 0x7F80]  # NaN keys are refused before any lookup
     keys = keys[: keys.numel() // 32 * 32 + 6]  # a tail the vector loop leaves to the scalar one
     k16 = keys.to(torch.uint16).contiguous()
     out = torch.empty(keys.numel() // 2 if pack else keys.numel(), dtype=torch.uint8)
-    build.library().lb_step_codes(fast_encode.native_steps(E2M1).data_ptr(), k16.data_ptr(), keys.numel(),
+    build.library().lb_step_codes(native.steps(E2M1).data_ptr(), k16.data_ptr(), keys.numel(),
                                   pack, simd, out.data_ptr())
     want = table[keys.long()]
     assert torch.equal(out, pack_nibbles(want) if pack else want)
@@ -382,8 +378,8 @@ def test_e2m1_fused_encode_equals_reference(dtype, g, pack):
 
 @pytest.mark.parametrize("fmt", [E2M1, E4M3, E5M2, UE4M3, UE5M3, E8M0], ids=lambda f: f.name)
 def test_native_decode_equals_decode_on_every_code(fmt):
-    codes = torch.arange(256, dtype=torch.uint8).repeat(3).reshape(3, 256)
-    got, want = fast_encode.decode(fmt, codes), fmt.decode(codes)
+    c = torch.arange(256, dtype=torch.uint8).repeat(3).reshape(3, 256)
+    got, want = kcodes.decode(fmt, c), fmt.decode(c)
     assert got.shape == want.shape and got.dtype == torch.float32
     assert torch.equal(got.view(torch.int32)[~want.isnan()], want.view(torch.int32)[~want.isnan()])
     assert torch.equal(got.isnan(), want.isnan())

@@ -1,11 +1,11 @@
-"""lowbit.quant.nearest: in-place nearest rounding (GPTQ's columns, the mse search) equals the
+"""lowbit.kernels.rounding: in-place nearest rounding (GPTQ's columns, the mse search) equals the
 reference qdq, up to the sign of zero, on adversarial values."""
 
 import pytest
 import torch
 
-from lowbit.numerics import E2M1, E4M3, E5M2, UE4M3, IntFormat
-from lowbit.quant.nearest import column_rounder, round_nearest_
+from lowbit.numerics import E2M1, E4M3, E5M2, E8M0, UE4M3, IntFormat
+from lowbit.kernels.rounding import column_rounder, round_nearest_
 from test_fast_act_qdq import _finite_half_patterns, _ties, _wide_random
 
 
@@ -70,7 +70,12 @@ def test_rounders_do_not_share_buffers():
 
 
 def test_unsupported_format_is_refused():
-    with pytest.raises(ValueError, match="ue4m3"):
-        column_rounder(UE4M3, 4)
-    with pytest.raises(ValueError, match="ue4m3"):
-        round_nearest_(torch.ones(4), UE4M3)
+    with pytest.raises(ValueError, match="e8m0"):
+        column_rounder(E8M0, 4)
+    with pytest.raises(ValueError, match="e8m0"):
+        round_nearest_(torch.ones(4), E8M0)
+
+
+def test_unsigned_format_rounds_non_negative_values():
+    x = torch.cat([_finite_half_patterns().abs(), _ties(UE4M3).abs(), torch.tensor([0.0, 1e-45, 3.4028235e38])])
+    assert torch.equal(round_nearest_(x.clone(), UE4M3).view(torch.int32), UE4M3.qdq(x).view(torch.int32))

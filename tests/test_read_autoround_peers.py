@@ -18,7 +18,7 @@ from lowbit.formats import read_config
 from lowbit.formats.autoround_fake import FP8_DYNAMIC_SCALE_FLOOR
 from lowbit.numerics import FormatName
 from lowbit.quant import fake_quantize, pack_nibbles, quantize
-from lowbit.quant.fast_qdq import fast_fake_quantize
+from lowbit.kernels import Implementation, using
 from lowbit.schemes import PRESETS, Dynamic, Granularity, QuantSpec, Scheme
 from test_formats_support import assert_same_layers, float_tensors, llama_config, logits, quant_layers, \
     quantized_model, write_folder
@@ -28,6 +28,16 @@ LINEARS = [f"model.layers.{i}.{m}" for i in range(2) for m in
             "mlp.up_proj", "mlp.down_proj")]
 DYN_TENSOR_FP8 = QuantSpec(FormatName.E4M3, Granularity.TENSOR, dynamic=Dynamic.DYNAMIC,
                            scale_floor=1.0 / (448 * 512))
+
+
+def _with(impl):
+    def qdq(x, spec, **kw):
+        with using(impl):
+            return fake_quantize(x, spec, **kw)
+    return qdq
+
+
+IMPLEMENTATIONS = (_with(Implementation.REFERENCE), _with(Implementation.TORCH))
 
 
 def _ids():
@@ -48,12 +58,12 @@ def ar_fp8_qdq(x: torch.Tensor, per_row: bool) -> torch.Tensor:
 def test_dynamic_per_tensor_fp8_with_floor_is_auto_rounds_rule():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 64, generator=g) * torch.logspace(-2, 2, 64)
-    for spec_fn in (fake_quantize, fast_fake_quantize):
+    for spec_fn in IMPLEMENTATIONS:
         assert torch.equal(spec_fn(x, DYN_TENSOR_FP8), ar_fp8_qdq(x, per_row=False))
     tiny = torch.tensor([[1e-7, -3e-7, 0.0, 2e-6]])  # amax / 448 is far below the floor
     qt = quantize(tiny, DYN_TENSOR_FP8)
     assert float(qt.scale.reshape(-1)[0]) == pytest.approx(1.0 / (448 * 512), rel=1e-7)
-    for spec_fn in (fake_quantize, fast_fake_quantize):
+    for spec_fn in IMPLEMENTATIONS:
         out = spec_fn(tiny, DYN_TENSOR_FP8)
         assert torch.equal(out, ar_fp8_qdq(tiny, per_row=False))
         assert not torch.equal(out, fake_quantize(tiny, QuantSpec("e4m3", "tensor", dynamic="dynamic")))

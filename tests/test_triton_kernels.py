@@ -30,7 +30,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 # (transformers' Llama does), these tests run in a fresh process instead (see the end).
 IN_PROCESS = isinstance(tl.sum, InterpretedFunction)
 from lowbit.errors import QuantizationError  # noqa: E402
-from lowbit.kernels import conformance as C  # noqa: E402
+from lowbit.backends import triton_conformance as C  # noqa: E402
 from lowbit.kernels.actquant import quantize_blocks, quantize_rows  # noqa: E402
 from lowbit.kernels.dequant import dequantize_microscaled, pack_microscaled  # noqa: E402
 from lowbit.numerics import E8M0, UE4M3, UE5M3  # noqa: E402
@@ -72,6 +72,23 @@ def test_block_quant_small_programs_and_leading_dims():
     ref = quantize(x, spec, global_scale=gs)
     assert torch.equal(got["codes"], ref.codes) and torch.equal(got["scale"], ref.scale)
     assert torch.equal(got["qdq"], dequantize(ref, torch.bfloat16))
+
+
+@pytest.mark.parametrize("scheme", BLOCK_SCHEMES + ["w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8", "w8a8-fp8-dynamic"])
+def test_triton_implementation_of_spec_qdq_equals_the_reference(scheme):
+    """lowbit.kernels.triton_ops (what fake_quantize runs for CUDA tensors under using(TRITON))."""
+    from lowbit.kernels import Implementation, triton_ops, using
+    from lowbit.quant import fake_quantize
+
+    spec = get_scheme(scheme).input_activations
+    x = C.adversarial_blocks(spec, n_random=8) if spec.is_microscaled else torch.randn(6, 96) * torch.logspace(-3, 3, 96)
+    kw = {"global_scale": torch.tensor([37.5])} if spec.global_scale else {}
+    if spec.dynamic.value == "static":
+        kw["scale"] = torch.tensor([0.0123])
+    got = triton_ops.fake_quantize(x, spec, **kw)
+    with using(Implementation.REFERENCE):
+        want = fake_quantize(x, spec, **kw)
+    assert got is not None and torch.equal(got.view(torch.int32), want.view(torch.int32)), scheme
 
 
 def test_adversarial_blocks_reach_the_edge_cases():

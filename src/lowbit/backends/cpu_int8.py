@@ -24,7 +24,7 @@ from lowbit.numerics import INT8, FormatName
 from lowbit.backends.cache import ModuleCache
 from lowbit.backends.reference import input_args
 from lowbit.backends.shared_input import SharedInput, input_key
-from lowbit.quant.fast_qdq import int_row_values
+from lowbit.quant import int_values
 from lowbit.schemes import Dynamic, Granularity, Scheme
 
 EXACT_LIMIT = 1 << 24           # float32 holds every integer up to 2^24
@@ -71,9 +71,9 @@ def int_accumulate(a_vals: torch.Tensor, w_vals: torch.Tensor, chunk: int = CHUN
 
 def quantize_input_values(module, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 values (as float32) and the scale ([1] or [M, 1]) of a 2-D input: the codes and
-    scale of ``lowbit.backends.reference.quantize_input``, bit for bit (lowbit.quant.fast_qdq)."""
+    scale of ``lowbit.backends.reference.quantize_input``, bit for bit (lowbit.quant.int_values)."""
     args = input_args(module)
-    return int_row_values(x2, module.scheme.input_activations, args["scale"], args["name"])
+    return int_values(x2, module.scheme.input_activations, args["scale"], args["name"])
 
 
 def _decoded_weight(module) -> dict:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lowbit.quant import QuantizedTensor, quantize
-from lowbit.quant.fast_qdq import fast_fake_quantize
+from lowbit.quant import QuantizedTensor, fake_quantize, quantize
 from lowbit.schemes import Dynamic
 
 
@@ -30,11 +29,11 @@ def quantize_input(module, x: torch.Tensor) -> QuantizedTensor:
 
 
 def qdq_input(module, x: torch.Tensor) -> torch.Tensor:
-    """``dequantize(quantize_input(module, x))``, computed without building codes, by
-    ``lowbit.quant.fast_qdq`` (bit-identical to ``fake_quantize``, fewer passes on the CPU)."""
+    """``dequantize(quantize_input(module, x))``, computed without building codes
+    (``fake_quantize``: the kernel setting chooses its implementation, all bit-identical)."""
     if module.scheme.input_activations is None:
         return x.to(torch.float32)
-    return fast_fake_quantize(x, module.scheme.input_activations, **input_args(module))
+    return fake_quantize(x, module.scheme.input_activations, **input_args(module))
 
 
 class ReferenceBackend:

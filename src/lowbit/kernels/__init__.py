@@ -1,30 +1,23 @@
-"""Triton GPU kernels, bit-exact with lowbit.quant (activation quantization, weight
-dequantization) plus the W8A8 matmul routes through torch._int_mm / torch._scaled_mm.
+"""lowbit's kernels: one interface per operation, one selection point, and the implementations.
 
-Importing this package does not import Triton; its submodules do (``actquant``, ``dequant``,
-``gemm``). ``triton_available()`` says whether they can be used. Triton decides at import
+- ``select``: the setting (``Implementation``, ``using``) that decides which implementation runs;
+- ``interface``: the operations and their contracts;
+- ``codes`` (encode, decode, QDQ of a format) and ``rounding`` (nearest rounding): the entry points
+  of the element kernels; quantize groups and the QDQ of a spec are lowbit.quant's ``quantize``
+  and ``fake_quantize``, which choose through ``select`` as well;
+- implementations: ``torch_ops`` (torch), ``native`` (the C library and its build), and the Triton
+  GPU kernels (``actquant``, ``dequant``, ``matmul``, ``gemm``, ``epilogue``, ``bits``), bit-exact
+  with lowbit.quant.
+
+Importing this package does not import Triton; the Triton submodules do. Triton decides at import
 time of a submodule whether kernels run compiled (a CUDA GPU) or under its CPU interpreter
 (``TRITON_INTERPRET=1``, used by the tests); lowbit never sets that variable itself.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
+from lowbit.kernels.select import Implementation, KernelUnavailable, Selection, available, current, resolve, using
+from lowbit.kernels.support import cuda_triton_available, triton_available
 
-
-@functools.lru_cache(maxsize=None)
-def triton_available() -> bool:
-    """Triton is installed (it does not say whether a GPU is present)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-@functools.lru_cache(maxsize=None)
-def cuda_triton_available() -> bool:
-    """Triton installed and a CUDA device present: the kernels can run compiled."""
-    import torch
-
-    return triton_available() and torch.cuda.is_available()
-
-
-__all__ = ["triton_available", "cuda_triton_available"]
+__all__ = ["Implementation", "KernelUnavailable", "Selection", "available", "current", "resolve", "using",
+           "triton_available", "cuda_triton_available"]

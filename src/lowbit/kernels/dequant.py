@@ -20,7 +20,7 @@ from lowbit.kernels.bits import decode_mag, f32_bits, ldexp_exact, store_f32_as
 from lowbit.kernels.formats import minifloat_params
 from lowbit.kernels.support import supports_int_weight, supports_microscaled_weight
 from lowbit.numerics import FormatName
-from lowbit.quant import pack_int32, pack_nibbles
+from lowbit.kernels.packing import pack_int32, pack_nibbles
 from lowbit.schemes import Granularity, QuantSpec
 
 SCALE_UE = 0

@@ -9,9 +9,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-import torch
-
-from lowbit.numerics import E8M0, FormatName, MiniFloat, get_format
+from lowbit.numerics import FormatName, MiniFloat, get_format
 
 
 def f32_bits(v: float) -> int:
@@ -41,7 +39,6 @@ def minifloat_params(name: FormatName) -> MiniFloatParams:
     if not isinstance(fmt, MiniFloat):
         raise TypeError(f"{name} is not a small float format")
     mf = fmt.max_finite
-    emax = int(E8M0.exponent_floor(torch.tensor(mf)))
     return MiniFloatParams(man=fmt.man_bits, bias=fmt.bias, emin=fmt.min_normal_exp,
                            maxcode=fmt.max_code_magnitude, maxbits=f32_bits(mf),
-                           sign_shift=fmt.exp_bits + fmt.man_bits, max_finite=mf, emax_floor=emax)
+                           sign_shift=fmt.exp_bits + fmt.man_bits, max_finite=mf, emax_floor=fmt.emax)

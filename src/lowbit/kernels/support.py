@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 from lowbit.numerics import FormatName
 from lowbit.schemes import Dynamic, Granularity, QuantSpec
 
@@ -34,3 +37,17 @@ def supports_int_weight(spec: QuantSpec) -> bool:
     return (spec.is_integer and spec.format in (FormatName.INT8, FormatName.INT4)
             and spec.scale_format is FormatName.FP32
             and spec.granularity in (Granularity.CHANNEL, Granularity.GROUP, Granularity.TENSOR))
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    """Triton is installed (it does not say whether a GPU is present)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_triton_available() -> bool:
+    """Triton installed and a CUDA device present: the kernels can run compiled."""
+    import torch
+
+    return triton_available() and torch.cuda.is_available()

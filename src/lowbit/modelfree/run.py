@@ -45,6 +45,7 @@ from lowbit.errors import FormatError, LowbitError, SchemeError
 from lowbit.formats.outguard import check_not_source
 from lowbit.formats.outlock import output_lock
 from lowbit.formats.writer import write_failure
+from lowbit.kernels.select import current
 from lowbit.modelfree.plan import Item, Kind, Plan, make_plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
@@ -177,7 +178,7 @@ class _Pool:
         ctx = mp.get_context("spawn")
         self.events = ctx.Queue()
         self.ex = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=init_worker,
-                                      initargs=(self.events, 1))
+                                      initargs=(self.events, 1, current()))
         self.warm = [self.ex.submit(warm_up) for _ in range(n)]  # spawns them all now
 
     def run(self, jobs: list[ShardJob], prog: ShardProgress) -> None:

@@ -25,12 +25,13 @@ import torch
 
 from lowbit.errors import LowbitError
 from lowbit.fusion import shared_amax
+from lowbit.kernels.select import Selection, adopt
 from lowbit.modelfree.fp8 import dequantize_fp8_block
 from lowbit.modelfree.plan import Item, Kind, Source
 from lowbit.modelfree.outshape import Entry
 from lowbit.modelfree.stwriter import RegionWriter
 from lowbit.modelfree.source import TensorReader
-from lowbit.quant import PackedQuantizedTensor, QuantizedTensor, global_scale_from_amax, native_quant, quantize
+from lowbit.quant import PackedQuantizedTensor, QuantizedTensor, global_scale_from_amax, quantize, quantize_into
 from lowbit.schemes import Granularity, QuantSpec, Scheme
 
 BAND_ELEMS = 1 << 20  # elements quantized at once: float32 temporaries of ~4 MB stay in cache (faster than 4 M)
@@ -84,10 +85,13 @@ def partial_path(out_dir: str | Path, shard: str) -> Path:
     return Path(out_dir) / f"{shard}.partial"
 
 
-def init_worker(queue: Any = None, threads: int = 1) -> None:
-    """Process initializer: one compute thread per worker, progress events to ``queue``."""
+def init_worker(queue: Any = None, threads: int = 1, kernels: Selection | None = None) -> None:
+    """Process initializer: one compute thread per worker, progress events to ``queue``, the
+    parent's kernel setting (``kernels``: lowbit.kernels.select.current() there)."""
     global _REPORT
     torch.set_num_threads(threads)
+    if kernels is not None:
+        adopt(kernels)
     _REPORT = None if queue is None else queue.put
 
 
@@ -111,7 +115,7 @@ def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor |
     a reusable uint8 buffer of at least n bytes for the native path's codes (the result then
     lives in it: the caller reuses it only once the result is written)."""
     rows = max(1, band_elems // max(1, w.shape[-1]))
-    if w.dim() == 2 and spec.granularity is not Granularity.TENSOR and native_quant.supports(w, spec):
+    if w.dim() == 2 and spec.granularity is not Granularity.TENSOR:
         qt = _native_rows(w.contiguous(), spec, global_scale, name, rows, pack, scratch)
         if qt is not None:
             return qt
@@ -135,7 +139,7 @@ def _native_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | 
         : shape[0] * shape[1]].view(shape)
     bands = []
     for r in range(0, w.shape[0], rows):
-        qt = native_quant.quantize_native(w[r:r + rows], spec, global_scale, name, pack=pack, out=codes[r:r + rows])
+        qt = quantize_into(w[r:r + rows], spec, global_scale=global_scale, name=name, pack=pack, out=codes[r:r + rows])
         if qt is None:
             return None
         bands.append(qt)

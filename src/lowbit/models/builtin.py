@@ -17,10 +17,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
+from lowbit.cache import default_cache_dir
 from lowbit.errors import FormatError, LowbitError
 
 BUILTIN_NAME = "SmolLM2-135M-Instruct"
@@ -35,18 +35,6 @@ CONVERSION_PACKAGES = ("gguf", "accelerate")
 
 class ModelNotFoundError(LowbitError, FileNotFoundError):
     """A model path or the built-in model package is missing."""
-
-
-def default_cache_dir() -> Path:
-    """Where lowbit caches converted models and its native library: the user cache dir. On Linux
-    that is the XDG rule, applied here as platformdirs applies it (importing platformdirs costs a
-    fresh process ~7 ms); elsewhere platformdirs decides."""
-    if sys.platform.startswith("linux"):
-        base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
-        return Path(base) / "lowbit"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("lowbit"))
 
 
 def builtin_gguf_path() -> Path:

@@ -17,8 +17,11 @@ saturate to code 254. Negative input is an error; NaN maps to 0xFF.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
+
+from lowbit.numerics.keys import key_table
 
 
 _LUT: dict = {}
@@ -39,6 +42,14 @@ class E8M0Format:
     @property
     def min_value(self) -> float:
         return 2.0**-127
+
+    has_key_table = True  # floor rounding reads only the exponent field, which a key keeps
+
+    @cached_property
+    def key_table(self) -> torch.Tensor:
+        """uint8 [65536] (CPU): ``encode`` (floor) of every 16-bit key (lowbit.numerics.keys); every
+        float32 subnormal encodes to code 0, negative keys are refused before any lookup."""
+        return key_table(self)
 
     def exponent_floor(self, x: torch.Tensor) -> torch.Tensor:
         """floor(log2 x) as int32 for positive finite float32 x (exact, via frexp)."""

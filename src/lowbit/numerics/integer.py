@@ -36,6 +36,11 @@ class IntFormat:
     def max_finite(self) -> float:
         return float(self.qmax)
 
+    @property
+    def emax(self) -> int:
+        """floor(log2 qmax): the OCP MX ``emax`` of the format as an element format."""
+        return self.qmax.bit_length() - 1
+
     def round(self, x: torch.Tensor) -> torch.Tensor:
         """float32 integers: round half to even, then saturate. NaN is an error."""
         x = x.to(torch.float32)

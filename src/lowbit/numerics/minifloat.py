@@ -12,10 +12,13 @@ ties-to-even on the code, including when the mantissa carries into the next bina
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+
+from lowbit.numerics.keys import MAX_MAN_BITS, key_table, key_steps
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,36 @@ class MiniFloat:
     @cached_property
     def max_finite(self) -> float:
         return float(self._magnitude_value(self.max_code_magnitude))
+
+    @cached_property
+    def emax(self) -> int:
+        """floor(log2 max_finite): the OCP MX ``emax`` of the format as an element format."""
+        return math.frexp(self.max_finite)[1] - 1
+
+    @cached_property
+    def round_magic(self) -> tuple[int, int, int]:
+        """The int32 constants of the "magic number" rounding to the format's grid (the torch
+        kernels, lowbit.kernels.rounding, and the native GPTQ loop): (exponent-field mask, the
+        bits of the smallest normal binade, the addend that turns 2^e into 1.5 * 2^(e + 23 - m))."""
+        return 0x7F800000, (self.min_normal_exp + 127) << 23, ((23 - self.man_bits) << 23) | (1 << 22)
+
+    @property
+    def has_key_table(self) -> bool:
+        """Whether ``encode`` equals a lookup of the round-to-odd 16-bit key (lowbit.numerics.keys):
+        at most 5 mantissa bits, and a NaN code or at most 4 bits (so NaN keys can be marked)."""
+        return self.man_bits <= MAX_MAN_BITS and (self.nan_code is not None or self.bits <= 4)
+
+    @cached_property
+    def key_table(self) -> torch.Tensor:
+        """uint8 [65536] (CPU): ``encode`` of every 16-bit key (lowbit.numerics.keys), built once."""
+        if not self.has_key_table:
+            raise ValueError(f"{self.name} is not encoded through a key table")
+        return key_table(self)
+
+    @cached_property
+    def key_steps(self) -> tuple[tuple[int, ...], int] | None:
+        """``key_table`` as (bounds, sign bits) (lowbit.numerics.keys.key_steps), or None."""
+        return key_steps(self.key_table, self.signed) if self.has_key_table else None
 
     def _magnitude_value(self, code: int) -> float:
         e = code >> self.man_bits

@@ -1,48 +1,38 @@
-"""Fast activation QDQ on the CPU: the numbers of ``lowbit.quant.fake_quantize``, in fewer passes.
-
-``fast_fake_quantize`` returns exactly (bit for bit) what ``fake_quantize`` returns for the
-same arguments, and falls back to it for what it has no fast route for. The reference
-functions in ``lowbit.quant.scaling`` stay the definition; this module only reorders work
-that is exact in float32:
+"""The ``torch`` implementation of the QDQ of a spec (activations): the numbers of the reference
+``fake_quantize`` (lowbit.quant.scaling), in fewer passes, for CPU tensors. Reached only through
+``fake_quantize`` and ``int_values``, which choose it (lowbit.kernels.select); ``qdq`` returns None
+for what it has no fast route for, and the reference runs. It only reorders work that is exact in
+float32:
 
 - Finiteness is read from the amax the scales need anyway (max propagates NaN and Inf), or
   from one sum for static per-tensor scales (a NaN or Inf element makes the sum non-finite);
   only a non-finite amax or sum runs the reference check, so the error is the reference's
   (an overflowing sum of finite values just costs that check).
-- Scales are computed on tensors of one value per block or row (small): per-tensor and
-  per-token ones by the reference functions (``scales_from_amax``, ``effective_scale``);
-  block scales by ``block_scales``, which reproduces ``scales_from_amax`` bit for bit with
-  exponent-field arithmetic (E8M0) or the rounding below (UE4M3 / UE5M3), because frexp and
-  ldexp cost more than the whole element path.
+- Scales are computed on tensors of one value per block or row (small) by the reference scale
+  rules (``scales_from_amax``, ``effective_scale``); block scales in UE4M3 / UE5M3 take the
+  reference's raw scales (``raw_block_scales``: amax / elem_max, times the global scale) rounded
+  by the nearest-rounding kernel (non-negative values: ``fmt.qdq``, bit for bit).
 - The element division is the reference's division by the same divisor. For E8M0 scales the
   divisor is a power of two 2^k with |k| <= 127 whose inverse is a normal float32, and
   ``v * 2^-k`` is the correctly rounded ``v / 2^k`` just as the division is: equal.
-- Element rounding to a signed minifloat (E4M3, E2M1), ties to even and saturating, by the
-  "magic number" addition: with |y| clamped to max_finite and e = max(floor(log2 |y|), emin),
-  M = 1.5 * 2^(e + 23 - m) puts y + M in [2^(e+23-m), 2^(e+24-m)), whose float32 spacing is
-  the format's quantum 2^(e-m) in that binade; the addition therefore rounds y to the nearest
-  multiple of the quantum (ties to even, as float32 addition does, and the quantum's parity is
-  the code's last mantissa bit), and (y + M) - M is exact. M is built from the exponent field
-  of y's bits (sign masked off, clamped to the smallest normal binade, which also covers the
-  format's subnormals and zero). The result takes the sign of y (copysign: -0.0 and negative
-  values that round to zero keep their sign, as ``MiniFloat.qdq`` does).
+- Element rounding to a signed minifloat (E4M3, E2M1) by the nearest-rounding kernel
+  (lowbit.kernels.rounding, the magic-number addition), then the sign of y (copysign: -0.0 and
+  negative values that round to zero keep their sign, as ``MiniFloat.qdq`` does).
 - INT rows (w8a8-int8): ``round`` (ties to even), clamp, ``+ 0.0`` (no -0.0), as the reference.
 - All element passes after the first run in place on one float32 temporary.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from lowbit.kernels.rounding import round_nearest_
 from lowbit.numerics import FormatName, IntFormat, MiniFloat, get_format
-from lowbit.quant.scaling import (
-    check_finite, effective_scale, fake_quantize, global_scale_from_amax, scales_from_amax,
-)
-from lowbit.schemes import Granularity, QuantSpec
+from lowbit.quant.groups import check_finite
+from lowbit.quant.scales import effective_scale, global_scale_from_amax, raw_block_scales, scales_from_amax
+from lowbit.schemes import Granularity, ObserverKind, QuantSpec
 
-_EXP_MASK = 0x7F800000
+_AMAX_RULES = (ObserverKind.MAX, ObserverKind.HALF_STEP)  # scales from the amax (scales_from_amax)
 
 
 # ---------------------------------------------------------------------------- element rounding
@@ -51,20 +41,13 @@ def round_minifloat_(y: torch.Tensor, fmt: MiniFloat, sign_source: torch.Tensor)
 
     ``sign_source`` has y's signs (zeros included) and y's shape, or broadcasts to it: the
     tensor y was divided from by a positive divisor. Returns y."""
-    m = fmt.man_bits
-    y.clamp_(-fmt.max_finite, fmt.max_finite)
-    magic = y.view(torch.int32) & _EXP_MASK                      # 2^floor(log2|y|), as bits
-    magic.clamp_(min=(fmt.min_normal_exp + 127) << 23)             # subnormals and 0: the smallest binade
-    magic.add_(((23 - m) << 23) | (1 << 22))                       # * 2^(23-m) * 1.5
-    mf = magic.view(torch.float32)                                 # y + mf: same binade for +-y
-    y.add_(mf).sub_(mf)
-    return y.copysign_(sign_source)
+    return round_nearest_(y, fmt).copysign_(sign_source)
 
 
 def round_int_(y: torch.Tensor, fmt: IntFormat, positive_zero: bool = True) -> torch.Tensor:
     """``fmt.qdq(y) + 0.0`` for finite float32 ``y`` (overwritten): round half to even, saturate
     and (``positive_zero``) turn -0.0 into the +0.0 an integer code decodes to. Returns y."""
-    y.round_().clamp_(fmt.qmin, fmt.qmax)
+    round_nearest_(y, fmt)
     return y.add_(0.0) if positive_zero else y
 
 
@@ -77,14 +60,16 @@ def _signed_minifloat(spec: QuantSpec) -> MiniFloat | None:
 def block_route(spec: QuantSpec, n: int, scale) -> bool:
     """Microscaled (block-scale-format) symmetric minifloat groups over whole blocks, scales
     computed from the input (dynamic / local activations)."""
-    return (scale is None and spec.symmetric and spec.granularity is Granularity.GROUP and spec.is_microscaled
-            and n % spec.group_size == 0 and _signed_minifloat(spec) is not None)
+    return (scale is None and spec.symmetric and spec.observer in _AMAX_RULES and spec.granularity is Granularity.GROUP
+            and spec.is_microscaled and n % spec.group_size == 0 and _signed_minifloat(spec) is not None)
 
 
 def row_route(spec: QuantSpec, scale) -> bool:
     """fp32-scaled per-tensor (static given scale, or from the input) or per-token rows,
     symmetric, INT or signed minifloat elements."""
     if not spec.symmetric or spec.scale_format is not FormatName.FP32 or spec.global_scale:
+        return False
+    if spec.observer not in _AMAX_RULES and scale is None:
         return False
     if spec.granularity not in (Granularity.TENSOR, Granularity.TOKEN):
         return False
@@ -93,15 +78,16 @@ def row_route(spec: QuantSpec, scale) -> bool:
     return isinstance(get_format(spec.format), IntFormat) or _signed_minifloat(spec) is not None
 
 
-def fast_fake_quantize(
+def qdq(
     x: torch.Tensor,
     spec: QuantSpec,
     *,
     scale: torch.Tensor | None = None,
     global_scale: torch.Tensor | None = None,
     name: str = "tensor",
-) -> torch.Tensor:
-    """``fake_quantize(x, spec, scale=..., global_scale=..., name=...)``, bit for bit, faster."""
+) -> torch.Tensor | None:
+    """The reference ``fake_quantize(x, spec, scale=..., global_scale=..., name=...)``, bit for bit,
+    or None where this implementation has no route (the reference then runs)."""
     if x.device.type == "cpu" and x.dim() >= 1 and x.numel() > 0:
         if block_route(spec, x.shape[-1], scale):
             return _block_qdq(x, spec, global_scale, name)
@@ -113,7 +99,7 @@ def fast_fake_quantize(
             else:
                 round_minifloat_(y, fmt, x32)
             return _scale_back(y.mul_(eff), nonzero)
-    return fake_quantize(x, spec, scale=scale, global_scale=global_scale, name=name)
+    return None
 
 
 def _scale_back(out: torch.Tensor, nonzero: torch.Tensor) -> torch.Tensor:
@@ -132,41 +118,6 @@ def block_amax(v: torch.Tensor) -> torch.Tensor:
     return (v.view(torch.int32) & 0x7FFFFFFF).amax(-1).view(torch.float32)
 
 
-def round_unsigned_minifloat_(y: torch.Tensor, fmt: MiniFloat) -> torch.Tensor:
-    """``fmt.qdq(y)`` for non-NaN float32 ``y`` >= 0 (+0.0 for zeros), overwritten; any
-    minifloat (the sign is not looked at). Returns y."""
-    y.clamp_(max=fmt.max_finite)
-    magic = y.view(torch.int32) & _EXP_MASK
-    magic.clamp_(min=(fmt.min_normal_exp + 127) << 23)
-    magic.add_(((23 - fmt.man_bits) << 23) | (1 << 22))
-    mf = magic.view(torch.float32)
-    return y.add_(mf).sub_(mf)
-
-
-def block_scales(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
-    """``scales_from_amax(a, spec, global_scale)`` for a microscaled spec and finite amax ``a``
-    >= 0, bit for bit.
-
-    E8M0: the reference's 2^clamp(floor(log2 a) - floor(log2 elem_max), -127, 127) with 2^-127
-    for a == 0. floor(log2 a) is the exponent field minus 127 for normal a; zero and float32
-    subnormals have field 0 and their exponent (<= -127) clamps to -127 as well. The exponent
-    never reaches 127 (a < 2^128 and floor(log2 elem_max) >= 1), so 2^e = 2^(e+1) * 0.5 is
-    built from normal bits, 2^-127 included (an exact multiplication).
-    UE4M3 / UE5M3: the same division (and global-scale product) as the reference, then the
-    format's rounding on non-negative values."""
-    sf = spec.scale_format
-    if sf is FormatName.E8M0:
-        emax = math.floor(math.log2(get_format(spec.format).max_finite))
-        field = a.view(torch.int32) >> 23
-        field.sub_(emax - 1).clamp_(min=1)                          # e + 128, in [1, 254]
-        return (field << 23).view(torch.float32).mul_(0.5)
-    fmt = get_format(sf)
-    raw = a / torch.tensor([get_format(spec.format).max_finite], dtype=torch.float32, device=a.device)
-    if spec.global_scale:
-        raw = raw * global_scale.to(torch.float32)
-    return round_unsigned_minifloat_(raw, fmt)
-
-
 def _block_qdq(x, spec, global_scale, name) -> torch.Tensor:
     x32 = x.to(torch.float32)
     g = spec.group_size
@@ -176,7 +127,10 @@ def _block_qdq(x, spec, global_scale, name) -> torch.Tensor:
         check_finite(x, name)                                      # raises the reference error
     if spec.global_scale and global_scale is None:
         global_scale = global_scale_from_amax(a.amax(), spec)
-    s = block_scales(a, spec, global_scale)
+    if spec.scale_format is FormatName.E8M0:
+        s = scales_from_amax(a, spec, global_scale)
+    else:
+        s = round_nearest_(raw_block_scales(a, spec, global_scale), get_format(spec.scale_format))
     fmt = _signed_minifloat(spec)
     if spec.scale_format is FormatName.E8M0:                       # 2^-127 <= s <= 2^126: never 0
         y = v * (1.0 / s).unsqueeze(-1)                            # exact: == v / s
@@ -218,6 +172,7 @@ def _row_divided(x, spec, scale, name):
 
 def int_row_values(x: torch.Tensor, spec: QuantSpec, scale: torch.Tensor | None = None,
                    name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+    # reached through lowbit.quant.scaling.int_values
     """The integer element values (float32) and the effective scale ([1] or [..., 1]) of an
     INT row-route spec: ``fake_quantize`` == values * scale, bit for bit, and
     the values are the decoded codes of ``quantize`` (0 where the scale is 0), except that a

@@ -10,13 +10,14 @@ the per-column divide, rounding and error run once for every part; only the rank
 inside a sub-block and the block updates are per part (each part has its own Hessian).
 Stacking changes nothing but float32 summation order.
 
-Inside a sub-block of ``SUB`` columns the loop runs in C when the native library is available
+Inside a sub-block of ``SUB`` columns the loop runs in C when the kernel setting allows the native
+implementation (lowbit.kernels.rounding.gptq_sub_block)
 (``lb_gptq_sub``: the same operations in the same order, bit-identical; the torch loop costs
 ~10 eager operations per column, most of GPTQ's time on a small model); the block updates stay
 torch matrix products.
 
 Per column j: y = w_j / divisor (divisor: the effective scale, 1 where it is 0), q = nearest
-grid value of y (``lowbit.quant.nearest``), e = w_j - q * eff (a zero scale gives q * 0 = 0:
+grid value of y (``lowbit.kernels.rounding``), e = w_j - q * eff (a zero scale gives q * 0 = 0:
 e = w_j), updates. Row j of the working copy is final once column j is done (only later
 rows are updated), so the solved weights are Q = W - E, block by block.
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.quant.nearest import column_rounder, native_rounding
+from lowbit.kernels.rounding import column_rounder, gptq_sub_block
 
 # columns updated one by one inside a block before a matrix update of the rest of the block:
 # keeps the per-column updates small (single-threaded, cache-resident); the result differs
@@ -33,22 +34,12 @@ from lowbit.quant.nearest import column_rounder, native_rounding
 SUB = 16
 
 
-def _native_sub(native: bool):
-    """The native sub-block loop (``lb_gptq_sub``) or None (not asked for, or no library)."""
-    if not native:
-        return None
-    from lowbit.numerics.native import gptq_sub_fn
-
-    return gptq_sub_fn()
-
-
 def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor]], eff_t: torch.Tensor, div_t: torch.Tensor,
-                  fmt, block_size: int, native: bool = True) -> list[torch.Tensor]:
+                  fmt, block_size: int) -> list[torch.Tensor]:
     """The GPTQ-rounded (dequantized) weights [out_p, in] of each part (W_p, -Ub_p); ``eff_t`` and
     ``div_t`` [in, rows]: the effective scales and divisors of the stacked rows, transposed.
-    ``native``: run each sub-block's column loop in C when the native library is available
-    (the same operations in the same order: bit-identical; the torch loop costs ~10 eager
-    operations per column)."""
+    Each sub-block's column loop runs in C where the kernel setting allows (the same operations in
+    the same order: bit-identical; the torch loop costs ~10 eager operations per column)."""
     in_f = parts[0][0].shape[1]
     rows = sum(w.shape[0] for w, _ in parts)
     Wt = torch.empty(in_f, rows, dtype=torch.float32)                 # [in, rows]
@@ -58,7 +49,8 @@ def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor]], eff_t: torch.T
         Wt[:, r0:r0 + w.shape[0]].copy_(w.t())
         r0 += w.shape[0]
     us = [u.contiguous() for _, u in parts]
-    sub = _native_sub(native)
+    native_sub = gptq_sub_block(fmt)
+    sub = None if native_sub is None else native_sub[0]
     if sub is not None:
         # per-channel scales come as one row expanded over the columns (stride 0): kept so
         div_c, eff_c = (t if t.stride() == (0, 1) else t.contiguous() for t in (div_t, eff_t))
@@ -68,7 +60,7 @@ def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor]], eff_t: torch.T
         nat_args = (len(parts), torch.tensor([a for a, _ in spans]), torch.tensor([b for _, b in spans]),
                     torch.tensor([u.data_ptr() for u in us]))
         nat_ptrs = tuple(t.data_ptr() for t in nat_args[1:])
-        rnd = native_rounding(fmt)
+        rnd = native_sub[1]
         step = rows * 4  # bytes per float32 row of [in, rows]
     else:
         div_rows, eff_rows = div_t.contiguous().unbind(0), eff_t.contiguous().unbind(0)

@@ -1,7 +1,8 @@
-"""The native path of ``lowbit.quant.scaling.quantize``.
+"""The ``native`` implementation of quantize groups: the reference ``lowbit.quant.scaling.quantize``
+in C, reached only through ``quantize`` and ``quantize_into``, which choose it (lowbit.kernels.select).
 
 Group and channel specs (with the global scale given, where the spec has one) take one C call per
-band (lowbit.numerics.native.quantize): per-group extremes with a NaN/Inf flag, the scale rule,
+band (lowbit.kernels.native.quantize): per-group extremes with a NaN/Inf flag, the scale rule,
 the scale codes and the element codes, a few rows at a time. The rule's constants come from
 lowbit.quant.scales (``scale_rule``: the divisor, the scale format's key table and code values,
 the MX exponent), so each rule keeps one definition; the C loop applies it operation for
@@ -21,9 +22,8 @@ from functools import lru_cache
 
 import torch
 
+from lowbit.kernels import native
 from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
-from lowbit.numerics import native
-from lowbit.numerics.fast_encode import code_table, has_table
 from lowbit.quant.groups import check_finite, num_groups
 from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor
 from lowbit.quant.scales import (
@@ -39,7 +39,7 @@ def supports(x: torch.Tensor, spec: QuantSpec) -> bool:
     """Whether ``quantize_native`` takes ``x`` under ``spec`` (before trying the library)."""
     fmt = get_format(spec.format)
     return (spec.symmetric and spec.observer in OBSERVERS and spec.scale_floor is None and x.dim() >= 1 and x.numel() > 0
-            and (has_table(fmt) or isinstance(fmt, IntFormat)) and native.usable(x))
+            and (native.has_table(fmt) or isinstance(fmt, IntFormat)) and native.usable(x))
 
 
 @lru_cache(maxsize=None)
@@ -55,9 +55,9 @@ def scale_rule(spec: QuantSpec) -> native.ScaleRule | None:
         return native.ScaleRule(native.RULE_E8M0, scale_values=E8M0.code_values(), e8m0_emax=mx_emax(spec),
                                 e8m0_max=E8M0.max_code_magnitude)
     fmt = get_format(sf)
-    if not has_table(fmt):
+    if not native.has_table(fmt):
         return None
-    return native.ScaleRule(native.RULE_TABLE, elem_max(spec), code_table(fmt), fmt.code_values())
+    return native.ScaleRule(native.RULE_TABLE, elem_max(spec), fmt.key_table, fmt.code_values())
 
 
 def _quantize_fused(x2: torch.Tensor, spec: QuantSpec, rule: native.ScaleRule, g: int,

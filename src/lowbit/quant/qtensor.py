@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lowbit.numerics import FormatName, get_format
-from lowbit.quant.packing import pack_nibbles, unpack_nibbles
+from lowbit.kernels.packing import pack_nibbles, unpack_nibbles
 from lowbit.schemes import QuantSpec
 
 
@@ -42,9 +42,9 @@ class QuantizedTensor:
             raise ValueError("fp32 scales have no codes")
         if self.known_scale_codes is not None:
             return self.known_scale_codes
-        from lowbit.numerics import fast_encode
+        from lowbit.kernels import codes
 
-        return fast_encode.encode(get_format(self.spec.scale_format), self.scale)
+        return codes.encode(get_format(self.spec.scale_format), self.scale)
 
     def values(self) -> torch.Tensor:
         """The decoded element values (no scaling), float32."""

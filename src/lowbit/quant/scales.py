@@ -6,12 +6,11 @@ lowbit.quant.scaling for the whole list of rules).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics import E8M0, FormatName, IntFormat, fast_encode, get_format
+from lowbit.kernels import codes
+from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.quant.groups import reduce_groups
 from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec
 
@@ -61,8 +60,8 @@ def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tenso
     if sf is FormatName.FP32:
         return fp32_scales(a, spec)
     if sf is FormatName.E8M0:
-        return fast_encode.decode(E8M0, mx_scale_codes(a, spec))
-    return fast_encode.qdq(get_format(sf), _raw_block_scales(a, spec, global_scale))  # fmt.qdq(raw), bit for bit
+        return codes.decode(E8M0, mx_scale_codes(a, spec))
+    return codes.qdq(get_format(sf), raw_block_scales(a, spec, global_scale))  # fmt.qdq(raw), bit for bit
 
 
 def scales_and_codes_from_amax(a: torch.Tensor, spec: QuantSpec,
@@ -74,12 +73,12 @@ def scales_and_codes_from_amax(a: torch.Tensor, spec: QuantSpec,
     if sf is FormatName.FP32:
         return fp32_scales(a, spec), None
     fmt = get_format(sf)
-    codes = (mx_scale_codes(a, spec) if sf is FormatName.E8M0
-             else fast_encode.encode(fmt, _raw_block_scales(a, spec, global_scale)))
-    return fast_encode.decode(fmt, codes), codes  # a minifloat's qdq is decode(encode(.)), bit for bit
+    c = (mx_scale_codes(a, spec) if sf is FormatName.E8M0
+         else codes.encode(fmt, raw_block_scales(a, spec, global_scale)))
+    return codes.decode(fmt, c), c  # a minifloat's qdq is decode(encode(.)), bit for bit
 
 
-def _raw_block_scales(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
+def raw_block_scales(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:
     """amax / elem_max (times the global scale), before rounding to the scale format."""
     raw = divide(a, elem_max(spec))
     if spec.global_scale:
@@ -96,14 +95,15 @@ def mx_scale_codes(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     Read from the float32 bits of the (finite, non-negative) amaxes: a normal amax's biased
     exponent field is floor(log2 amax) + 127, so the exponent is that field - 127 - emax. A
     subnormal amax (field 0) lies below 2^-126, and zero is given 2^-127: both get code 0, as the
-    clamp of floor(log2 amax) - emax <= -127 does."""
+    clamp of floor(log2 amax) - emax <= -127 does. The code of 2^e is e + 127 (E8M0's bias), so the
+    code is the field - emax, clamped to E8M0's codes (``E8M0.encode_exponent``, in place)."""
     field = (a.to(torch.float32).contiguous().view(torch.int32) >> 23) & 0xFF
-    return E8M0.encode_exponent(field - E8M0.bias - mx_emax(spec))
+    return field.sub_(mx_emax(spec)).clamp_(0, E8M0.max_code_magnitude).to(torch.uint8)
 
 
 def mx_emax(spec: QuantSpec) -> int:
     """floor(log2) of the element format's largest finite value: the OCP MX ``emax``."""
-    return math.frexp(elem_max(spec))[1] - 1
+    return get_format(spec.format).emax
 
 
 def effective_scale(scale: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None) -> torch.Tensor:

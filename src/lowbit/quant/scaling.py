@@ -21,6 +21,11 @@ keeps, per scale group, the candidate scale with the smallest squared error
 
 A zero scale (all-zero group, or a block scale that rounds to zero) gives zero codes, never
 a division by zero. NaN or Inf in the input is a QuantizationError naming the tensor.
+
+``quantize`` and ``fake_quantize`` are the entry points of the quantize-groups and QDQ kernels:
+the functions here are their reference, and the kernel setting (lowbit.kernels.select) decides
+whether a faster implementation runs instead (native: lowbit.quant.native_quant; torch:
+lowbit.quant.fast_qdq), bit-identical by test.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ from dataclasses import dataclass
 
 import torch
 
-from lowbit.numerics import IntFormat, fast_encode, get_format
+from lowbit.kernels import codes as element_codes, triton_ops
+from lowbit.kernels.select import Implementation, allows
+from lowbit.numerics import IntFormat, get_format
 from lowbit.quant.groups import (
     allows_ragged, amax, check_finite, group_view, num_groups, reduce_groups, ungroup,
 )
-from lowbit.quant import native_quant
+from lowbit.quant import fast_qdq, native_quant
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scales import (
     asymmetric_from_range, effective_scale, full_range_scales, global_scale_from_amax, group_range, scales_from_amax,
@@ -67,18 +74,18 @@ def quantize(
     global_scale: the NVFP4 divisor; computed from ``x`` when None (weights), given for
         LOCAL activations.
 
-    CPU tensors under symmetric ``max``/``half-step``/``full-range`` specs take the native path
-    (lowbit.quant.native_quant: two C passes) when its library is available; same bits.
+    CPU tensors under symmetric ``max``/``half-step``/``full-range`` specs take the native
+    implementation (lowbit.quant.native_quant) where the kernel setting allows it; same bits.
     """
-    if scale is None and native_quant.supports(x, spec):
-        qt = native_quant.quantize_native(x, spec, global_scale, name)
+    if scale is None:
+        qt = quantize_into(x, spec, global_scale=global_scale, name=name)
         if qt is not None:
             return qt
     p = _prepare(x, spec, scale, global_scale, name)
     scaled = p.v / p.divisor
     if p.zero_point is not None:  # round first, then add the zero point (the documented order)
         scaled = torch.round(scaled) + p.zero_point.to(torch.float32).unsqueeze(-1)
-    codes = fast_encode.encode(p.fmt, scaled)  # p.fmt.encode, bit for bit
+    codes = element_codes.encode(p.fmt, scaled)  # p.fmt.encode, bit for bit
     if not bool(p.nonzero.all()):
         codes.masked_fill_(~p.nonzero.unsqueeze(-1), 0)
     codes = ungroup(codes, p.n)
@@ -138,6 +145,33 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch
     return ungroup(vals * eff.unsqueeze(-1), n).to(dtype)
 
 
+def quantize_into(x: torch.Tensor, spec: QuantSpec, *, global_scale: torch.Tensor | None = None,
+                  name: str = "tensor", pack: bool = False, out: torch.Tensor | None = None) -> QuantizedTensor | None:
+    """``quantize(x, spec, global_scale=...)`` by the native implementation, where the kernel
+    setting allows it and it takes ``x`` under ``spec``, else None (the caller quantizes by
+    ``quantize``). ``pack``: the 4-bit codes nibble-packed as they are encoded (even last
+    dimension: a PackedQuantizedTensor); ``out``: contiguous uint8 where the (packed) codes go,
+    e.g. a slice of a whole-tensor buffer filled band by band."""
+    if not (allows(Implementation.NATIVE) and native_quant.supports(x, spec)):
+        return None
+    return native_quant.quantize_native(x, spec, global_scale, name, pack=pack, out=out)
+
+
+def int_values(x: torch.Tensor, spec: QuantSpec, scale: torch.Tensor | None = None,
+               name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+    """The integer element values (float32) and effective scale ([1] or [..., 1]) of a symmetric
+    per-tensor/per-token INT spec with fp32 scales: ``fake_quantize`` == values * scale, bit for
+    bit, up to the sign of zero (a negative value that rounds to zero may be -0.0: the values
+    feed a matmul)."""
+    if allows(Implementation.TORCH):
+        return fast_qdq.int_row_values(x, spec, scale, name)
+    if not (isinstance(get_format(spec.format), IntFormat) and fast_qdq.row_route(spec, scale)):
+        raise ValueError(f"int_values needs a symmetric per-tensor/per-token INT spec, not {spec.describe()}")
+    qt = quantize(x, spec, scale=scale, name=name)
+    vals = get_format(spec.format).decode(qt.codes)
+    return vals, effective_scale(qt.scale, spec, None).to(torch.float32)
+
+
 def fake_quantize(
     x: torch.Tensor,
     spec: QuantSpec,
@@ -146,11 +180,21 @@ def fake_quantize(
     global_scale: torch.Tensor | None = None,
     name: str = "tensor",
 ) -> torch.Tensor:
-    """Quantize-dequantize in float32 (the reference path for activations).
+    """Quantize-dequantize in float32 (activations).
 
     Bit-identical to ``dequantize(quantize(...))`` but without building codes: symmetric specs
     round with the format's ``qdq`` (the same nearest value ``decode(encode(.))`` gives; +0.0
-    added for INT so that -0.0 becomes the +0.0 an integer code decodes to)."""
+    added for INT so that -0.0 becomes the +0.0 an integer code decodes to). The torch
+    implementation (lowbit.quant.fast_qdq) runs where the kernel setting allows it, the Triton
+    kernels (lowbit.kernels.triton_ops) for CUDA tensors under ``using(Implementation.TRITON)``."""
+    if x.is_cuda and allows(Implementation.TRITON):
+        q = triton_ops.fake_quantize(x, spec, scale=scale, global_scale=global_scale, name=name)
+        if q is not None:
+            return q
+    if allows(Implementation.TORCH):
+        q = fast_qdq.qdq(x, spec, scale=scale, global_scale=global_scale, name=name)
+        if q is not None:
+            return q
     if not spec.symmetric:
         return dequantize(quantize(x, spec, scale=scale, global_scale=global_scale, name=name))
     p = _prepare(x, spec, scale, global_scale, name)

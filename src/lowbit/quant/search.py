@@ -33,7 +33,7 @@ import torch
 
 from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.quant.groups import reduce_groups
-from lowbit.quant.nearest import round_nearest_, supports
+from lowbit.kernels.rounding import round_nearest_, supports
 from lowbit.quant.scales import asymmetric_from_range, effective_scale, group_range, scales_from_amax
 from lowbit.schemes import QuantSpec
 

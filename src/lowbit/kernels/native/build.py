@@ -1,17 +1,20 @@
 """Build and load the native kernels (lowbit_native.c, gptq_native.c) at first use.
 
-The C sources ship in the package; the first call compiles them with the system C compiler into
+The C sources ship in the package, with the header ``lowbit_constants.h`` generated from
+lowbit.kernels.native.constants (the step count and the ABI version: stated once, in Python).
+The first call compiles them with the system C compiler into
 one library in the user cache directory, ``<cache>/native/lowbit_native-<hash>.so``, where the
-hash covers the sources and their header, the flags, the compiler and what ``-march=native``
+hash covers the sources, their headers (the generated one included), the flags, the compiler and what ``-march=native``
 means on this machine (the compiler's predefined macros, target_macros), so an edited source,
 other flags or another CPU get their own library. The
 library is written under a temporary name and renamed, so concurrent builds (threads, worker
 processes) never load a half-written file. It is loaded with ctypes (calls release the GIL).
 
-No compiler, a failed build or a failed load: ``library()`` returns None (one debug log line)
-and lowbit uses its torch path, bit-identical by construction and by test. The flags keep IEEE
+No compiler, a failed build or a failed load: ``library(compilers)`` returns None and
+``unavailable_reason(compilers)`` says why; whether that is an error or a fallback (reported once
+at warning level) is decided by the one selection point, lowbit.kernels.select. The flags keep IEEE
 float32 arithmetic: no -ffast-math, no FMA contraction. Nothing here reads the environment
-except the cache directory's location (lowbit.models.builtin.default_cache_dir); numerics never
+except the cache directory's location (lowbit.cache.default_cache_dir); numerics never
 depend on it.
 """
 
@@ -28,28 +31,26 @@ import tempfile
 import threading
 from pathlib import Path
 
+from lowbit.cache import default_cache_dir
+from lowbit.kernels.native.constants import ABI_VERSION, header
+
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("lowbit_native.c", "gptq_native.c"))
 HEADERS = (Path(__file__).with_name("lowbit_native.h"),)  # hashed with the sources
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
-COMPILERS = ("cc", "gcc", "clang")  # the first one found is used (tests monkeypatch this)
-ABI_VERSION = 4                      # lb_version() of a usable library
-
-ENABLED = True  # module-level switch (tests): False forces the torch path everywhere
+COMPILERS = ("cc", "gcc", "clang")  # the default search order; the first one found is used
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "lib": the loaded library or None once tried; "error": why not
+_state: dict[tuple[str, ...], tuple[ctypes.CDLL | None, str | None]] = {}  # compilers -> (library, why not)
 
 
 def cache_dir() -> Path:
-    from lowbit.models.builtin import default_cache_dir
-
     return default_cache_dir() / "native"
 
 
-def find_compiler() -> str | None:
-    for c in COMPILERS:
+def find_compiler(compilers: tuple[str, ...] = COMPILERS) -> str | None:
+    for c in compilers:
         p = shutil.which(c)
         if p:
             return p
@@ -97,11 +98,12 @@ def _cpu_identity() -> list[str] | None:
 
 
 def library_key(compiler: str) -> str:
-    """Hash of the sources and header, the flags and the compiler with its target (target_macros)."""
+    """Hash of the sources and headers (the generated one included), the flags and the compiler with
+    its target (target_macros)."""
     macros = target_macros(compiler)
     h = hashlib.sha256()
-    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(FLAGS).encode(), compiler.encode(),
-                 macros.encode()):
+    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), header().encode(), " ".join(FLAGS).encode(),
+                 compiler.encode(), macros.encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:20]
 
@@ -112,8 +114,10 @@ def build(compiler: str, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        r = subprocess.run([compiler, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True,
-                           timeout=300)
+        with tempfile.TemporaryDirectory(prefix="lowbit-native-") as inc:
+            Path(inc, "lowbit_constants.h").write_text(header())
+            r = subprocess.run([compiler, *FLAGS, "-I", inc, "-o", tmp, *map(str, SOURCES), "-lm"],
+                               capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"{compiler} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
@@ -140,11 +144,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def load() -> ctypes.CDLL:
+def load(compilers: tuple[str, ...] = COMPILERS) -> ctypes.CDLL:
     """Build (if needed) and load the library; raises on any failure."""
-    compiler = find_compiler()
+    compiler = find_compiler(compilers)
     if compiler is None:
-        raise RuntimeError(f"no C compiler found (looked for {', '.join(COMPILERS)})")
+        raise RuntimeError(f"no C compiler found (looked for {', '.join(compilers)})")
     target = cache_dir() / f"lowbit_native-{library_key(compiler)}.so"
     if not target.is_file():
         build(compiler, target)
@@ -154,29 +158,30 @@ def load() -> ctypes.CDLL:
     return lib
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded native library, or None (disabled, or it could not be built: torch path)."""
-    if not ENABLED:
-        return None
-    lib = _state.get("lib", False)
-    if lib is not False:
-        return lib  # type: ignore[return-value]
-    with _lock:
-        if "lib" not in _state:
-            try:
-                _state["lib"] = load()
-            except Exception as e:  # noqa: BLE001 - any failure means the torch path
-                _state["lib"], _state["error"] = None, f"{type(e).__name__}: {e}"
-                log.debug("lowbit native kernels unavailable, using torch: %s", _state["error"])
-    return _state["lib"]  # type: ignore[return-value]
+def library(compilers: tuple[str, ...] = COMPILERS) -> ctypes.CDLL | None:
+    """The library built with the first of ``compilers`` found, or None when it cannot be built or
+    loaded (``unavailable_reason`` says why). Tried once per process and compiler list."""
+    got = _state.get(compilers)
+    if got is None:
+        with _lock:
+            got = _state.get(compilers)
+            if got is None:
+                try:
+                    got = (load(compilers), None)
+                except Exception as e:  # noqa: BLE001 - any failure means no library
+                    got = (None, f"{type(e).__name__}: {e}")
+                    log.debug("lowbit native kernels unavailable: %s", got[1])
+                _state[compilers] = got
+    return got[0]
 
 
 def reset() -> None:
-    """Forget the loaded library (tests: rebuild or retry with other settings)."""
+    """Forget the loaded libraries (tests: rebuild or retry with other settings)."""
     with _lock:
         _state.clear()
 
 
-def unavailable_reason() -> str | None:
-    """Why library() is None (after it was tried), else None."""
-    return _state.get("error")  # type: ignore[return-value]
+def unavailable_reason(compilers: tuple[str, ...] = COMPILERS) -> str | None:
+    """Why library(compilers) is None (after it was tried), else None."""
+    got = _state.get(compilers)
+    return None if got is None else got[1]

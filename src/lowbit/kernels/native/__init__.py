@@ -1,8 +1,9 @@
 """Native (C) kernels on CPU tensors: per-group extremes and fused divide + encode (+ nibble pack);
 GPTQ's sub-block column loop (``gptq_sub_fn``, raw pointers: lowbit.quant.gptq_solve).
 
-Each wrapper returns None when the library is unavailable (no compiler, build failed, or
-``build.ENABLED`` is False); callers then take their torch path, which gives the same bits.
+Each wrapper returns None when the library is not to be used (the kernel setting,
+lowbit.kernels.select, does not allow the native implementation) or cannot be built; callers then
+take the next implementation, which gives the same bits.
 Inputs: 2-D contiguous CPU tensors [rows, cols] of float32, bfloat16 or float16; groups of ``g``
 consecutive elements of a row, the last one possibly shorter (it acts zero-padded).
 """
@@ -14,7 +15,8 @@ from functools import lru_cache
 
 import torch
 
-from lowbit.numerics.native.build import library
+from lowbit.kernels.native.constants import STEPS
+from lowbit.kernels.select import native_library as library
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -73,18 +75,57 @@ class Encoding:
         return (_ptr(self.table), _ptr(self.steps), self.qmin, self.qmax, self.bits, int(self.negative_refused))
 
 
+_NO_STEP = 0x8000  # a step no key reaches (magnitudes are 15 bits): pads formats with fewer codes
+
+
+def has_table(fmt: object) -> bool:
+    """Whether the kernels encode ``fmt`` through its key table (the minifloat tables, and E8M0's)."""
+    return bool(getattr(fmt, "has_key_table", False))
+
+
+@lru_cache(maxsize=None)
+def steps(fmt: object) -> torch.Tensor | None:
+    """uint16 [STEPS + 1] for the step encoder: ``fmt.key_steps`` (the first magnitude key of each
+    magnitude code 1.., then the sign's code bits) padded to STEPS, or None (no steps, or more
+    than STEPS of them: the kernels then look keys up). Built once per format."""
+    ks = getattr(fmt, "key_steps", None)
+    if ks is None or len(ks[0]) > STEPS:
+        return None
+    bounds, sign = ks
+    return torch.tensor([*bounds, *[_NO_STEP] * (STEPS - len(bounds)), sign], dtype=torch.int32).to(torch.uint16)
+
+
 @lru_cache(maxsize=None)
 def encoding(fmt: object) -> Encoding | None:
     """The kernels' encoding of ``fmt`` (table formats, E8M0, INTn), or None."""
-    from lowbit.numerics.fast_encode import native_steps, native_table
     from lowbit.numerics.integer import IntFormat
 
-    table = native_table(fmt)
-    if table is not None:
-        return Encoding(table, native_steps(fmt), 0, 0, 8, not getattr(fmt, "signed", False))
+    if has_table(fmt):
+        return Encoding(fmt.key_table, steps(fmt), 0, 0, 8, not getattr(fmt, "signed", False))  # type: ignore[attr-defined]
     if isinstance(fmt, IntFormat):
         return Encoding(None, None, fmt.qmin, fmt.qmax, fmt.bits, False)
     return None
+
+
+def encode_format(fmt: object, x: torch.Tensor) -> torch.Tensor | None:
+    """``fmt.encode(x)`` in one C pass, or None when it does not apply (the setting does not allow
+    the native implementation, not CPU, another format, or an input the reference refuses or
+    encodes as NaN: the next implementation then gives its error or code)."""
+    if not x.numel() or encoding(fmt) is None or not usable(x):
+        return None
+    codes = encode(x.reshape(1, -1).contiguous(), 0, None, fmt)
+    return None if codes is None else codes.reshape(x.shape)
+
+
+def rounding_args(fmt) -> tuple[int, float, float, int, int, int]:
+    """The rounding arguments of the native GPTQ sub-block (``lb_gptq_sub``): (kind, lo, hi, mask,
+    lowest, shift); INT: (0, qmin, qmax, 0, 0, 0), signed minifloats: (1, max finite, 0, and
+    ``MiniFloat.round_magic``), the constants of lowbit.kernels.torch_ops.round_nearest_."""
+    from lowbit.numerics.integer import IntFormat
+
+    if isinstance(fmt, IntFormat):
+        return 0, float(fmt.qmin), float(fmt.qmax), 0, 0, 0
+    return (1, float(fmt.max_finite), 0.0, *fmt.round_magic)
 
 
 def _codes_call(x: torch.Tensor, fmt: object, pack: bool, out: torch.Tensor | None):

@@ -2,6 +2,7 @@
  * conversions from the 16-bit source formats). Compiled into one library (build.py). */
 #ifndef LOWBIT_NATIVE_H
 #define LOWBIT_NATIVE_H
+#include "lowbit_constants.h" /* generated at build time (build.py) */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

@@ -1,4 +1,5 @@
-"""Bit packing of low-bit codes.
+"""Bit packing of low-bit codes (a kernel: nibble packing has a native implementation, chosen in
+lowbit.kernels.codes.pack_nibbles).
 
 - Nibble packing: uint8 codes [..., n] (n even, values < 16) -> uint8 [..., n/2], element 2i
   in the low nibble and 2i+1 in the high nibble (compressed-tensors / NVFP4 layout).
@@ -34,12 +35,10 @@ def pack_nibbles(codes: torch.Tensor, name: str = "tensor") -> torch.Tensor:
 
 
 def _pack_native(codes: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """(packed, largest code) in one C pass (lowbit.numerics.native), or None (torch path)."""
-    from lowbit.numerics import native
+    """(packed, largest code) in one C pass (lowbit.kernels.codes.pack_nibbles), or None (torch path)."""
+    from lowbit.kernels.codes import pack_nibbles as pack  # codes imports the C wrappers: loaded on first use
 
-    if not codes.numel() or codes.device.type != "cpu" or not codes.is_contiguous():
-        return None
-    return native.pack_nibbles(codes)
+    return pack(codes)
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
