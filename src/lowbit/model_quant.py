@@ -7,19 +7,20 @@ siblings (q/k/v, gate/up): the amax is taken over the group.
 
 from __future__ import annotations
 
+import warnings
 from typing import Iterable
 
 import torch
 import torch.nn as nn
 
 from lowbit.backends import use_backend
-from lowbit.errors import QuantizationError
+from lowbit.errors import OptionRef, QuantizationError
 from lowbit.fusion import fused_groups, shared_amax
 from lowbit.modules import QuantLinear
 from lowbit.quant import WeightRounding, global_scale_from_amax
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
-from lowbit.targets import quantizable_linears
+from lowbit.targets import quantizable_linears, unquantizable_targets
 
 
 def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -58,6 +59,22 @@ def quantize_rtn(model: nn.Module, scheme: Scheme | str, *, ignore: Iterable[str
     return model
 
 
+def check_targets(model: nn.Module, ignore: Iterable[str], include_lm_head: bool, allow_unquantized: bool) -> list:
+    """Refuse (QuantizationError) a model with weight matrices the scheme targets but lowbit cannot
+    quantize (``targets.unquantizable_targets``), unless ``allow_unquantized``: then warn, listing
+    them. Returns them."""
+    left = unquantizable_targets(model, ignore, include_lm_head)
+    if left:
+        shown = ", ".join(f"{n} {list(s)}" for n, s in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        msg = (f"{len(left)} weight matrices are not nn.Linear and cannot be quantized by lowbit: {shown} "
+               f"(e.g. fused MoE experts)")
+        if not allow_unquantized:
+            raise QuantizationError(msg + "; pass {allow} to keep them in float, or {ignore} for the modules",
+                                    allow=OptionRef("allow_unquantized"), ignore=OptionRef("ignore", "NAME"))
+        warnings.warn(f"lowbit: {msg}; they stay in float (allow_unquantized)", stacklevel=3)
+    return left
+
+
 def quantized_layers(model: nn.Module) -> list[str]:
     """Names of the modules that already hold a lowbit scheme (QuantLinear, FakeQuantLinear)."""
     return [n for n, m in model.named_modules() if isinstance(getattr(m, "scheme", None), Scheme)]
@@ -82,7 +99,7 @@ def calibrates(scheme: Scheme, smoothquant, cfg) -> bool:
 def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smoothquant=DEFAULT,
              ignore: Iterable[str] = (), include_lm_head: bool = False, tokenizer=None,
              config=None, preset: str | None = None, progress: bool | None = None,
-             **calibration_options) -> nn.Module:
+             allow_unquantized: bool = False, **calibration_options) -> nn.Module:
     """Quantize ``model`` in place and return it. A model that already holds lowbit layers is
     refused (QuantizationError): quantize a fresh float model, or a ``copy.deepcopy`` of one.
 
@@ -94,6 +111,9 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
         (per-layer search) or "none" (no smoothing; None means the same).
     config / calibration_options: a ``lowbit.calibration.CalibrationConfig`` or its fields
         (num_samples, seq_len, batch_size, observer, sink_positions, smooth_down_proj...).
+    allow_unquantized: weight matrices the scheme targets that lowbit cannot quantize (fused MoE
+        experts, non-Linear projections) are an error by default; True keeps them in float with a
+        warning listing them (they are left on ``model.lowbit_unquantized``).
     progress: a progress bar per calibrated decoder layer on stderr (default None: when stderr is
         a terminal).
     preset: a named calibration budget (``lowbit.calibration.CALIBRATION_PRESETS``, e.g.
@@ -109,6 +129,7 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
 
     scheme = get_scheme(scheme)
     _refuse_quantized(model)
+    left = check_targets(model, ignore, include_lm_head, allow_unquantized)
     try:
         smoothquant = resolve_alpha(smoothquant, scheme, static_only=False)
     except ValueError as e:
@@ -135,9 +156,9 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
         if cfg.weight_rounding is WeightRounding.GPTQ:
             raise QuantizationError(f"weight_rounding={cfg.weight_rounding.value!r} needs calibration data "
                                     f"(pass calibration=...)")
-        return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
+        return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left)
     if not calibrates(scheme, smoothquant, cfg):
-        return quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
+        return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     names = quantizable_linears(model, ignore, include_lm_head)
     was_training = model.training
@@ -146,4 +167,9 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     model.train(was_training)
     model.lowbit_calibration = report
     use_backend(model, "auto")
+    return _unquantized(model, left)
+
+
+def _unquantized(model: nn.Module, left: list) -> nn.Module:
+    model.lowbit_unquantized = [name for name, _ in left]
     return model

@@ -56,3 +56,24 @@ def quantizable_linears(model: nn.Module, ignore: Iterable[str] = (), include_lm
             continue
         names.append(name)
     return names
+
+
+def unquantizable_targets(model: nn.Module, ignore: Iterable[str] = (), include_lm_head: bool = False
+                          ) -> list[tuple[str, tuple[int, ...]]]:
+    """Weight matrices a scheme targets that lowbit cannot quantize: (parameter name, shape).
+
+    A target is a floating-point parameter of two or more dimensions that is not an
+    ``nn.Linear`` weight (those are quantized), not an embedding table, not the output embedding
+    (unless ``include_lm_head``) and not excluded by name (routers, non-text towers, ``ignore``
+    patterns matched against the module's name). Examples: the fused 3-D expert weights of
+    transformers' MoE blocks (``experts.gate_up_proj`` [E, 2I, H]), GPT-2's ``Conv1D``."""
+    ignore = list(ignore)
+    heads = set() if include_lm_head else output_embedding_names(model)
+    out = []
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, (nn.Linear, nn.Embedding)) or mod_name in heads or is_excluded_name(mod_name, ignore):
+            continue
+        for p_name, p in mod.named_parameters(recurse=False):
+            if p.dim() >= 2 and p.is_floating_point():
+                out.append((f"{mod_name}.{p_name}" if mod_name else p_name, tuple(p.shape)))
+    return out

@@ -59,6 +59,10 @@ def quantize_cmd(
     device: Optional[str] = typer.Option(None, "--device", help="Quantize on this torch device with --model-free "
                                          "(cuda, cuda:N; default: the CPU); bit-identical output."),
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="Layer name or regex to keep in float (repeatable)."),
+    allow_unquantized: bool = typer.Option(
+        False, "--allow-unquantized",
+        help="Keep weight matrices lowbit cannot quantize (fused MoE experts, non-Linear projections) in float "
+             "with a warning instead of refusing the model."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the output folder if it exists."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
 ) -> None:
@@ -103,12 +107,19 @@ def quantize_cmd(
         _check_output(folder, out, overwrite)
         with output_lock(out):  # held from loading to the rename: a second run into `out` is refused now
             extra = _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq_choice, sq,
-                                wr, li, preset, ignore, overwrite, t0)
+                                wr, li, preset, ignore, overwrite, t0, allow_unquantized)
     summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
                "seconds": time.perf_counter() - t0, "size_bytes": _weight_bytes(out), **extra}
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
+        q = summary.get("quantized")
+        if q is not None:
+            kept = f"; kept in float: {len(q['unquantized_targets'])} weight matrices lowbit cannot quantize" \
+                if q["unquantized_targets"] else ""
+            console.print(f"quantized {q['linears']} linears ({q['weight_parameters'] / 1e6:.1f}M weights; "
+                          f"{q['float_parameters'] / 1e6:.1f}M parameters stay float: embeddings, norms, routers"
+                          f"{kept})", highlight=False)
         console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
                       f"in {summary['seconds']:.1f} s", highlight=False)
 
@@ -123,7 +134,7 @@ def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
 
 
 def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq_choice, sq, wr, li, preset,
-                ignore, overwrite, t0) -> dict:
+                ignore, overwrite, t0, allow_unquantized) -> dict:
     """Load ``folder``, quantize it (calibrated when the options ask for it: ``model_quant.calibrates``)
     and save it to ``out``."""
     from lowbit.calibration import CalibrationConfig
@@ -147,9 +158,19 @@ def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_l
     if needs:
         err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
         qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq_choice,
-                                 ignore=list(ignore or ()), config=cfg)
+                                 ignore=list(ignore or ()), config=cfg, allow_unquantized=allow_unquantized)
     else:
-        qmodel = lowbit.quantize(qmodel, sch, smoothquant=sq_choice, ignore=list(ignore or ()))
+        qmodel = lowbit.quantize(qmodel, sch, smoothquant=sq_choice, ignore=list(ignore or ()),
+                                 allow_unquantized=allow_unquantized)
     t_quant = time.perf_counter() - t0
     lowbit.save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
-    return {"quant_seconds": t_quant, "smoothquant": sq}
+    return {"quant_seconds": t_quant, "smoothquant": sq, "quantized": quantized_summary(qmodel)}
+
+
+def quantized_summary(model) -> dict:
+    """What was quantized: lowbit layers and their weight parameters, against every parameter."""
+    layers = [m for m in model.modules() if hasattr(m, "weight_codes")]
+    q_params = sum(m.out_features * m.in_features for m in layers)
+    float_params = sum(p.numel() for p in model.parameters())
+    return {"linears": len(layers), "weight_parameters": q_params, "float_parameters": float_params,
+            "unquantized_targets": list(getattr(model, "lowbit_unquantized", []))}
