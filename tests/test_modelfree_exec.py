@@ -172,7 +172,7 @@ def test_cuda_output_is_bit_identical_to_the_cpu(sharded, tmp_path, scheme):
 
 @pytest.mark.parametrize("scheme", ["nvfp4-e5m3", "nvfp4a16", "w4a16", "w8a8-fp8-dynamic", "mxfp4"])
 def test_row_bands_equal_the_whole_tensor(scheme):
-    from lowbit.modelfree.worker import quantize_rows
+    from lowbit.modelfree.bands import quantize_rows
     from lowbit.quant import global_scale_from_amax, quantize
 
     from lowbit.schemes import get_scheme

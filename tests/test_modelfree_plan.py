@@ -228,7 +228,7 @@ def test_output_entries_are_predicted_exactly(scheme, fmt):
     from lowbit.modelfree.outshape import OutputShapes
     from lowbit.modelfree.plan import Item, Source
     from lowbit.modelfree.source import DTYPE_NAMES, TensorInfo
-    from lowbit.modelfree.worker import quantize_rows
+    from lowbit.modelfree.bands import quantize_rows
     from lowbit.quant import global_scale_from_amax
 
     s = get_scheme(scheme)

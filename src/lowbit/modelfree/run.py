@@ -52,10 +52,8 @@ from lowbit.modelfree.source import Checkpoint
 from lowbit.modelfree.outshape import OutputShapes, ShardFile
 from lowbit.modelfree.stwriter import create_shard_file, shard_file_matches
 from lowbit.modelfree.device import resolve_device
-from lowbit.modelfree.worker import (
-    MARKER_DIR, JobCancelled, JobIO, ShardJob, finalize_shard, init_worker, marker_path, part_name, partial_path,
-    read_marker, run_job, warm_up,
-)
+from lowbit.modelfree.markers import MARKER_DIR, finalize_shard, marker_path, part_name, partial_path, read_marker
+from lowbit.modelfree.worker import JobCancelled, JobIO, ShardJob, init_worker, run_job, warm_up
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.threads import one_thread
 

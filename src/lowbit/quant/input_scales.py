@@ -1,10 +1,10 @@
-"""Static activation scales from a calibrated amax, and the activation QDQ they imply."""
+"""Static input (activation) scales from a calibrated amax, and the activation QDQ they imply."""
 
 from __future__ import annotations
 
 import torch
 
-from lowbit.quant import fake_quantize, global_scale_from_amax, static_scale_from_amax
+from lowbit.quant.scaling import fake_quantize, global_scale_from_amax, static_scale_from_amax
 from lowbit.schemes import Dynamic, QuantSpec
 
 
