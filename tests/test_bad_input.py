@@ -1,12 +1,10 @@
-"""Bad input never costs data (issue 15): every CLI path answers a broken folder, a refused write
+"""Bad input never costs data: every CLI path answers a broken folder, a refused write
 or a bad option with one ``error:`` line naming the file, tensor or option, exit code 2, and
 leaves nothing half-written; the source is never overwritten."""
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -119,7 +119,6 @@ def test_eval_missing_text_file_is_one_line(capsys, tiny_dir, tmp_path):
     assert code == 2 and "missing.txt" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(not hasattr(lowbit, "save"), reason="lowbit.save (issue 4) not in this build yet")
 def test_quantize_writes_a_checkpoint_that_eval_reads(capsys, tiny_dir, text_file, tmp_path):
     out_dir = tmp_path / "q"
     code, out, err = run(capsys, "quantize", tiny_dir, "--scheme", "w8a16", "--output", out_dir, "--json")
@@ -141,7 +140,6 @@ def test_byte_tokenizer_roundtrip():
     assert tok.decode(ids) == "héllo"
 
 
-@pytest.mark.skipif(not hasattr(lowbit, "quantize_checkpoint"), reason="model-free (issue 5) not in this build yet")
 def test_quantize_model_free_matches_in_memory(capsys, tiny_dir, text_file, tmp_path):
     a, b = tmp_path / "mf", tmp_path / "mem"
     code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "nvfp4-e5m3", "--model-free", "--workers", 1,
@@ -159,8 +157,6 @@ def test_quantize_model_free_matches_in_memory(capsys, tiny_dir, text_file, tmp_
 
 
 def test_compare_save_format_measures_disk(tiny_dir, text_file, tmp_path):
-    if not hasattr(lowbit, "save"):
-        pytest.skip("lowbit.save (issue 4) not in this build yet")
     from lowbit.report import CompareOptions, run_compare
 
     model, tok = load_model(tiny_dir)
@@ -193,7 +189,6 @@ def test_eval_tasks_hands_model_to_lm_eval_with_local_task(capsys, monkeypatch, 
     assert len(rows) == 3 and json.loads(rows[0])["word"] == "garden"
 
 
-@pytest.mark.skipif(not hasattr(lowbit, "save"), reason="lowbit.save (issue 4) not in this build yet")
 def test_quantize_weight_rounding_gptq_calibrates_a_weight_only_scheme(capsys, tiny_dir, text_file, tmp_path):
     outs = {}
     for wr in ("rtn", "gptq"):
@@ -208,7 +203,6 @@ def test_quantize_weight_rounding_gptq_calibrates_a_weight_only_scheme(capsys, t
     assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
 
 
-@pytest.mark.skipif(not hasattr(lowbit, "save"), reason="lowbit.save (issue 4) not in this build yet")
 def test_quantize_calib_preset_gptq_fast_equals_its_options(capsys, tiny_dir, text_file, tmp_path):
     """--calib-preset gptq-fast calibrates a dynamic scheme with GPTQ, exactly as its fields given
     one by one; an explicit option overrides the preset's."""
@@ -230,7 +224,6 @@ def test_quantize_calib_preset_gptq_fast_equals_its_options(capsys, tiny_dir, te
     assert torch.equal(mods["preset"].weight_scale, mods["rtn"].weight_scale)
 
 
-@pytest.mark.skipif(not hasattr(lowbit, "save"), reason="lowbit.save (issue 4) not in this build yet")
 @pytest.mark.parametrize("scheme,option,alpha", [
     ("w8a8-fp8", None, 0.5), ("w8a8-int8", None, 0.8), ("w8a8-int8", "none", None), ("w8a8-fp8", "0.3", 0.3),
 ])

@@ -1,4 +1,4 @@
-"""lowbit.load and ``lowbit inspect --strict`` refuse tensors that contradict the config (issue 15):
+"""lowbit.load and ``lowbit inspect --strict`` refuse tensors that contradict the config:
 the stored dtype of every tensor is the one its layout writes for the config's scheme, so codes of
 another element format are an error naming the tensor, never a silently wrong model."""
 

@@ -1,4 +1,4 @@
-"""Writing an output never costs data (issue 15): a refused write (disk full, read-only) is one
+"""Writing an output never costs data: a refused write (disk full, read-only) is one
 error line naming the path with nothing half-written left, and an OS-level lock makes a second run
 into the same output refuse at once, while a killed run's lock never blocks a later one."""
 

@@ -3,7 +3,8 @@
 A package is a folder under src/lowbit (``quant``, ``formats``, ...) or a top-level module
 (``model_quant``, ``fusion``, ...). Every import counts, the ones inside functions too: a lazy
 import defers the cost, not the dependency. ``from lowbit import save`` goes through the lazy
-facade (``lowbit._PUBLIC``) and counts as an import of the package that defines the name.
+facade (``lowbit._PUBLIC``) and counts as an import of the package that defines the name, and
+so does ``lowbit.save(...)`` after ``import lowbit``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ def _imported_modules(path: Path) -> list[tuple[str, int]]:
                         out.append((lowbit._PUBLIC[a.name], node.lineno))
             else:
                 out.append((base, node.lineno))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "lowbit":
+            if node.attr in lowbit._PUBLIC:  # `import lowbit` ... `lowbit.save(...)`
+                out.append((lowbit._PUBLIC[node.attr], node.lineno))
+            elif _is_submodule(node.attr):
+                out.append((f"lowbit.{node.attr}", node.lineno))
     return [(m, line) for m, line in out if m == "lowbit" or m.startswith("lowbit.")]
 
 
@@ -110,6 +116,8 @@ def test_the_reader_sees_lazy_and_facade_imports():
     assert "calibration" in graph["model_quant"]
     # models/builtin.py: `from lowbit import load` (defined in lowbit.checkpoint)
     assert "checkpoint" in graph["models"]
+    # report/compare.py: `import lowbit` ... `lowbit.save(...)`
+    assert any(where.startswith("report/compare.py") for where in graph["report"]["checkpoint"])
 
 
 def test_no_import_cycle_between_packages():
