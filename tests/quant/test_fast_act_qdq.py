@@ -10,6 +10,7 @@ from lowbit.kernels import Implementation, using
 from lowbit.quant import fake_quantize as _fake_quantize, global_scale_from_amax, int_values, scales_from_amax
 from lowbit.quant.fast_qdq import block_amax, block_route, round_minifloat_, row_route
 from lowbit.schemes import PRESETS, Dynamic, Granularity
+from helpers.patterns import finite_half_patterns, ties, wide_random
 
 def fake_quantize(x, spec, **kw):
     """The reference."""
@@ -53,37 +54,10 @@ def _assert_same(got: torch.Tensor, ref: torch.Tensor) -> None:
     assert not bool(diff.any()), f"{int(diff.sum())} differ, e.g. got {got[diff][:4]} want {ref[diff][:4]}"
 
 
-def _finite_half_patterns() -> torch.Tensor:
-    codes = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
-    x = torch.cat([codes.view(torch.float16).float(), codes.view(torch.bfloat16).float()])
-    return x[torch.isfinite(x)]
-
-
-def _ties(fmt) -> torch.Tensor:
-    """Every representable value, every midpoint between neighbours (the ties), and each of
-    them one float32 ulp up and down, both signs, plus values past max_finite."""
-    v = fmt.values().double()
-    mids = (v[:-1] + v[1:]) / 2
-    top = torch.tensor([fmt.max_finite * 1.0625, fmt.max_finite * 2, fmt.max_finite + (v[-1] - v[-2]) / 2])
-    base = torch.cat([v, mids, top]).float()
-    up = torch.nextafter(base, torch.tensor(float("inf")))
-    down = torch.nextafter(base, torch.tensor(0.0))
-    x = torch.cat([base, up, down])
-    return torch.cat([x, -x])
-
-
-def _wide_random(n: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    mag = torch.ldexp(torch.rand(n, generator=g) + 0.5, torch.randint(-150, 128, (n,), generator=g).float())
-    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
-    x = mag * sign
-    return x[torch.isfinite(x)]
-
-
 # ---------------------------------------------------------------------------- element rounding
 @pytest.mark.parametrize("fmt", [E2M1, E4M3, E5M2], ids=lambda f: f.name)
 def test_round_minifloat_equals_qdq(fmt):
-    x = torch.cat([_finite_half_patterns(), _ties(fmt), _wide_random(100_000, 1),
+    x = torch.cat([finite_half_patterns(), ties(fmt), wide_random(100_000, 1),
                    torch.tensor([0.0, -0.0, 1e-45, -1e-45, 2.0**-126, 3.4028235e38, -3.4028235e38,
                                  fmt.min_subnormal / 2, -fmt.min_subnormal / 2, fmt.min_normal])])
     got = round_minifloat_(x.clone(), fmt, x)
@@ -94,7 +68,7 @@ def test_round_minifloat_equals_qdq(fmt):
 def _amaxes() -> torch.Tensor:
     pows = torch.ldexp(torch.ones(280), torch.arange(-149, 131).float())
     edges = torch.cat([pows, torch.nextafter(pows, torch.tensor(0.0)), torch.nextafter(pows, torch.tensor(1e39))])
-    x = torch.cat([_finite_half_patterns().abs(), edges, _wide_random(50_000, 3).abs(),
+    x = torch.cat([finite_half_patterns().abs(), edges, wide_random(50_000, 3).abs(),
                    torch.tensor([0.0, 1e-45, 3.4028235e38, 6.0, 448.0, 6.0 * 448.0])])
     return x[torch.isfinite(x)]
 
@@ -111,7 +85,7 @@ def test_block_scales_equal_reference(name):
 
 
 def test_block_amax_equals_abs_amax_and_propagates_nan_inf():
-    x = torch.cat([_finite_half_patterns(), torch.zeros(64)])
+    x = torch.cat([finite_half_patterns(), torch.zeros(64)])
     x = x[: x.numel() // 32 * 32].reshape(-1, 2, 16)
     _assert_same(block_amax(x), x.abs().amax(-1))
     for bad in (float("nan"), float("inf"), float("-inf")):
@@ -137,7 +111,7 @@ def _adversarial_activation(spec, seed: int) -> torch.Tensor:
     binade edges, subnormals of the element format, zeros, -0.0, all-zero blocks and
     blocks whose scale underflows."""
     fmt = get_format(spec.format)
-    pats = _finite_half_patterns()
+    pats = finite_half_patterns()
     g = torch.Generator().manual_seed(seed)
     pats = pats[torch.randperm(pats.numel(), generator=g)]
     pats = pats[: pats.numel() // 128 * 128].reshape(-1, 128)
@@ -146,7 +120,7 @@ def _adversarial_activation(spec, seed: int) -> torch.Tensor:
         t = torch.arange(-280, 281) / 2
         t = torch.cat([t, torch.nextafter(t, torch.tensor(0.0)), torch.nextafter(t, torch.tensor(1e3))])
     else:
-        t = _ties(fmt)
+        t = ties(fmt)
     t = t[t.abs() <= fmt.max_finite]
     reps = -(-t.numel() // 31)
     t = torch.cat([t, torch.zeros(reps * 31 - t.numel())]).reshape(reps, 31)

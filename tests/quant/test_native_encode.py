@@ -2,7 +2,7 @@
 errors; for every scheme model-free quantization supports (those routed to torch included), on
 adversarial inputs (ties at every code boundary, binade edges, subnormal and underflowing block
 scales, max finite, +-0, all-zero groups and rows, ragged groups, NaN/Inf), from bfloat16,
-float16 and float32. Build, cache and fallback: tests/numerics/test_native_build.py."""
+float16 and float32. Build, cache and fallback: tests/kernels/test_native_build.py."""
 
 from __future__ import annotations
 

@@ -6,10 +6,10 @@ import torch
 
 from lowbit.numerics import E2M1, E4M3, E5M2, E8M0, UE4M3, IntFormat
 from lowbit.kernels.rounding import column_rounder, round_nearest_
-from test_fast_act_qdq import _finite_half_patterns, _ties, _wide_random
+from helpers.patterns import finite_half_patterns, ties, wide_random
 
 
-def _int_ties(fmt: IntFormat) -> torch.Tensor:
+def _intties(fmt: IntFormat) -> torch.Tensor:
     """Every integer in range and past it, every half-way point, each one float32 ulp up and down."""
     k = torch.arange(fmt.qmin - 3, fmt.qmax + 4, dtype=torch.float32)
     base = torch.cat([k, k + 0.5, torch.tensor([1e6, -1e6, 3.4028235e38, -3.4028235e38])])
@@ -40,7 +40,7 @@ def _assert_same_up_to_zero_sign(got: torch.Tensor, ref: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("fmt", [E2M1, E4M3, E5M2], ids=lambda f: f.name)
 def test_minifloat_column_rounding_equals_qdq(fmt):
-    x = torch.cat([_finite_half_patterns(), _ties(fmt), _wide_random(100_000, 4),
+    x = torch.cat([finite_half_patterns(), ties(fmt), wide_random(100_000, 4),
                    torch.tensor([0.0, -0.0, 1e-45, -1e-45, 2.0**-126, 3.4028235e38, -3.4028235e38,
                                  fmt.min_subnormal / 2, -fmt.min_subnormal / 2, fmt.min_subnormal * 0.75,
                                  -fmt.min_subnormal * 0.75, fmt.min_normal, -fmt.max_finite])])
@@ -56,7 +56,7 @@ def test_e2m1_ties_go_to_even_codes():
 @pytest.mark.parametrize("bits", [4, 8])
 def test_int_column_rounding_equals_qdq(bits):
     fmt = IntFormat(bits)
-    x = torch.cat([_int_ties(fmt), _wide_random(20_000, 5)])
+    x = torch.cat([_intties(fmt), wide_random(20_000, 5)])
     _assert_same_up_to_zero_sign(_round(fmt, x), fmt.qdq(x))
 
 
@@ -77,5 +77,5 @@ def test_unsupported_format_is_refused():
 
 
 def test_unsigned_format_rounds_non_negative_values():
-    x = torch.cat([_finite_half_patterns().abs(), _ties(UE4M3).abs(), torch.tensor([0.0, 1e-45, 3.4028235e38])])
+    x = torch.cat([finite_half_patterns().abs(), ties(UE4M3).abs(), torch.tensor([0.0, 1e-45, 3.4028235e38])])
     assert torch.equal(round_nearest_(x.clone(), UE4M3).view(torch.int32), UE4M3.qdq(x).view(torch.int32))
