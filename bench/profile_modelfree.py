@@ -55,7 +55,7 @@ def best(f, repeat: int):
 def profile_native(scheme_name: str, w: torch.Tensor, gs, repeat: int) -> dict[str, float]:
     """CPU ms of the native stages on ``w`` (bands of the worker's size), and the whole path."""
     from lowbit.numerics import get_format, native
-    from lowbit.modelfree.worker import BAND_ELEMS, quantize_rows
+    from lowbit.modelfree.bands import BAND_ELEMS, quantize_rows
     from lowbit.quant.scales import effective_scale, scales_from_amax
 
     scheme = get_scheme(scheme_name)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import lowbit
-from cli_support import run
-from eval_fixtures import byte_tokenizer
+from helpers.cli import run
+from helpers.eval_fixtures import byte_tokenizer
 from lowbit.errors import QuantizationError
 from lowbit.targets import unquantizable_targets
 

@@ -1,4 +1,4 @@
-"""Where lowbit caches what it derives once (converted models, the native library): one answer."""
+"""Where lowbit keeps what it builds once: converted models and the native library."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 
 def default_cache_dir() -> Path:
-    """The user cache dir. On Linux that is the XDG rule, applied here as platformdirs applies it
-    (importing platformdirs costs a fresh process ~7 ms); elsewhere platformdirs decides."""
+    """The user cache dir for lowbit. On Linux that is the XDG rule (``$XDG_CACHE_HOME/lowbit``,
+    else ``~/.cache/lowbit``), applied here as platformdirs applies it so that a fresh process
+    need not import platformdirs; elsewhere platformdirs decides."""
     if sys.platform.startswith("linux"):
         base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
         return Path(base) / "lowbit"

@@ -11,6 +11,9 @@ from collections import defaultdict
 
 import torch
 
+from lowbit.quant import global_scale_from_amax
+from lowbit.schemes import Scheme
+
 FUSED_SETS: tuple[frozenset[str], ...] = (
     frozenset({"q_proj", "k_proj", "v_proj"}),
     frozenset({"gate_proj", "up_proj"}),
@@ -55,3 +58,16 @@ def group_of(name: str, linear_names: list[str]) -> list[str]:
 def shared_amax(tensors: list[torch.Tensor]) -> torch.Tensor:
     """amax over a fused group (float32 scalar tensor [1])."""
     return torch.stack([t.detach().abs().amax().to(torch.float32) for t in tensors]).amax().reshape(1)
+
+
+def shared_weight_global_scales(weights: dict[str, torch.Tensor], scheme: Scheme) -> dict[str, torch.Tensor]:
+    """NVFP4-style weight global scales, one per fused group (empty if the spec has none)."""
+    spec = scheme.weights
+    if not spec.global_scale:
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for group in fused_groups(list(weights)):
+        gs = global_scale_from_amax(shared_amax([weights[n] for n in group]), spec)
+        for n in group:
+            out[n] = gs
+    return out

@@ -15,31 +15,12 @@ import torch.nn as nn
 
 from lowbit.backends import use_backend
 from lowbit.errors import OptionRef, QuantizationError
-from lowbit.fusion import fused_groups, shared_amax
+from lowbit.fusion import shared_weight_global_scales
 from lowbit.modules import QuantLinear
-from lowbit.quant import WeightRounding, global_scale_from_amax
+from lowbit.quant import WeightRounding
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
-from lowbit.targets import quantizable_linears, unquantizable_targets
-
-
-def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
-
-
-def shared_weight_global_scales(weights: dict[str, torch.Tensor], scheme: Scheme) -> dict[str, torch.Tensor]:
-    """NVFP4-style weight global scales, one per fused group (empty if the spec has none)."""
-    spec = scheme.weights
-    if not spec.global_scale:
-        return {}
-    out: dict[str, torch.Tensor] = {}
-    for group in fused_groups(list(weights)):
-        gs = global_scale_from_amax(shared_amax([weights[n] for n in group]), spec)
-        for n in group:
-            out[n] = gs
-    return out
+from lowbit.targets import quantizable_linears, set_submodule, unquantizable_targets
 
 
 @torch.no_grad()

@@ -77,3 +77,10 @@ def unquantizable_targets(model: nn.Module, ignore: Iterable[str] = (), include_
             if p.dim() >= 2 and p.is_floating_point():
                 out.append((f"{mod_name}.{p_name}" if mod_name else p_name, tuple(p.shape)))
     return out
+
+
+def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put ``new`` at the dotted ``name`` of ``model`` (replacing what is there)."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)

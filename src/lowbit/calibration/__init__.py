@@ -9,7 +9,7 @@ from lowbit.calibration.data import (
 from lowbit.calibration.observers import (MaxObserver, MSEObserver, Observer, ObserverKind, PercentileObserver,
                                           make_observer)
 from lowbit.calibration.pipeline import CalibrationReport, GroupReport, LayerwiseCalibrator
-from lowbit.calibration.scales import input_scales_from_amax, qdq_activation
+from lowbit.quant.input_scales import input_scales_from_amax, qdq_activation
 
 __all__ = [
     "BUILTIN", "CALIBRATION_PRESETS", "CalibrationConfig", "CalibrationError", "LayerInputs", "builtin_text_path", "calibration_tokens",

@@ -53,7 +53,8 @@ class LayerInputs(str, Enum):
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    """How calibration runs. The defaults calibrate SmolLM2-135M in minutes on 2 CPU cores.
+    """How calibration runs. The defaults are sized for a 135M model on 2 CPU cores (times in
+    bench/RESULTS.md and bench/RESULTS-quantize.md).
 
     num_samples, seq_len: windows of token ids cut from the text.
     batch_size: windows per forward.
@@ -61,14 +62,11 @@ class CalibrationConfig:
         per-tensor activation scales (and the NVFP4 input global scale).
     percentile: for the percentile observer.
     sink_positions: the first ``sink_positions`` positions of every calibration window are
-        left out of the static activation scales (attention sinks: SmolLM2's down_proj inputs
-        reach ~3000 at position 0 and ~12-120 elsewhere). They still run through the model and
-        still count for the SmoothQuant statistics. Default 0 (every position sets scales),
-        measured on SmolLM2 (bench/RESULTS-quantize.md): at run time position 0 still goes
-        through the static scale, and clipping the sink costs more than the coarser grid
-        (w8a8-int8 unsmoothed: +95% ppl keeping sinks vs +123% excluding them; w8a8-fp8: +4.0%
-        vs +4.2%); with SmoothQuant's up_proj -> down_proj smoothing the choice no longer
-        matters (+4.11% vs +4.06%), because smoothing divides the sink channels down.
+        left out of the static activation scales (attention sinks: the first position's
+        activations can be orders of magnitude above the rest). They still run through the
+        model and still count for the SmoothQuant statistics. Default 0 (every position sets
+        scales): at run time position 0 still goes through the static scale, and clipping the
+        sink cost more than the coarser grid (bench/RESULTS-quantize.md, "Attention sinks").
     smooth_down_proj: also smooth up_proj -> down_proj (exact: the MLP is linear in up_proj),
         which moves down_proj's channel outliers into up_proj's rows, where per-channel and
         per-group weight scales absorb them at no cost.
@@ -79,17 +77,15 @@ class CalibrationConfig:
         calibration inputs; scales are the RTN ones, so files stay standard). With "gptq",
         calibration also runs for weight-only and dynamic-activation schemes (it then only
         feeds the Hessians). Default (None): ``default_weight_rounding(scheme)``, decided on
-        SmolLM2-135M (bench/RESULTS-quantize.md, 8 x 512 held-out tokens):
+        SmolLM2-135M perplexity (bench/RESULTS-quantize.md, "GPTQ"):
         - GPTQ for schemes with static activation scales whose weights are coarser than INT8
           (w8a8-fp8, nvfp4): they are calibrated layer by layer anyway, the Hessians come from
-          the same pass, and GPTQ measured better (perplexity vs float: w8a8-fp8 +3.35% ->
-          +2.35%, with SmoothQuant 0.8 +4.31% -> +1.76%; nvfp4 +41.5% -> +30.5%) for 1.5-3.5 more minutes of calibration on 2 busy
-          cores;
+          the same pass, and GPTQ measured better for a few more minutes of calibration;
         - RTN for w8a8-int8: its per-channel INT8 weight grid leaves little error to
-          compensate, and GPTQ measured worse with SmoothQuant 0.8 (+2.77% RTN, +3.82% GPTQ);
+          compensate, and GPTQ measured worse with SmoothQuant 0.8;
         - RTN for weight-only and dynamic-activation schemes, for which calibration data is
           optional: passing it alone keeps them bit for bit equal to plain (and model-free)
-          RTN. Ask for "gptq" explicitly (w4a16 +53.2% -> +35.8%).
+          RTN. Ask for "gptq" explicitly.
         Without calibration data weights are always RTN ("gptq" is then an error).
     gptq_damping: fraction of the mean Hessian diagonal added to its diagonal (GPTQ's
         "percdamp"; raised tenfold automatically if the Hessian is still not positive definite).
@@ -101,13 +97,9 @@ class CalibrationConfig:
         float model's activations, one float pass per layer (the observe pass gives the next
         layer's inputs), about half the forward cost; what llm-compressor's one-shot calibration
         observes. Default (None): ``default_layer_inputs(rounding)``: "float" with RTN weights,
-        "quantized" with GPTQ. Measured on SmolLM2-135M (17 x 512 tokens, 16 x 256 calibration;
-        bench/RESULTS.md, bench/RESULTS-quantize.md), quantized -> float:
-        - RTN: nvfp4 +39.61% -> +37.19% (43.4 -> 23.0 CPU-s); w8a8-int8 with SmoothQuant 0.8
-          +2.53% -> +2.38% (32.3 -> 17.7 CPU-s): better and twice as fast;
-        - GPTQ: nvfp4 +30.12% -> +29.49% (62.4 -> 51.7 CPU-s), w8a8-fp8 with SmoothQuant 0.5
-          +1.89% -> +2.03% (57.3 -> 41.0 CPU-s): mixed, within noise, so GPTQ keeps the
-          sequential inputs it is defined with.
+        "quantized" with GPTQ: with RTN weights float inputs measured better and about twice
+        as fast; with GPTQ the two were within noise, so GPTQ keeps the sequential inputs it is
+        defined with (bench/RESULTS-quantize.md, "Layer inputs").
     """
 
     num_samples: int = 16
@@ -183,15 +175,10 @@ class CalibrationConfig:
 
 # Named calibration budgets (CalibrationConfig.preset, lowbit.quantize(..., preset=), CLI --calib-preset).
 CALIBRATION_PRESETS: dict[str, dict] = {
-    # GPTQ on a small budget, for INT8 weights (measured on w8a8-int8-dynamic): 4 windows of 128
-    # tokens, float layer inputs (one forward per layer). A per-channel INT8 grid leaves little
-    # error to compensate, and on SmolLM2-135M more tokens did not help reliably: w8a8-int8-dynamic
-    # on 8687 evaluation tokens (bench/RESULTS.md, 2026-11-30; RTN +2.75%), float inputs
-    # 4 x 128 +2.33%, 4 x 256 +2.37%, 8 x 256 +2.84%, 16 x 256 +2.46%; quantized inputs 16 x 256
-    # +2.05% at 5-6x the time. gptq-fast: 9.4 s wall, 11-12 CPU-s on a busy 2-core machine, most
-    # of it GPTQ's fixed cost (Hessian factorizations, block updates), not the tokens. Quiet rerun
-    # after the C column loop: 9.0 s wall / 11.5 CPU-s; on nvfp4 +33.10% in 13.6 s / 16.5 CPU-s
-    # (default GPTQ 16 x 256: +30.12% in 32.5 s; llm-compressor +40.40% in 18.9 s).
+    # GPTQ on a small budget, for INT8 weights: 4 windows of 128 tokens, float layer inputs (one
+    # forward per layer). A per-channel INT8 grid leaves little error to compensate, and more
+    # tokens did not help reliably; most of its time is GPTQ's fixed cost (Hessian
+    # factorizations, block updates), not the tokens (bench/RESULTS.md, "gptq-fast").
     "gptq-fast": {"weight_rounding": "gptq", "layer_inputs": "float", "num_samples": 4, "seq_len": 128},
 }
 

@@ -39,13 +39,15 @@ from lowbit.calibration.capture import (
 from lowbit.calibration.data import CalibrationConfig, LayerInputs
 from lowbit.calibration.hessian import HessianSum
 from lowbit.calibration.observers import MaxObserver, Observer, make_observer
-from lowbit.calibration.scales import input_scales_from_amax
-from lowbit.fusion import fused_groups
+from lowbit.fusion import fused_groups, shared_weight_global_scales
 from lowbit.modules import QuantLinear
 from lowbit.quant.gptq import WeightRounding, gptq_quantize_groups
+from lowbit.quant.input_scales import input_scales_from_amax
 from lowbit.schemes import Scheme
 from lowbit.smoothquant.fold import fold_smoothing, smooth_scales
 from lowbit.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
+from lowbit.smoothquant.search import search_alpha
+from lowbit.targets import set_submodule
 from lowbit.threads import one_thread
 
 
@@ -217,8 +219,6 @@ class LayerwiseCalibrator:
             act = st.all_pos.amax()
             alpha, errs = self.smoothquant, None
             if alpha == "auto":
-                from lowbit.smoothquant.search import search_alpha  # smoothquant imports calibration
-
                 x = torch.cat(st.samples)
                 alpha, errs = search_alpha(x, act, st.scale_chan.amax(), ws, self.scheme, self.cfg.auto_alphas)
             rep = self.report.groups.setdefault(key, GroupReport(members=[n for g in groups if key in g for n in g]))
@@ -233,8 +233,6 @@ class LayerwiseCalibrator:
 
     def _quantize_groups(self, root: nn.Module, groups: list[list[str]], rel: dict[str, str],
                          stats: dict[str, _GroupStats] | None) -> None:
-        from lowbit.model_quant import set_submodule, shared_weight_global_scales
-
         spec = self.scheme.input_activations
         solve = []  # (linears, weight global scales, input scales, Hessian) of the GPTQ groups
         for g in groups:

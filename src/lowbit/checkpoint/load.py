@@ -25,8 +25,8 @@ from lowbit.checkpoint.fake_module import FakeQuantLinear
 from lowbit.errors import FormatError
 from lowbit.formats import Format, SafetensorsFolder, parse_quantization_config, read_config
 from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, parse_dtype
-from lowbit.model_quant import set_submodule
 from lowbit.modules import QuantLinear
+from lowbit.targets import set_submodule
 
 
 def _config_dtype(config: dict) -> torch.dtype:

@@ -62,6 +62,5 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
 
 
-# sub-commands in their own modules (issue 6: quantize, eval, compare)
-from lowbit.cli import compare_cmd, eval_cmd, quantize_cmd  # noqa: E402,F401
-from lowbit.cli import inspect_cmd  # noqa: E402,F401  (issue 4: lowbit inspect)
+# sub-commands in their own modules (each registers itself on ``app``)
+from lowbit.cli import compare_cmd, eval_cmd, inspect_cmd, quantize_cmd  # noqa: E402,F401

@@ -15,7 +15,6 @@ from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_layer_inputs, parse_smoothquant,
     parse_weight_rounding,
 )
-from lowbit.errors import LowbitError
 
 
 def _default_output(model: str | None, scheme: str) -> Path:
@@ -88,10 +87,7 @@ def quantize_cmd(
             raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
                               "--layer-inputs/--calib-preset, "
                               "or drop --model-free")
-        try:
-            from lowbit.modelfree import quantize_checkpoint
-        except ImportError as e:
-            raise LowbitError("model-free quantization (lowbit.modelfree.quantize_checkpoint) is not in this build") from e
+        from lowbit.modelfree import quantize_checkpoint
         from lowbit.models import resolve_model_path
 
         folder = resolve_model_path(src)

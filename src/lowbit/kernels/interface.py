@@ -22,7 +22,7 @@ QDQ of a spec      lowbit.quant.fake_quantize (.int_values)    reference: lowbit
 The Triton kernels are also run by the Triton backends (lowbit.backends: quantize groups of
 activations, weight dequantization, fused matmuls), chosen per module.
 
-The Protocols below state the signatures; tests/test_kernel_conformance.py runs every
+The Protocols below state the signatures; tests/kernels/test_kernel_conformance.py runs every
 implementation of every operation on adversarial values of every format and compares bits.
 """
 

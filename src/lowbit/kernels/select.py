@@ -24,7 +24,7 @@ highest implementation it has that is not above the resolved one and takes its i
 kernels take CPU tensors of float32/bfloat16/float16, Triton kernels CUDA tensors); so
 ``using(REFERENCE)`` runs the reference everywhere, ``using(TORCH)`` never calls C. The choice
 never changes a bit of any result: every implementation is tested against the reference
-(tests/test_kernel_conformance.py).
+(tests/kernels/test_kernel_conformance.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``torch`` implementation of the element kernels: the formats' reference ``encode`` and
 ``qdq`` in fewer eager passes, bit for bit (reached through lowbit.kernels.codes and
 lowbit.kernels.rounding, which choose it; tested against the reference in
-tests/test_kernel_conformance.py).
+tests/kernels/test_kernel_conformance.py).
 
 - Key-table formats (MiniFloat with at most 5 mantissa bits, lowbit.numerics.keys): the float32
   input is cut to its upper 16 bits with *round to odd* (the lowest kept bit is set when any

@@ -1,7 +1,7 @@
 """The ``triton`` implementation of the QDQ of a spec: activation quantize-dequantize by the Triton
 kernels (lowbit.kernels.actquant), bit for bit the reference ``fake_quantize``. Reached only through
 ``lowbit.quant.fake_quantize`` under ``using(Implementation.TRITON)`` for CUDA tensors (under
-Triton's CPU interpreter the kernels also take CPU tensors: tests/test_triton_kernels.py).
+Triton's CPU interpreter the kernels also take CPU tensors: tests/kernels/test_triton_kernels.py).
 
 - microscaled block specs (``supports_block_spec``: NVFP4, NVFP4-E5M3, MXFP4/8 with dynamic block
   scales; the global scale given where the spec has one): the block kernel's float32 QDQ output;

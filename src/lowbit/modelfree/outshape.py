@@ -7,7 +7,7 @@ write its tensors straight to their offsets, in parallel, with nothing joined af
 
 A quantized linear's tensors are found by running the real quantizer and layout on two zero
 weights of one and two rows with the real input width: every weight scale is per row or per
-group of a row (``worker.quantize_rows`` relies on the same fact), so each output tensor either
+group of a row (``bands.quantize_rows`` relies on the same fact), so each output tensor either
 keeps its shape or grows by whole rows. The writer checks every tensor it writes against its
 entry, so a layout that broke this rule would stop the run with an error, never write a wrong file.
 """
@@ -93,7 +93,7 @@ class OutputShapes:
     def _probe(self, tail: tuple[int, ...], dtype: torch.dtype) -> list[tuple[str, str, tuple[int, ...], bool]]:
         key = (tail, dtype)
         if key not in self._probed:
-            from lowbit.modelfree.worker import quantize_rows
+            from lowbit.modelfree.bands import quantize_rows
             from lowbit.quant import global_scale_from_amax
 
             spec = self.scheme.weights

@@ -52,22 +52,19 @@ from lowbit.modelfree.source import Checkpoint
 from lowbit.modelfree.outshape import OutputShapes, ShardFile
 from lowbit.modelfree.stwriter import create_shard_file, shard_file_matches
 from lowbit.modelfree.device import resolve_device
-from lowbit.modelfree.worker import (
-    MARKER_DIR, JobCancelled, JobIO, ShardJob, finalize_shard, init_worker, marker_path, part_name, partial_path,
-    read_marker, run_job, warm_up,
-)
+from lowbit.modelfree.markers import MARKER_DIR, finalize_shard, marker_path, part_name, partial_path, read_marker
+from lowbit.modelfree.worker import JobCancelled, JobIO, ShardJob, init_worker, run_job, warm_up
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.threads import one_thread
 
 RUN_FILE = "run.json"
 PART_BYTES = 128 << 20  # source bytes per unit of work: shards larger than this are split
-# less source than this runs in this process, in threads: measured (bench/RESULTS-modelfree.md) threads
-# beat spawned workers at 0.27 and 1.2 GB (each worker costs ~3 CPU-s and ~0.3 GB to start)
+# less source than this runs in this process, in threads (a spawned worker's start-up, importing torch,
+# costs more than it saves on smaller checkpoints: bench/RESULTS-modelfree.md, sections 3 and 7)
 POOL_MIN_BYTES = 4 << 30
-# fewer workers than this always run in threads: with 2 workers, threads beat spawned workers on every
-# checkpoint measured (1.2 GB: 0.5-0.8 s against 3.7-5.3 s, mostly the workers' start-up; 2.3 GB: 0.9-1.4x
-# the copy), since one call per band keeps the GIL free; processes are kept for many workers (unmeasured
-# here since the native path changed: a machine with more cores should decide this threshold)
+# fewer workers than this always run in threads (one call per band keeps the GIL free; threads beat
+# spawned workers on every checkpoint measured with 2 workers); processes are kept for many workers,
+# a threshold a machine with more cores should decide (bench/RESULTS-modelfree.md, section 7)
 POOL_MIN_WORKERS = 4
 LAYOUT_VERSION = 4  # bump when the files written for the same inputs change (2: weight file names by format;
 # 3: shard headers padded to 8 bytes, written before the data; 4: lowbit format 2, typed weight_codes)
@@ -139,9 +136,9 @@ def split_items(items: list[Item], part_bytes: int) -> list[tuple[Item, ...]]:
 
 def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | None) -> int:
     """How many worker processes to start: none (run in this process) for a device, one unit of
-    work, fewer than POOL_MIN_WORKERS workers, or less than POOL_MIN_BYTES of source (start-up,
-    ~3 CPU-s each to import torch, would cost more than it saves over threads); never more than
-    the units of work."""
+    work, fewer than POOL_MIN_WORKERS workers, or less than POOL_MIN_BYTES of source (each
+    worker's start-up, importing torch, would cost more than it saves over threads); never more
+    than the units of work."""
     n = min(workers, n_jobs)
     if device is not None or n <= 1 or workers < POOL_MIN_WORKERS or job_bytes < POOL_MIN_BYTES:
         return 0
@@ -215,7 +212,7 @@ def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> 
     """Jobs in this process: up to ``workers`` runner threads take the jobs in order (largest
     first), each keeping its I/O and buffers from one job to the next (JobIO); the kernels
     release the GIL, and each op is single-threaded (the caller's one_thread: intra-op thread
-    pools spin-wait, on a busy machine they burn 10x the CPU time). The first error stops the
+    pools spin-wait, which on a busy machine burns CPU time for nothing). The first error stops the
     other jobs at their next tensor and is raised."""
     n = min(max(1, workers), len(jobs))
     # I/O threads only where a runner has a core to spare (fewer jobs than workers) or a device

@@ -3,17 +3,14 @@ in-process).
 
 A job carries everything it needs (tensor locations, the scheme, the format, the byte range of
 the output shard it fills) and returns metadata only. Tensors are read one at a time, large
-weights are quantized in row bands (bit-identical to quantizing the whole tensor: every weight
-scale is per row or per group of a row, and the NVFP4 global scale is computed first over the
-fused group), and written straight to their planned offsets in the output shard, which exists
-under a temporary name (``<shard>.partial``) until every job of it is done. A job's done marker
-is written after its last byte, so a killed run never counts half a job.
+weights are quantized in row bands (lowbit.modelfree.bands), and written straight to their
+planned offsets in the output shard, which exists under a temporary name until every job of it
+is done; a job's done marker is written after its last byte, so a killed run never counts half
+a job (lowbit.modelfree.markers).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -26,17 +23,16 @@ import torch
 from lowbit.errors import LowbitError
 from lowbit.fusion import shared_amax
 from lowbit.kernels.select import Selection, adopt
+from lowbit.modelfree.bands import BAND_ELEMS, DEVICE_BAND_ELEMS, quantize_rows
 from lowbit.modelfree.fp8 import dequantize_fp8_block
+from lowbit.modelfree.markers import part_name, partial_path, write_marker
 from lowbit.modelfree.plan import Item, Kind, Source
 from lowbit.modelfree.outshape import Entry
 from lowbit.modelfree.stwriter import RegionWriter
 from lowbit.modelfree.source import TensorReader
-from lowbit.quant import PackedQuantizedTensor, QuantizedTensor, global_scale_from_amax, quantize, quantize_into
-from lowbit.schemes import Granularity, QuantSpec, Scheme
+from lowbit.quant import global_scale_from_amax
+from lowbit.schemes import Scheme
 
-BAND_ELEMS = 1 << 20  # elements quantized at once: float32 temporaries of ~4 MB stay in cache (faster than 4 M)
-DEVICE_BAND_ELEMS = 1 << 25  # on an accelerator: larger bands, fewer launches (~1 GB of temporaries)
-MARKER_DIR = ".modelfree"
 CODE_BUFFERS = 2  # codes buffers a job uses in turn (one is being written while another is filled)
 HELD_WRITES = CODE_BUFFERS  # queued writes of tensors in memory (bounds a job's memory; raw copies do not count)
 
@@ -76,15 +72,6 @@ class ShardJob:
         return part_name(self.out_name, self.part, self.n_parts)
 
 
-def part_name(shard: str, part: int, n_parts: int) -> str:
-    return f"{shard}.part-{part + 1}-of-{n_parts}"
-
-
-def partial_path(out_dir: str | Path, shard: str) -> Path:
-    """The output shard while its jobs write into it."""
-    return Path(out_dir) / f"{shard}.partial"
-
-
 def init_worker(queue: Any = None, threads: int = 1, kernels: Selection | None = None) -> None:
     """Process initializer: one compute thread per worker, progress events to ``queue``, the
     parent's kernel setting (``kernels``: lowbit.kernels.select.current() there)."""
@@ -100,56 +87,6 @@ def warm_up() -> None:
     from lowbit.formats import get_layout  # what run_job imports first (torch and lowbit.quant already are)
 
     get_layout("lowbit")
-
-
-def marker_path(out_dir: str | Path, shard: str) -> Path:
-    return Path(out_dir) / MARKER_DIR / f"{shard}.done.json"
-
-
-def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str,
-                  band_elems: int = BAND_ELEMS, pack: bool = False,
-                  scratch: Callable[[int], torch.Tensor] | None = None) -> QuantizedTensor:
-    """``lowbit.quant.quantize(w, spec, global_scale=...)`` computed in row bands. ``pack``: the
-    layout stores the codes nibble-packed; the native path then encodes straight into packed
-    bytes (a PackedQuantizedTensor; the torch path packs later, in the layout). ``scratch(n)``:
-    a reusable uint8 buffer of at least n bytes for the native path's codes (the result then
-    lives in it: the caller reuses it only once the result is written)."""
-    rows = max(1, band_elems // max(1, w.shape[-1]))
-    if w.dim() == 2 and spec.granularity is not Granularity.TENSOR:
-        qt = _native_rows(w.contiguous(), spec, global_scale, name, rows, pack, scratch)
-        if qt is not None:
-            return qt
-    if spec.granularity is Granularity.TENSOR or w.shape[0] <= rows:
-        return quantize(w, spec, global_scale=global_scale, name=name)
-    parts = [quantize(w[r:r + rows], spec, global_scale=global_scale, name=name) for r in range(0, w.shape[0], rows)]
-    zp = None if parts[0].zero_point is None else torch.cat([p.zero_point for p in parts])
-    return QuantizedTensor(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), spec, zp,
-                           parts[0].global_scale)
-
-
-def _native_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None, name: str,
-                 rows: int, pack: bool, scratch: Callable[[int], torch.Tensor] | None = None) -> QuantizedTensor | None:
-    """quantize_rows through the native kernels, each band's (packed) codes written straight into
-    one buffer (no concatenation); None if a band is refused (the caller's torch path decides)."""
-    if spec.global_scale and global_scale is None:
-        return None  # one global scale for all bands: the caller computes it first
-    pack = pack and spec.bits == 4 and w.shape[-1] % 2 == 0
-    shape = (w.shape[0], w.shape[-1] // 2 if pack else w.shape[-1])
-    codes = torch.empty(shape, dtype=torch.uint8) if scratch is None else scratch(shape[0] * shape[1])[
-        : shape[0] * shape[1]].view(shape)
-    bands = []
-    for r in range(0, w.shape[0], rows):
-        qt = quantize_into(w[r:r + rows], spec, global_scale=global_scale, name=name, pack=pack, out=codes[r:r + rows])
-        if qt is None:
-            return None
-        bands.append(qt)
-    gs = global_scale.reshape(1).to(torch.float32) if spec.global_scale else None
-    if len(bands) == 1:
-        scale, scale_codes = bands[0].scale, bands[0].known_scale_codes
-    else:
-        scale = torch.cat([b.scale for b in bands])
-        scale_codes = None if bands[0].known_scale_codes is None else torch.cat([b.known_scale_codes for b in bands])
-    return (PackedQuantizedTensor if pack else QuantizedTensor)(codes, scale, spec, None, gs, scale_codes)
 
 
 class JobCancelled(Exception):
@@ -173,20 +110,19 @@ class _Inline:
 
 class JobIO:
     """A job runner's I/O (reader, writer, copier) and its codes buffers, kept from one job to the
-    next (starting and joining threads, and first touching the buffers' pages, cost about 2 ms a
-    job). ``threads``: each kind of I/O runs on a thread of its own, beside the quantizing (for a
+    next (threads are started and buffer pages touched once per runner, not once per job).
+    ``threads``: each kind of I/O runs on a thread of its own, beside the quantizing (for a
     runner with a core to spare: one job on several cores, or a device doing the arithmetic);
-    else it runs in the runner's thread, in order. When the runners already take every core,
-    the extra threads only compete for them: SmolLM2 with 2 runners on 2 cores, median of 8,
-    0.29 -> 0.24 s (nvfp4-e5m3), 0.23 -> 0.17 s (w8a8-int8-dynamic) without them; with one
-    runner no difference (bench/RESULTS-modelfree.md). ``close`` waits for the threads."""
+    else it runs in the runner's thread, in order: when the runners already take every core,
+    extra threads only compete for them (measured in bench/RESULTS-modelfree.md, section 7).
+    ``close`` waits for the threads."""
 
     def __init__(self, threads: bool = True) -> None:
         if threads:
             self.read = ThreadPoolExecutor(1, thread_name_prefix="lowbit-read")
             self.write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
-            # tensors kept as they are are copied file to file by a thread of their own: a 56 MB
-            # embedding copied between tensor writes held SmolLM2's quantizing up for 30 ms
+            # tensors kept as they are are copied file to file by a thread of their own, so a large
+            # embedding copy does not hold the quantizing up (bench/RESULTS-modelfree.md, section 7)
             self.copy = ThreadPoolExecutor(1, thread_name_prefix="lowbit-copy")
         else:
             self.read = self.write = self.copy = _Inline()
@@ -296,10 +232,9 @@ class _ShardRun:
 
         def prefetch(k: int) -> None:
             """Start reading tensor k if it is an FP8 source: it is read and dequantized on the
-            reader (io.read). A plain one is a view of the shard's memory map, taken when used
-            (nothing to overlap but page faults, which a hand-off between threads costs more than
-            it saves: SmolLM2 0.42 -> 0.32 s; asking the kernel to read ahead, posix_fadvise, did
-            not help either, cold or warm)."""
+            reader (io.read). A plain one is a view of the shard's memory map, taken when used:
+            there is nothing to overlap but page faults, which a hand-off between threads costs
+            more than it saves (bench/RESULTS-modelfree.md, section 6)."""
             if k < len(loads) and loads[k].src.scale_inv is not None and id(loads[k]) not in ahead:
                 ahead[id(loads[k])] = self.io_read.submit(self.load, loads[k].src)
                 self.pending.append(ahead[id(loads[k])])
@@ -391,44 +326,3 @@ def run_job(job: ShardJob, report: Report | None = None, cancel: threading.Event
     thread to stop this job (JobCancelled) before its next tensor. ``io``: I/O threads and
     buffers to use (a runner of several jobs keeps one), else the job starts its own."""
     return _ShardRun(job, report or _REPORT, cancel, io).run()
-
-
-def write_marker(out_dir: str | Path, name: str, meta: dict[str, Any]) -> None:
-    m = marker_path(out_dir, name)
-    tmp = m.with_name(m.name + ".partial")
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, m)
-
-
-def finalize_shard(out_dir: str | Path, shard: str, n_parts: int, fingerprint: str) -> dict[str, Any]:
-    """Once every job of output shard ``shard`` is done: rename it into place, mark it done, then
-    remove its jobs' markers."""
-    out_dir = Path(out_dir)
-    names = [part_name(shard, k, n_parts) for k in range(n_parts)]
-    metas = [read_marker(out_dir, n, fingerprint) for n in names]
-    if any(m is None for m in metas):
-        raise LowbitError(f"shard {shard}: a part is missing, cannot finish it")  # pragma: no cover
-    path = out_dir / shard
-    os.replace(partial_path(out_dir, shard), path)
-    result = {"shard": shard, "fingerprint": fingerprint, "file_size": path.stat().st_size,
-              "quantized": sum(m["quantized"] for m in metas), "source_bytes": sum(m["source_bytes"] for m in metas)}
-    write_marker(out_dir, shard, result)
-    for n in names:
-        marker_path(out_dir, n).unlink(missing_ok=True)
-    return result
-
-
-def read_marker(out_dir: str | Path, shard: str, fingerprint: str) -> dict[str, Any] | None:
-    """The metadata of a shard finished by an earlier run with the same arguments, else None."""
-    m = marker_path(out_dir, shard)
-    try:
-        meta = json.loads(m.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    if meta.get("fingerprint") != fingerprint:
-        return None
-    p = Path(out_dir) / shard
-    if meta.get("file_size"):
-        if not p.is_file() or p.stat().st_size != meta["file_size"]:
-            return None
-    return meta

@@ -149,11 +149,8 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
 
     folder = resolve_model_path(path, cache_dir)
     if is_quantized_folder(folder):
-        try:
-            from lowbit import load as lowbit_load  # issue 4 (save/load)
-        except ImportError as e:
-            raise LowbitError(f"{folder} holds a quantized checkpoint; this lowbit has no "
-                              f"lowbit.load to read it") from e
+        from lowbit import load as lowbit_load
+
         model = lowbit_load(folder)
     else:
         from lowbit.models.float_check import check_float_folder

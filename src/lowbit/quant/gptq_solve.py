@@ -13,8 +13,8 @@ Stacking changes nothing but float32 summation order.
 Inside a sub-block of ``SUB`` columns the loop runs in C when the kernel setting allows the native
 implementation (lowbit.kernels.rounding.gptq_sub_block)
 (``lb_gptq_sub``: the same operations in the same order, bit-identical; the torch loop costs
-~10 eager operations per column, most of GPTQ's time on a small model); the block updates stay
-torch matrix products.
+~10 eager operations per column, profiled in bench/RESULTS.md, "gptq-fast"); the block updates
+stay torch matrix products.
 
 Per column j: y = w_j / divisor (divisor: the effective scale, 1 where it is 0), q = nearest
 grid value of y (``lowbit.kernels.rounding``), e = w_j - q * eff (a zero scale gives q * 0 = 0:

@@ -9,7 +9,7 @@ the MX exponent), so each rule keeps one definition; the C loop applies it opera
 operation in float32. Otherwise (tensor-wide specs, a global scale still to compute) two C passes:
 the extremes, then the torch rules of lowbit.quant.scales on them (1/16 to 1/128 of the data),
 then division by the effective scale and encoding in one pass. Bit-identical to the torch path
-(tests/test_native_encode.py). It takes CPU tensors of float32/bfloat16/float16, symmetric specs
+(tests/quant/test_native_encode.py). It takes CPU tensors of float32/bfloat16/float16, symmetric specs
 with the ``max``, ``half-step`` or ``full-range`` observer, element formats encoded by a key table
 or INTn, and no given scale; ``quantize_native`` returns None for anything else (or when the
 library is unavailable, or an input needs the reference's error), and the caller runs the torch

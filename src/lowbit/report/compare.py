@@ -189,11 +189,8 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
             row["size_bytes"] = estimated_size_bytes(qmodel)
             row["size_source"] = "estimate"
             if save_root is not None:
-                save = getattr(lowbit, "save", None)
-                if save is None:
-                    raise LowbitError("saving checkpoints needs lowbit.save (not in this build)")
                 dest = save_root / name
-                save(qmodel, dest, format=opts.save_format, tokenizer=tokenizer, overwrite=True)
+                lowbit.save(qmodel, dest, format=opts.save_format, tokenizer=tokenizer, overwrite=True)
                 row["size_bytes"] = _dir_bytes(dest)
                 row["size_source"] = f"disk ({opts.save_format})"
                 row["checkpoint"] = str(dest)

@@ -1,32 +1,17 @@
 """The named preset schemes. One name per scheme everywhere: API, CLI, files and docs.
 
-Weight observer (``QuantSpec.observer``): ``full-range`` for INT4 (scale = signed extreme / -8),
-``mse`` (per-group scale search, lowbit.quant.search) where it measurably helped on
-SmolLM2-135M, ``max`` where it did not or was not measured
-(bench/bench_weight_observer.py, bench/RESULTS-quantize.md "Weight observer"; perplexity change
-vs float32 on 8 x 512 held-out tokens of Persuasion, float ppl 47.492, weight-only RTN):
+Weight observer (``QuantSpec.observer``) of each preset, chosen on SmolLM2-135M perplexity
+(weight-only RTN; the figures, with their dates, in bench/RESULTS-quantize.md, "Weight observer"):
 
-    scheme       max        mse        full-range   default
-    w4a16        +53.16 %   +46.79 %   +26.95 %     full-range
-    nvfp4a16     +20.74 %   +18.96 %   mse (also nvfp4: the same weight spec)
-    others       (not measured in time: loaded machine)    max, as before
+- ``full-range`` for INT4 (w4a16): scale = the group's signed extreme / -8, auto-round's symmetric
+  INT4 rule (codes -8..7, the signed extreme exact at -8, so the scale is negative when the
+  extreme is positive; every format stores fp32 scales with their sign);
+- ``mse`` (per-group scale search, lowbit.quant.search) for nvfp4a16 and nvfp4 (one weight spec);
+- ``half-step`` for the INT8 weights of w8a8-int8-dynamic and w8a16 (scale = amax / 127.5: the
+  symmetric rule of compressed-tensors' minmax and torchao);
+- ``max`` for every other preset.
 
-``half-step`` for INT8 weights of w8a8-int8-dynamic and w8a16 (scale = amax / 127.5: the symmetric
-rule of compressed-tensors' minmax and torchao), on 17 x 512 tokens of the packaged evaluation
-text (float ppl 45.905, the peers' benchmark text):
-
-    scheme              max       mse       full-range   half-step   default
-    w8a8-int8-dynamic   +2.95 %   +2.75 %   +2.90 %      +2.75 %     half-step (mse costs 3x the time)
-    w8a16               +0.02 %                          +0.04 %     half-step (equal within noise)
-    w4a16               +51.27 %                         +40.98 %    full-range (above)
-    w8a8-int8 (SQ 0.8)  +3.04 %                          +3.39 %     max (8 x 512 calibration)
-
-The full-range rule is auto-round's symmetric INT4 (codes -8..7, the signed extreme exact at -8,
-so the scale is negative when the extreme is positive; every format stores fp32 scales with
-their sign); the w4a16 figure was measured with that rule applied as QDQ in the bench.
-
-The search costs time at quantization only (RTN of the whole model, loaded machine: w4a16
-45 s -> 296 s, nvfp4a16 219 s -> 311 s); files and every backend are unchanged by it.
+The search costs time at quantization only; files and every backend are unchanged by it.
 Activation specs always keep ``max``.
 """
 

@@ -5,13 +5,11 @@ activations share one static scale per tensor (w8a8-int8, w8a8-fp8): one outlier
 that scale for every token. Block and per-token scales handle outliers locally, so those schemes
 are not smoothed unless asked.
 
-The default alpha depends on the element format of the activations, measured on SmolLM2-135M
-(bench/RESULTS-quantize.md):
-- INT8 (uniform grid; outliers cost resolution everywhere): alpha 0.8. w8a8-int8: +94.9%
-  perplexity unsmoothed, +2.77% with 0.8 (8 x 512 tokens).
+The default alpha depends on the element format of the activations (chosen on SmolLM2-135M
+perplexity: bench/RESULTS-quantize.md):
+- INT8 (uniform grid; outliers cost resolution everywhere): alpha 0.8.
 - FP8 E4M3 (relative precision; only the range is shared): alpha 0.5, which moves less
-  difficulty into the weights. w8a8-fp8 with GPTQ weights: +1.60% with 0.5 against +2.54% with
-  0.8 (16 x 512 tokens, 16 x 512 calibration); unsmoothed +2.35% against +1.76% with 0.8 (8 x 512).
+  difficulty into the weights.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.calibration.scales import qdq_activation
+from lowbit.quant.input_scales import qdq_activation
 from lowbit.fusion import shared_amax
 from lowbit.quant import fake_quantize, global_scale_from_amax
 from lowbit.schemes import Scheme

@@ -59,10 +59,11 @@ def find_compiler(compilers: tuple[str, ...] = COMPILERS) -> str | None:
 
 def target_macros(compiler: str) -> str:
     """The compiler's predefined macros under FLAGS (its version, and the instruction sets
-    -march=native enables here). Asking costs a compiler run (~12 ms), so the answer is kept in
-    the cache folder under a hash of what it depends on: the flags, the compiler binary (path,
-    size, modification time) and this CPU's model and feature flags (/proc/cpuinfo; where that
-    is unreadable, nothing is kept and the compiler is asked every time)."""
+    -march=native enables here). Asking costs a compiler run (bench/RESULTS-modelfree.md,
+    section 7), so the answer is kept in the cache folder under a hash of what it depends on: the
+    flags, the compiler binary (path, size, modification time) and this CPU's model and feature
+    flags (/proc/cpuinfo; where that is unreadable, nothing is kept and the compiler is asked
+    every time)."""
     ask = lambda: subprocess.run([compiler, *FLAGS, "-dM", "-E", "-x", "c", os.devnull],  # noqa: E731
                                  capture_output=True, text=True, timeout=60, check=True).stdout
     cpu = _cpu_identity()

@@ -1,0 +1,235 @@
+"""The lowbit CLI: eval, compare and quantize on a tiny model folder; errors as one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import lowbit
+from helpers.cli import run
+from helpers.eval_fixtures import byte_tokenizer, save_tiny_folder
+from lowbit.eval import perplexity
+from lowbit.models import load_model
+
+TEXT = "\n".join(
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    f"seventeen eighteen nineteen twenty and so the long story of the day ended with the {w}."
+    for w in ("garden", "letter", "carriage", "evening", "sister", "window"))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_folder(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("text") / "eval.txt"
+    p.write_text(TEXT)
+    return p
+
+
+def test_eval_json_matches_api_and_baseline(capsys, tiny_dir, text_file):
+    code, out, _ = run(capsys, "eval", tiny_dir, "--text", text_file, "--limit", 100, "--window", 48,
+                       "--lastword", 3, "--baseline", tiny_dir, "--json", "--no-progress")
+    assert code == 0
+    rep = json.loads(out)
+    model, tok = load_model(tiny_dir)
+    ref = perplexity(model, tok, text_file=text_file, window=48, limit=100, progress=False)
+    assert rep["model"]["tokens_scored"] == 100
+    assert rep["model"]["perplexity"] == pytest.approx(ref.perplexity, rel=1e-6)
+    assert rep["model"]["bits_per_byte"] == pytest.approx(ref.bits_per_byte, rel=1e-6)
+    assert rep["model"]["lastword"]["examples"] == 3
+    assert rep["ppl_change_pct"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_eval_table(capsys, tiny_dir, text_file):
+    code, out, _ = run(capsys, "eval", tiny_dir, "--text", text_file, "--limit", 50, "--lastword", 0, "--no-progress")
+    assert code == 0
+    assert "perplexity" in out and "bits/byte" in out
+
+
+def test_compare_json_and_files(capsys, tiny_dir, text_file, tmp_path):
+    code, out, _ = run(capsys, "compare", tiny_dir, "--schemes", "w8a16,nvfp4-e5m3", "--text", text_file,
+                       "--limit", 60, "--window", 32, "--lastword", 2, "-o", tmp_path / "rep", "--json",
+                       "--no-progress")
+    assert code == 0
+    rep = json.loads(out)
+    assert [r["scheme"] for r in rep["schemes"]] == ["w8a16", "nvfp4-e5m3"]
+    assert all(r["status"] == "ok" for r in rep["schemes"])
+    assert (tmp_path / "rep" / "report.json").is_file() and (tmp_path / "rep" / "report.png").is_file()
+
+
+def test_compare_calib_preset_sets_the_budget_and_gptq(capsys, tiny_dir, text_file, tmp_path):
+    base = ["compare", tiny_dir, "--schemes", "w8a8-int8-dynamic", "--text", text_file, "--calib", text_file,
+            "--limit", 30, "--window", 32, "--lastword", 0, "--json", "--no-progress"]
+    code, out, err = run(capsys, *base, "-o", tmp_path / "a", "--calib-preset", "gptq-fast", "--calib-seq-len", 32)
+    assert code == 0, err
+    rep = json.loads(out)
+    o = rep["options"]
+    assert (o["calib_samples"], o["calib_seq_len"]) == (4, 32)
+    assert o["calib_options"] == {"weight_rounding": "gptq", "layer_inputs": "float"}
+    assert rep["schemes"][0]["calibrated"] is True
+    code, out, err = run(capsys, *base, "-o", tmp_path / "b")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert (rep["options"]["calib_samples"], rep["options"]["calib_seq_len"]) == (16, 512)  # lowbit.quantize's
+    assert rep["options"]["calib_options"] == {} and rep["schemes"][0]["calibrated"] is False
+
+
+def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
+    code, out, _ = run(capsys, "compare", tiny_dir, "--schemes", "w8a16", "--text", text_file, "--limit", 30,
+                       "--window", 32, "--lastword", 2, "-o", tmp_path / "rep", "--no-progress")
+    assert code == 0
+    assert "w8a16" in out and "float" in out and "report.json" in out
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["eval", "/nonexistent/model"], "model path not found"),
+    (["compare", "--schemes", "nvfp5"], "nvfp5"),
+    (["quantize", "builtin", "--scheme", "w8a16", "--model-free", "--calib", "x.txt"], "--model-free takes no calibration"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8", "--smoothquant", "1.5"], "--smoothquant"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8", "--smoothquant", "often"], "'default' or 'none'"),
+    (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--smoothquant", "0.5"],
+     "--model-free takes no calibration"),
+    (["quantize", "builtin", "--scheme", "nvfp4", "--layer-inputs", "fp16"],
+     "--layer-inputs must be one of quantized, float, got 'fp16'"),
+    (["quantize", "builtin", "--scheme", "w4a16", "--weight-rounding", "awq"],
+     "--weight-rounding must be one of rtn, gptq, got 'awq'"),
+    (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--weight-rounding", "gptq"],
+     "--model-free takes no calibration"),
+    (["compare", "--schemes", "w4a16", "--weight-rounding", "gtpq"], "--weight-rounding must be one of"),
+    (["compare", "--schemes", "w4a16", "--calib-preset", "gptq"], "--calib-preset must be one of gptq-fast"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--calib-preset", "fast"],
+     "--calib-preset must be one of gptq-fast, got 'fast'"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--model-free", "--calib-preset", "gptq-fast"],
+     "--model-free takes no calibration"),
+])
+def test_errors_are_one_line_and_exit_nonzero(capsys, args, msg):
+    code, out, err = run(capsys, *args)
+    assert code == 2
+    assert msg in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_eval_missing_text_file_is_one_line(capsys, tiny_dir, tmp_path):
+    code, _, err = run(capsys, "eval", tiny_dir, "--text", tmp_path / "missing.txt", "--no-progress")
+    assert code == 2 and "missing.txt" in err and len(err.strip().splitlines()) == 1
+
+
+def test_quantize_writes_a_checkpoint_that_eval_reads(capsys, tiny_dir, text_file, tmp_path):
+    out_dir = tmp_path / "q"
+    code, out, err = run(capsys, "quantize", tiny_dir, "--scheme", "w8a16", "--output", out_dir, "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["scheme"] == "w8a16" and (out_dir / "config.json").is_file()
+    code, out, err = run(capsys, "eval", out_dir, "--text", text_file, "--limit", 40, "--lastword", 0,
+                         "--baseline", tiny_dir, "--json", "--no-progress")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["model"]["perplexity"] != rep["baseline"]["perplexity"]
+    assert abs(rep["ppl_change_pct"]) < 5
+
+
+def test_byte_tokenizer_roundtrip():
+    tok = byte_tokenizer()
+    ids = tok("héllo", add_special_tokens=False)["input_ids"]
+    assert ids == list("héllo".encode())
+    assert tok.decode(ids) == "héllo"
+
+
+def test_quantize_model_free_matches_in_memory(capsys, tiny_dir, text_file, tmp_path):
+    a, b = tmp_path / "mf", tmp_path / "mem"
+    code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "nvfp4-e5m3", "--model-free", "--workers", 1,
+                       "--output", a, "--json")
+    assert code == 0, err
+    code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "nvfp4-e5m3", "--output", b, "--json")
+    assert code == 0, err
+    res = []
+    for d in (a, b):
+        code, out, err = run(capsys, "eval", d, "--text", text_file, "--limit", 40, "--lastword", 0, "--json",
+                             "--no-progress")
+        assert code == 0, err
+        res.append(json.loads(out)["model"]["perplexity"])
+    assert res[0] == pytest.approx(res[1], rel=1e-6)
+
+
+def test_compare_save_format_measures_disk(tiny_dir, text_file, tmp_path):
+    from lowbit.report import CompareOptions, run_compare
+
+    model, tok = load_model(tiny_dir)
+    opts = CompareOptions(schemes=["w8a16"], limit=30, window=32, lastword=0, text_file=str(text_file),
+                          sqnr_tokens=16, save_format="lowbit", progress=False)
+    rep = run_compare(model, tok, opts=opts, output_dir=tmp_path / "rep")
+    row = rep["schemes"][0]
+    assert row["status"] == "ok", row.get("error")
+    assert row["size_source"] == "disk (lowbit)"
+    ck = tmp_path / "rep" / "checkpoints" / "w8a16"
+    assert row["size_bytes"] == sum(p.stat().st_size for p in ck.rglob("*.safetensors"))
+
+
+def test_eval_tasks_hands_model_to_lm_eval_with_local_task(capsys, monkeypatch, tiny_dir, text_file):
+    import lowbit.eval.harness as harness
+
+    seen = {}
+
+    def fake_run(model, tok, tasks, include_path=None, **kw):
+        seen.update(model=model, tasks=tasks, include_path=include_path)
+        return {"lowbit_lastword": {"acc,none": 0.5}}
+
+    monkeypatch.setattr(harness, "run_lm_eval", fake_run)
+    code, out, err = run(capsys, "eval", tiny_dir, "--text", text_file, "--limit", 20, "--lastword", 3,
+                         "--tasks", "lowbit_lastword", "--json", "--no-progress")
+    assert code == 0, err
+    assert json.loads(out)["lm_eval"] == {"lowbit_lastword": {"acc,none": 0.5}}
+    assert seen["tasks"] == ["lowbit_lastword"]
+    rows = (harness.Path(seen["include_path"]) / "lowbit_lastword.jsonl").read_text().splitlines()
+    assert len(rows) == 3 and json.loads(rows[0])["word"] == "garden"
+
+
+def test_quantize_weight_rounding_gptq_calibrates_a_weight_only_scheme(capsys, tiny_dir, text_file, tmp_path):
+    outs = {}
+    for wr in ("rtn", "gptq"):
+        out_dir = tmp_path / wr
+        code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w8a16", "--output", out_dir, "--calib", text_file,
+                           "--calib-samples", 2, "--calib-seq-len", 64, "--weight-rounding", wr, "--json")
+        assert code == 0, err
+        assert ("calibrating on" in err) == (wr == "gptq")
+        outs[wr] = lowbit.load(out_dir)
+    a = outs["rtn"].get_submodule("model.layers.0.mlp.down_proj")
+    b = outs["gptq"].get_submodule("model.layers.0.mlp.down_proj")
+    assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
+
+
+def test_quantize_calib_preset_gptq_fast_equals_its_options(capsys, tiny_dir, text_file, tmp_path):
+    """--calib-preset gptq-fast calibrates a dynamic scheme with GPTQ, exactly as its fields given
+    one by one; an explicit option overrides the preset's."""
+    runs = {
+        "preset": ["--calib-preset", "gptq-fast", "--calib-seq-len", 32],
+        "fields": ["--weight-rounding", "gptq", "--layer-inputs", "float", "--calib-samples", 4,
+                   "--calib-seq-len", 32],
+        "rtn": ["--calib-preset", "gptq-fast", "--weight-rounding", "rtn", "--calib-seq-len", 32],
+    }
+    mods = {}
+    for key, args in runs.items():
+        code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w8a8-int8-dynamic", "--output", tmp_path / key,
+                           "--calib", text_file, *args, "--json")
+        assert code == 0, err
+        assert ("calibrating on" in err) == (key != "rtn")
+        mods[key] = lowbit.load(tmp_path / key).get_submodule("model.layers.0.mlp.down_proj")
+    assert torch.equal(mods["preset"].weight_codes, mods["fields"].weight_codes)
+    assert not torch.equal(mods["preset"].weight_codes, mods["rtn"].weight_codes)
+    assert torch.equal(mods["preset"].weight_scale, mods["rtn"].weight_scale)
+
+
+@pytest.mark.parametrize("scheme,option,alpha", [
+    ("w8a8-fp8", None, 0.5), ("w8a8-int8", None, 0.8), ("w8a8-int8", "none", None), ("w8a8-fp8", "0.3", 0.3),
+])
+def test_quantize_smooths_static_schemes_by_default(capsys, tiny_dir, text_file, tmp_path, scheme, option, alpha):
+    args = ["--smoothquant", option] if option else []
+    code, out, err = run(capsys, "quantize", tiny_dir, "--scheme", scheme, "--output", tmp_path / "q", "--calib",
+                         text_file, "--calib-samples", 2, "--calib-seq-len", 32, *args, "--json")
+    assert code == 0, err
+    assert json.loads(out)["smoothquant"] == alpha

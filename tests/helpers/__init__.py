@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: tiny models, tokenizers and folders, the compressed-tensors client."""
