@@ -31,7 +31,7 @@ import lowbit
 from lowbit.model_quant import quantize_rtn
 from lowbit.report.compare import set_backends
 from lowbit.errors import SchemeError
-from lowbit.schemes import PRESETS, ObserverKind, Scheme
+from lowbit.schemes import PRESETS, WeightObserver, Scheme
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_quantize import SHARED, eval_windows, load_smollm2, perplexity  # noqa: E402
@@ -39,12 +39,12 @@ from bench_quantize import SHARED, eval_windows, load_smollm2, perplexity  # noq
 SCHEMES = ["w4a16", "nvfp4a16", "nvfp4", "nvfp4-e5m3", "mxfp4", "mxfp8", "w8a16", "w8a8-fp8-dynamic"]
 
 
-def with_observer(name: str, observer: ObserverKind) -> Scheme:
+def with_observer(name: str, observer: WeightObserver) -> Scheme:
     p = PRESETS[name]
     return Scheme(name, dataclasses.replace(p.weights, observer=observer), p.input_activations)
 
 
-def observers_for(name: str, wanted) -> list[ObserverKind]:
+def observers_for(name: str, wanted) -> list[WeightObserver]:
     """The wanted observers that the preset's weight spec accepts (full-range: symmetric INT)."""
     out = []
     for obs in wanted:
@@ -80,7 +80,7 @@ def main() -> None:
     rows = [dict(config="float32", ppl=ppl_f)]
     print("| scheme | observer | ppl | vs float | rtn s | load |\n|---|---|---|---|---|---|", flush=True)
     for name in args.schemes:
-        for obs in observers_for(name, [ObserverKind(o) for o in args.observers]):
+        for obs in observers_for(name, [WeightObserver(o) for o in args.observers]):
             scheme = with_observer(name, obs)
             m = copy.deepcopy(model)
             t = time.perf_counter()

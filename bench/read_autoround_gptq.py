@@ -26,7 +26,7 @@ from lowbit.formats import read_config
 from lowbit.model_quant import quantize_rtn
 from lowbit.modules import QuantLinear
 from lowbit.quant import dequantize
-from lowbit.schemes import ObserverKind, QuantSpec, Scheme
+from lowbit.schemes import WeightObserver, QuantSpec, Scheme
 
 
 def cpu_s() -> float:
@@ -73,7 +73,7 @@ def main() -> None:
     else:
         bits = scheme.weights.bits
         own = Scheme(f"int{bits}-g{a.scheme_group}", QuantSpec(f"int{bits}", "group", a.scheme_group,
-                                                               observer=ObserverKind.FULL_RANGE), None)
+                                                               observer=WeightObserver.FULL_RANGE), None)
         lb = quantize_rtn(float_model(a.src), own, ignore=["lm_head"])
         lowbit.use_backend(lb, "reference")
         res["lowbit"] = f"quantize_rtn {own.weights.describe()} (in memory)"

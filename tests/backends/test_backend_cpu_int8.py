@@ -16,7 +16,7 @@ from lowbit.errors import LowbitError, QuantizationError
 from lowbit.modules import QuantLinear
 from lowbit.numerics import INT8
 from lowbit.quant import QuantizedTensor
-from lowbit.schemes import ObserverKind, Scheme, get_scheme
+from lowbit.schemes import WeightObserver, Scheme, get_scheme
 
 
 def _int8_codes(vals: torch.Tensor) -> torch.Tensor:
@@ -129,7 +129,7 @@ def test_weight_cache_invalidated_on_new_weights():
     lin = nn.Linear(32, 8)
     s = get_scheme("w8a8-int8-dynamic")
     # the max rule keeps codes in [-127, 127], so that negating them stays in int8
-    s = Scheme(s.name, dataclasses.replace(s.weights, observer=ObserverKind.MAX), s.input_activations)
+    s = Scheme(s.name, dataclasses.replace(s.weights, observer=WeightObserver.MAX), s.input_activations)
     m = QuantLinear.from_linear(lin, s, name="t")
     be = CpuInt8Backend()
     x = torch.randn(4, 32)

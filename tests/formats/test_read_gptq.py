@@ -16,7 +16,7 @@ from lowbit.formats.inspect import inspect_checkpoint
 from lowbit.model_quant import quantize_rtn
 from lowbit.numerics import get_format
 from lowbit.kernels.packing import unpack_int32
-from lowbit.schemes import PRESETS, ObserverKind, QuantSpec, Scheme
+from lowbit.schemes import PRESETS, WeightObserver, QuantSpec, Scheme
 from helpers.formats_support import float_tensors, llama_config, logits, quant_layers, write_folder
 
 IDS = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(5))
@@ -101,7 +101,7 @@ def test_w4a16_reads_as_lowbit_w4a16_bit_for_bit(tmp_path):
 
 def test_w8a16_group_128_is_built_from_the_config(tmp_path):
     """auto-round's W8A16 is group 128 (lowbit's w8a16 preset is per channel): the config decides."""
-    scheme = Scheme("auto-round-int-w8", QuantSpec("int8", "group", 128, observer=ObserverKind.FULL_RANGE), None)
+    scheme = Scheme("auto-round-int-w8", QuantSpec("int8", "group", 128, observer=WeightObserver.FULL_RANGE), None)
     ref, folder = _folder(tmp_path, scheme, 128, bits=8, group_size=128, sym=True,
                           extra_config={"lm_head": {"bits": 16, "data_type": "float"}})
     loaded = lowbit.load(folder, backend="reference")
@@ -113,7 +113,7 @@ def test_w8a16_group_128_is_built_from_the_config(tmp_path):
 
 
 def test_per_channel_group_minus_one(tmp_path):
-    scheme = Scheme("auto-round-int-w4", QuantSpec("int4", "channel", observer=ObserverKind.FULL_RANGE), None)
+    scheme = Scheme("auto-round-int-w4", QuantSpec("int4", "channel", observer=WeightObserver.FULL_RANGE), None)
     ref, folder = _folder(tmp_path, scheme, -1, bits=4, group_size=-1, sym=True)
     loaded = lowbit.load(folder, backend="reference")
     for n, m in quant_layers(loaded).items():
@@ -172,7 +172,7 @@ def test_bad_tensors_are_named(tmp_path, case):
             t[f"{p}.qweight"] = t[f"{p}.qweight"].to(torch.int64)
     group = 32 if case in ("g_idx_act_order", "zero_wrap") else 128
     scheme = Scheme("s", QuantSpec("int4", "group", group, symmetric=not asym,
-                                   observer=ObserverKind.MAX if asym else ObserverKind.FULL_RANGE), None)
+                                   observer=WeightObserver.MAX if asym else WeightObserver.FULL_RANGE), None)
     _, folder = _folder(tmp_path, scheme, group, edit, bits=4, group_size=group, sym=not asym)
     msg = {"qweight_shape": r"qweight.*shape \(15, 32\), expected \(16, 32\)",
            "scales_shape": r"scales.*shape \(1, 31\), expected \(1, 32\)",

@@ -22,7 +22,7 @@ from lowbit.model_quant import quantize_rtn
 from lowbit.modules import QuantLinear
 from lowbit.numerics import E4M3, INT8
 from lowbit.quant import dequantize, pack_nibbles, quantize
-from lowbit.schemes import PRESETS, ObserverKind, QuantSpec, Scheme
+from lowbit.schemes import PRESETS, WeightObserver, QuantSpec, Scheme
 from helpers.formats_support import (
     assert_same_layers, float_tensors, llama_config, logits, quant_layers, quantized_model, write_folder,
 )
@@ -37,7 +37,7 @@ def _ids():
 
 
 def _max_observer(spec: QuantSpec) -> QuantSpec:
-    return dataclasses.replace(spec, observer=ObserverKind.MAX)
+    return dataclasses.replace(spec, observer=WeightObserver.MAX)
 
 
 def _args(**kw):

@@ -8,9 +8,9 @@ from lowbit.calibration.data import CalibrationError
 from lowbit.errors import SchemeError
 from lowbit.numerics import FormatName as F
 from lowbit.quant import dequantize, fake_quantize, quantize
-from lowbit.schemes import PRESETS, Granularity as G, ObserverKind, QuantSpec
+from lowbit.schemes import PRESETS, Granularity as G, WeightObserver, QuantSpec
 
-SPEC = QuantSpec(F.INT4, G.GROUP, 4, observer=ObserverKind.FULL_RANGE)
+SPEC = QuantSpec(F.INT4, G.GROUP, 4, observer=WeightObserver.FULL_RANGE)
 
 
 def _bits(t):
@@ -35,7 +35,7 @@ def test_extreme_maps_to_qmin_and_scale_takes_its_sign():
 def test_step_is_amax_over_8_and_error_not_worse_than_max_on_random_weights():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(64, 576, generator=g)
-    full = QuantSpec(F.INT4, G.GROUP, 128, observer=ObserverKind.FULL_RANGE)
+    full = QuantSpec(F.INT4, G.GROUP, 128, observer=WeightObserver.FULL_RANGE)
     mx = QuantSpec(F.INT4, G.GROUP, 128)
     qt = quantize(w, full)
     amax = torch.nn.functional.pad(w, (0, 64)).reshape(64, 5, 128).abs().amax(-1)
@@ -50,7 +50,7 @@ def test_fake_quantize_bit_identical_with_negative_scales():
     x = torch.randn(8, 300, generator=g) * torch.logspace(-4, 3, 300)
     x[0, :128] = 0.0
     for spec in (SPEC, PRESETS["w4a16"].weights,
-                 QuantSpec(F.INT8, G.CHANNEL, observer=ObserverKind.FULL_RANGE)):
+                 QuantSpec(F.INT8, G.CHANNEL, observer=WeightObserver.FULL_RANGE)):
         assert torch.equal(_bits(fake_quantize(x, spec)), _bits(dequantize(quantize(x, spec))))
 
 

@@ -8,10 +8,10 @@ from lowbit.calibration.data import CalibrationError
 from lowbit.errors import SchemeError
 from lowbit.numerics import FormatName as F
 from lowbit.quant import dequantize, fake_quantize, quantize
-from lowbit.schemes import Granularity as G, ObserverKind, QuantSpec
+from lowbit.schemes import Granularity as G, WeightObserver, QuantSpec
 
-INT8 = QuantSpec(F.INT8, G.CHANNEL, observer=ObserverKind.HALF_STEP)
-INT4 = QuantSpec(F.INT4, G.GROUP, 4, observer=ObserverKind.HALF_STEP)
+INT8 = QuantSpec(F.INT8, G.CHANNEL, observer=WeightObserver.HALF_STEP)
+INT4 = QuantSpec(F.INT4, G.GROUP, 4, observer=WeightObserver.HALF_STEP)
 
 
 def _bits(t):

@@ -19,7 +19,7 @@ from lowbit.kernels.native.constants import STEPS
 from lowbit.numerics import E2M1, E4M3, E5M2, E8M0, INT2, INT4, INT8, UE4M3, UE5M3
 from lowbit.numerics import FormatName as F
 from lowbit.quant import PackedQuantizedTensor, QuantizedTensor, native_quant, nibbles, pack_nibbles, quantize
-from lowbit.schemes import Granularity as G, ObserverKind, QuantSpec, get_scheme
+from lowbit.schemes import Granularity as G, WeightObserver, QuantSpec, get_scheme
 
 pytestmark = pytest.mark.skipif(build.library() is None,
                                 reason=f"native kernels unavailable: {build.unavailable_reason()}")
@@ -72,7 +72,7 @@ def boundary_points(spec) -> tuple[float, torch.Tensor]:
     if spec.is_integer:
         q = INT4 if fmt is F.INT4 else INT8
         vals = torch.arange(q.qmin - 1, q.qmax + 2, dtype=torch.float32)
-        anchor = {ObserverKind.FULL_RANGE: float(q.qmin), ObserverKind.HALF_STEP: q.qmax + 0.5}.get(
+        anchor = {WeightObserver.FULL_RANGE: float(q.qmin), WeightObserver.HALF_STEP: q.qmax + 0.5}.get(
             spec.observer, float(q.qmax))
         return anchor, torch.cat([vals, vals + 0.5])
     e = E2M1 if fmt is F.E2M1 else E4M3
@@ -154,12 +154,12 @@ def test_ties_round_to_even_on_the_native_path():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("spec", [
-    QuantSpec(F.INT4, G.GROUP, 128, observer=ObserverKind.FULL_RANGE),   # w4a16, ragged last group
+    QuantSpec(F.INT4, G.GROUP, 128, observer=WeightObserver.FULL_RANGE),   # w4a16, ragged last group
     QuantSpec(F.INT8, G.GROUP, 128),
     QuantSpec(F.E4M3, G.GROUP, 100),
     QuantSpec(F.INT8, G.CHANNEL),
-    QuantSpec(F.INT4, G.CHANNEL, observer=ObserverKind.FULL_RANGE),
-    QuantSpec(F.INT4, G.GROUP, 128, observer=ObserverKind.HALF_STEP),
+    QuantSpec(F.INT4, G.CHANNEL, observer=WeightObserver.FULL_RANGE),
+    QuantSpec(F.INT4, G.GROUP, 128, observer=WeightObserver.HALF_STEP),
 ], ids=lambda s: s.describe())
 def test_ragged_groups_match_zero_padding(dtype, spec):
     for cols in (576, 200, 33, 1):
@@ -182,9 +182,9 @@ def test_ragged_microscaled_is_the_same_error():
     QuantSpec(F.E4M3, G.TENSOR),
     QuantSpec(F.INT8, G.TENSOR),
     QuantSpec(F.E5M2, G.CHANNEL),
-    QuantSpec(F.INT2, G.GROUP, 8, observer=ObserverKind.FULL_RANGE),
-    QuantSpec(F.INT4, G.TENSOR, observer=ObserverKind.FULL_RANGE),
-    QuantSpec(F.INT8, G.TENSOR, observer=ObserverKind.HALF_STEP),
+    QuantSpec(F.INT2, G.GROUP, 8, observer=WeightObserver.FULL_RANGE),
+    QuantSpec(F.INT4, G.TENSOR, observer=WeightObserver.FULL_RANGE),
+    QuantSpec(F.INT8, G.TENSOR, observer=WeightObserver.HALF_STEP),
 ], ids=lambda s: s.describe())
 def test_other_granularities_and_leading_dims(spec):
     for dtype in DTYPES:

@@ -14,12 +14,12 @@ from lowbit.quant import (
     QuantizedTensor, allows_ragged, amax, check_finite, dequantize, effective_scale, fake_quantize,
     global_scale_from_amax, num_groups, quantize, scales_from_amax, static_scale_from_amax,
 )
-from lowbit.schemes import PRESETS, Dynamic, Granularity as G, ObserverKind, QuantSpec
+from lowbit.schemes import PRESETS, Dynamic, Granularity as G, WeightObserver, QuantSpec
 
 
 def _max_rule(spec: QuantSpec) -> QuantSpec:
     """These tests check the max rule's scales (the mse observer: tests/quant/test_weight_search.py)."""
-    return dataclasses.replace(spec, observer=ObserverKind.MAX)
+    return dataclasses.replace(spec, observer=WeightObserver.MAX)
 
 
 NVFP4 = _max_rule(PRESETS["nvfp4"].weights)

@@ -15,9 +15,9 @@ from lowbit.formats.ct_args import args_to_spec, spec_to_args
 from lowbit.numerics import FormatName as F
 from lowbit.quant import dequantize, fake_quantize, group_error, quantize
 from lowbit.quant.groups import group_view
-from lowbit.schemes import Dynamic, Granularity as G, ObserverKind, QuantSpec, Scheme
+from lowbit.schemes import Dynamic, Granularity as G, WeightObserver, QuantSpec, Scheme
 
-MAX, MSE = ObserverKind.MAX, ObserverKind.MSE
+MAX, MSE = WeightObserver.MAX, WeightObserver.MSE
 
 # every kind of weight scale: fp32 INT (channel, group, ragged group, tensor, asymmetric),
 # fp32 FP8, UE4M3 + global (NVFP4), UE5M3, E8M0 (MXFP4, MXFP8)
@@ -34,7 +34,7 @@ SPECS = {
 }
 
 
-def _obs(spec: QuantSpec, observer: ObserverKind) -> QuantSpec:
+def _obs(spec: QuantSpec, observer: WeightObserver) -> QuantSpec:
     return dataclasses.replace(spec, observer=observer)
 
 
@@ -279,18 +279,21 @@ def test_observer_validation():
         QuantSpec(F.E2M1, G.GROUP, 16, dynamic=Dynamic.LOCAL, scale_format=F.UE4M3, global_scale=True,
                   observer=MSE)
     with pytest.raises(SchemeError, match="calibration observer"):
-        QuantSpec(F.INT8, G.CHANNEL, observer=ObserverKind.PERCENTILE)
+        QuantSpec(F.INT8, G.CHANNEL, observer="percentile")
     with pytest.raises(SchemeError, match="CalibrationConfig.observer"):
         Scheme("x", QuantSpec(F.INT8, G.CHANNEL), QuantSpec(F.INT8, G.TENSOR, observer=MSE))
     Scheme("x", QuantSpec(F.INT8, G.CHANNEL, observer=MSE), QuantSpec(F.INT8, G.TENSOR))
 
 
-def test_calibration_observer_kind_is_the_same_enum():
-    from lowbit.calibration import CalibrationConfig, ObserverKind as CalKind
+def test_weight_and_activation_observers_are_two_types():
+    from lowbit.calibration import ActivationObserver, CalibrationConfig, CalibrationError
 
-    assert CalKind is ObserverKind
-    assert CalibrationConfig(observer="mse").observer is MSE
-    assert CalibrationConfig().observer is MAX
+    assert CalibrationConfig(observer="mse").observer is ActivationObserver.MSE
+    assert CalibrationConfig().observer is ActivationObserver.MAX
+    for rule in ("full-range", "half-step"):  # weight rules are no activation observer
+        with pytest.raises(CalibrationError, match="unknown observer .* known: max, percentile, mse"):
+            CalibrationConfig(observer=rule)
+    assert {o.value for o in WeightObserver} == {"max", "mse", "full-range", "half-step"}
 
 
 @pytest.mark.parametrize("observer", [MAX, MSE])

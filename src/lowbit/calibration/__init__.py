@@ -6,13 +6,13 @@
 from lowbit.calibration.data import (
     BUILTIN, CALIBRATION_PRESETS, CalibrationConfig, CalibrationError, LayerInputs, builtin_text_path, calibration_tokens, read_paragraphs,
 )
-from lowbit.calibration.observers import (MaxObserver, MSEObserver, Observer, ObserverKind, PercentileObserver,
+from lowbit.calibration.observers import (ActivationObserver, MaxObserver, MSEObserver, Observer, PercentileObserver,
                                           make_observer)
 from lowbit.calibration.pipeline import CalibrationReport, GroupReport, LayerwiseCalibrator
 from lowbit.quant.input_scales import input_scales_from_amax, qdq_activation
 
 __all__ = [
     "BUILTIN", "CALIBRATION_PRESETS", "CalibrationConfig", "CalibrationError", "LayerInputs", "builtin_text_path", "calibration_tokens",
-    "read_paragraphs", "Observer", "ObserverKind", "MaxObserver", "PercentileObserver", "MSEObserver", "make_observer",
+    "read_paragraphs", "Observer", "ActivationObserver", "MaxObserver", "PercentileObserver", "MSEObserver", "make_observer",
     "CalibrationReport", "GroupReport", "LayerwiseCalibrator", "input_scales_from_amax", "qdq_activation",
 ]

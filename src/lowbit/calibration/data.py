@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from lowbit.calibration.observers import ObserverKind
+from lowbit.calibration.observers import ActivationObserver
 from lowbit.errors import LowbitError
 from lowbit.quant.gptq import GPTQOptions, WeightRounding
 from lowbit.schemes import Scheme
@@ -105,7 +105,7 @@ class CalibrationConfig:
     num_samples: int = 16
     seq_len: int = 512
     batch_size: int = 4
-    observer: ObserverKind = ObserverKind.MAX
+    observer: ActivationObserver = ActivationObserver.MAX
     percentile: float = 99.99
     sink_positions: int = 0
     smooth_down_proj: bool = True
@@ -120,10 +120,7 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
             raise CalibrationError("num_samples, seq_len and batch_size must be positive")
-        self._coerce("observer", ObserverKind, optional=False)
-        if self.observer in (ObserverKind.FULL_RANGE, ObserverKind.HALF_STEP):
-            raise CalibrationError(f"observer {self.observer.value!r} is a weight scale rule (QuantSpec.observer); "
-                                   "static activation scales take 'max', 'percentile' or 'mse'")
+        self._coerce("observer", ActivationObserver, optional=False)
         if not 0 < self.percentile <= 100:
             raise CalibrationError(f"percentile must be in (0, 100], got {self.percentile}")
         if self.sink_positions < 0:

@@ -12,17 +12,30 @@ per channel ([in], one per input column). Three kinds:
 - ``MSEObserver``: the clip c * max|x| (c on a grid) whose quantize-dequantize under the
   activation spec has the smallest squared error on a bounded sample of rows.
 
-``ObserverKind`` (defined with the schemes, re-exported here) names these kinds; a weight
-spec's ``observer`` takes its MAX or MSE, the same rules applied to each scale group of a
-weight (lowbit.quant.search).
+``ActivationObserver`` names these kinds (``CalibrationConfig.observer``); a weight spec's
+``observer`` is a ``lowbit.schemes.WeightObserver``, whose MAX and MSE apply the same rules to
+each scale group of a weight (lowbit.quant.search).
 """
 
 from __future__ import annotations
 
+from enum import Enum
+
 import torch
 
 from lowbit.quant import fake_quantize, global_scale_from_amax, scales_from_amax
-from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec
+from lowbit.schemes import Dynamic, Granularity, QuantSpec
+
+
+class ActivationObserver(str, Enum):
+    """How calibration chooses a static activation scale from the observed inputs."""
+
+    MAX = "max"                # the running max of |x|
+    PERCENTILE = "percentile"  # a high percentile of |x|
+    MSE = "mse"                # the clip with the smallest quantize-dequantize error
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -167,12 +180,12 @@ class MSEObserver(Observer):
         return torch.where(full > 0, best, full)
 
 
-def make_observer(kind: ObserverKind | str, spec: QuantSpec | None, *, per_channel: bool = False,
+def make_observer(kind: ActivationObserver | str, spec: QuantSpec | None, *, per_channel: bool = False,
                   percentile: float = 99.99, max_rows: int = 2048) -> Observer:
-    kind = ObserverKind(kind)
-    if kind is ObserverKind.MAX:
+    kind = ActivationObserver(kind)
+    if kind is ActivationObserver.MAX:
         return MaxObserver(per_channel)
-    if kind is ObserverKind.PERCENTILE:
+    if kind is ActivationObserver.PERCENTILE:
         return PercentileObserver(percentile, per_channel)
     if spec is None:
         raise ValueError("the mse observer needs the activation spec")

@@ -54,7 +54,7 @@ from lowbit.formats.ct_args import layout_format, named_scheme
 from lowbit.formats.gptq_pack import PACKING as GPTQ_PACKING
 from lowbit.formats.gptq_pack import GptqLayout, check_gptq_spec
 from lowbit.numerics import FormatName
-from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec, Scheme
+from lowbit.schemes import Dynamic, Granularity, WeightObserver, QuantSpec, Scheme
 
 PACKING = {
     "auto_round:fp8_static": Format.COMPRESSED_TENSORS,
@@ -70,7 +70,7 @@ SCHEME_KEYS = ("bits", "group_size", "sym", "data_type", "act_bits", "act_group_
 E5M3_TYPES = ("nvfp4_v2", "fp4_v2")
 
 # auto-round's config records no scale rule: its weights read with lowbit's default observer
-WEIGHT_OBSERVER = ObserverKind.MAX
+WEIGHT_OBSERVER = WeightObserver.MAX
 
 
 def fill_defaults(fields_: Mapping[str, Any]) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def _weight_spec(d: dict[str, Any], where: str, packing: str = "") -> QuantSpec:
     if dt in ("int", "int_sym", "int_asym") and 2 <= bits <= 8:
         sym = bool(d["sym"]) and dt != "int_asym"
         # the GPTQ packing stores auto-round's signed full-range scales as they are
-        observer = ObserverKind.FULL_RANGE if sym and packing == GPTQ_PACKING else WEIGHT_OBSERVER
+        observer = WeightObserver.FULL_RANGE if sym and packing == GPTQ_PACKING else WEIGHT_OBSERVER
         return QuantSpec(FormatName(f"int{bits}"), gran, gs, symmetric=sym, observer=observer)
     raise FormatError(f"{w}: this weight data type is not supported by lowbit")
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from lowbit.errors import FormatError, OptionRef, SchemeError
 from lowbit.formats.base import Format
 from lowbit.numerics import FormatName
-from lowbit.schemes import PRESETS, Dynamic, Granularity, ObserverKind, QuantSpec, Scheme
+from lowbit.schemes import PRESETS, Dynamic, Granularity, WeightObserver, QuantSpec, Scheme
 
 
 class CTFormat(str, Enum):
@@ -40,19 +40,19 @@ ARGS_KEYS = ("num_bits", "type", "symmetric", "group_size", "strategy", "block_s
 # observer only says how lowbit would quantize the weights again. (compressed-tensors' minmax
 # rule for symmetric INT is amax / ((qmax - qmin) / 2), lowbit's half-step; files written by
 # llm-compressor read as max, as lowbit's w8a8-int8 preset quantizes.)
-_CT_WEIGHT_OBSERVER = {ObserverKind.MAX: "minmax", ObserverKind.MSE: "mse", ObserverKind.FULL_RANGE: "full-range",
-                       ObserverKind.HALF_STEP: "half-step"}
+_CT_WEIGHT_OBSERVER = {WeightObserver.MAX: "minmax", WeightObserver.MSE: "mse", WeightObserver.FULL_RANGE: "full-range",
+                       WeightObserver.HALF_STEP: "half-step"}
 _MSE_OBSERVERS = frozenset({"mse", "memoryless_mse", "static_mse"})
 
 _SCALE_DTYPE = {FormatName.UE4M3: "torch.float8_e4m3fn", FormatName.E8M0: "torch.uint8"}
 
 
-def _read_weight_observer(name: Any) -> ObserverKind:
+def _read_weight_observer(name: Any) -> WeightObserver:
     if name in _MSE_OBSERVERS:
-        return ObserverKind.MSE
-    if name in (_CT_WEIGHT_OBSERVER[ObserverKind.FULL_RANGE], _CT_WEIGHT_OBSERVER[ObserverKind.HALF_STEP]):
-        return ObserverKind(name)
-    return ObserverKind.MAX
+        return WeightObserver.MSE
+    if name in (_CT_WEIGHT_OBSERVER[WeightObserver.FULL_RANGE], _CT_WEIGHT_OBSERVER[WeightObserver.HALF_STEP]):
+        return WeightObserver(name)
+    return WeightObserver.MAX
 
 
 def _refuse(scheme: Scheme, why: str) -> FormatError:
@@ -161,7 +161,7 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
     strategy = args.get("strategy")
     dynamic = args.get("dynamic", False)
     scale_dtype = _dtype_key(args.get("scale_dtype"))
-    observer = ObserverKind.MAX
+    observer = WeightObserver.MAX
     if is_weight:
         observer = _read_weight_observer(args.get("observer"))
     if args.get("block_structure") is not None or strategy == "block":

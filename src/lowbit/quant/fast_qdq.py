@@ -30,9 +30,9 @@ from lowbit.kernels.rounding import round_nearest_
 from lowbit.numerics import FormatName, IntFormat, MiniFloat, get_format
 from lowbit.quant.groups import check_finite
 from lowbit.quant.scales import effective_scale, global_scale_from_amax, raw_block_scales, scales_from_amax
-from lowbit.schemes import Granularity, ObserverKind, QuantSpec
+from lowbit.schemes import Granularity, WeightObserver, QuantSpec
 
-_AMAX_RULES = (ObserverKind.MAX, ObserverKind.HALF_STEP)  # scales from the amax (scales_from_amax)
+_AMAX_RULES = (WeightObserver.MAX, WeightObserver.HALF_STEP)  # scales from the amax (scales_from_amax)
 
 
 # ---------------------------------------------------------------------------- element rounding

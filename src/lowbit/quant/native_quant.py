@@ -30,9 +30,9 @@ from lowbit.quant.scales import (
     amax_divisor, effective_scale, elem_max, full_range_from_range, global_scale_from_amax, mx_emax,
     scales_and_codes_from_amax,
 )
-from lowbit.schemes import Granularity, ObserverKind, QuantSpec
+from lowbit.schemes import Granularity, WeightObserver, QuantSpec
 
-OBSERVERS = (ObserverKind.MAX, ObserverKind.HALF_STEP, ObserverKind.FULL_RANGE)  # half-step: max's extremes
+OBSERVERS = (WeightObserver.MAX, WeightObserver.HALF_STEP, WeightObserver.FULL_RANGE)  # half-step: max's extremes
 
 
 def supports(x: torch.Tensor, spec: QuantSpec) -> bool:
@@ -46,7 +46,7 @@ def supports(x: torch.Tensor, spec: QuantSpec) -> bool:
 def scale_rule(spec: QuantSpec) -> native.ScaleRule | None:
     """``spec``'s scale rule as the one-call kernel (native.quantize) applies it: the constants of
     lowbit.quant.scales for the observer and scale format (None: not one it applies)."""
-    if spec.observer is ObserverKind.FULL_RANGE:
+    if spec.observer is WeightObserver.FULL_RANGE:
         return native.ScaleRule(native.RULE_FULL_RANGE, float(get_format(spec.format).qmin))
     sf = spec.scale_format
     if sf is FormatName.FP32:
@@ -106,7 +106,7 @@ def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor
         rule = scale_rule(spec)
         if rule is not None:  # one call: extremes, scales and codes
             return _quantize_fused(x2, spec, rule, g, global_scale, name, pack, out, x)
-    if spec.observer is ObserverKind.FULL_RANGE:
+    if spec.observer is WeightObserver.FULL_RANGE:
         r = native.group_minmax(x2, g)
         if r is None:
             return None
@@ -120,7 +120,7 @@ def quantize_native(x: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor
         check_finite(x, name)  # raises the QuantizationError naming the tensor
         return None  # pragma: no cover - the flag and check_finite agree
     scale_codes = None
-    if spec.observer is ObserverKind.FULL_RANGE:
+    if spec.observer is WeightObserver.FULL_RANGE:
         if tensor_wide:
             lo, hi = lo.amin().reshape(1), hi.amax().reshape(1)
         scale = full_range_from_range(lo, hi, spec)

@@ -12,7 +12,7 @@ from lowbit.errors import QuantizationError
 from lowbit.kernels import codes
 from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.quant.groups import reduce_groups
-from lowbit.schemes import Dynamic, Granularity, ObserverKind, QuantSpec
+from lowbit.schemes import Dynamic, Granularity, WeightObserver, QuantSpec
 
 
 def elem_max(spec: QuantSpec) -> float:
@@ -23,7 +23,7 @@ def elem_max(spec: QuantSpec) -> float:
 def amax_divisor(spec: QuantSpec) -> float:
     """What an amax is divided by to give an fp32 scale: the format's largest finite value, or
     for the ``half-step`` observer (symmetric INT) (qmax - qmin) / 2 = qmax + 1/2."""
-    if spec.observer is ObserverKind.HALF_STEP:
+    if spec.observer is WeightObserver.HALF_STEP:
         fmt = get_format(spec.format)
         assert isinstance(fmt, IntFormat)
         return (fmt.qmax - fmt.qmin) / 2

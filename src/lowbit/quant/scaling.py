@@ -47,7 +47,7 @@ from lowbit.quant.scales import (
     static_scale_from_amax,
 )
 from lowbit.quant.search import search_scales
-from lowbit.schemes import ObserverKind, QuantSpec
+from lowbit.schemes import WeightObserver, QuantSpec
 
 # the views and scale rules (lowbit.quant.groups, lowbit.quant.scales) stay importable from here
 __all__ = [
@@ -119,11 +119,11 @@ def _prepare(x, spec, scale, global_scale, name) -> _Prepared:
     if scale is None:
         if not spec.symmetric:
             scale, zp = asymmetric_from_range(*group_range(v, spec), fmt)
-        elif spec.observer is ObserverKind.FULL_RANGE:
+        elif spec.observer is WeightObserver.FULL_RANGE:
             scale = full_range_scales(v, spec)
         else:
             scale = scales_from_amax(reduce_groups(v.abs(), spec, lambda t, d: t.amax(d)), spec, global_scale)
-        if spec.observer is ObserverKind.MSE:
+        if spec.observer is WeightObserver.MSE:
             scale, zp = search_scales(v, spec, scale, zp, global_scale)
     else:
         scale = scale.to(torch.float32)

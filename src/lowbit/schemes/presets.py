@@ -19,21 +19,21 @@ from __future__ import annotations
 
 from lowbit.errors import SchemeError
 from lowbit.numerics import FormatName as F
-from lowbit.schemes.spec import Dynamic, Granularity as G, ObserverKind, QuantSpec, Scheme
+from lowbit.schemes.spec import Dynamic, Granularity as G, WeightObserver, QuantSpec, Scheme
 
-MAX, MSE, FULL_RANGE, HALF_STEP = ObserverKind.MAX, ObserverKind.MSE, ObserverKind.FULL_RANGE, ObserverKind.HALF_STEP
+MAX, MSE, FULL_RANGE, HALF_STEP = WeightObserver.MAX, WeightObserver.MSE, WeightObserver.FULL_RANGE, WeightObserver.HALF_STEP
 
 
-def _nvfp4(dynamic: Dynamic = Dynamic.STATIC, observer: ObserverKind = MAX) -> QuantSpec:
+def _nvfp4(dynamic: Dynamic = Dynamic.STATIC, observer: WeightObserver = MAX) -> QuantSpec:
     return QuantSpec(F.E2M1, G.GROUP, 16, dynamic=dynamic, scale_format=F.UE4M3, global_scale=True,
                      observer=observer)
 
 
-def _e5m3(dynamic: Dynamic = Dynamic.STATIC, observer: ObserverKind = MAX) -> QuantSpec:
+def _e5m3(dynamic: Dynamic = Dynamic.STATIC, observer: WeightObserver = MAX) -> QuantSpec:
     return QuantSpec(F.E2M1, G.GROUP, 16, dynamic=dynamic, scale_format=F.UE5M3, observer=observer)
 
 
-def _mx(elem: F, dynamic: Dynamic = Dynamic.STATIC, observer: ObserverKind = MAX) -> QuantSpec:
+def _mx(elem: F, dynamic: Dynamic = Dynamic.STATIC, observer: WeightObserver = MAX) -> QuantSpec:
     return QuantSpec(elem, G.GROUP, 32, dynamic=dynamic, scale_format=F.E8M0, observer=observer)
 
 

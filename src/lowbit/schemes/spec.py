@@ -37,13 +37,13 @@ class Dynamic(str, Enum):
         return self.value
 
 
-class ObserverKind(str, Enum):
-    """How a scale is chosen from data: for weights, the spec's ``observer`` (each scale group
-    from its own values); for static activation scales, ``CalibrationConfig.observer``.
+class WeightObserver(str, Enum):
+    """How a weight spec chooses each scale group's scale from the group's values (the spec's
+    ``observer``; activations' static scales are chosen by ``CalibrationConfig.observer``, a
+    ``lowbit.calibration.ActivationObserver``).
 
     MAX: the extreme values (symmetric: amax; asymmetric: min and max) give the scale.
-    PERCENTILE: a high percentile of |x| (calibration of activations only).
-    MSE: the scale (or clip) with the smallest squared quantize-dequantize error.
+    MSE: the scale with the smallest squared quantize-dequantize error (lowbit.quant.search).
     FULL_RANGE: symmetric INT weights only: the group's signed extreme maps to the most
         negative code, scale = extreme / qmin (negative when the extreme is positive), so all
         2^bits codes are used (INT4: step amax/8 instead of amax/7; auto-round's symmetric
@@ -55,16 +55,12 @@ class ObserverKind(str, Enum):
     """
 
     MAX = "max"
-    PERCENTILE = "percentile"
     MSE = "mse"
     FULL_RANGE = "full-range"
     HALF_STEP = "half-step"
 
     def __str__(self) -> str:
         return self.value
-
-
-WEIGHT_OBSERVERS = (ObserverKind.MAX, ObserverKind.MSE, ObserverKind.FULL_RANGE, ObserverKind.HALF_STEP)
 
 
 @dataclass(frozen=True)
@@ -83,7 +79,7 @@ class QuantSpec:
         extreme-value rule, or MSE, a per-group search for the smallest squared error
         (lowbit.quant.search), or FULL_RANGE (symmetric fp32-scaled INT only: scale = signed
         extreme / qmin) or HALF_STEP (the same formats: scale = amax / (qmax + 1/2); see
-        ObserverKind). The NVFP4 global scale stays amax-based. Dynamic specs and the
+        WeightObserver). The NVFP4 global scale stays amax-based. Dynamic specs and the
         input activations of a scheme keep MAX (static activation scales are chosen by
         ``CalibrationConfig.observer``).
     scale_floor: None, or the smallest scale computed from data (symmetric fp32 scales under
@@ -99,7 +95,7 @@ class QuantSpec:
     dynamic: Dynamic = Dynamic.STATIC
     scale_format: FormatName = FormatName.FP32
     global_scale: bool = False
-    observer: ObserverKind = ObserverKind.MAX
+    observer: WeightObserver = WeightObserver.MAX
     scale_floor: float | None = None
 
     def __post_init__(self) -> None:
@@ -109,10 +105,11 @@ class QuantSpec:
         object.__setattr__(self, "dynamic", Dynamic(self.dynamic))
         object.__setattr__(self, "scale_format", FormatName(self.scale_format))
         try:
-            object.__setattr__(self, "observer", ObserverKind(self.observer))
+            object.__setattr__(self, "observer", WeightObserver(self.observer))
         except ValueError:
-            raise SchemeError(f"unknown observer {self.observer!r}; a spec takes "
-                              f"{' or '.join(repr(k.value) for k in WEIGHT_OBSERVERS)}") from None
+            raise SchemeError(f"unknown weight observer {self.observer!r}; a spec takes "
+                              f"{' or '.join(repr(k.value) for k in WeightObserver)} (a calibration observer of "
+                              f"activations belongs in CalibrationConfig.observer)") from None
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -138,10 +135,7 @@ class QuantSpec:
             raise SchemeError("dynamic 'local' means dynamic block scales under a static global scale")
         if self.dynamic is Dynamic.STATIC and self.granularity is Granularity.TOKEN:
             raise SchemeError("per-token scales are necessarily dynamic")
-        if self.observer not in WEIGHT_OBSERVERS:
-            raise SchemeError(f"observer {self.observer.value!r} is a calibration observer of activations; "
-                              f"a spec takes {' or '.join(repr(k.value) for k in WEIGHT_OBSERVERS)}")
-        if self.observer in (ObserverKind.FULL_RANGE, ObserverKind.HALF_STEP) and not (
+        if self.observer in (WeightObserver.FULL_RANGE, WeightObserver.HALF_STEP) and not (
                 self.is_integer and self.symmetric and self.scale_format is FormatName.FP32):
             raise SchemeError(f"observer {self.observer.value!r} is a rule for symmetric INT formats with fp32 scales, "
                               f"not {self.format.value} / {self.scale_format.value} scales"
@@ -150,12 +144,12 @@ class QuantSpec:
             f = self.scale_floor
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < float("inf"):
                 raise SchemeError(f"scale_floor must be a positive number or None, got {f!r}")
-            if self.scale_format is not FormatName.FP32 or not self.symmetric or self.observer is not ObserverKind.MAX:
+            if self.scale_format is not FormatName.FP32 or not self.symmetric or self.observer is not WeightObserver.MAX:
                 raise SchemeError("scale_floor applies to symmetric fp32 scales under the 'max' rule, not "
                                   f"{self.format.value} / {self.scale_format.value} scales, observer {self.observer.value}"
                                   f"{'' if self.symmetric else ' (asymmetric)'}")
             object.__setattr__(self, "scale_floor", float(f))
-        if self.dynamic is not Dynamic.STATIC and self.observer is not ObserverKind.MAX:
+        if self.dynamic is not Dynamic.STATIC and self.observer is not WeightObserver.MAX:
             raise SchemeError(f"observer {self.observer.value!r} needs static scales: {self.dynamic.value} "
                               f"scales are computed at run time with the 'max' rule")
 
@@ -228,7 +222,7 @@ class QuantSpec:
             parts.append("+ fp32 global")
         if not self.symmetric:
             parts.append("asymmetric")
-        if self.observer is not ObserverKind.MAX:
+        if self.observer is not WeightObserver.MAX:
             parts.append(f"{self.observer.value} observer")
         if self.scale_floor is not None:
             parts.append(f"scales >= {self.scale_floor:.6g}")
@@ -247,7 +241,7 @@ class Scheme:
         if self.weights.dynamic is not Dynamic.STATIC:
             raise SchemeError(f"scheme {self.name}: weights are quantized statically")
         a = self.input_activations
-        if a is not None and a.observer is not ObserverKind.MAX:
+        if a is not None and a.observer is not WeightObserver.MAX:
             raise SchemeError(f"scheme {self.name}: input activations keep observer 'max' (static activation "
                               f"scales are chosen by the calibration observer, CalibrationConfig.observer), "
                               f"got {a.observer.value!r}")
