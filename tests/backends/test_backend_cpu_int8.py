@@ -11,7 +11,8 @@ import torch.nn as nn
 import lowbit
 from lowbit.backends import REGISTRY, use_backend
 from lowbit.backends.cpu_int8 import CHUNK, CpuInt8Backend, int_accumulate, quantize_input_values
-from lowbit.backends.reference import ReferenceBackend, quantize_input
+from lowbit.backends.reference import ReferenceBackend
+from lowbit.modules.inputs import quantize_input
 from lowbit.errors import LowbitError, QuantizationError
 from lowbit.modules import QuantLinear
 from lowbit.numerics import INT8

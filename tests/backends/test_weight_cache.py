@@ -64,7 +64,7 @@ def test_invalidated_by_load_state_dict_and_released():
 
 @pytest.mark.parametrize("scheme", ["w8a8-fp8", "w8a8-fp8-dynamic"])
 def test_fp8_input_qdq_bit_identical(scheme):
-    from lowbit.backends.reference import qdq_input, quantize_input
+    from lowbit.modules.inputs import qdq_input, quantize_input
     from lowbit.numerics import E4M3
     from lowbit.quant import dequantize
 

@@ -10,7 +10,7 @@ import torch
 
 import lowbit
 from helpers.models import tiny_llama
-from lowbit.checkpoint import FakeQuantLinear
+from lowbit.modules import FakeQuantLinear
 from lowbit.errors import FormatError
 from lowbit.formats import Format, SafetensorsFolder
 from lowbit.quant import dequantize

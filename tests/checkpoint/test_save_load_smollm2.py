@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import lowbit
 from helpers.models import SMOLLM2_MARKS
-from lowbit.formats.inspect import inspect_checkpoint
+from lowbit.checkpoint.inspect import inspect_checkpoint
 from helpers.ct_client import CLIENT
 from helpers.formats_support import assert_same_layers, logits
 

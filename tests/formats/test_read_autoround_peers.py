@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import lowbit
 from helpers.models import tiny_llama
-from lowbit.checkpoint import FakeQuantLinear
+from lowbit.modules import FakeQuantLinear
 from lowbit.errors import FormatError, SchemeError
 from lowbit.formats import read_config
 from lowbit.formats.autoround_fake import FP8_DYNAMIC_SCALE_FLOOR

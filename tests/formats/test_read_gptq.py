@@ -12,7 +12,7 @@ import lowbit
 from helpers.models import tiny_llama
 from lowbit.errors import FormatError
 from lowbit.formats import parse_quantization_config
-from lowbit.formats.inspect import inspect_checkpoint
+from lowbit.checkpoint.inspect import inspect_checkpoint
 from lowbit.model_quant import quantize_rtn
 from lowbit.numerics import get_format
 from lowbit.kernels.packing import unpack_int32

@@ -13,7 +13,7 @@ import torch
 
 import lowbit
 from helpers.models import tiny_llama
-from lowbit.checkpoint import FakeQuantLinear
+from lowbit.modules import FakeQuantLinear
 from lowbit.errors import FormatError
 from lowbit.formats import get_layout, parse_quantization_config
 from lowbit.formats.autoround import fill_defaults

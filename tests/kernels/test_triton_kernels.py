@@ -256,7 +256,8 @@ def test_triton_backend_matches_reference(scheme):
 def test_w8a8_backends_match_reference(scheme):
     """torch._int_mm / _scaled_mm (CPU implementations here) after the Triton input quantizer."""
     from lowbit.backends.gpu_w8a8 import FP8MMBackend, Int8MMBackend
-    from lowbit.backends.reference import ReferenceBackend, quantize_input
+    from lowbit.backends.reference import ReferenceBackend
+    from lowbit.modules.inputs import quantize_input
 
     m = _module(scheme, out_f=48, in_f=64)
     x = torch.randn(20, 64)

@@ -13,7 +13,7 @@ from lowbit.backends import cpu_int8 as _cpu_int8
 from lowbit.backends import gpu_w8a8 as _gpu_w8a8
 from lowbit.backends import triton_mx as _triton_mx
 from lowbit.backends import weight_cache as _weight_cache
-from lowbit.backends.reference import ReferenceBackend, qdq_input, quantize_input
+from lowbit.backends.reference import ReferenceBackend
 from lowbit.backends.registry import Backend, BackendRegistry, BackendSpec
 
 BACKENDS: tuple[BackendSpec, ...] = (
@@ -67,4 +67,4 @@ def use_backend(model, name: str = "auto") -> dict[str, int]:
 
 
 __all__ = ["BACKENDS", "REGISTRY", "Backend", "BackendSpec", "BackendRegistry", "ReferenceBackend",
-           "select_backend", "use_backend", "quantize_input", "qdq_input"]
+           "select_backend", "use_backend"]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from lowbit.numerics import INT8, FormatName
 from lowbit.backends.cache import ModuleCache
-from lowbit.backends.reference import input_args
+from lowbit.modules.inputs import input_args
 from lowbit.backends.shared_input import SharedInput, input_key
 from lowbit.quant import int_values
 from lowbit.schemes import Dynamic, Granularity, Scheme

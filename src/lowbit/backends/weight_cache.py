@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from lowbit.backends.cache import ModuleCache
-from lowbit.backends.reference import qdq_input
+from lowbit.modules.inputs import qdq_input
 from lowbit.backends.shared_input import SharedInput, input_key
 from lowbit.schemes import Scheme
 

@@ -1,7 +1,6 @@
-"""Save and load quantized checkpoints: ``lowbit.save`` and ``lowbit.load``."""
+"""Save, load and inspect quantized checkpoints: ``lowbit.save``, ``lowbit.load``, ``lowbit inspect``."""
 
-from lowbit.checkpoint.fake_module import FakeQuantLinear
 from lowbit.checkpoint.load import load
 from lowbit.checkpoint.save import collect_tensors, save
 
-__all__ = ["save", "load", "FakeQuantLinear", "collect_tensors"]
+__all__ = ["save", "load", "collect_tensors"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from lowbit.checkpoint.fake_module import FakeQuantLinear
+from lowbit.modules.fake_linear import FakeQuantLinear
 from lowbit.errors import FormatError
 from lowbit.formats import Format, SafetensorsFolder, parse_quantization_config, read_config
 from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, parse_dtype

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lowbit.checkpoint.fake_module import FakeQuantLinear
+from lowbit.modules.fake_linear import FakeQuantLinear
 from lowbit.errors import FormatError, OptionRef
 from lowbit.formats import CheckpointWriter, Format, get_layout, static_scale_entry
 from lowbit.formats.base import dtype_name

@@ -23,7 +23,7 @@ def inspect_cmd(
 ) -> None:
     """Show a quantized checkpoint's format, schemes, ignored layers, size and problems."""
     check_folder(path)
-    from lowbit.formats.inspect import inspect_checkpoint
+    from lowbit.checkpoint.inspect import inspect_checkpoint
 
     r = inspect_checkpoint(path)
     if as_json:

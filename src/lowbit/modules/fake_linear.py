@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lowbit.backends import qdq_input
+from lowbit.modules.inputs import qdq_input
 from lowbit.errors import QuantizationError
 from lowbit.schemes import Dynamic, Scheme
 

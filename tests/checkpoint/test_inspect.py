@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import lowbit
 from lowbit.cli.app import app, main
-from lowbit.formats.inspect import inspect_checkpoint
+from lowbit.checkpoint.inspect import inspect_checkpoint
 from helpers.formats_support import quantized_model
 
 runner = CliRunner()
