@@ -68,10 +68,15 @@ import json, sys, time
 import lowbit
 import resource
 device = sys.argv[5] or None if len(sys.argv) > 5 else None
+extra = {}
 if len(sys.argv) > 6:  # workers given as "Np" / "Nt": force worker processes / threads in this process
-    import lowbit.modelfree.run
-    lowbit.modelfree.run.POOL_MIN_BYTES = int(sys.argv[6])
-    lowbit.modelfree.run.POOL_MIN_WORKERS = 2 if sys.argv[6] == "0" else 1 << 30
+    pool_bytes, pool_workers = int(sys.argv[6]), 2 if sys.argv[6] == "0" else 1 << 30
+    try:
+        from lowbit.modelfree import RunOptions
+        extra["run_options"] = RunOptions(pool_min_bytes=pool_bytes, pool_min_workers=pool_workers)
+    except ImportError:  # an older tree (--compare-src): its module constants
+        import lowbit.modelfree.run
+        lowbit.modelfree.run.POOL_MIN_BYTES, lowbit.modelfree.run.POOL_MIN_WORKERS = pool_bytes, pool_workers
 if device:  # CUDA context creation is start-up, not work
     import torch
     torch.zeros(1, device=device)
@@ -79,7 +84,7 @@ cpu0 = sum(getattr(resource.getrusage(resource.RUSAGE_SELF), k) for k in ("ru_ut
 t0 = time.perf_counter()
 lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme=sys.argv[3], format="lowbit",
                            workers=int(sys.argv[4].rstrip("pt")), progress=False,
-                           **({"device": device} if device else {}))
+                           **({"device": device} if device else {}), **extra)
 import resource
 ru = resource.getrusage
 s, c = ru(resource.RUSAGE_SELF), ru(resource.RUSAGE_CHILDREN)
@@ -418,7 +423,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default="nvfp4-e5m3,w4a16")
     ap.add_argument("--workers", default="1,2", help="workers values to run (1: in this process; 'Np': N worker "
-                    "processes even below lowbit.modelfree.run.POOL_MIN_BYTES / POOL_MIN_WORKERS, 'Nt': N "
+                    "processes even below RunOptions.pool_min_bytes / pool_min_workers, 'Nt': N "
                     "threads in this process even above them)")
     ap.add_argument("--compare-src", default=None,
                     help="also run the model-free jobs with lowbit imported from this src folder (e.g. an "

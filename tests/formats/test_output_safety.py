@@ -109,12 +109,12 @@ def test_read_only_output_folder_is_one_line(capsys, read_only, tiny, extra):
 MIDWAY = """
 import sys, time
 import lowbit
-import lowbit.modelfree.worker as worker
+from lowbit.modelfree import RunOptions
 def hook(event, shard, name):
     print("midway", flush=True)
     time.sleep(120)  # killed by the test while here, holding the lock, half written
-worker._HOOK = hook
-lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme="nvfp4a16", workers=0, progress=False)
+lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme="nvfp4a16", workers=0, progress=False,
+                           run_options=RunOptions(on_event=hook))
 """
 
 

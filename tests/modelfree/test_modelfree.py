@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 import lowbit
+from lowbit.modelfree import RunOptions
 from helpers.folders import assert_same_tensors, folder_tensors
 from helpers.models import tiny_llama
 from lowbit.errors import FormatError, QuantizationError, SchemeError
@@ -300,7 +301,7 @@ def test_output_exists_and_output_inside_source(sharded, tmp_path):
 KILL_SCRIPT = """
 import os, signal, sys
 import lowbit
-import lowbit.modelfree.worker as worker
+from lowbit.modelfree import RunOptions
 done = 0
 def hook(event, shard, name):
     global done
@@ -308,8 +309,8 @@ def hook(event, shard, name):
         done += 1
     elif done == 2:  # two shards finished, the third one half written: kill -9
         os.kill(os.getpid(), signal.SIGKILL)
-worker._HOOK = hook
-lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme="nvfp4a16", workers=0, progress=False)
+lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme="nvfp4a16", workers=0, progress=False,
+                           run_options=RunOptions(on_event=hook))
 """
 
 
@@ -327,15 +328,9 @@ def test_killed_run_resumes_byte_identical(sharded, tmp_path):
     finished = sorted(p.name.removesuffix(".done.json") for p in (tmp / ".modelfree").glob("*.part-*.done.json"))
     assert len(finished) == 2 and len(list(tmp.glob("*.safetensors.partial"))) == 4  # every shard file exists
     assert not list(tmp.glob("*.safetensors"))  # none is complete: the third was being written
-    import lowbit.modelfree.worker as worker
-
     redone: list[str] = []
-    orig = worker._HOOK
-    worker._HOOK = lambda e, n, t: redone.append(n) if e == "shard" else None
-    try:
-        mf(sharded, out, "nvfp4a16", workers=2)  # same arguments: resumes, two shards at once (threads)
-    finally:
-        worker._HOOK = orig
+    on_event = lambda e, n, t: redone.append(n) if e == "shard" else None  # noqa: E731
+    mf(sharded, out, "nvfp4a16", workers=2, run_options=RunOptions(on_event=on_event))  # resumes, 2 threads
     assert folder_bytes(out) == folder_bytes(full)
     assert len(redone) == 2 and not set(redone) & set(finished)  # finished shards were not redone
     assert not tmp.exists()
@@ -375,12 +370,8 @@ class _Stop(BaseException):
     """Stands for an interruption (Ctrl-C, a crash) between two units of work."""
 
 
-def test_large_shards_split_into_parts_same_bytes_and_resume(sharded, tmp_path, monkeypatch):
-    import lowbit.modelfree.run as run
-    import lowbit.modelfree.worker as worker
-
+def test_large_shards_split_into_parts_same_bytes_and_resume(sharded, tmp_path):
     full = mf(sharded, tmp_path / "full", "nvfp4a16")  # every shard written in one piece
-    monkeypatch.setattr(run, "PART_BYTES", 20_000)  # now every shard is cut into several parts
     events: list[str] = []
 
     def stop_after_three(event, name, tensor):
@@ -389,12 +380,11 @@ def test_large_shards_split_into_parts_same_bytes_and_resume(sharded, tmp_path, 
             if len(events) == 3:
                 raise _Stop()
 
-    monkeypatch.setattr(worker, "_HOOK", stop_after_three)
     out = tmp_path / "out"
-    with pytest.raises(_Stop):
-        mf(sharded, out, "nvfp4a16")
+    with pytest.raises(_Stop):  # now every shard is cut into several parts
+        mf(sharded, out, "nvfp4a16", run_options=RunOptions(part_bytes=20_000, on_event=stop_after_three))
     assert any(not e.endswith("-of-1") for e in events) and not out.exists()  # shards were cut in parts
-    monkeypatch.setattr(worker, "_HOOK", lambda e, n, t: events.append(n) if e == "shard" else None)
-    mf(sharded, out, "nvfp4a16")
+    record = lambda e, n, t: events.append(n) if e == "shard" else None  # noqa: E731
+    mf(sharded, out, "nvfp4a16", run_options=RunOptions(part_bytes=20_000, on_event=record))
     assert not set(events[:3]) & set(events[3:])  # finished parts were not redone
     assert folder_bytes(out) == folder_bytes(full)  # parts assemble to the same bytes

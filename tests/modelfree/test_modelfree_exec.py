@@ -10,6 +10,7 @@ import torch
 
 import lowbit
 import lowbit.modelfree.run as run
+from lowbit.modelfree import RunOptions
 import lowbit.modelfree.worker as worker
 from helpers.models import tiny_llama
 from lowbit.errors import QuantizationError
@@ -43,18 +44,19 @@ class CountingPool(run._Pool):
         super().__init__(n)
 
 
-def test_use_pool_rules(monkeypatch):
-    monkeypatch.setattr(run, "POOL_MIN_BYTES", 1000)
-    assert run.POOL_MIN_WORKERS == 4
-    assert run.use_pool(workers=4, n_jobs=10, job_bytes=5000, device=None) == 4
-    assert run.use_pool(workers=3, n_jobs=10, job_bytes=5000, device=None) == 0  # few workers: threads
-    assert run.use_pool(workers=2, n_jobs=10, job_bytes=10**12, device=None) == 0
-    assert run.use_pool(workers=16, n_jobs=3, job_bytes=5000, device=None) == 3  # never more than the jobs
-    assert run.use_pool(workers=4, n_jobs=1, job_bytes=5000, device=None) == 0   # one job: in-process
-    assert run.use_pool(workers=1, n_jobs=10, job_bytes=5000, device=None) == 0
-    assert run.use_pool(workers=0, n_jobs=10, job_bytes=5000, device=None) == 0
-    assert run.use_pool(workers=4, n_jobs=10, job_bytes=999, device=None) == 0   # small: start-up would dominate
-    assert run.use_pool(workers=4, n_jobs=10, job_bytes=5000, device=torch.device("cuda", 0)) == 0
+def test_use_pool_rules():
+    assert RunOptions().pool_min_workers == 4 and RunOptions().pool_min_bytes == 4 << 30
+    opts = RunOptions(pool_min_bytes=1000)
+    assert run.use_pool(workers=4, n_jobs=10, job_bytes=5000, device=None) == 0  # the default: 4 GiB
+    assert run.use_pool(workers=4, n_jobs=10, job_bytes=5000, device=None, opts=opts) == 4
+    assert run.use_pool(workers=3, n_jobs=10, job_bytes=5000, device=None, opts=opts) == 0  # few workers: threads
+    assert run.use_pool(workers=2, n_jobs=10, job_bytes=10**12, device=None, opts=opts) == 0
+    assert run.use_pool(workers=16, n_jobs=3, job_bytes=5000, device=None, opts=opts) == 3  # never more than the jobs
+    assert run.use_pool(workers=4, n_jobs=1, job_bytes=5000, device=None, opts=opts) == 0   # one job: in-process
+    assert run.use_pool(workers=1, n_jobs=10, job_bytes=5000, device=None, opts=opts) == 0
+    assert run.use_pool(workers=0, n_jobs=10, job_bytes=5000, device=None, opts=opts) == 0
+    assert run.use_pool(workers=4, n_jobs=10, job_bytes=999, device=None, opts=opts) == 0   # small: start-up would dominate
+    assert run.use_pool(workers=4, n_jobs=10, job_bytes=5000, device=torch.device("cuda", 0), opts=opts) == 0
 
 
 @pytest.mark.subprocess
@@ -64,16 +66,15 @@ def test_worker_processes_and_in_process_write_the_same_bytes(sharded, tmp_path,
     monkeypatch.setattr(run, "_Pool", CountingPool)
     inproc = mf(sharded, tmp_path / "inproc", scheme, workers=2)  # small: two threads in this process
     assert CountingPool.started == []
-    monkeypatch.setattr(run, "POOL_MIN_BYTES", 0)
-    monkeypatch.setattr(run, "POOL_MIN_WORKERS", 2)
-    pooled = mf(sharded, tmp_path / "pooled", scheme, workers=2)
+    pool = RunOptions(pool_min_bytes=0, pool_min_workers=2)
+    pooled = mf(sharded, tmp_path / "pooled", scheme, workers=2, run_options=pool)
     assert CountingPool.started == [2]
-    monkeypatch.setattr(run, "PART_BYTES", 20_000)  # many parts, joined afterwards
-    parts = mf(sharded, tmp_path / "parts", scheme, workers=3)
+    parts = mf(sharded, tmp_path / "parts", scheme, workers=3,  # many parts, joined afterwards
+               run_options=RunOptions(part_bytes=20_000, pool_min_bytes=0, pool_min_workers=2))
     assert CountingPool.started == [2, 3]
     single = mf(sharded, tmp_path / "single", scheme, workers=0)
     assert folder_bytes(inproc) == folder_bytes(pooled) == folder_bytes(parts)
-    # PART_BYTES is part of the run's fingerprint only; the files are the same
+    # part_bytes is part of the run's fingerprint only; the files are the same
     assert folder_bytes(single) == folder_bytes(inproc)
 
 
@@ -81,12 +82,8 @@ def test_in_process_threads_are_restored(sharded, tmp_path):
     before = torch.get_num_threads()
     seen = []
 
-    orig = worker._HOOK
-    worker._HOOK = lambda e, n, t: seen.append(torch.get_num_threads())
-    try:
-        mf(sharded, tmp_path / "out", "w4a16", workers=1)
-    finally:
-        worker._HOOK = orig
+    mf(sharded, tmp_path / "out", "w4a16", workers=1,
+       run_options=RunOptions(on_event=lambda e, n, t: seen.append(torch.get_num_threads())))
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == before
 

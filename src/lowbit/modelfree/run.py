@@ -6,9 +6,9 @@ No model class is built and nothing runs forward. Every check that needs no tens
 (scheme, format, shards, index, shapes against the block size, FP8 scales) runs before anything
 is written. Every output shard's header is known before any weight is quantized
 (lowbit.modelfree.outshape): the shard file is created at its final size with that header, and
-its units of work (the shard, or parts of PART_BYTES of source) write their tensors straight to
+its units of work (the shard, or parts of RunOptions.part_bytes of source) write their tensors straight to
 their offsets, in parallel, with nothing joined afterwards. With at least two units,
-POOL_MIN_WORKERS workers and POOL_MIN_BYTES of source, worker processes (spawn, one thread each,
+RunOptions.pool_min_workers workers and .pool_min_bytes of source, worker processes (spawn, one thread each,
 started before the plan is made) quantize units in parallel and return metadata only; otherwise
 everything runs in this process, ``workers`` units at once in threads (no start-up cost), and
 with ``device`` on that device. A unit's reading and writing overlap its quantizing on I/O
@@ -53,19 +53,12 @@ from lowbit.modelfree.outshape import OutputShapes, ShardFile
 from lowbit.modelfree.stwriter import create_shard_file, shard_file_matches
 from lowbit.modelfree.device import resolve_device
 from lowbit.modelfree.markers import MARKER_DIR, finalize_shard, marker_path, part_name, partial_path, read_marker
+from lowbit.modelfree.options import Event, RunOptions
 from lowbit.modelfree.worker import JobCancelled, JobIO, ShardJob, init_worker, run_job, warm_up
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.threads import one_thread
 
 RUN_FILE = "run.json"
-PART_BYTES = 128 << 20  # source bytes per unit of work: shards larger than this are split
-# less source than this runs in this process, in threads (a spawned worker's start-up, importing torch,
-# costs more than it saves on smaller checkpoints: bench/RESULTS-modelfree.md, sections 3 and 7)
-POOL_MIN_BYTES = 4 << 30
-# fewer workers than this always run in threads (one call per band keeps the GIL free; threads beat
-# spawned workers on every checkpoint measured with 2 workers); processes are kept for many workers,
-# a threshold a machine with more cores should decide (bench/RESULTS-modelfree.md, section 7)
-POOL_MIN_WORKERS = 4
 LAYOUT_VERSION = 4  # bump when the files written for the same inputs change (2: weight file names by format;
 # 3: shard headers padded to 8 bytes, written before the data; 4: lowbit format 2, typed weight_codes)
 # what to run instead of a scheme that needs calibration
@@ -89,14 +82,15 @@ def check_model_free_scheme(scheme: Scheme) -> None:
         f"`lowbit quantize MODEL --scheme {scheme.name}` without --model-free)")
 
 
-def _fingerprint(ckpt: Checkpoint, scheme: Scheme, fmt: str, ignore: list[str], include_lm_head: bool) -> str:
+def _fingerprint(ckpt: Checkpoint, scheme: Scheme, fmt: str, ignore: list[str], include_lm_head: bool,
+                 part_bytes: int) -> str:
     from lowbit import __version__
 
     src = []
     for s in ckpt.shards + ["config.json"] + ([ckpt.index_path.name] if ckpt.sharded else []):
         st = (ckpt.root / s).stat()
         src.append([s, st.st_size, st.st_mtime_ns])
-    blob = {"lowbit": __version__, "layout": LAYOUT_VERSION, "part_bytes": PART_BYTES, "scheme": scheme.to_dict(),
+    blob = {"lowbit": __version__, "layout": LAYOUT_VERSION, "part_bytes": part_bytes, "scheme": scheme.to_dict(),
             "format": fmt,
             "ignore": ignore, "include_lm_head": include_lm_head, "source": src}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
@@ -134,23 +128,24 @@ def split_items(items: list[Item], part_bytes: int) -> list[tuple[Item, ...]]:
     return [tuple(p) for p in parts]
 
 
-def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | None) -> int:
+def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | None,
+             opts: RunOptions = RunOptions()) -> int:
     """How many worker processes to start: none (run in this process) for a device, one unit of
-    work, fewer than POOL_MIN_WORKERS workers, or less than POOL_MIN_BYTES of source (each
+    work, fewer than opts.pool_min_workers workers, or less than opts.pool_min_bytes of source (each
     worker's start-up, importing torch, would cost more than it saves over threads); never more
     than the units of work."""
     n = min(workers, n_jobs)
-    if device is not None or n <= 1 or workers < POOL_MIN_WORKERS or job_bytes < POOL_MIN_BYTES:
+    if device is not None or n <= 1 or workers < opts.pool_min_workers or job_bytes < opts.pool_min_bytes:
         return 0
     return n
 
 
-def _shard_jobs(out_dir: Path, out_name: str, items: list[Item], shapes: OutputShapes, fp: str,
+def _shard_jobs(out_dir: Path, out_name: str, items: list[Item], shapes: OutputShapes, fp: str, part_bytes: int,
                 common: dict[str, Any]) -> tuple[list[ShardJob], list[ShardJob]]:
     """The jobs of one output shard (its parts), as (to run, done by an earlier run). Creates the
     shard file, at its final size with its final header, unless a killed run of the same
     arguments left it; then the jobs it marked done keep what they wrote."""
-    parts = split_items(items, PART_BYTES)
+    parts = split_items(items, part_bytes)
     per_item = {id(it): shapes.entries(it) for it in items}
     sf = ShardFile.of([e for it in items for e in per_item[id(it)]])
     path = partial_path(out_dir, out_name)
@@ -208,7 +203,7 @@ class _Pool:
         self.ex.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> None:
+def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress, on_event: Event | None = None) -> None:
     """Jobs in this process: up to ``workers`` runner threads take the jobs in order (largest
     first), each keeping its I/O and buffers from one job to the next (JobIO); the kernels
     release the GIL, and each op is single-threaded (the caller's one_thread: intra-op thread
@@ -232,7 +227,7 @@ def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> 
                 except queue_mod.Empty:
                     return
                 try:
-                    run_job(job, prog.handle, cancel if n > 1 else None, io)
+                    run_job(job, prog.handle, cancel if n > 1 else None, io, on_event)
                 except BaseException as e:  # noqa: BLE001 - handed to the calling thread
                     errors.append(e)
                     cancel.set()
@@ -260,15 +255,16 @@ def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress) -> 
 def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme = "nvfp4-e5m3",
                         format: str = "lowbit", *, workers: int = 2, ignore: Iterable[str] = (),
                         include_lm_head: bool = False, resume: bool = True, overwrite: bool = False,
-                        progress: bool | None = None, device: str | torch.device | None = None) -> Path:
+                        progress: bool | None = None, device: str | torch.device | None = None,
+                        run_options: RunOptions | None = None) -> Path:
     """Quantize the safetensors checkpoint folder ``src`` into ``out`` without building the model.
 
     scheme: a preset needing no calibration (w4a16, w8a16, nvfp4a16, w8a8-int8-dynamic,
         w8a8-fp8-dynamic, nvfp4-e5m3, mxfp4, mxfp8) or such a Scheme.
     format: "lowbit" or "compressed-tensors" (or "fake"): the layouts of ``lowbit.save``.
     workers: CPU cores to use. Worker processes quantize shards (or 128 MB parts of them) in
-        parallel when there are at least two units of work, POOL_MIN_WORKERS workers and
-        POOL_MIN_BYTES of source; else
+        parallel when there are at least two units of work, ``run_options.pool_min_workers``
+        workers and ``.pool_min_bytes`` of source; else
         they run in this process, ``workers`` at once in threads (<= 1: one after another).
     device: quantize on this torch device ("cuda", "cuda:1"; default: the CPU), in this process,
         one tensor at a time; the output is bit-identical to the CPU's. DeviceError (lowbit.modelfree.device)
@@ -278,6 +274,8 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     resume: continue a run that was killed, skipping its finished shards (same arguments only).
     overwrite: replace ``out`` if it exists.
     progress: progress bars on stderr (default: when stderr is a terminal).
+    run_options: how the work is cut and scheduled (lowbit.modelfree.options.RunOptions; the
+        output bytes do not depend on it).
     Returns the output folder. Raises SchemeError/FormatError/QuantizationError naming the option,
     file or tensor; nothing is left half-written.
     """
@@ -294,23 +292,23 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     dev = resolve_device(device)
     with output_lock(out_p):  # a second run into the same folder is refused here, before any write
         return _locked(src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume, overwrite, progress,
-                       workers, dev)
+                       workers, dev, run_options or RunOptions())
 
 
 def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
             include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
-            dev: torch.device | None) -> Path:
+            dev: torch.device | None, opts: RunOptions) -> Path:
     ckpt = Checkpoint(src_p)
     # worker processes start now, importing torch while the plan is made and finished shards found
     source_total = sum(i.nbytes for i in ckpt.tensors.values())
-    units = sum(max(1, -(-sum(i.nbytes for i in infos) // PART_BYTES)) for infos in ckpt.shard_tensors.values())
-    n_pool = use_pool(workers, units, source_total, dev)
+    units = sum(max(1, -(-sum(i.nbytes for i in infos) // opts.part_bytes)) for infos in ckpt.shard_tensors.values())
+    n_pool = 0 if opts.on_event is not None else use_pool(workers, units, source_total, dev, opts)
     pool = _Pool(n_pool) if n_pool else None
     ok = False
     try:
         with one_thread():  # the plan's probes, the tables built on first use, the jobs run here
             out_path = _quantize(ckpt, src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume,
-                                 overwrite, progress, workers, dev, pool)
+                                 overwrite, progress, workers, dev, pool, opts)
         ok = True
         return out_path
     except OSError as e:
@@ -328,7 +326,7 @@ def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ign
 
 def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
               include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
-              dev: torch.device | None, pool: _Pool | None) -> Path:
+              dev: torch.device | None, pool: _Pool | None, opts: RunOptions) -> Path:
     from lowbit.formats import CheckpointWriter
 
     plan = make_plan(ckpt, scheme, ignore, include_lm_head)
@@ -336,7 +334,7 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: A
         raise FormatError(f"{src_p}: no linear weights to quantize were found (config model_type "
                           f"{ckpt.get('model_type')!r})")
 
-    fp = _fingerprint(ckpt, scheme, fmt.value, ignore, include_lm_head)
+    fp = _fingerprint(ckpt, scheme, fmt.value, ignore, include_lm_head, opts.part_bytes)
     tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
     same_run = resume and _previous_fingerprint(tmp) == fp
     writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded,
@@ -364,7 +362,7 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: A
         if read_marker(writer.tmp, out_name, fp) is not None:
             done_bytes += sum(it.src.info.nbytes for it in items)
             continue
-        jobs_of, done = _shard_jobs(writer.tmp, out_name, items, shapes, fp, dict(
+        jobs_of, done = _shard_jobs(writer.tmp, out_name, items, shapes, fp, opts.part_bytes, dict(
             src_root=str(src_p), shard=shard, out_name=out_name, out_dir=str(writer.tmp), fingerprint=fp,
             scheme=scheme, fmt=fmt.value, model_dtype=plan.dtype, fp8_block=plan.fp8_block,
             device=None if dev is None else str(dev)))
@@ -380,7 +378,7 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: A
             if pool is not None and len(jobs) > 1:
                 pool.run(jobs, prog)
             else:
-                _run_in_process(jobs, workers, prog)
+                _run_in_process(jobs, workers, prog, opts.on_event)
         for out_name, n_parts in unfinished.items():
             finalize_shard(writer.tmp, out_name, n_parts, fp)
         for shard, out_name in out_names.items():

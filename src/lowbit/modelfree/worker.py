@@ -38,7 +38,6 @@ HELD_WRITES = CODE_BUFFERS  # queued writes of tensors in memory (bounds a job's
 
 Report = Callable[[tuple[str, str, int]], None]
 _REPORT: Report | None = None
-_HOOK: Callable[[str, str, str], None] | None = None  # tests: called as (event, shard, tensor)
 
 
 @dataclass(frozen=True)
@@ -147,9 +146,10 @@ class _ShardRun:
     tensor goes to its planned offset, so the output bytes are the same either way."""
 
     def __init__(self, job: ShardJob, report: Report | None, cancel: threading.Event | None = None,
-                 io: JobIO | None = None) -> None:
+                 io: JobIO | None = None, on_event: Callable[[str, str, str], None] | None = None) -> None:
         from lowbit.formats import get_layout
 
+        self.on_event = on_event  # lowbit.modelfree.options.RunOptions.on_event
         self.job = job
         self.cancel = cancel
         self.report = report or (lambda e: None)
@@ -280,8 +280,8 @@ class _ShardRun:
                         n_quantized += 1
                     del w
                 self.report(("advance", job.name, it.src.info.nbytes))
-                if _HOOK is not None:
-                    _HOOK("tensor", job.name, it.name)
+                if self.on_event is not None:
+                    self.on_event("tensor", job.name, it.name)
             for f in writes:
                 f.result()
             if writer is not None:
@@ -300,8 +300,8 @@ class _ShardRun:
                   "source_bytes": job.source_bytes}
         write_marker(job.out_dir, job.name, result)
         self.report(("done", job.name, 0))
-        if _HOOK is not None:
-            _HOOK("shard", job.name, "")
+        if self.on_event is not None:
+            self.on_event("shard", job.name, "")
         return result
 
     def _stop_io(self) -> None:
@@ -321,8 +321,9 @@ def _add_all(writer: RegionWriter, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def run_job(job: ShardJob, report: Report | None = None, cancel: threading.Event | None = None,
-            io: JobIO | None = None) -> dict[str, Any]:
+            io: JobIO | None = None, on_event: Callable[[str, str, str], None] | None = None) -> dict[str, Any]:
     """Quantize one shard; returns its metadata (never tensors). ``cancel``: set by another
     thread to stop this job (JobCancelled) before its next tensor. ``io``: I/O threads and
-    buffers to use (a runner of several jobs keeps one), else the job starts its own."""
-    return _ShardRun(job, report or _REPORT, cancel, io).run()
+    buffers to use (a runner of several jobs keeps one), else the job starts its own.
+    ``on_event``: RunOptions.on_event."""
+    return _ShardRun(job, report or _REPORT, cancel, io, on_event).run()
