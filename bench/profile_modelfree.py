@@ -34,8 +34,8 @@ from safetensors.torch import save_file
 
 from lowbit.formats import get_layout
 from lowbit.modelfree.outshape import Entry, ShardFile
-from lowbit.modelfree.source import DTYPE_NAMES
-from lowbit.modelfree.stwriter import RegionWriter, create_shard_file
+from lowbit.files.folder import DTYPE_NAMES
+from lowbit.files.regions import RegionWriter, create_shard_file
 from lowbit.kernels import Implementation, codes as kcodes, using
 from lowbit.kernels.native import build as native_build
 from lowbit.quant import QuantizedTensor, check_finite, native_quant, quantize

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import lowbit
-from lowbit.formats import read_config
+from lowbit.files.folder import read_config
 from lowbit.model_quant import quantize_rtn
 from lowbit.modules import QuantLinear
 from lowbit.quant import dequantize

@@ -12,7 +12,8 @@ import lowbit
 from helpers.models import tiny_llama
 from lowbit.modules import FakeQuantLinear
 from lowbit.errors import FormatError
-from lowbit.formats import Format, SafetensorsFolder
+from lowbit.formats import Format
+from lowbit.files.folder import SafetensorsFolder
 from lowbit.quant import dequantize
 from lowbit.schemes import PRESETS
 from helpers.formats_support import assert_same_layers, logits, quant_layers, quantized_model
@@ -269,7 +270,7 @@ def test_unknown_format_in_config(saved):
 
 
 def test_failed_save_leaves_nothing(tmp_path, monkeypatch):
-    import lowbit.formats.writer as writer
+    import lowbit.files.writer as writer
 
     model = quantized_model("mxfp4")
     calls = {"n": 0}

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import save_file
 
 from lowbit.errors import FormatError, LowbitError
-from lowbit.formats import (
-    CheckpointWriter, Format, SafetensorsFolder, get_layout, parse_quantization_config, read_header,
-)
+from lowbit.files.folder import SafetensorsFolder, read_header
+from lowbit.files.writer import CheckpointWriter
+from lowbit.formats import Format, get_layout, parse_quantization_config
 from lowbit.numerics import E2M1, INT4
 from lowbit.quant import dequantize, quantize
 from lowbit.schemes import PRESETS, Dynamic

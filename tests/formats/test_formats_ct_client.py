@@ -24,7 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import lowbit
-from lowbit.formats import SafetensorsFolder, get_layout
+from lowbit.formats import get_layout
+from lowbit.files.folder import SafetensorsFolder
 from lowbit.quant import dequantize
 from helpers.ct_client import CLIENT
 from helpers.formats_support import logits, quant_layers, quantized_model

@@ -14,7 +14,7 @@ import lowbit
 from helpers.models import tiny_llama
 from lowbit.modules import FakeQuantLinear
 from lowbit.errors import FormatError, SchemeError
-from lowbit.formats import read_config
+from lowbit.files.folder import read_config
 from lowbit.formats.autoround_fake import FP8_DYNAMIC_SCALE_FLOOR
 from lowbit.numerics import FormatName
 from lowbit.quant import fake_quantize, pack_nibbles, quantize

@@ -107,7 +107,7 @@ def test_an_error_in_the_pipeline_leaves_nothing_complete(sharded, tmp_path, mon
     one runner or two with their I/O inline, or runners with I/O threads (64 workers: more
     than the jobs): no output folder, no shard under a final name, no job marked
     done; the next run with the same arguments rewrites what was half written, to the same bytes."""
-    import lowbit.modelfree.stwriter as stwriter
+    import lowbit.files.regions as stwriter
 
     calls = []
     add = stwriter.RegionWriter.add
@@ -192,7 +192,7 @@ def test_slow_writes_do_not_see_reused_code_buffers(sharded, tmp_path, monkeypat
     (more workers than jobs) they get I/O threads."""
     import time
 
-    from lowbit.modelfree import stwriter
+    import lowbit.files.regions as stwriter
 
     scheme = "w8a8-int8-dynamic"
     ref = mf(sharded, tmp_path / "ref", scheme, workers=0)

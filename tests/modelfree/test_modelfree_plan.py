@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from lowbit.errors import FormatError, LowbitError
 from lowbit.modelfree import Checkpoint, Kind, make_plan
 from lowbit.modelfree.outshape import ShardFile
-from lowbit.modelfree.stwriter import RegionWriter, create_shard_file, shard_file_matches
+from lowbit.files.regions import RegionWriter, create_shard_file, shard_file_matches
 from lowbit.schemes import get_scheme
 from lowbit.targets import quantizable_linears
 
@@ -120,7 +120,7 @@ def test_refused_sources(tmp_path):
 
 def _entries(tensors):
     from lowbit.modelfree.outshape import Entry
-    from lowbit.modelfree.source import DTYPE_NAMES
+    from lowbit.files.folder import DTYPE_NAMES
 
     return [Entry(k, DTYPE_NAMES[v.dtype], tuple(v.shape), v.numel() * v.element_size()) for k, v in tensors.items()]
 
@@ -227,7 +227,8 @@ def test_output_entries_are_predicted_exactly(scheme, fmt):
     from lowbit.formats import get_layout
     from lowbit.modelfree.outshape import OutputShapes
     from lowbit.modelfree.plan import Item, Source
-    from lowbit.modelfree.source import DTYPE_NAMES, TensorInfo
+    from lowbit.files.folder import DTYPE_NAMES
+    from lowbit.modelfree.source import TensorInfo
     from lowbit.modelfree.bands import quantize_rows
     from lowbit.quant import global_scale_from_amax
 

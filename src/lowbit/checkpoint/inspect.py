@@ -24,7 +24,7 @@ import torch.nn as nn
 from lowbit.errors import FormatError, LowbitError
 from lowbit.formats.base import QUANT_SUFFIXES, Format, parse_dtype
 from lowbit.formats.detect import parse_quantization_config
-from lowbit.formats.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
+from lowbit.files.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
 
 

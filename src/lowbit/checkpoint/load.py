@@ -23,7 +23,8 @@ import torch.nn as nn
 
 from lowbit.modules.fake_linear import FakeQuantLinear
 from lowbit.errors import FormatError
-from lowbit.formats import Format, SafetensorsFolder, parse_quantization_config, read_config
+from lowbit.formats import Format, parse_quantization_config
+from lowbit.files.folder import SafetensorsFolder, read_config
 from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, parse_dtype
 from lowbit.modules import QuantLinear
 from lowbit.targets import set_submodule

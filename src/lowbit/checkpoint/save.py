@@ -11,9 +11,9 @@ generation_config.json, and the tokenizer (``tokenizer.save_pretrained``) or the
 generation files copied from ``source_dir`` (default: the folder the model was loaded from, when it
 is a local folder). Everything is written to a temporary folder renamed at the end: a failed save
 leaves nothing behind (a refused write, disk full or read-only, is an OutputError naming the path).
-Tied input/output embeddings are written once. The output folder's lock (lowbit.formats.outlock) is
+Tied input/output embeddings are written once. The output folder's lock (lowbit.files.outlock) is
 held while writing: a second save into the same folder at the same time is refused; an output that
-is the source folder (or holds it) is refused (lowbit.formats.outguard).
+is the source folder (or holds it) is refused (lowbit.files.outguard).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import torch.nn as nn
 
 from lowbit.modules.fake_linear import FakeQuantLinear
 from lowbit.errors import FormatError, OptionRef
-from lowbit.formats import CheckpointWriter, Format, get_layout, static_scale_entry
+from lowbit.formats import Format, get_layout, static_scale_entry
+from lowbit.files.writer import CheckpointWriter
 from lowbit.formats.base import dtype_name
-from lowbit.formats.outguard import check_not_source
+from lowbit.files.outguard import check_not_source
 from lowbit.fusion import fused_groups
 from lowbit.modules import QuantLinear
 from lowbit.schemes import Scheme

@@ -96,7 +96,7 @@ def quantize_cmd(
                             ignore=list(ignore or ()), overwrite=overwrite, progress=True, device=device)
         extra = {}
     else:
-        from lowbit.formats.outlock import output_lock
+        from lowbit.files.outlock import output_lock
         from lowbit.models import resolve_model_path
 
         folder = resolve_model_path(src)
@@ -122,8 +122,8 @@ def quantize_cmd(
 
 def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
     """Before any work: the output is not the source, and is new, empty or replaced on purpose."""
-    from lowbit.formats.outguard import check_not_source
-    from lowbit.formats.writer import check_output_free
+    from lowbit.files.outguard import check_not_source
+    from lowbit.files.writer import check_output_free
 
     check_not_source(folder, out)
     check_output_free(out, overwrite)

@@ -1,6 +1,9 @@
-"""Checkpoint formats: per-layer layouts (pure functions, no model), folder reading and atomic writing.
+"""Checkpoint formats: per-layer layouts (pure functions, no model) and quantization-config parsing.
+Reading and writing the files themselves is ``lowbit.files``.
 
-    from lowbit.formats import Format, get_layout, CheckpointWriter, SafetensorsFolder
+    from lowbit.formats import Format, get_layout
+    from lowbit.files.folder import SafetensorsFolder, read_config
+    from lowbit.files.writer import CheckpointWriter
     layout = get_layout(Format.COMPRESSED_TENSORS)        # or "lowbit", "fake", "compressed-tensors"
     layout.check_scheme(scheme)                            # FormatError if the format cannot hold it
     tensors = layout.linear_tensors(prefix, qweight, scheme, bias=None, input_scale=None,
@@ -22,9 +25,7 @@ from lowbit.formats.base import Format, Layout, LinearRead, ParsedConfig
 from lowbit.formats.ct_layout import CompressedTensorsLayout
 from lowbit.formats.detect import detect_format, parse_quantization_config
 from lowbit.formats.fake_layout import FakeLayout, static_scale_entry
-from lowbit.formats.folder import SafetensorsFolder, WeightFiles, find_weight_files, read_config, read_header
 from lowbit.formats.lowbit_layout import LowbitLayout
-from lowbit.formats.writer import CheckpointWriter, copy_aux_files, write_json_atomic, write_safetensors_atomic
 
 _LAYOUTS = {Format.LOWBIT: LowbitLayout(), Format.FAKE: FakeLayout(),
             Format.COMPRESSED_TENSORS: CompressedTensorsLayout()}
@@ -37,7 +38,5 @@ def get_layout(fmt: Format | str) -> Layout:
 
 __all__ = [
     "Format", "Layout", "LinearRead", "ParsedConfig", "get_layout", "LowbitLayout", "FakeLayout",
-    "CompressedTensorsLayout", "CheckpointWriter", "SafetensorsFolder", "read_config", "read_header",
-    "copy_aux_files", "write_json_atomic", "write_safetensors_atomic", "detect_format",
-    "parse_quantization_config", "static_scale_entry", "WeightFiles", "find_weight_files",
+    "CompressedTensorsLayout", "detect_format", "parse_quantization_config", "static_scale_entry",
 ]

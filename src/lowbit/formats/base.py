@@ -12,7 +12,7 @@ schemes: no model is needed, so model-free quantization writes exactly what ``lo
                                     dtype=torch.bfloat16)   # {"model.layers.0...q_proj.weight_packed": ...}
     qcfg = layout.quantization_config(scheme, ignore=["lm_head"])   # config.json["quantization_config"]
 
-and back, from a folder's tensors (any Mapping[str, Tensor], e.g. ``lowbit.formats.SafetensorsFolder``):
+and back, from a folder's tensors (any Mapping[str, Tensor], e.g. ``lowbit.files.folder.SafetensorsFolder``):
 
     parsed = layout.parse_config(qcfg)                       # ParsedConfig
     scheme = parsed.scheme_for("model.layers.0.self_attn.q_proj")   # None: not quantized
@@ -212,7 +212,7 @@ def parse_dtype(name: str, option: str = "dtype") -> torch.dtype:
 class Layout(ABC):
     """Per-layer tensor layout and config of one checkpoint format (pure functions, no model).
 
-    weights_stem: the stem of the folder's weight file names (lowbit.formats.folder.WeightFiles),
+    weights_stem: the stem of the folder's weight file names (lowbit.files.folder.WeightFiles),
         given to CheckpointWriter: ``"model"`` for formats stock loaders read correctly,
         ``"lowbit-model"`` for the ``lowbit`` format, which they must not find (they would load
         uninitialised weights for its layers and only warn)."""

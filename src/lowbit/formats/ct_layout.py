@@ -33,7 +33,7 @@ from lowbit.formats.base import (
     FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
 )
 from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, layout_format, named_scheme, spec_to_args
-from lowbit.formats.folder import STANDARD_STEM
+from lowbit.files.folder import STANDARD_STEM
 from lowbit.formats.lowbit_layout import read_bias, scale_shape
 from lowbit.numerics import E8M0, FormatName, get_format
 from lowbit.quant import QuantizedTensor, nibbles, pack_int32, unpack_int32, unpack_nibbles

@@ -27,7 +27,7 @@ import torch
 
 from lowbit.errors import FormatError
 from lowbit.formats.base import FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_tensor, need
-from lowbit.formats.folder import STANDARD_STEM
+from lowbit.files.folder import STANDARD_STEM
 from lowbit.formats.lowbit_layout import lowbit_quantization_config, read_bias, read_version, scheme_groups
 from lowbit.quant import dequantize
 from lowbit.schemes import Dynamic, Scheme

@@ -55,7 +55,7 @@ from lowbit.errors import FormatError, SchemeError
 from lowbit.formats.base import (
     FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
 )
-from lowbit.formats.folder import LOWBIT_STEM
+from lowbit.files.folder import LOWBIT_STEM
 from lowbit.numerics import FormatName, get_format
 from lowbit.quant import QuantizedTensor, nibbles, num_groups, unpack_nibbles
 from lowbit.schemes import Granularity, QuantSpec, Scheme

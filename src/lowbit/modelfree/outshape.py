@@ -21,8 +21,9 @@ import torch
 
 from lowbit.errors import LowbitError
 from lowbit.modelfree.plan import Item, Kind
-from lowbit.modelfree.source import DTYPE_NAMES, DTYPES, FP8_SOURCES
-from lowbit.modelfree.stwriter import header_block
+from lowbit.files.folder import DTYPE_NAMES, DTYPES
+from lowbit.modelfree.source import FP8_SOURCES
+from lowbit.files.regions import header_block
 from lowbit.schemes import Scheme
 
 METADATA = {"format": "pt"}

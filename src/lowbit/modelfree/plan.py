@@ -27,7 +27,8 @@ import torch
 
 from lowbit.errors import FormatError, QuantizationError
 from lowbit.fusion import fused_groups
-from lowbit.modelfree.source import DTYPES, FLOAT_SOURCES, FP8_SOURCES, Checkpoint, TensorInfo
+from lowbit.files.folder import DTYPES
+from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint, TensorInfo
 from lowbit.quant import num_groups
 from lowbit.schemes import Scheme
 from lowbit.targets import is_excluded_name

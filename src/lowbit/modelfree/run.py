@@ -22,7 +22,7 @@ writes output byte-identical to an uninterrupted run. A data error (NaN, bad ten
 temporary folder, so no half-written output is ever left.
 
 Output shards follow the source's, in order: one per source shard that has tensors to write,
-named by the format's weights stem (lowbit.formats.folder.WeightFiles):
+named by the format's weights stem (lowbit.files.folder.WeightFiles):
 ``lowbit-model-0000i-of-0000n.safetensors`` (or ``lowbit-model.safetensors`` for a single-file
 source) for the ``lowbit`` format, which stock loaders must not find; ``model-...`` for the others.
 """
@@ -42,15 +42,15 @@ from typing import Any, Iterable
 
 import torch
 from lowbit.errors import FormatError, LowbitError, SchemeError
-from lowbit.formats.outguard import check_not_source
-from lowbit.formats.outlock import output_lock
-from lowbit.formats.writer import write_failure
+from lowbit.files.outguard import check_not_source
+from lowbit.files.outlock import output_lock
+from lowbit.files.writer import write_failure
 from lowbit.kernels.select import current
 from lowbit.modelfree.plan import Item, Kind, Plan, make_plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
 from lowbit.modelfree.outshape import OutputShapes, ShardFile
-from lowbit.modelfree.stwriter import create_shard_file, shard_file_matches
+from lowbit.files.regions import create_shard_file, shard_file_matches
 from lowbit.modelfree.device import resolve_device
 from lowbit.modelfree.markers import MARKER_DIR, finalize_shard, marker_path, part_name, partial_path, read_marker
 from lowbit.modelfree.options import Event, RunOptions
@@ -327,7 +327,7 @@ def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ign
 def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
               include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
               dev: torch.device | None, pool: _Pool | None, opts: RunOptions) -> Path:
-    from lowbit.formats import CheckpointWriter
+    from lowbit.files.writer import CheckpointWriter
 
     plan = make_plan(ckpt, scheme, ignore, include_lm_head)
     if not plan.quantized:

@@ -1,7 +1,7 @@
 """A Hugging Face safetensors checkpoint read lazily: config, index, shard headers, tensors.
 
 Nothing here loads a whole shard. Headers are parsed directly (a few KB each, checked against
-the file size: lowbit.formats.folder) to know every tensor's shard, dtype, shape and byte range;
+the file size: lowbit.files.folder) to know every tensor's shard, dtype, shape and byte range;
 a tensor is a view of the shard's memory map (pages are read when touched), and the map is
 replaced every ``REOPEN_BYTES`` so that the pages it touched are released (a map held over a
 whole shard keeps the shard resident in RSS).
@@ -20,21 +20,15 @@ from typing import Any
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats.folder import (
-    FLOAT_DTYPE_CODES, INDEX_NAME, SINGLE_NAME, WeightFiles, check_shard_name, find_weight_files,
+from lowbit.files.folder import (
+    DTYPES, FLOAT_DTYPE_CODES, INDEX_NAME, SINGLE_NAME, WeightFiles, check_shard_name, find_weight_files,
     read_header_and_offset, refuse_pickled_only,
 )
 
 REOPEN_BYTES = 64 << 20
 
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
-    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-}
 FLOAT_SOURCES = FLOAT_DTYPE_CODES
 FP8_SOURCES = frozenset({"F8_E4M3"})
-DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 CONFIG_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -62,7 +56,7 @@ class TensorInfo:
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Parse and check one shard's header: (tensors by name, __metadata__).
 
-    A truncated or corrupt file is a FormatError naming it (``lowbit.formats.folder`` checks the
+    A truncated or corrupt file is a FormatError naming it (``lowbit.files.folder`` checks the
     header against the file size, so a shard cut short is caught before anything is written)."""
     header, data_start = read_header_and_offset(path)
     meta = header.pop("__metadata__", None) or {}

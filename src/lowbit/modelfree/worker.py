@@ -28,7 +28,7 @@ from lowbit.modelfree.fp8 import dequantize_fp8_block
 from lowbit.modelfree.markers import part_name, partial_path, write_marker
 from lowbit.modelfree.plan import Item, Kind, Source
 from lowbit.modelfree.outshape import Entry
-from lowbit.modelfree.stwriter import RegionWriter
+from lowbit.files.regions import RegionWriter
 from lowbit.modelfree.source import TensorReader
 from lowbit.quant import global_scale_from_amax
 from lowbit.schemes import Scheme

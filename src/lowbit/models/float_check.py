@@ -5,7 +5,7 @@
 transformers' own loader prints tracebacks for damaged folders, follows an index's shard names
 outside the folder, unpickles ``pytorch_model.bin`` files and casts integer tensors into float
 parameters silently. This reads the folder as lowbit.load and model-free quantization do
-(lowbit.formats.folder: config.json is JSON; shard names are plain file names in the folder; every
+(lowbit.files.folder: config.json is JSON; shard names are plain file names in the folder; every
 shard header agrees with its file size) and compares every stored tensor with the model the config
 describes, built on the meta device (no memory, no data): its shape must match, and a float
 parameter must be stored in a float dtype (F32, F16 or BF16, FLOAT_DTYPE_CODES: the same rule as
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lowbit.errors import FormatError
-from lowbit.formats.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
+from lowbit.files.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
 
 
 def _meta_state(folder: Path) -> tuple[dict, str]:

@@ -1,6 +1,8 @@
 """Atomic writing of a complete Hugging Face folder (shared by lowbit.save and model-free).
 
-    from lowbit.formats import CheckpointWriter, get_layout
+    from lowbit.formats import get_layout
+
+    from lowbit.files.writer import CheckpointWriter
     with CheckpointWriter(out_dir, overwrite=False, max_shard_bytes=2 * 2**30,
                           weights_stem=get_layout(fmt).weights_stem) as w:   # "model" by default
         w.add_tensors({"model.embed_tokens.weight": t, ...})      # buffered; shards cut by size
@@ -13,7 +15,7 @@
     # (or always_index=True), and the temporary folder is renamed to out_dir.
     # On an exception the temporary folder is removed; out_dir is untouched.
 
-``weights_stem`` names the weight files (lowbit.formats.folder.WeightFiles): ``model`` gives the
+``weights_stem`` names the weight files (lowbit.files.folder.WeightFiles): ``model`` gives the
 standard names stock loaders read; ``lowbit-model`` (the ``lowbit`` format's layout) gives names
 they do not look for, so transformers refuses the folder loudly instead of misreading it. A folder
 is never closed with weight files of the other naming in it.
@@ -23,7 +25,7 @@ The temporary folder is ``<parent>/.<name>.lowbit-tmp``; ``resume=True`` keeps s
 the index), so a killed run can be continued. Every file is written to a ``.partial`` name first
 and renamed when complete, so a shard in the temporary folder is always whole.
 
-The writer holds the output's lock (lowbit.formats.outlock) from construction to close/abort, so a
+The writer holds the output's lock (lowbit.files.outlock) from construction to close/abort, so a
 second writer of the same folder is refused at once (OutputError) instead of mixing files. A write
 the system refuses (disk full, read-only) inside the ``with`` block, or while closing, removes the
 temporary folder (unless resuming) and is raised as an OutputError naming the path.
@@ -41,8 +43,8 @@ import torch
 from safetensors.torch import save_file
 
 from lowbit.errors import FormatError, LowbitError, OptionRef, OutputError
-from lowbit.formats.folder import STANDARD_STEM, WEIGHT_STEMS, WeightFiles, read_header, weight_files
-from lowbit.formats.outlock import output_lock
+from lowbit.files.folder import STANDARD_STEM, WEIGHT_STEMS, WeightFiles, read_header, weight_files
+from lowbit.files.outlock import output_lock
 
 AUX_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
              "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "tokenizer.model", "spiece.model",

@@ -83,6 +83,13 @@ SINGLE_NAME = WeightFiles(STANDARD_STEM).single
 MAX_HEADER = 100 * 1024 * 1024
 
 #: safetensors dtype codes of the float weights lowbit quantizes from (formats.base.FLOAT_DTYPES as stored)
+#: safetensors dtype codes and the torch dtypes they hold (one table, read and written alike)
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 FLOAT_DTYPE_CODES = frozenset({"F32", "F16", "BF16"})
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from lowbit.errors import LowbitError
-from lowbit.modelfree.source import DTYPE_NAMES
+from lowbit.files.folder import DTYPE_NAMES
 
 
 def header_bytes(entries: list[tuple[str, str, tuple[int, ...], int, int]], metadata: dict[str, str]) -> bytes:

@@ -31,7 +31,7 @@ def _enospc(path=None):
 
 # ---------------------------------------------------------------------------- full disk
 def test_full_disk_calibrated_leaves_nothing(capsys, monkeypatch, tiny, tmp_path):
-    import lowbit.formats.writer as writer
+    import lowbit.files.writer as writer
 
     def full(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"\0" * 100)  # part of the shard made it to disk
@@ -155,7 +155,7 @@ def test_second_run_into_the_same_output_is_refused_and_a_killed_lock_never_bloc
 def test_lock_is_reentrant_in_its_thread_only(tmp_path):
     import threading
 
-    from lowbit.formats.outlock import output_lock
+    from lowbit.files.outlock import output_lock
 
     out = tmp_path / "out"
     errors: list[BaseException] = []
