@@ -126,7 +126,7 @@ def round_robin_shards(model, d: Path, n: int = 4) -> Path:
     return d
 
 
-def test_bf16_source_fused_groups_across_shards(model, tmp_path, monkeypatch):
+def test_bf16_source_fused_groups_across_shards(model, tmp_path):
     m16 = copy.deepcopy(model).to(torch.bfloat16)
     src = round_robin_shards(m16, tmp_path / "bf16")
     wm = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
@@ -138,10 +138,7 @@ def test_bf16_source_fused_groups_across_shards(model, tmp_path, monkeypatch):
         assert_same_tensors(folder_tensors(out), folder_tensors(ref))
         assert folder_tensors(out)["model.norm.weight"].dtype == torch.bfloat16
     # reopening the shard files after every tensor (what bounds resident memory) changes nothing
-    import lowbit.modelfree.source as source
-
-    monkeypatch.setattr(source, "REOPEN_BYTES", 1)
-    again = mf(src, tmp_path / "again", "w4a16")
+    again = mf(src, tmp_path / "again", "w4a16", run_options=RunOptions(reopen_bytes=1))
     assert folder_bytes(again) == folder_bytes(tmp_path / "mf-w4a16")
 
 

@@ -187,7 +187,7 @@ def test_region_writer_raw_copy(tmp_path, monkeypatch, kernel_copy):
     import os
 
     from lowbit.modelfree.outshape import Entry
-    from lowbit.modelfree.source import read_header
+    from lowbit.files.tensors import read_header
 
     if not kernel_copy:
         def refuse(*a, **k):
@@ -228,7 +228,7 @@ def test_output_entries_are_predicted_exactly(scheme, fmt):
     from lowbit.modelfree.outshape import OutputShapes
     from lowbit.modelfree.plan import Item, Source
     from lowbit.files.folder import DTYPE_NAMES
-    from lowbit.modelfree.source import TensorInfo
+    from lowbit.files.tensors import TensorInfo
     from lowbit.modelfree.bands import quantize_rows
     from lowbit.quant import global_scale_from_amax
 

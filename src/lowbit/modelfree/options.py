@@ -7,6 +7,8 @@
   checkpoints; threads beat spawned workers with 2 workers: bench/RESULTS-modelfree.md,
   sections 3 and 7). Processes are for many workers on large checkpoints, a threshold a
   machine with more cores should decide.
+- ``reopen_bytes``: bytes read from a shard's memory map before it is replaced (what bounds the
+  resident memory of a shard being read; lowbit.files.tensors.TensorReader).
 - ``on_event``: called as ``(event, job, tensor)`` after each tensor (``"tensor"``) and each
   finished unit of work (``"shard"``, tensor ``""``), in the thread that ran it; an exception it
   raises stops the run as any error does. A run with ``on_event`` stays in this process (a
@@ -18,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from lowbit.files.tensors import REOPEN_BYTES
+
 Event = Callable[[str, str, str], None]
 
 
@@ -26,10 +30,11 @@ class RunOptions:
     part_bytes: int = 128 << 20
     pool_min_bytes: int = 4 << 30
     pool_min_workers: int = 4
+    reopen_bytes: int = REOPEN_BYTES
     on_event: Event | None = None
 
     def __post_init__(self) -> None:
-        for name in ("part_bytes", "pool_min_bytes", "pool_min_workers"):
+        for name in ("part_bytes", "pool_min_bytes", "pool_min_workers", "reopen_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"RunOptions.{name} must be a non-negative integer, got {value!r}")

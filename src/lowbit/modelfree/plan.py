@@ -28,7 +28,8 @@ import torch
 from lowbit.errors import FormatError, QuantizationError
 from lowbit.fusion import fused_groups
 from lowbit.files.folder import DTYPES
-from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint, TensorInfo
+from lowbit.files.tensors import TensorInfo
+from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint
 from lowbit.quant import num_groups
 from lowbit.schemes import Scheme
 from lowbit.targets import is_excluded_name

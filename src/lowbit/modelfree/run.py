@@ -365,7 +365,7 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: A
         jobs_of, done = _shard_jobs(writer.tmp, out_name, items, shapes, fp, opts.part_bytes, dict(
             src_root=str(src_p), shard=shard, out_name=out_name, out_dir=str(writer.tmp), fingerprint=fp,
             scheme=scheme, fmt=fmt.value, model_dtype=plan.dtype, fp8_block=plan.fp8_block,
-            device=None if dev is None else str(dev)))
+            device=None if dev is None else str(dev), reopen_bytes=opts.reopen_bytes))
         unfinished[out_name] = len(jobs_of) + len(done)
         jobs += jobs_of
         done_bytes += sum(j.source_bytes for j in done)

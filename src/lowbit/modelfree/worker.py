@@ -29,7 +29,7 @@ from lowbit.modelfree.markers import part_name, partial_path, write_marker
 from lowbit.modelfree.plan import Item, Kind, Source
 from lowbit.modelfree.outshape import Entry
 from lowbit.files.regions import RegionWriter
-from lowbit.modelfree.source import TensorReader
+from lowbit.files.tensors import TensorReader
 from lowbit.quant import global_scale_from_amax
 from lowbit.schemes import Scheme
 
@@ -60,6 +60,7 @@ class ShardJob:
     part: int = 0
     n_parts: int = 1
     device: str | None = None  # quantize there (tensors moved one at a time); None: the CPU
+    reopen_bytes: int | None = None  # RunOptions.reopen_bytes (None: lowbit.files.tensors.REOPEN_BYTES)
 
     @property
     def source_bytes(self) -> int:
@@ -153,7 +154,7 @@ class _ShardRun:
         self.job = job
         self.cancel = cancel
         self.report = report or (lambda e: None)
-        self.reader = TensorReader(Path(job.src_root))
+        self.reader = TensorReader(Path(job.src_root), job.reopen_bytes)
         self.layout = get_layout(job.fmt)
         self.amax_cache: dict[str, torch.Tensor] = {}
         self.device = None if job.device is None else torch.device(job.device)

@@ -1,4 +1,4 @@
-"""lowbit.modelfree.source.TensorReader: tensors as views of the shard's memory map, equal to what
+"""lowbit.files.tensors.TensorReader: tensors as views of the shard's memory map, equal to what
 safetensors reads, misaligned data copied, the file never written, maps replaced as they fill."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from lowbit.errors import FormatError
-from lowbit.modelfree.source import TensorReader, read_header
+from lowbit.files.tensors import TensorReader, read_header
 
 
 def write_misaligned(path: Path) -> dict[str, torch.Tensor]:
