@@ -66,6 +66,7 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "maxrss": 1024 * max(s.ru
 MF_CHILD = r"""
 import json, sys, time
 import lowbit
+quantize_checkpoint = lowbit.quantize_checkpoint  # import lowbit is lazy: torch and model-free load here, not timed
 import resource
 device = sys.argv[5] or None if len(sys.argv) > 5 else None
 extra = {}
@@ -82,7 +83,7 @@ if device:  # CUDA context creation is start-up, not work
     torch.zeros(1, device=device)
 cpu0 = sum(getattr(resource.getrusage(resource.RUSAGE_SELF), k) for k in ("ru_utime", "ru_stime"))
 t0 = time.perf_counter()
-lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme=sys.argv[3], format="lowbit",
+quantize_checkpoint(sys.argv[1], sys.argv[2], scheme=sys.argv[3], format="lowbit",
                            workers=int(sys.argv[4].rstrip("pt")), progress=False,
                            **({"device": device} if device else {}), **extra)
 import resource
