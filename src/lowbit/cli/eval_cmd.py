@@ -16,18 +16,17 @@ from lowbit.cli.common import OptionError, check_model_path, model_arg, parse_li
 
 def _evaluate(path, text, limit, window, stride, lastword, progress, label, spread):
     from lowbit.eval import lastword_accuracy, perplexity
-    from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, has_quantized_activations, perplexity_spread, spread_summary
+    from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, measure_spread
     from lowbit.models import load_model
 
     model, tok = load_model(model_arg(path))
     ppl = perplexity(model, tok, text_file=text, window=window, stride=stride, limit=limit,
                      progress=progress, desc=f"{label}: perplexity")
     out = {"path": path, **ppl.to_dict()}
-    seeds = DEFAULT_SPREAD_SEEDS if spread is None else spread
-    if seeds > 0 and has_quantized_activations(model):
-        perturbed = perplexity_spread(model, tok, seeds=seeds, text_file=text, window=window, stride=stride,
-                                      limit=limit, progress=False)
-        out["ppl_spread"] = spread_summary(ppl.perplexity, perturbed)
+    sp = measure_spread(model, tok, ppl.perplexity, seeds=DEFAULT_SPREAD_SEEDS if spread is None else spread,
+                        text_file=text, window=window, stride=stride, limit=limit)
+    if sp is not None:
+        out["ppl_spread"] = sp
     if lastword > 0:
         lw = lastword_accuracy(model, tok, text_file=text, limit=lastword, progress=progress,
                                desc=f"{label}: last word")

@@ -165,7 +165,9 @@ def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_l
 
 def quantized_summary(model) -> dict:
     """What was quantized: lowbit layers and their weight parameters, against every parameter."""
-    layers = [m for m in model.modules() if hasattr(m, "weight_codes")]
+    from lowbit.report.layers import quantized_linears
+
+    layers = list(quantized_linears(model).values())
     q_params = sum(m.out_features * m.in_features for m in layers)
     float_params = sum(p.numel() for p in model.parameters())
     return {"linears": len(layers), "weight_parameters": q_params, "float_parameters": float_params,

@@ -68,3 +68,12 @@ def spread_summary(plain: float, perturbed: list[float]) -> dict:
     sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
     return {"seeds": len(perturbed), "perplexities": perturbed, "sd": sd, "sd_pct": 100.0 * sd / plain,
             "min": min(vals), "max": max(vals)}
+
+
+def measure_spread(model: nn.Module, tokenizer, plain: float, *, seeds: int, **perplexity_options) -> dict | None:
+    """``spread_summary`` of ``plain`` (the unperturbed perplexity) and ``seeds`` perturbed
+    evaluations with ``perplexity_options``; None when ``seeds`` is 0 or the model quantizes no
+    activations (its spread is ~0). The one rule ``lowbit eval`` and ``lowbit compare`` follow."""
+    if seeds <= 0 or not has_quantized_activations(model):
+        return None
+    return spread_summary(plain, perplexity_spread(model, tokenizer, seeds=seeds, progress=False, **perplexity_options))

@@ -26,7 +26,7 @@ from lowbit.calibration import CalibrationConfig
 from lowbit.errors import LowbitError
 from lowbit.eval.lastword import lastword_accuracy, lastword_examples
 from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
-from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, has_quantized_activations, perplexity_spread, spread_summary
+from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, measure_spread
 from lowbit.eval.text import read_paragraphs
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
 from lowbit.model_quant import calibrates
@@ -115,10 +115,10 @@ def evaluate(model, tokenizer, opts: CompareOptions, examples, label: str) -> di
                      limit=opts.limit, progress=opts.progress, desc=f"{label}: perplexity")
     out = {"perplexity": ppl.perplexity, "bits_per_byte": ppl.bits_per_byte, "nll": ppl.nll,
            "tokens_scored": ppl.tokens_scored, "bytes_scored": ppl.bytes_scored, "bos_prepended": ppl.bos_prepended}
-    if opts.spread > 0 and has_quantized_activations(model):
-        perturbed = perplexity_spread(model, tokenizer, seeds=opts.spread, text_file=opts.text_file,
-                                      window=opts.window, stride=opts.stride, limit=opts.limit, progress=False)
-        out["ppl_spread"] = spread_summary(ppl.perplexity, perturbed)
+    sp = measure_spread(model, tokenizer, ppl.perplexity, seeds=opts.spread, text_file=opts.text_file,
+                        window=opts.window, stride=opts.stride, limit=opts.limit)
+    if sp is not None:
+        out["ppl_spread"] = sp
     if examples:
         lw = lastword_accuracy(model, tokenizer, examples, max_context_tokens=opts.lastword_context,
                                progress=opts.progress, desc=f"{label}: last word")
