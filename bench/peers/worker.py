@@ -91,7 +91,7 @@ def q_lowbit_gptq(model, tok, scheme, calib):
     import lowbit
 
     from lowbit.report.compare import set_backends
-    from lowbit.smoothquant.defaults import default_alpha
+    from lowbit.algorithms.smoothquant.defaults import default_alpha
 
     s = lowbit.get_scheme(scheme)
     lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256,
@@ -119,7 +119,7 @@ def q_lowbit_rtn(model, tok, scheme, calib, layer_inputs="quantized"):
     import lowbit
 
     from lowbit.report.compare import set_backends
-    from lowbit.smoothquant.defaults import default_alpha
+    from lowbit.algorithms.smoothquant.defaults import default_alpha
 
     s = lowbit.get_scheme(scheme)
     if s.needs_calibration:

@@ -17,9 +17,9 @@ from lowbit.backends import use_backend
 from lowbit.errors import OptionRef, QuantizationError
 from lowbit.fusion import shared_weight_global_scales
 from lowbit.modules import QuantLinear
-from lowbit.quant import WeightRounding
+from lowbit.algorithms import WeightRounding
 from lowbit.schemes import Scheme, get_scheme
-from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
+from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.targets import quantizable_linears, set_submodule, unquantizable_targets
 
 
@@ -86,7 +86,7 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
 
     calibration: token ids [n, seq_len], a list of strings, a text file path (one paragraph a
         line) or "builtin" (the packaged text); strings need ``tokenizer``.
-    smoothquant: "default" (the default: ``lowbit.smoothquant.defaults.default_alpha(scheme)``,
+    smoothquant: "default" (the default: ``lowbit.algorithms.smoothquant.defaults.default_alpha(scheme)``,
         alpha 0.8 for static per-tensor INT8 inputs, 0.5 for FP8 ones, no smoothing for every
         other scheme; the CLI's and ``compare``'s default too), an alpha in [0, 1], "auto"
         (per-layer search) or "none" (no smoothing; None means the same).

@@ -15,7 +15,7 @@ from lowbit.checkpoint import load
 from lowbit.cli import main
 from lowbit.errors import QuantizationError
 from lowbit.report.compare import CompareOptions, quantize_with_options
-from lowbit.smoothquant.defaults import FLOAT_ALPHA, INT_ALPHA
+from lowbit.algorithms.smoothquant.defaults import FLOAT_ALPHA, INT_ALPHA
 
 TEXT = "\n".join(f"the {w} was long and the day ended with a quiet {w} by the window of the house."
                  for w in ("garden", "letter", "carriage", "evening", "sister", "window", "morning", "street"))

@@ -1,4 +1,4 @@
-"""The ``mse`` weight observer (lowbit.quant.search): never worse than the max rule per group,
+"""The ``mse`` weight observer (lowbit.quant.mse_scales): never worse than the max rule per group,
 exact tensors keep their scales, every path stays bit-identical, and the field is scheme data."""
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def test_int_grid_is_rtn_exactly():
 def test_int_scale_is_the_best_of_the_documented_grid():
     """A group whose values sit between the max rule's steps: the clipped scale 0.94 / 7 wins
     (error 0.01656 against 0.02393), the best of amax * r / 7 over RATIOS."""
-    from lowbit.quant.search import RATIOS
+    from lowbit.quant.mse_scales import RATIOS
 
     x = torch.tensor([[1.0, 0.21, -0.36, 0.5, 0.64, -0.07, 0.29, 0.43]])
     spec = QuantSpec(F.INT4, G.CHANNEL, observer=MSE)
@@ -187,7 +187,7 @@ def test_candidates_are_the_documented_neighbours(key):
     """Block scales move only by the documented code steps (UE4M3/UE5M3: -3..+1; E8M0: 0, +1),
     fp32 scales only by the documented ratios; every non-zero step is used somewhere."""
     from lowbit.numerics import E8M0, get_format
-    from lowbit.quant.search import CODE_STEPS, E8M0_STEPS, RATIOS
+    from lowbit.quant.mse_scales import CODE_STEPS, E8M0_STEPS, RATIOS
 
     spec = SPECS[key]
     g = torch.Generator().manual_seed(4)

@@ -129,7 +129,7 @@ def test_run_compare_without_smoothquant_measures_every_layer():
 
 def test_smoothquant_only_for_static_per_tensor_inputs():
     from lowbit.schemes import PRESETS
-    from lowbit.smoothquant.defaults import smoothquant_applies
+    from lowbit.algorithms.smoothquant.defaults import smoothquant_applies
 
     smoothed = {name for name, s in PRESETS.items() if smoothquant_applies(s)}
     assert smoothed == {"w8a8-int8", "w8a8-fp8"}
@@ -137,7 +137,7 @@ def test_smoothquant_only_for_static_per_tensor_inputs():
 
 def test_default_alpha_per_activation_format():
     from lowbit.schemes import PRESETS
-    from lowbit.smoothquant.defaults import DEFAULT, default_alpha, resolve_alpha
+    from lowbit.algorithms.smoothquant.defaults import DEFAULT, default_alpha, resolve_alpha
 
     alphas = {name: default_alpha(s) for name, s in PRESETS.items()}
     assert alphas.pop("w8a8-int8") == 0.8 and alphas.pop("w8a8-fp8") == 0.5

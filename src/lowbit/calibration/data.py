@@ -28,7 +28,7 @@ import torch
 
 from lowbit.calibration.observers import ActivationObserver
 from lowbit.errors import LowbitError
-from lowbit.quant.gptq import GPTQOptions, WeightRounding
+from lowbit.algorithms.gptq import GPTQOptions, WeightRounding
 from lowbit.schemes import Scheme
 from lowbit.textstart import bos_to_prepend, prepend
 from lowbit.textfiles import builtin_calibration_text_path

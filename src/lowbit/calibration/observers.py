@@ -14,7 +14,7 @@ per channel ([in], one per input column). Three kinds:
 
 ``ActivationObserver`` names these kinds (``CalibrationConfig.observer``); a weight spec's
 ``observer`` is a ``lowbit.schemes.WeightObserver``, whose MAX and MSE apply the same rules to
-each scale group of a weight (lowbit.quant.search).
+each scale group of a weight (lowbit.quant.mse_scales).
 """
 
 from __future__ import annotations

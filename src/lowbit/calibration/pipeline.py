@@ -41,12 +41,12 @@ from lowbit.calibration.hessian import HessianSum
 from lowbit.calibration.observers import MaxObserver, Observer, make_observer
 from lowbit.fusion import fused_groups, shared_weight_global_scales
 from lowbit.modules import QuantLinear
-from lowbit.quant.gptq import WeightRounding, gptq_quantize_groups
+from lowbit.algorithms.gptq import WeightRounding, gptq_quantize_groups
 from lowbit.quant.input_scales import input_scales_from_amax
 from lowbit.schemes import Scheme
-from lowbit.smoothquant.fold import fold_smoothing, smooth_scales
-from lowbit.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
-from lowbit.smoothquant.search import search_alpha
+from lowbit.algorithms.smoothquant.fold import fold_smoothing, smooth_scales
+from lowbit.algorithms.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
+from lowbit.algorithms.smoothquant.search import search_alpha
 from lowbit.targets import set_submodule
 from lowbit.threads import one_thread
 

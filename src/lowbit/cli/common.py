@@ -46,10 +46,10 @@ def check_folder(value: str) -> None:
 
 
 def parse_smoothquant(value: str) -> float | str | None:
-    """--smoothquant: 'default' (the scheme's alpha, lowbit.smoothquant.defaults), an alpha in
+    """--smoothquant: 'default' (the scheme's alpha, lowbit.algorithms.smoothquant.defaults), an alpha in
     [0, 1], 'auto' (per-layer search) or 'none'; the values ``lowbit.quantize(smoothquant=...)``
     takes, 'none' returned as None."""
-    from lowbit.smoothquant.defaults import AUTO, DEFAULT, OFF, check_choice
+    from lowbit.algorithms.smoothquant.defaults import AUTO, DEFAULT, OFF, check_choice
 
     if value in (DEFAULT, AUTO, OFF):
         return check_choice(value)
@@ -69,8 +69,8 @@ def _enum_option(key: str, given: str, enum, option: str):
 
 
 def parse_weight_rounding(value: str | None):
-    """--weight-rounding: None (not given) or a lowbit.quant.WeightRounding."""
-    from lowbit.quant import WeightRounding
+    """--weight-rounding: None (not given) or a lowbit.algorithms.WeightRounding."""
+    from lowbit.algorithms import WeightRounding
 
     return None if value is None else _enum_option(value.lower(), value, WeightRounding, "--weight-rounding")
 

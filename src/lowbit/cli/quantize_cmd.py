@@ -71,7 +71,7 @@ def quantize_cmd(
     check_model_path(model)
     import lowbit
     from lowbit.schemes import get_scheme
-    from lowbit.smoothquant.defaults import DEFAULT, resolve_alpha
+    from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
 
     sch = get_scheme(scheme)
     src = model_arg(model)

@@ -49,7 +49,7 @@ def column_rounder(fmt, n: int) -> tuple[torch.Tensor, Callable[[], torch.Tensor
 
 def gptq_sub_block(fmt):
     """(``lb_gptq_sub``, its rounding arguments) when the setting allows the native GPTQ column loop
-    (lowbit.quant.gptq_solve), else None."""
+    (lowbit.algorithms.gptq_solve), else None."""
     _check(fmt)
     fn = native.gptq_sub_fn() if allows(Implementation.NATIVE) else None
     return None if fn is None else (fn, native.rounding_args(fmt))

@@ -17,7 +17,7 @@ the contract (every backend reproduces it bit for bit):
 
 These are the ``max`` observer's scales. A spec with observer ``mse`` starts from them and
 keeps, per scale group, the candidate scale with the smallest squared error
-(lowbit.quant.search); the global scale stays amax-based. Given scales are used as they are.
+(lowbit.quant.mse_scales); the global scale stays amax-based. Given scales are used as they are.
 
 A zero scale (all-zero group, or a block scale that rounds to zero) gives zero codes, never
 a division by zero. NaN or Inf in the input is a QuantizationError naming the tensor.
@@ -46,7 +46,7 @@ from lowbit.quant.scales import (
     asymmetric_from_range, effective_scale, full_range_scales, global_scale_from_amax, group_range, scales_from_amax,
     static_scale_from_amax,
 )
-from lowbit.quant.search import search_scales
+from lowbit.quant.mse_scales import search_scales
 from lowbit.schemes import WeightObserver, QuantSpec
 
 # the views and scale rules (lowbit.quant.groups, lowbit.quant.scales) stay importable from here

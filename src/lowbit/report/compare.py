@@ -31,7 +31,7 @@ from lowbit.eval.text import read_paragraphs
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
 from lowbit.model_quant import calibrates
 from lowbit.schemes import get_scheme
-from lowbit.smoothquant.defaults import DEFAULT, OFF, resolve_alpha
+from lowbit.algorithms.smoothquant.defaults import DEFAULT, OFF, resolve_alpha
 from lowbit.textstart import bos_to_prepend, prepend
 
 DEFAULT_SCHEMES = ("nvfp4", "nvfp4-e5m3", "w8a8-int8", "w8a8-fp8")
@@ -52,7 +52,7 @@ class CompareOptions:
     calib_samples: int | None = None    # None: CalibrationConfig's default (as lowbit.quantize)
     calib_seq_len: int | None = None    # None: CalibrationConfig's default
     # SmoothQuant for schemes with static per-tensor input scales: DEFAULT (the per-format alpha of
-    # lowbit.smoothquant.defaults: 0.8 INT8, 0.5 FP8), an alpha in [0, 1], "auto" or "none" / None (off)
+    # lowbit.algorithms.smoothquant.defaults: 0.8 INT8, 0.5 FP8), an alpha in [0, 1], "auto" or "none" / None (off)
     smoothquant: float | str | None = DEFAULT
     calib_options: dict = field(default_factory=dict)  # more CalibrationConfig fields (sink_positions,
     #                                                     weight_rounding...)

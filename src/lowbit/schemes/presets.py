@@ -6,7 +6,7 @@ Weight observer (``QuantSpec.observer``) of each preset, chosen on SmolLM2-135M 
 - ``full-range`` for INT4 (w4a16): scale = the group's signed extreme / -8, auto-round's symmetric
   INT4 rule (codes -8..7, the signed extreme exact at -8, so the scale is negative when the
   extreme is positive; every format stores fp32 scales with their sign);
-- ``mse`` (per-group scale search, lowbit.quant.search) for nvfp4a16 and nvfp4 (one weight spec);
+- ``mse`` (per-group scale search, lowbit.quant.mse_scales) for nvfp4a16 and nvfp4 (one weight spec);
 - ``half-step`` for the INT8 weights of w8a8-int8-dynamic and w8a16 (scale = amax / 127.5: the
   symmetric rule of compressed-tensors' minmax and torchao);
 - ``max`` for every other preset.

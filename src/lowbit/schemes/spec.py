@@ -43,7 +43,7 @@ class WeightObserver(str, Enum):
     ``lowbit.calibration.ActivationObserver``).
 
     MAX: the extreme values (symmetric: amax; asymmetric: min and max) give the scale.
-    MSE: the scale with the smallest squared quantize-dequantize error (lowbit.quant.search).
+    MSE: the scale with the smallest squared quantize-dequantize error (lowbit.quant.mse_scales).
     FULL_RANGE: symmetric INT weights only: the group's signed extreme maps to the most
         negative code, scale = extreme / qmin (negative when the extreme is positive), so all
         2^bits codes are used (INT4: step amax/8 instead of amax/7; auto-round's symmetric
@@ -77,7 +77,7 @@ class QuantSpec:
         ``scale_max * elem_max / amax``; block scales are computed after multiplying by it.
     observer: how scales computed from the tensor itself are chosen (weights): MAX, the
         extreme-value rule, or MSE, a per-group search for the smallest squared error
-        (lowbit.quant.search), or FULL_RANGE (symmetric fp32-scaled INT only: scale = signed
+        (lowbit.quant.mse_scales), or FULL_RANGE (symmetric fp32-scaled INT only: scale = signed
         extreme / qmin) or HALF_STEP (the same formats: scale = amax / (qmax + 1/2); see
         WeightObserver). The NVFP4 global scale stays amax-based. Dynamic specs and the
         input activations of a scheme keep MAX (static activation scales are chosen by

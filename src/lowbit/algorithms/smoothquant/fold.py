@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.errors import QuantizationError
-from lowbit.smoothquant.mappings import SmoothMapping, SourceKind
+from lowbit.algorithms.smoothquant.mappings import SmoothMapping, SourceKind
 
 
 def smooth_scales(act_max: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:

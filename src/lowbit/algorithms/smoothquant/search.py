@@ -14,7 +14,7 @@ from lowbit.quant.input_scales import qdq_activation
 from lowbit.fusion import shared_amax
 from lowbit.quant import fake_quantize, global_scale_from_amax
 from lowbit.schemes import Scheme
-from lowbit.smoothquant.fold import smooth_scales
+from lowbit.algorithms.smoothquant.fold import smooth_scales
 
 
 def _qdq_weights(ws: list[torch.Tensor], scheme: Scheme) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""GPTQ weight rounding: the pure solve (lowbit.quant.gptq) and its use in calibrated quantization."""
+"""GPTQ weight rounding: the pure solve (lowbit.algorithms.gptq) and its use in calibrated quantization."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from lowbit.calibration.pipeline import _GroupStats
 from lowbit.errors import QuantizationError
 from lowbit.modules import QuantLinear
 from lowbit.numerics import FormatName
-from lowbit.quant import (GPTQOptions, WeightRounding, dequantize, gptq_quantize, gptq_quantize_groups,
-                          gptq_quantize_shared, inverse_hessian_factor, quantize)
+from lowbit.algorithms import (GPTQOptions, WeightRounding, gptq_quantize, gptq_quantize_groups,
+                               gptq_quantize_shared, inverse_hessian_factor)
+from lowbit.quant import dequantize, quantize
 from lowbit.schemes import PRESETS, Granularity, QuantSpec
 
 INT4_G128 = PRESETS["w4a16"].weights      # 192 inputs: 128 + a ragged group of 64

@@ -21,7 +21,7 @@ reference GPTQ code):
 4. U = upper Cholesky factor of H^-1; for each column j in blocks of ``block_size``:
    q_j = qdq(w_j) with its fixed scale, e = (w_j - q_j) / U[j, j],
    w_k -= e * U[j, k] for k > j (inside the block at once, the rest lazily per block)
-   (``lowbit.quant.gptq_solve``, where the fused groups of one layer share the loop).
+   (``lowbit.algorithms.gptq_solve``, where the fused groups of one layer share the loop).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 
 from lowbit.errors import QuantizationError
 from lowbit.numerics import get_format
-from lowbit.quant.gptq_solve import solve_columns
+from lowbit.algorithms.gptq_solve import solve_columns
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scaling import effective_scale, quantize
 from lowbit.schemes import Granularity, QuantSpec
@@ -167,7 +167,7 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
                          names: list[list[str]] | None = None) -> list[list[QuantizedTensor]]:
     """``gptq_quantize_shared`` of several groups, each with its own Hessian (the fused groups
     of one decoder layer). Without act_order, groups of the same input width share one column
-    loop (``lowbit.quant.gptq_solve``): the same numbers as separate solves up to float32
+    loop (``lowbit.algorithms.gptq_solve``): the same numbers as separate solves up to float32
     summation order, in fewer (larger) operations."""
     names = names or [[f"group{g}.weight{i}" for i in range(len(Ws))] for g, Ws in enumerate(groups)]
     global_scales = global_scales or [[None] * len(Ws) for Ws in groups]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lowbit
-from lowbit.smoothquant import (
+from lowbit.algorithms.smoothquant import (
     MAPPINGS, SourceKind, fold_smoothing, mappings_for, search_alpha, smooth_scales, smoothing_error,
 )
 from lowbit.modules import QuantLinear

@@ -8,8 +8,8 @@ import torch
 from lowbit.numerics import get_format
 from lowbit.kernels import Implementation, native, using
 from lowbit.kernels.native.build import library
-from lowbit.quant import GPTQOptions, gptq_quantize_groups
-from lowbit.quant.gptq_solve import solve_columns
+from lowbit.algorithms import GPTQOptions, gptq_quantize_groups
+from lowbit.algorithms.gptq_solve import solve_columns
 from lowbit.schemes import PRESETS
 
 needs_native = pytest.mark.skipif(library() is None, reason="no native library (no C compiler)")
