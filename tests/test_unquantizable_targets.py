@@ -1,5 +1,6 @@
-"""Never silently skip: weight matrices a scheme targets that lowbit cannot quantize (fused MoE
-experts) are an error, or with allow_unquantized a listed warning; the CLI says what it quantized."""
+"""Never silently skip: weight matrices a scheme targets that lowbit cannot quantize (GPT-2's
+Conv1D projections) are an error, or with allow_unquantized a listed warning; fused MoE experts are
+split and quantized; the CLI says what it quantized."""
 
 from __future__ import annotations
 
@@ -25,7 +26,16 @@ def tiny_moe():
     return Qwen3MoeForCausalLM(cfg).eval()
 
 
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=4)).eval()
+
+
 EXPERTS = [f"model.layers.{i}.mlp.experts.{p}" for i in range(2) for p in ("gate_up_proj", "down_proj")]
+CONV1D = [f"transformer.h.{i}.{p}" for i in range(2) for p in ("attn.c_attn.weight", "attn.c_proj.weight",
+                                                               "mlp.c_fc.weight", "mlp.c_proj.weight")]
 
 
 def test_dense_models_have_none(llama):
@@ -39,25 +49,37 @@ def test_fused_experts_are_listed_routers_and_ignored_modules_are_not():
     assert unquantizable_targets(moe, ignore=[r".*\.experts"]) == []
 
 
+def test_quantize_splits_and_quantizes_fused_experts():
+    q = lowbit.quantize(tiny_moe(), "w8a16")
+    assert q.lowbit_unquantized == [] and unquantizable_targets(q) == []
+    assert sum(hasattr(m, "weight_codes") for m in q.modules()) == 8 + 2 * 4 * 3  # q/k/v/o + 4 experts x 3
+
+
 def test_quantize_refuses_or_warns_and_lists():
-    moe = tiny_moe()
-    with pytest.raises(QuantizationError, match=r"4 weight matrices .* model\.layers\.0\.mlp\.experts\.gate_up_proj "
-                                                r"\[4, 32, 32\].*allow_unquantized=True"):
-        lowbit.quantize(copy.deepcopy(moe), "w8a16")
-    with pytest.warns(UserWarning, match="4 weight matrices"):
-        q = lowbit.quantize(copy.deepcopy(moe), "w8a16", allow_unquantized=True)
-    assert q.lowbit_unquantized == EXPERTS
-    assert sum(hasattr(m, "weight_codes") for m in q.modules()) == 8  # q/k/v/o of both layers
+    model = tiny_gpt2()
+    with pytest.raises(QuantizationError, match=r"8 weight matrices .* transformer\.h\.0\.attn\.c_attn\.weight "
+                                                r"\[32, 96\].*allow_unquantized=True"):
+        lowbit.quantize(copy.deepcopy(model), "w8a16")
+    with pytest.warns(UserWarning, match="8 weight matrices"):
+        q = lowbit.quantize(copy.deepcopy(model), "w8a16", allow_unquantized=True)
+    assert q.lowbit_unquantized == CONV1D
+    assert sum(hasattr(m, "weight_codes") for m in q.modules()) == 0  # GPT-2 has no nn.Linear but lm_head
 
 
 def test_cli_refuses_then_reports_what_it_quantized(capsys, tmp_path):
-    src = tmp_path / "moe"
-    tiny_moe().save_pretrained(src)
+    src = tmp_path / "gpt2"
+    tiny_gpt2().save_pretrained(src)
     byte_tokenizer().save_pretrained(src)
     capsys.readouterr()
     code, _, err = run(capsys, "quantize", src, "--scheme", "w8a16", "-o", tmp_path / "q")
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "--allow-unquantized" in errors[0] and "Traceback" not in err
-    with pytest.warns(UserWarning, match="4 weight matrices"):
-        code, out, _ = run(capsys, "quantize", src, "--scheme", "w8a16", "-o", tmp_path / "q", "--allow-unquantized")
-    assert code == 0 and "quantized 8 linears" in out and "4 weight matrices lowbit cannot quantize" in out
+
+
+def test_cli_reports_experts(capsys, tmp_path):
+    src = tmp_path / "moe"
+    tiny_moe().save_pretrained(src)
+    byte_tokenizer().save_pretrained(src)
+    capsys.readouterr()
+    code, out, _ = run(capsys, "quantize", src, "--scheme", "w8a16", "-o", tmp_path / "q")
+    assert code == 0 and "quantized 32 linears, 24 of them in 8 experts of 2 MoE blocks" in out, out

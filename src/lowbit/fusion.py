@@ -18,6 +18,7 @@ FUSED_SETS: tuple[frozenset[str], ...] = (
     frozenset({"q_proj", "k_proj", "v_proj"}),
     frozenset({"gate_proj", "up_proj"}),
     frozenset({"w1", "w3"}),  # Mixtral experts
+    frozenset({"q_a_proj", "kv_a_proj_with_mqa"}),  # DeepSeek MLA with q_lora_rank: vLLM's fused_qkv_a_proj
 )
 
 

@@ -17,6 +17,7 @@ from lowbit.backends import use_backend
 from lowbit.errors import OptionRef, QuantizationError
 from lowbit.fusion import shared_weight_global_scales
 from lowbit.modules import QuantLinear
+from lowbit.moe import split_experts
 from lowbit.algorithms import WeightRounding
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
@@ -29,6 +30,7 @@ def quantize_rtn(model: nn.Module, scheme: Scheme | str, *, ignore: Iterable[str
     """Replace target linears with QuantLinear by round-to-nearest (no activation scales); every
     layer gets the automatic backend."""
     scheme = get_scheme(scheme)
+    split_experts(model)
     if names is None:
         names = quantizable_linears(model, ignore, include_lm_head)
     linears = {n: model.get_submodule(n) for n in names}
@@ -83,6 +85,9 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
              allow_unquantized: bool = False, **calibration_options) -> nn.Module:
     """Quantize ``model`` in place and return it. A model that already holds lowbit layers is
     refused (QuantizationError): quantize a fresh float model, or a ``copy.deepcopy`` of one.
+    Mixture-of-experts blocks are split first (``lowbit.moe.split_experts``): every expert's
+    projections become linears ``experts.{e}.gate_proj`` ... and are quantized per expert; the
+    routers stay in float.
 
     calibration: token ids [n, seq_len], a list of strings, a text file path (one paragraph a
         line) or "builtin" (the packaged text); strings need ``tokenizer``.
@@ -110,6 +115,7 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
 
     scheme = get_scheme(scheme)
     _refuse_quantized(model)
+    split_experts(model)
     left = check_targets(model, ignore, include_lm_head, allow_unquantized)
     try:
         smoothquant = resolve_alpha(smoothquant, scheme, static_only=False)

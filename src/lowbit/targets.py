@@ -1,7 +1,7 @@
 """Which modules of a model get quantized: exact rules on module types and name components.
 
 Quantized: every ``nn.Linear`` except the output embedding (lm_head, unless asked), MoE
-router gates (last name component exactly ``gate`` or ``router``), modules under a non-text
+routers (last name component exactly ``gate``, ``router`` or ``shared_expert_gate``), modules under a non-text
 tower (a name component exactly one of NON_TEXT_COMPONENTS), and names matching an ``ignore``
 pattern (an exact name, or a regular expression that must match the whole name).
 """
@@ -13,7 +13,7 @@ from typing import Iterable
 
 import torch.nn as nn
 
-ROUTER_COMPONENTS = frozenset({"gate", "router"})
+ROUTER_COMPONENTS = frozenset({"gate", "router", "shared_expert_gate"})  # MoE routers stay in float
 NON_TEXT_COMPONENTS = frozenset({
     "vision_tower", "vision_model", "visual", "vision_encoder", "audio_tower", "audio_model",
     "multi_modal_projector", "mm_projector",

@@ -101,6 +101,7 @@ class CpuInt8Backend:
         acc = int_matmul_exact(vals, st["chunks"], st["bounds"])
         return acc.to(torch.int32).reshape(*x.shape[:-1], -1)
 
+    @torch.no_grad()  # integer codes carry no gradient; in-place epilogues need no autograd graph
     def forward(self, module, x: torch.Tensor) -> torch.Tensor:
         st = self._weights(module)
         vals, a_scale = self.shared.get(x, input_key(module, "int8"),

@@ -16,6 +16,12 @@ before; for layer 0, the embeddings):
    group), one static input scale / input global scale per fused group;
 4. run the quantized layer to produce the next layer's inputs.
 
+Mixture-of-experts layers (split by ``lowbit.moe.split_experts``): in steps 1 and 2 every expert
+runs on every token (``lowbit.moe.all_tokens``), so each expert's statistics and Hessian cover the
+whole calibration set, also for an expert that no token routes to; the layer's outputs keep the
+real routing. Each expert is its own fused group (its gate/up share scales, experts do not).
+SmoothQuant folds through the router (``expand_for_layer``).
+
 Only one layer's inputs are held at a time. Linears outside the decoder layers (lm_head when
 asked) are calibrated afterwards with a forward of the whole, already quantized, model.
 """
@@ -41,11 +47,12 @@ from lowbit.calibration.hessian import HessianSum
 from lowbit.calibration.observers import MaxObserver, Observer, make_observer
 from lowbit.fusion import fused_groups, shared_weight_global_scales
 from lowbit.modules import QuantLinear
+from lowbit.moe import all_tokens
 from lowbit.algorithms.gptq import WeightRounding, gptq_quantize_groups
 from lowbit.quant.input_scales import input_scales_from_amax
 from lowbit.schemes import Scheme
 from lowbit.algorithms.smoothquant.fold import fold_smoothing, smooth_scales
-from lowbit.algorithms.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
+from lowbit.algorithms.smoothquant.mappings import MAPPINGS, SmoothMapping, expand_for_layer, mappings_for, model_type
 from lowbit.algorithms.smoothquant.search import search_alpha
 from lowbit.targets import set_submodule
 from lowbit.threads import one_thread
@@ -194,26 +201,28 @@ class LayerwiseCalibrator:
         mods = {g[0]: root.get_submodule(rel[g[0]]) for g in groups}
         sinks = self.cfg.sink_positions
         fn = lambda n, x: stats[n].observe(x, sinks)  # noqa: E731
-        if not outputs:
-            observe_layer(root, inputs, mods, fn)
-            return None
-        with observing(mods, fn):
-            return run_layer(root, inputs)
+        with all_tokens(root):  # every expert observes every token; the routing of the outputs is kept
+            if not outputs:
+                observe_layer(root, inputs, mods, fn)
+                return None
+            with observing(mods, fn):
+                return run_layer(root, inputs)
 
     def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
                 stats: dict[str, _GroupStats]) -> list[str]:
         """Apply the mappings whose targets are all quantized here; returns groups to re-observe."""
         inv = {v: k for k, v in rel.items()}  # relative -> full
         stale = []
-        for m in self.maps:
+        for m in expand_for_layer(self.maps, layer):
             if not all(t in inv for t in m.targets):
                 continue
             try:
                 layer.get_submodule(m.source)
             except AttributeError:
                 continue
-            full = [inv[t] for t in m.targets]
-            key = next(g[0] for g in groups if full[0] in g)
+            full = {inv[t] for t in m.targets}
+            keys = [g[0] for g in groups if full.intersection(g)]  # MoE: every expert's group reads the source
+            key = keys[0]
             st = stats[key]
             ws = [layer.get_submodule(t).weight for t in m.targets]
             act = st.all_pos.amax()
@@ -227,8 +236,7 @@ class LayerwiseCalibrator:
                 continue
             s = smooth_scales(act, ws, float(alpha))
             fold_smoothing(layer, m, s)
-            if not st.rescale(s):
-                stale.append(key)
+            stale += [k for k in keys if not stats[k].rescale(s)]
         return stale
 
     def _quantize_groups(self, root: nn.Module, groups: list[list[str]], rel: dict[str, str],
@@ -338,7 +346,8 @@ class LayerwiseCalibrator:
             mods = {g[0]: self.model.get_submodule(g[0]) for g in groups}
             device = next(self.model.parameters()).device
             sinks = self.cfg.sink_positions
-            with observing(mods, lambda n, x: stats[n].observe(x, sinks)), _fast_backends(self.model):
+            with observing(mods, lambda n, x: stats[n].observe(x, sinks)), _fast_backends(self.model), \
+                    all_tokens(self.model):
                 for i in range(0, tokens.shape[0], self.cfg.batch_size):
                     self.model(input_ids=tokens[i:i + self.cfg.batch_size].to(device), use_cache=False)
         self._quantize_groups(self.model, groups, rel, stats)

@@ -7,13 +7,16 @@ Reads lowbit, fake and compressed-tensors folders (lowbit's own and llm-compress
 auto-round folders. The model class comes from config.json (transformers ``AutoModelForCausalLM``,
 built without random initialisation); every Linear the config quantizes becomes a QuantLinear
 (or, for ``fake`` folders, a FakeQuantLinear) holding exactly the stored codes and scales; every
-other tensor is loaded as stored. Anything inconsistent (a missing tensor or scale, a shape or
+other tensor is loaded as stored. Mixture-of-experts models are rebuilt with their experts split
+(``lowbit.moe.split_experts``) and read per expert, under the family's checkpoint names
+(``lowbit.moe.naming``: Mixtral's legacy ``block_sparse_moe.experts.{e}.w1/w2/w3`` too). Anything inconsistent (a missing tensor or scale, a shape or
 dtype that does not match the config, quantized tensors on a layer the config leaves in float,
 a damaged shard) is a FormatError naming the file, tensor or option.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +30,7 @@ from lowbit.formats import Format, parse_quantization_config
 from lowbit.files.folder import SafetensorsFolder, read_config
 from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, parse_dtype
 from lowbit.modules import QuantLinear
+from lowbit.moe import checkpoint_names, model_names, split_experts
 from lowbit.targets import set_submodule
 
 
@@ -65,6 +69,13 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
     folder = SafetensorsFolder(path)
     dtype = dtype or _config_dtype(config)
     model = build_empty_model(path, dtype)
+    split_experts(model)  # MoE: one linear per expert projection, as the files store them
+    mt = getattr(model.config, "model_type", None)
+    folder = folder.with_names(model_names(mt, list(folder)))
+    disk = checkpoint_names(mt, [n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
+    if parsed.static_scales:
+        parsed = dataclasses.replace(parsed, static_scales={
+            model_names(mt, [k])[k]: v for k, v in parsed.static_scales.items()})
     consumed: set[str] = set()
     out_emb = getattr(model, "get_output_embeddings", lambda: None)()
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -72,7 +83,7 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
     for k in folder:
         by_parent.setdefault(k.rpartition(".")[0], []).append(k)
     for name, lin in linears:
-        scheme = parsed.scheme_for(name, is_output_embedding=lin is out_emb)
+        scheme = parsed.scheme_for(disk[name], is_output_embedding=lin is out_emb)
         if scheme is None:
             stray = [f"{name}.{s}" for s in QUANT_SUFFIXES if f"{name}.{s}" in folder]
             if stray and fmt is not Format.FAKE:

@@ -11,7 +11,8 @@ generation_config.json, and the tokenizer (``tokenizer.save_pretrained``) or the
 generation files copied from ``source_dir`` (default: the folder the model was loaded from, when it
 is a local folder). Everything is written to a temporary folder renamed at the end: a failed save
 leaves nothing behind (a refused write, disk full or read-only, is an OutputError naming the path).
-Tied input/output embeddings are written once. The output folder's lock (lowbit.files.outlock) is
+Tied input/output embeddings are written once. Mixture-of-experts models are written per expert
+under their family's checkpoint names (``lowbit.moe.naming``); routers are listed in ``ignore``. The output folder's lock (lowbit.files.outlock) is
 held while writing: a second save into the same folder at the same time is refused; an output that
 is the source folder (or holds it) is refused (lowbit.files.outguard).
 """
@@ -34,6 +35,7 @@ from lowbit.formats.base import dtype_name
 from lowbit.files.outguard import check_not_source
 from lowbit.fusion import fused_groups
 from lowbit.modules import QuantLinear
+from lowbit.moe import checkpoint_names, router_names
 from lowbit.schemes import Scheme
 
 
@@ -169,8 +171,15 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
             seen[key] = k
         tensors[k] = v.detach().to(dtype) if v.dtype.is_floating_point and v.dtype != dtype else v.detach()
 
-    ignore = [n for n in _float_linears(model)]
-    qcfg = layout.quantization_config_groups(groups, ignore, static_scales=static if fmt is Format.FAKE else None)
+    # the family's checkpoint names (Mixtral: block_sparse_moe.experts.{e}.w1 ...; most: unchanged)
+    mt = getattr(getattr(model, "config", None), "model_type", None)
+    ignore = _float_linears(model) + router_names(model)
+    disk = checkpoint_names(mt, list(tensors) + list(layers) + ignore)
+    tensors = {disk[k]: v for k, v in tensors.items()}
+    groups = [(s, names if names == ["Linear"] else [disk[n] for n in names]) for s, names in groups]
+    static = {disk[n]: v for n, v in static.items()}
+    qcfg = layout.quantization_config_groups(groups, [disk[n] for n in ignore],
+                                             static_scales=static if fmt is Format.FAKE else None)
     return tensors, qcfg, untie
 
 

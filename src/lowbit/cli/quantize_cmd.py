@@ -113,7 +113,9 @@ def quantize_cmd(
         if q is not None:
             kept = f"; kept in float: {len(q['unquantized_targets'])} weight matrices lowbit cannot quantize" \
                 if q["unquantized_targets"] else ""
-            console.print(f"quantized {q['linears']} linears ({q['weight_parameters'] / 1e6:.1f}M weights; "
+            moe = f", {q['expert_linears']} of them in {q['experts']} experts of {q['moe_blocks']} MoE blocks" \
+                if q["moe_blocks"] else ""
+            console.print(f"quantized {q['linears']} linears{moe} ({q['weight_parameters'] / 1e6:.1f}M weights; "
                           f"{q['float_parameters'] / 1e6:.1f}M parameters stay float: embeddings, norms, routers"
                           f"{kept})", highlight=False)
         console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
@@ -167,8 +169,17 @@ def quantized_summary(model) -> dict:
     """What was quantized: lowbit layers and their weight parameters, against every parameter."""
     from lowbit.report.layers import quantized_linears
 
-    layers = list(quantized_linears(model).values())
+    from lowbit.modules import QuantLinear
+    from lowbit.moe import expert_blocks
+
+    named = quantized_linears(model)
+    layers = list(named.values())
     q_params = sum(m.out_features * m.in_features for m in layers)
     float_params = sum(p.numel() for p in model.parameters())
+    blocks = expert_blocks(model)
+    experts = sum(1 for b in blocks.values() for e in range(len(b))
+                  if any(isinstance(m, QuantLinear) for m in b[e].modules()))
+    in_experts = sum(1 for n in named if any(n.startswith(f"{b}.") for b in blocks))
     return {"linears": len(layers), "weight_parameters": q_params, "float_parameters": float_params,
+            "moe_blocks": len(blocks), "experts": experts, "expert_linears": in_experts,
             "unquantized_targets": list(getattr(model, "lowbit_unquantized", []))}

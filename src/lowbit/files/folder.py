@@ -19,6 +19,7 @@ without an index or a single file of either naming it reads every ``*.safetensor
 
 from __future__ import annotations
 
+import copy
 import json
 import struct
 from collections.abc import Mapping
@@ -177,6 +178,7 @@ class SafetensorsFolder(Mapping):
         if not self.path.is_dir():
             raise FormatError(f"checkpoint folder {str(self.path)!r} does not exist or is not a folder")
         self._where: dict[str, str] = {}
+        self._disk: dict[str, str] = {}  # name -> the name in the file, where they differ (with_names)
         self._headers: dict[str, dict[str, Any]] = {}
         self._handles: dict[str, Any] = {}
         refuse_pickled_only(self.path)
@@ -237,20 +239,20 @@ class SafetensorsFolder(Mapping):
                 raise FormatError(f"cannot open safetensors file {str(self.path / shard)!r}: {e}") from None
             self._handles[shard] = h
         try:
-            return h.get_tensor(name)
+            return h.get_tensor(self._disk.get(name, name))
         except Exception as e:
             raise FormatError(f"cannot read tensor {name!r} from {str(self.path / shard)!r}: {e}") from None
 
     # ------------------------------------------------------------------ metadata
     def describe(self, name: str) -> str:
-        return f"{name!r} in {self._where.get(name, '?')}"
+        return f"{self._disk.get(name, name)!r} in {self._where.get(name, '?')}"
 
     def shard_of(self, name: str) -> str:
         return self._where[name]
 
     def info(self, name: str) -> tuple[str, list[int], str]:
         shard = self._where[name]
-        e = self._headers[shard][name]
+        e = self._headers[shard][self._disk.get(name, name)]
         return e["dtype"], list(e["shape"]), shard
 
     def nbytes(self, name: str) -> int:
@@ -259,6 +261,22 @@ class SafetensorsFolder(Mapping):
         for d in shape:
             n *= d
         return n
+
+    def with_names(self, names: dict[str, str]) -> "SafetensorsFolder":
+        """A view of the same files whose tensors are called ``names[file name]`` (names not in
+        ``names`` keep theirs); ``describe`` still shows the name in the file. Two file names
+        mapped to one name are a FormatError."""
+        view = copy.copy(self)
+        view._where, view._disk = {}, {}
+        for disk, shard in self._where.items():
+            new = names.get(disk, disk)
+            if new in view._where:
+                raise FormatError(f"tensors {view._disk.get(new, new)!r} and {disk!r} in {str(self.path)!r} "
+                                  f"both stand for {new!r}")
+            view._where[new] = shard
+            if new != disk:
+                view._disk[new] = self._disk.get(disk, disk)
+        return view
 
     def shards(self) -> list[str]:
         return sorted(self._headers)

@@ -29,7 +29,8 @@ def _div_param(p: torch.Tensor, s: torch.Tensor) -> None:
 
 @torch.no_grad()
 def fold_smoothing(layer: nn.Module, mapping: SmoothMapping, s: torch.Tensor) -> None:
-    """Divide the source's output channel j by s_j and multiply the targets' column j by s_j."""
+    """Divide the source's output channel j by s_j and multiply the targets' (and the float
+    targets') column j by s_j."""
     src = layer.get_submodule(mapping.source)
     s = s.to(torch.float32)
     kind = mapping.kind
@@ -49,6 +50,6 @@ def fold_smoothing(layer: nn.Module, mapping: SmoothMapping, s: torch.Tensor) ->
             _div_param(w, s)
         if kind is SourceKind.LAYERNORM and getattr(src, "bias", None) is not None:
             _div_param(src.bias, s)
-    for t in mapping.targets:
+    for t in mapping.targets + mapping.float_targets:
         lin = layer.get_submodule(t)
         lin.weight.data.copy_((lin.weight.data.to(torch.float32) * s.reshape(1, -1)).to(lin.weight.dtype))

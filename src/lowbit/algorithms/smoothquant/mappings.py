@@ -11,6 +11,13 @@ input channels of the *targets*, and how the source folds a per-channel division
   rows of its weight and its bias /= s.
 
 Targets' weight columns are multiplied by s. Nothing is left to multiply at run time.
+
+Mixture-of-experts layers (``expand_for_layer``): a mapping onto the MLP's gate/up projections
+becomes a mapping onto every expert's gate/up (``mlp.experts.{e}``), the shared experts' and,
+as *float targets*, the routers fed by the same norm (their weight columns are multiplied by s
+too, so routing is unchanged; they take no part in choosing s). The up -> down mapping becomes
+one mapping per expert whose output is linear in up (``GateKind.ACT_MUL``; not gpt-oss's clamped
+SwiGLU).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ class SmoothMapping:
     source: str                 # module path relative to the decoder layer
     targets: tuple[str, ...]    # linear paths relative to the decoder layer
     kind: SourceKind
+    float_targets: tuple[str, ...] = ()  # modules with a weight rescaled but not quantized (routers)
 
     @property
     def is_mlp_inner(self) -> bool:
@@ -58,8 +66,21 @@ _OPT = (
     SmoothMapping("fc1", ("fc2",), SourceKind.LINEAR),
 )
 
+_DEEPSEEK = (  # MLA: q_a_proj (q_proj without q_lora_rank) and kv_a_proj_with_mqa read the norm
+    SmoothMapping("input_layernorm", ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"), SourceKind.RMS),
+    SmoothMapping("input_layernorm", ("self_attn.q_proj", "self_attn.kv_a_proj_with_mqa"), SourceKind.RMS),
+    SmoothMapping("self_attn.q_a_layernorm", ("self_attn.q_b_proj",), SourceKind.RMS),
+    SmoothMapping("self_attn.kv_a_layernorm", ("self_attn.kv_b_proj",), SourceKind.RMS),
+    *_LLAMA[1:],
+)
+
 MAPPINGS: dict[str, tuple[SmoothMapping, ...]] = {
     "llama": _LLAMA,
+    "qwen2_moe": _LLAMA,
+    "qwen3_moe": _LLAMA,
+    "mixtral": _LLAMA,
+    "gpt_oss": _LLAMA,
+    "deepseek_v3": _DEEPSEEK,
     "mistral": _LLAMA,
     "qwen2": _LLAMA,
     "qwen3": _LLAMA,
@@ -86,3 +107,50 @@ def mappings_for(model, *, include_mlp_inner: bool = True) -> tuple[SmoothMappin
     if maps is None:
         return None
     return tuple(m for m in maps if include_mlp_inner or not m.is_mlp_inner)
+
+
+def _dense_mlps(block, skip: set[str]) -> list[str]:
+    """Children of an MoE block that are gated MLPs of their own (shared experts)."""
+    out = []
+    for name, child in block.named_children():
+        if name not in skip and hasattr(child, "gate_proj") and hasattr(child, "up_proj") and hasattr(child, "down_proj"):
+            out.append(name)
+    return out
+
+
+def expand_for_layer(maps: tuple[SmoothMapping, ...], layer) -> tuple[SmoothMapping, ...]:
+    """``maps`` with the MLP mappings of an MoE layer expanded onto its experts (module docstring);
+    dense layers get ``maps`` unchanged."""
+    from lowbit.moe import GateKind, SplitExperts
+    from lowbit.targets import ROUTER_COMPONENTS
+
+    out: list[SmoothMapping] = []
+    for m in maps:
+        block_name = m.targets[0].rpartition(".")[0]
+        try:
+            block = layer.get_submodule(block_name) if block_name else None
+        except AttributeError:
+            block = None
+        experts = getattr(block, "experts", None)
+        if not isinstance(experts, SplitExperts):
+            out.append(m)
+            continue
+        shared = _dense_mlps(block, {"experts"})
+        routers = tuple(f"{block_name}.{n}" for n, c in block.named_children()
+                        if n in ROUTER_COMPONENTS and getattr(c, "weight", None) is not None)
+        if m.kind is SourceKind.LINEAR:  # up -> down, per expert and per shared expert
+            for e in range(len(experts)):
+                if experts[e].gate.kind is GateKind.ACT_MUL:
+                    p = f"{block_name}.experts.{e}"
+                    out.append(SmoothMapping(f"{p}.up_proj", (f"{p}.down_proj",), SourceKind.LINEAR))
+            out += [SmoothMapping(f"{block_name}.{c}.up_proj", (f"{block_name}.{c}.down_proj",), SourceKind.LINEAR)
+                    for c in shared]
+            continue
+        targets = []
+        for e in range(len(experts)):
+            p = f"{block_name}.experts.{e}"
+            targets += ([f"{p}.gate_proj"] if experts[e].gate_proj is not None else []) + [f"{p}.up_proj"]
+        for c in shared:
+            targets += [f"{block_name}.{c}.gate_proj", f"{block_name}.{c}.up_proj"]
+        out.append(SmoothMapping(m.source, tuple(targets), m.kind, float_targets=routers))
+    return tuple(out)

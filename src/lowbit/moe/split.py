@@ -1,0 +1,144 @@
+"""Find transformers' fused expert modules and split them into ``SplitExperts``.
+
+A fused experts module is recognised by its parameters, as transformers 5 defines them
+(``transformers.integrations.moe.use_experts_implementation``): ``num_experts``, a 3-D
+``down_proj`` and a 3-D ``gate_up_proj`` (``up_proj`` when ``has_gate`` is False), with the layout
+flags ``is_transposed`` (weights stored [E, in, out]), ``is_concatenated`` (gate rows then up
+rows; False: interleaved g0, u0, g1, u1, ...) and ``has_bias`` (``gate_up_proj_bias`` [E, 2I],
+``down_proj_bias`` [E, H]). Expert e's linears hold exactly the rows of the fused tensors
+(copies, in the fused tensors' dtype and device), so the split module computes what the fused
+one does. The gating is transformers' default (``act_fn(gate) * up``) unless the class
+defines its own ``_apply_gate``; the one known own gating is gpt-oss's clamped SwiGLU (``alpha``
+and ``limit`` attributes). Anything else is refused, naming the module.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+from lowbit.errors import QuantizationError
+from lowbit.moe.experts import ExpertMLP, Gate, GateKind, SplitExperts
+from lowbit.targets import ROUTER_COMPONENTS
+
+
+def is_fused_experts(module: nn.Module) -> bool:
+    down = getattr(module, "down_proj", None)
+    up = getattr(module, "gate_up_proj", None)
+    if up is None:
+        up = getattr(module, "up_proj", None)
+    return (isinstance(getattr(module, "num_experts", None), int) and isinstance(down, nn.Parameter)
+            and isinstance(up, nn.Parameter) and down.dim() == 3 and up.dim() == 3)
+
+
+def _default_gating(cls: type) -> bool:
+    """Whether ``cls`` gates as transformers' default (no ``_apply_gate``, or the default one the
+    experts decorator installs)."""
+    fn = getattr(cls, "_apply_gate", None)
+    if fn is None:
+        return True
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:  # a transformers without the decorator's default: only a missing method is default
+        return False
+    return fn is _default_apply_gate
+
+
+def _gate(name: str, module: nn.Module) -> Gate:
+    has_gate = getattr(module, "has_gate", True)
+    if not has_gate:
+        return Gate(GateKind.ACT, act=module.act_fn)
+    if _default_gating(type(module)):
+        return Gate(GateKind.ACT_MUL, act=module.act_fn)
+    if isinstance(getattr(module, "alpha", None), float) and isinstance(getattr(module, "limit", None), float) \
+            and not getattr(module, "is_concatenated", True):
+        return Gate(GateKind.CLAMPED_SWIGLU, alpha=module.alpha, limit=module.limit)
+    raise QuantizationError(f"module {name!r} ({type(module).__name__}) gates its experts in its own way "
+                            f"(_apply_gate), which lowbit does not know: it cannot split its experts")
+
+
+def _linear(w: torch.Tensor, b: torch.Tensor | None) -> nn.Linear:
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+    lin.weight = nn.Parameter(w.detach().clone().contiguous(), requires_grad=False)
+    if b is not None:
+        lin.bias = nn.Parameter(b.detach().clone().contiguous(), requires_grad=False)
+    return lin
+
+
+def _split_one(name: str, module: nn.Module) -> SplitExperts:
+    if getattr(module, "has_post_expert_norm", False):
+        raise QuantizationError(f"module {name!r} ({type(module).__name__}) normalizes each expert's output "
+                                f"(has_post_expert_norm), which lowbit cannot split yet")
+    gate = _gate(name, module)
+    has_gate = gate.kind is not GateKind.ACT
+    transposed = bool(getattr(module, "is_transposed", False))
+    concatenated = bool(getattr(module, "is_concatenated", True))
+    bias = bool(getattr(module, "has_bias", False))
+    up_all = module.gate_up_proj if has_gate else module.up_proj
+    up_bias_all = getattr(module, "gate_up_proj_bias" if has_gate else "up_proj_bias", None) if bias else None
+    down_bias_all = getattr(module, "down_proj_bias", None) if bias else None
+    experts = []
+    for e in range(module.num_experts):
+        w = up_all[e].t() if transposed else up_all[e]            # [(2)I, H]
+        b = up_bias_all[e] if up_bias_all is not None else None
+        if has_gate:
+            if concatenated:
+                half = w.shape[0] // 2
+                gw, uw = w[:half], w[half:]
+                gb, ub = (None, None) if b is None else (b[:half], b[half:])
+            else:
+                gw, uw = w[0::2], w[1::2]
+                gb, ub = (None, None) if b is None else (b[0::2], b[1::2])
+            g_lin = _linear(gw, gb)
+        else:
+            g_lin, uw, ub = None, w, b
+        dw = module.down_proj[e].t() if transposed else module.down_proj[e]   # [H, I]
+        db = down_bias_all[e] if down_bias_all is not None else None
+        experts.append(ExpertMLP(g_lin, _linear(uw, ub), _linear(dw, db), gate))
+    return SplitExperts(experts)
+
+
+@torch.no_grad()
+def split_experts(model: nn.Module) -> list[str]:
+    """Replace every fused experts module of ``model`` by its ``SplitExperts`` (in place); returns
+    the names of the replaced modules, in model order. Idempotent: split modules are left alone."""
+    found = [(n, m) for n, m in model.named_modules() if is_fused_experts(m)]
+    for name, module in found:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, _split_one(name, module))
+    return [n for n, _ in found]
+
+
+def expert_blocks(model: nn.Module) -> dict[str, SplitExperts]:
+    """name -> SplitExperts of every split experts module under ``model``."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, SplitExperts)}
+
+
+def router_names(model: nn.Module) -> list[str]:
+    """Names of the router modules (last name component in ROUTER_COMPONENTS, holding a 2-D weight): they
+    stay in float and are listed in the checkpoint's ``ignore``."""
+    out = []
+    for n, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        if n.rpartition(".")[2] in ROUTER_COMPONENTS and isinstance(w, torch.Tensor) and w.dim() == 2:
+            out.append(n)
+    return out
+
+
+@contextmanager
+def all_tokens(module: nn.Module) -> Iterator[None]:
+    """Within the block, every expert of every SplitExperts under ``module`` runs on every token
+    (their outputs still combine by the real routing)."""
+    blocks = [m for m in module.modules() if isinstance(m, SplitExperts)]
+    before = [b.route_all_tokens for b in blocks]
+    for b in blocks:
+        b.route_all_tokens = True
+    try:
+        yield
+    finally:
+        for b, v in zip(blocks, before):
+            b.route_all_tokens = v

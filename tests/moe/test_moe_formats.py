@@ -1,0 +1,73 @@
+"""MoE checkpoints: per-expert tensors under the family's names, routers in ``ignore``, exact
+round trips through the three formats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import lowbit
+from helpers.moe_models import tiny_moe
+from lowbit.files.folder import SafetensorsFolder
+
+torch.set_grad_enabled(False)
+CALIB = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(3))
+IDS = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(4))
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe", "deepseek_v3", "mixtral", "gpt_oss"])
+def quantized(request):
+    return request.param, lowbit.quantize(tiny_moe(request.param), "w8a8-int8", calibration=CALIB,
+                                          num_samples=4, seq_len=32)
+
+
+@pytest.mark.parametrize("fmt", ["lowbit", "fake", "compressed-tensors"])
+def test_round_trip_is_exact(quantized, fmt, tmp_path):
+    family, q = quantized
+    lowbit.save(q, tmp_path / "out", format=fmt)
+    back = lowbit.load(tmp_path / "out")
+    a, b = q.model.layers[1].mlp.experts[5].down_proj, back.model.layers[1].mlp.experts[5].down_proj
+    assert torch.equal(a.input_scale.reshape(-1), b.input_scale.reshape(-1))
+    if fmt == "fake":  # the dequantized weights, exactly (they run on the float path, not the integer one)
+        assert torch.equal(b.weight, a.dequantized_weight(torch.float32))
+    else:  # codes and scales back bit for bit, the same backend: the same logits
+        assert torch.equal(a.weight_qtensor().codes, b.weight_qtensor().codes)
+        assert torch.equal(back(input_ids=IDS).logits, q(input_ids=IDS).logits)
+
+
+def test_compressed_tensors_uses_per_expert_checkpoint_names_and_ignores_routers(quantized, tmp_path):
+    family, q = quantized
+    out = lowbit.save(q, tmp_path / "ct", format="compressed-tensors")
+    keys = set(SafetensorsFolder(out))
+    qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    if family == "mixtral":  # Mixtral's own names: block_sparse_moe, w1 (gate) / w3 (up) / w2 (down)
+        expert = "model.layers.1.block_sparse_moe.experts.7"
+        assert {f"{expert}.w1.weight", f"{expert}.w3.weight", f"{expert}.w2.weight"} <= keys
+        assert not any(".mlp." in k for k in keys)
+        routers = {"model.layers.0.block_sparse_moe.gate", "model.layers.1.block_sparse_moe.gate"}
+    else:
+        expert = "model.layers.1.mlp.experts.7"
+        assert {f"{expert}.gate_proj.weight", f"{expert}.up_proj.weight", f"{expert}.down_proj.weight",
+                f"{expert}.down_proj.weight_scale", f"{expert}.down_proj.input_scale"} <= keys
+        router = "router" if family == "gpt_oss" else "gate"
+        routers = {f"model.layers.1.mlp.{router}"}
+        if family == "qwen2_moe":
+            routers.add("model.layers.1.mlp.shared_expert_gate")
+    assert routers <= set(qcfg["ignore"])
+    assert not any(k.endswith("gate_up_proj") for k in keys)
+    assert torch.equal(SafetensorsFolder(out)[f"{expert}.{'w2' if family == 'mixtral' else 'down_proj'}.weight"],
+                       q.model.layers[1].mlp.experts[7].down_proj.weight_qtensor().codes.view(torch.int8))
+
+
+def test_mixtral_legacy_float_checkpoint_names_load(tmp_path):
+    """A Mixtral folder in the legacy layout (what the hub holds) loads through lowbit's names."""
+    q = lowbit.quantize(tiny_moe("mixtral"), "w4a16", ignore=[r".*experts\.[0-3]\..*"])
+    out = lowbit.save(q, tmp_path / "mx", format="lowbit")
+    keys = set(SafetensorsFolder(out))
+    assert "model.layers.0.block_sparse_moe.experts.0.w1.weight" in keys  # float experts, legacy names
+    back = lowbit.load(out, backend="reference")
+    assert torch.equal(back.model.layers[0].mlp.experts[0].gate_proj.weight,
+                       q.model.layers[0].mlp.experts[0].gate_proj.weight)
+    torch.testing.assert_close(back(input_ids=IDS).logits, q(input_ids=IDS).logits, rtol=0, atol=1e-5)

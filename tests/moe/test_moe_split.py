@@ -1,0 +1,85 @@
+"""Splitting transformers' fused experts: one linear per expert projection, the same outputs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from helpers.moe_models import MOE_FAMILIES, tiny_moe
+from lowbit.errors import QuantizationError
+from lowbit.moe import SplitExperts, all_tokens, expert_blocks, router_names, split_experts
+
+torch.set_grad_enabled(False)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_split_computes_what_the_fused_module_computes(family):
+    model = tiny_moe(family)
+    ids = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
+    ref = model(input_ids=ids).logits
+    split = copy.deepcopy(model)
+    names = split_experts(split)
+    assert names and all(isinstance(split.get_submodule(n), SplitExperts) for n in names)
+    assert split_experts(split) == []  # idempotent
+    got = split(input_ids=ids).logits
+    tol = 1e-6 if family == "gpt_oss" else 0.0  # gpt-oss: x @ W + b against F.linear, one rounding apart
+    assert (got - ref).abs().max().item() <= tol * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_each_expert_holds_exactly_its_rows_of_the_fused_tensors(family):
+    model = tiny_moe(family)
+    fused = model.model.layers[0].mlp.experts
+    gu, down = fused.gate_up_proj.clone(), fused.down_proj.clone()
+    split_experts(model)
+    experts = model.model.layers[0].mlp.experts
+    for e in (0, 5):
+        ex = experts[e]
+        if family == "gpt_oss":  # [E, H, 2I], gate/up interleaved, with biases
+            assert torch.equal(ex.gate_proj.weight, gu[e][:, 0::2].t())
+            assert torch.equal(ex.up_proj.weight, gu[e][:, 1::2].t())
+            assert torch.equal(ex.down_proj.weight, down[e].t())
+            assert ex.down_proj.bias is not None
+        else:  # [E, 2I, H], gate rows then up rows
+            half = gu.shape[1] // 2
+            assert torch.equal(ex.gate_proj.weight, gu[e][:half])
+            assert torch.equal(ex.up_proj.weight, gu[e][half:])
+            assert torch.equal(ex.down_proj.weight, down[e])
+        assert isinstance(ex.up_proj, nn.Linear) and ex.up_proj.weight.is_contiguous()
+
+
+def test_all_tokens_runs_every_expert_on_every_token_and_keeps_the_routing():
+    model = tiny_moe("qwen3_moe")
+    split_experts(model)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(2))
+    routed = model(input_ids=ids).logits
+    seen: dict[str, int] = {}
+    block = model.model.layers[1].mlp.experts
+    hooks = [block[e].up_proj.register_forward_hook(
+        lambda m, a, o, e=e: seen.__setitem__(e, seen.get(e, 0) + a[0].shape[0])) for e in range(len(block))]
+    with all_tokens(model):
+        everything = model(input_ids=ids).logits
+    for h in hooks:
+        h.remove()
+    assert seen == {e: 32 for e in range(len(block))}  # 2 x 16 tokens, every expert
+    assert not block.route_all_tokens  # restored
+    torch.testing.assert_close(everything, routed, rtol=0, atol=1e-5)
+
+
+def test_routers_are_found_and_the_blocks_listed():
+    model = tiny_moe("qwen2_moe")
+    split_experts(model)
+    assert router_names(model) == [f"model.layers.{i}.mlp.{r}" for i in range(2) for r in ("gate", "shared_expert_gate")]
+    assert list(expert_blocks(model)) == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+
+
+def test_unknown_gating_is_refused_naming_the_module():
+    model = tiny_moe("qwen3_moe")
+    cls = type(model.model.layers[0].mlp.experts)
+    custom = type("CustomGateExperts", (cls,), {"_apply_gate": lambda self, x: x})
+    model.model.layers[0].mlp.experts.__class__ = custom
+    with pytest.raises(QuantizationError, match=r"model.layers.0.mlp.experts.*CustomGateExperts.*_apply_gate"):
+        split_experts(model)
