@@ -71,3 +71,19 @@ def test_mixtral_legacy_float_checkpoint_names_load(tmp_path):
     assert torch.equal(back.model.layers[0].mlp.experts[0].gate_proj.weight,
                        q.model.layers[0].mlp.experts[0].gate_proj.weight)
     torch.testing.assert_close(back(input_ids=IDS).logits, q(input_ids=IDS).logits, rtol=0, atol=1e-5)
+
+
+def test_inspect_reports_experts_per_block(quantized, tmp_path, capsys):
+    from helpers.cli import run
+
+    family, q = quantized
+    out = lowbit.save(q, tmp_path / "ct", format="compressed-tensors")
+    from lowbit.checkpoint.inspect import inspect_checkpoint
+
+    r = inspect_checkpoint(out)
+    assert r["inconsistencies"] == []
+    blocks = 1 if family == "deepseek_v3" else 2  # DeepSeek-V3's first layer is dense
+    assert r["experts"] == {f"model.layers.{i}.mlp.experts": {"experts": 8, "quantized": 8}
+                            for i in range(2 - blocks, 2)}
+    code, text, _ = run(capsys, "inspect", out)
+    assert code == 0 and f"MoE: {blocks} expert blocks of 8 experts; {8 * blocks} of {8 * blocks} experts quantized" in text

@@ -6,7 +6,8 @@
 Keys: path, format, source, dtype, groups (scheme name, weights, input activations, every
 QuantSpec field, layer count, targets), layers (name -> scheme name), ignored (Linears left in
 float), size_on_disk (bytes of the weight files: ``*.safetensors``), float_size (the same model's parameters in its
-float dtype, tied weights once), ratio, inconsistencies (one line each: file, tensor, what).
+float dtype, tied weights once), ratio, experts (MoE: per experts block, how many experts it has and
+how many of them are quantized), inconsistencies (one line each: file, tensor, what).
 
 The model's layers come from its config.json built on the meta device (no memory, no weights);
 every quantized layer is read through its layout exactly as lowbit.load does, so whatever would
@@ -26,6 +27,7 @@ from lowbit.formats.base import QUANT_SUFFIXES, Format, parse_dtype
 from lowbit.formats.detect import parse_quantization_config
 from lowbit.files.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
+from lowbit.moe import checkpoint_names, expert_blocks, model_names, split_experts
 
 
 def _meta_model(path: Path):
@@ -83,6 +85,11 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         model = None
     counts: dict[str, int] = {}
     if model is not None:
+        split_experts(model)  # MoE: per-expert linears, as lowbit.load rebuilds them
+        mt = getattr(model.config, "model_type", None)
+        if folder is not None:
+            folder = folder.with_names(model_names(mt, list(folder)))
+        disk = checkpoint_names(mt, [n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
         out_emb = model.get_output_embeddings()
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
         seen: set[int] = set()
@@ -100,7 +107,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
             if not isinstance(mod, nn.Linear):
                 continue
             try:
-                scheme = parsed.scheme_for(name, is_output_embedding=mod is out_emb)
+                scheme = parsed.scheme_for(disk[name], is_output_embedding=mod is out_emb)
             except LowbitError as e:
                 problems.append(str(e))
                 continue
@@ -154,6 +161,12 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                     elif state[k].dtype.is_floating_point and st_dtype not in FLOAT_DTYPE_CODES:
                         problems.append(f"tensor {folder.describe(k)} has dtype {st_dtype}, expected a float dtype "
                                         f"({', '.join(sorted(FLOAT_DTYPE_CODES))})")
+    if model is not None:
+        report["experts"] = {
+            name: {"experts": len(block),
+                   "quantized": sum(1 for e in range(len(block))
+                                    if any(f"{name}.{e}.{c}" in report["layers"] for c, _ in block[e].named_children()))}
+            for name, block in expert_blocks(model).items()}
     for scheme, targets in parsed.groups:
         report["groups"].append({
             "scheme": scheme.name, "targets": targets, "layers": counts.get(scheme.name, 0),

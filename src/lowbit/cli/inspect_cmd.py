@@ -39,6 +39,12 @@ def inspect_cmd(
             t.add_row(g["scheme"], str(g["layers"]), g["weights"], g["input_activations"] or "none (weight-only)",
                       targets)
         console.print(t)
+        if r.get("experts"):
+            n_exp = sum(b["experts"] for b in r["experts"].values())
+            n_q = sum(b["quantized"] for b in r["experts"].values())
+            per = sorted({b["experts"] for b in r["experts"].values()})
+            console.print(f"MoE: {len(r['experts'])} expert blocks of {'/'.join(map(str, per))} experts; "
+                          f"{n_q} of {n_exp} experts quantized", highlight=False)
         ignored = r["ignored"]
         console.print(f"ignored (float) layers: {', '.join(ignored) if ignored else 'none'}", highlight=False)
         ratio = "" if r["ratio"] is None else f" ({r['ratio']:.3f}x)"

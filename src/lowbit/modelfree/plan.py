@@ -7,6 +7,8 @@ Exact rules, never substring matches:
   any numbered block), not an unnamed top-level [vocab_size, ...] table, and not excluded by
   lowbit.targets.is_excluded_name (MoE routers, non-text towers, ``ignore`` patterns): the same
   set lowbit.targets.quantizable_linears finds on the built model.
+- Fused 3-D expert tensors (gpt-oss's ``experts.gate_up_proj`` [E, H, 2I]) are refused, never
+  copied in float silently: the in-memory path splits and quantizes them.
 - Everything else (norms, biases, embeddings, lm_head unless asked, routers, towers) is copied
   unchanged. FP8 sources are dequantized to the model dtype first (``weight_scale_inv``, found
   through the index in whatever shard holds it); their scales are not written.
@@ -112,6 +114,16 @@ def _check_fp8_scale(w: TensorInfo, s: TensorInfo, block: tuple[int, int] | None
                           f"blocks {list(block)} needs {list(want)}")
 
 
+FUSED_EXPERT_LEAVES = frozenset({"gate_up_proj", "up_proj", "down_proj"})
+
+
+def _is_fused_experts(module: str, leaf: str) -> bool:
+    """A fused experts tensor as transformers writes it (``<block>.experts.gate_up_proj``), or a
+    3-D ``.weight`` under an ``experts`` module."""
+    parts = module.split(".")
+    return (parts[-1] == "experts" and leaf in FUSED_EXPERT_LEAVES) or (leaf == "weight" and "experts" in parts)
+
+
 def classify_weight(module: str, shape: tuple[int, ...], vocab_size: int | None) -> str:
     """'embedding', 'head' or 'linear' for a 2-D ``<module>.weight`` (before exclusions)."""
     parts = module.split(".")
@@ -165,6 +177,11 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
         if info.dtype in FP8_SOURCES and f"{module}.{SCALE_INV}" not in tensors:
             raise FormatError(f"{info.shard}: FP8 tensor {name!r} has no {module}.{SCALE_INV} anywhere in the "
                               f"checkpoint (the index names none)")
+        if len(info.shape) == 3 and _is_fused_experts(module, leaf) and not is_excluded_name(module, ignore):
+            raise FormatError(f"{info.shard}: tensor {name!r} {list(info.shape)} holds fused experts (3-D); "
+                              f"model-free quantization quantizes per-expert 2-D weights only: quantize this "
+                              f"model in memory (without --model-free), which splits and quantizes every expert, "
+                              f"or ignore the module with --ignore")
         if leaf != "weight" or len(info.shape) != 2:
             kinds[name] = Kind.COPY
             continue
