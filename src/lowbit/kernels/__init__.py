@@ -7,7 +7,9 @@
   and ``fake_quantize``, which choose through ``select`` as well;
 - implementations: ``torch_ops`` (torch), ``native`` (the C library and its build), and the Triton
   GPU kernels (``actquant``, ``dequant``, ``matmul``, ``gemm``, ``epilogue``, ``bits``), bit-exact
-  with lowbit.quant.
+  with lowbit.quant;
+- ``gpu``: the entry points of the GPU kernels for the Triton backends of lowbit.backends (and for
+  ``triton_ops``), which ask ``select`` before running one.
 
 Importing this package does not import Triton; the Triton submodules do. Triton decides at import
 time of a submodule whether kernels run compiled (a CUDA GPU) or under its CPU interpreter

@@ -15,8 +15,9 @@ value on exit; worker processes adopt their parent's, ``adopt``). ``Implementati
 default) resolves, once per process and compiler list, to the best available CPU implementation:
 ``native`` when the C library builds and loads, else ``torch``, and that fallback is reported
 once, as a warning (RuntimeWarning and a warning log line) naming why the library is unavailable.
-Triton runs at the entry points only when asked for (the Triton backends of lowbit.backends are
-chosen per module). Asking for an implementation that is unavailable (``using(NATIVE)`` without a
+Triton runs at the entry points only when asked for; the Triton backends of lowbit.backends are
+chosen per module and reach the Triton kernels only through lowbit.kernels.gpu, whose entry points
+ask ``require(Implementation.TRITON)`` first. Asking for an implementation that is unavailable (``using(NATIVE)`` without a
 C compiler, ``using(TRITON)`` without Triton and CUDA) raises KernelUnavailable.
 
 The implementations are ordered REFERENCE < TORCH < NATIVE < TRITON. An operation runs the
@@ -105,6 +106,12 @@ def _triton_ready() -> bool:
     return cuda_triton_available()
 
 
+def _triton_interpreted() -> bool:
+    from lowbit.kernels.support import triton_interpreted
+
+    return triton_interpreted()
+
+
 def available(impl: Implementation, compilers: tuple[str, ...] = DEFAULT_COMPILERS) -> bool:
     """Whether ``impl`` can run here (NATIVE: the C library builds and loads; TRITON: Triton and a
     CUDA device; REFERENCE, TORCH and AUTO: always)."""
@@ -137,6 +144,20 @@ def using(implementation: Implementation, *, compilers: tuple[str, ...] | None =
     finally:
         with _lock:
             _setting[0] = before
+
+
+def require(implementation: Implementation) -> None:
+    """Raise KernelUnavailable unless ``implementation`` can run here: the check ``using`` makes
+    at entry, for the entry points that run one implementation directly (lowbit.kernels.gpu, the
+    Triton operations of the Triton backends, which are chosen per module). TRITON also runs
+    under Triton's CPU interpreter (Triton's own setting, which lowbit never sets), on CPU tensors."""
+    impl = Implementation(implementation)
+    if impl is Implementation.TRITON:
+        if not (_triton_ready() or _triton_interpreted()):
+            raise KernelUnavailable("kernel implementation 'triton' is unavailable: it needs Triton and a CUDA "
+                                    "device (or Triton's CPU interpreter)")
+        return
+    _check(Selection(impl, current().compilers))
 
 
 def adopt(selection: Selection) -> None:
