@@ -150,3 +150,19 @@ def test_target_macros_are_asked_once_and_keyed_by_flags(fresh, monkeypatch):
     build.target_macros(cc)
     build.target_macros(cc)
     assert len(calls) == 4 and len(list(fresh.glob("target-*.txt"))) == 2
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine")
+def test_the_library_reports_the_abi_of_its_python_mirrors():
+    """One ABI version (constants.py, through the generated header) and parameter blocks of the
+    sizes of their ctypes mirrors: what the loader checks once."""
+    import ctypes
+
+    from lowbit.kernels.native import abi
+    from lowbit.kernels.native.constants import ABI_VERSION
+
+    lib = build.library()
+    assert lib is not None and lib.lb_version() == ABI_VERSION
+    assert [lib.lb_sizeof(i) for i in range(len(abi.BLOCKS))] == [ctypes.sizeof(b) for b in abi.BLOCKS]
+    assert lib.lb_sizeof(len(abi.BLOCKS)) == -1

@@ -8,7 +8,8 @@ hash covers the sources, their headers (the generated one included), the flags, 
 means on this machine (the compiler's predefined macros, target_macros), so an edited source,
 other flags or another CPU get their own library. The
 library is written under a temporary name and renamed, so concurrent builds (threads, worker
-processes) never load a half-written file. It is loaded with ctypes (calls release the GIL).
+processes) never load a half-written file. It is loaded with ctypes (calls release the GIL), its
+ABI version and parameter blocks checked once at load (lowbit.kernels.native.abi).
 
 No compiler, a failed build or a failed load: ``library(compilers)`` returns None and
 ``unavailable_reason(compilers)`` says why; whether that is an error or a fallback (reported once
@@ -32,7 +33,8 @@ import threading
 from pathlib import Path
 
 from lowbit.cache import default_cache_dir
-from lowbit.kernels.native.constants import ABI_VERSION, header
+from lowbit.kernels.native.abi import open_checked
+from lowbit.kernels.native.constants import header
 
 log = logging.getLogger(__name__)
 
@@ -127,24 +129,6 @@ def build(compiler: str, target: Path) -> None:
             os.unlink(tmp)
 
 
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    F, U = ctypes.c_float, ctypes.c_uint32
-    lib.lb_version.argtypes, lib.lb_version.restype = [], I
-    lib.lb_group_amax.argtypes, lib.lb_group_amax.restype = [P, I, L, L, L, P], I
-    lib.lb_group_minmax.argtypes, lib.lb_group_minmax.restype = [P, I, L, L, L, P, P], I
-    lib.lb_encode.argtypes = [P, I, L, L, L, P, P, P, I, I, I, I, I, P]
-    lib.lb_encode.restype = I
-    lib.lb_pack_nibbles.argtypes, lib.lb_pack_nibbles.restype = [P, L, P], I
-    lib.lb_step_codes.argtypes, lib.lb_step_codes.restype = [P, P, L, I, I, P], None
-    lib.lb_decode.argtypes, lib.lb_decode.restype = [P, L, P, P], None
-    lib.lb_quantize.argtypes = [P, I, L, L, L, I, F, P, P, P, I, I, P, P, I, I, I, I, I, P, P, P, P, P]
-    lib.lb_quantize.restype = I
-    lib.lb_gptq_sub.argtypes = [P, P, P, P, L, L, L, L, P, P, P, L, L, I, F, F, U, U, U]
-    lib.lb_gptq_sub.restype = I
-    return lib
-
-
 def load(compilers: tuple[str, ...] = COMPILERS) -> ctypes.CDLL:
     """Build (if needed) and load the library; raises on any failure."""
     compiler = find_compiler(compilers)
@@ -153,10 +137,7 @@ def load(compilers: tuple[str, ...] = COMPILERS) -> ctypes.CDLL:
     target = cache_dir() / f"lowbit_native-{library_key(compiler)}.so"
     if not target.is_file():
         build(compiler, target)
-    lib = _declare(ctypes.CDLL(str(target)))
-    if lib.lb_version() != ABI_VERSION:
-        raise RuntimeError(f"{target}: ABI version {lib.lb_version()}, expected {ABI_VERSION}")
-    return lib
+    return open_checked(target)
 
 
 def library(compilers: tuple[str, ...] = COMPILERS) -> ctypes.CDLL | None:
