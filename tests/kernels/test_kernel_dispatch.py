@@ -7,19 +7,27 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+import torch
+
 import lowbit
+from lowbit.kernels import KernelUnavailable, gpu
+from lowbit.schemes import get_scheme
 
 SRC = Path(lowbit.__file__).parent
 
 # implementation module -> the modules allowed to import it (the entry points of its operations)
-TRITON_USERS = {"lowbit.backends.triton_mx", "lowbit.backends.gpu_w8a8", "lowbit.backends.triton_conformance",
-                "lowbit.kernels.ptx_audit", "lowbit.kernels.triton_ops"}  # the Triton backends are chosen per module (lowbit.backends)
+# the Triton kernels' entry points (which ask lowbit.kernels.select), and the PTX audit (which compiles
+# the kernels themselves): the Triton backends of lowbit.backends and triton_ops go through lowbit.kernels.gpu
+TRITON_USERS = {"lowbit.kernels.gpu", "lowbit.kernels.ptx_audit"}
 ENTRY_POINTS = {
     "lowbit.kernels.torch_ops": {"lowbit.kernels.codes", "lowbit.kernels.rounding"},
     "lowbit.kernels.native": {"lowbit.kernels.codes", "lowbit.kernels.rounding", "lowbit.quant.native_quant"},
     "lowbit.kernels.native.build": {"lowbit.kernels.select"},
     "lowbit.quant.fast_qdq": {"lowbit.quant.scaling"},
     "lowbit.kernels.triton_ops": {"lowbit.quant.scaling"},
+    "lowbit.kernels.gpu": {"lowbit.kernels.triton_ops", "lowbit.backends.triton_mx", "lowbit.backends.gpu_w8a8",
+                           "lowbit.backends.triton_conformance"},
     "lowbit.quant.native_quant": {"lowbit.quant.scaling"},
     **{f"lowbit.kernels.{m}": TRITON_USERS for m in ("actquant", "dequant", "matmul", "gemm", "epilogue")},
 }
@@ -87,3 +95,22 @@ def test_kernel_layers_import_only_downwards():
 def test_no_constant_is_restated_in_c():
     src = "".join(p.read_text() for p in (SRC / "kernels" / "native").glob("*.[ch]"))
     assert "#define NSTEPS" not in src and "return 4;" not in src  # both come from the generated header
+
+
+def test_the_triton_entry_points_ask_the_selection(monkeypatch):
+    """Without Triton and a CUDA device (and outside Triton's interpreter) every Triton entry
+    point of lowbit.kernels.gpu refuses with KernelUnavailable."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Triton's setting: compiled kernels, which need CUDA
+    spec = get_scheme("nvfp4").input_activations
+    x = torch.zeros(2, 16)
+    calls = [lambda: gpu.quantize_blocks(x, spec), lambda: gpu.quantize_rows(x, spec),
+             lambda: gpu.pack_microscaled(x, x, spec), lambda: gpu.pack_int(x, spec),
+             lambda: gpu.dequantize_microscaled(x, x, spec, out_features=2, in_features=16),
+             lambda: gpu.dequantize_int(x, x, spec, out_features=2, in_features=16),
+             lambda: gpu.mx_matmul(x, x, x, spec, out_features=2),
+             lambda: gpu.scale_epilogue(x, x, x, None, torch.float32)]
+    for call in calls:
+        with pytest.raises(KernelUnavailable, match="'triton' is unavailable"):
+            call()

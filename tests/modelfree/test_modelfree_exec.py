@@ -11,6 +11,7 @@ import torch
 import lowbit
 import lowbit.modelfree.run as run
 from lowbit.modelfree import RunOptions
+from lowbit.modelfree.pool import ProcessPool
 import lowbit.modelfree.worker as worker
 from helpers.models import tiny_llama
 from lowbit.errors import QuantizationError
@@ -36,12 +37,13 @@ def sharded(tmp_path_factory) -> Path:
     return d
 
 
-class CountingPool(run._Pool):
-    started: list[int] = []
+def counting_pool(started: list[int]):
+    """A pool factory (RunOptions.pool) that records the worker count of each pool it starts."""
+    def make(n: int) -> ProcessPool:
+        started.append(n)
+        return ProcessPool(n)
 
-    def __init__(self, n: int) -> None:
-        CountingPool.started.append(n)
-        super().__init__(n)
+    return make
 
 
 def test_use_pool_rules():
@@ -60,18 +62,19 @@ def test_use_pool_rules():
 
 
 @pytest.mark.subprocess
-def test_worker_processes_and_in_process_write_the_same_bytes(sharded, tmp_path, monkeypatch):
+def test_worker_processes_and_in_process_write_the_same_bytes(sharded, tmp_path):
     scheme = "nvfp4-e5m3"
-    CountingPool.started.clear()
-    monkeypatch.setattr(run, "_Pool", CountingPool)
-    inproc = mf(sharded, tmp_path / "inproc", scheme, workers=2)  # small: two threads in this process
-    assert CountingPool.started == []
-    pool = RunOptions(pool_min_bytes=0, pool_min_workers=2)
+    started: list[int] = []
+    counted = counting_pool(started)
+    inproc = mf(sharded, tmp_path / "inproc", scheme, workers=2,  # small: two threads in this process
+                run_options=RunOptions(pool=counted))
+    assert started == []
+    pool = RunOptions(pool_min_bytes=0, pool_min_workers=2, pool=counted)
     pooled = mf(sharded, tmp_path / "pooled", scheme, workers=2, run_options=pool)
-    assert CountingPool.started == [2]
+    assert started == [2]
     parts = mf(sharded, tmp_path / "parts", scheme, workers=3,  # many parts, joined afterwards
-               run_options=RunOptions(part_bytes=20_000, pool_min_bytes=0, pool_min_workers=2))
-    assert CountingPool.started == [2, 3]
+               run_options=RunOptions(part_bytes=20_000, pool_min_bytes=0, pool_min_workers=2, pool=counted))
+    assert started == [2, 3]
     single = mf(sharded, tmp_path / "single", scheme, workers=0)
     assert folder_bytes(inproc) == folder_bytes(pooled) == folder_bytes(parts)
     # part_bytes is part of the run's fingerprint only; the files are the same

@@ -4,17 +4,19 @@ The input is quantized by a Triton kernel (per token, dynamic, or per tensor wit
 calibrated scale; codes and scales bit-exact with lowbit.quant), multiplied with the int8 /
 E4M3 weight codes by torch._int_mm (int32 accumulation, exact) or torch._scaled_mm (float32
 accumulation), then scaled in float32: y = (acc * x_scale) * w_scale + bias (one Triton
-epilogue pass, lowbit.kernels.epilogue).
+epilogue pass). The kernels and matmuls are reached through their entry points,
+lowbit.kernels.gpu (which ask lowbit.kernels.select).
 """
 
 from __future__ import annotations
 
 import torch
 
-from lowbit.numerics import FormatName
 from lowbit.backends.cache import ModuleCache
+from lowbit.kernels import Implementation, gpu
+from lowbit.kernels import available as kernel_available
+from lowbit.numerics import FormatName
 from lowbit.schemes import Granularity, Scheme
-
 
 
 def _supports(scheme: Scheme, fmt: FormatName) -> bool:
@@ -34,15 +36,11 @@ def supports_fp8(scheme: Scheme) -> bool:
 
 
 def int8_available() -> bool:
-    from lowbit.kernels import cuda_triton_available
-
-    return cuda_triton_available() and hasattr(torch, "_int_mm")
+    return kernel_available(Implementation.TRITON) and hasattr(torch, "_int_mm")
 
 
 def fp8_available() -> bool:
-    from lowbit.kernels import cuda_triton_available
-
-    if not (cuda_triton_available() and hasattr(torch, "_scaled_mm")):
+    if not (kernel_available(Implementation.TRITON) and hasattr(torch, "_scaled_mm")):
         return False
     return torch.cuda.get_device_capability() >= (8, 9)
 
@@ -66,21 +64,16 @@ class _W8A8Backend:
         raise NotImplementedError
 
     def forward(self, module, x: torch.Tensor) -> torch.Tensor:
-        from lowbit.kernels.actquant import quantize_rows
-        from lowbit.kernels.gemm import apply_scales
-
         module.check_ready()
         spec = module.scheme.input_activations
         x2 = x.reshape(-1, module.in_features)
         name = f"{module.name}.input" if module.name else "input"
-        codes, sx = quantize_rows(x2, spec, module.input_scale, check_finite=self.check_finite, name=name)
+        codes, sx = gpu.quantize_rows(x2, spec, module.input_scale, check_finite=self.check_finite, name=name)
         acc = self._matmul(codes, self._weight_t(module))
         if x.dtype in (torch.float32, torch.bfloat16):  # one Triton pass, bit-identical to apply_scales
-            from lowbit.kernels.epilogue import scale_epilogue
-
-            y = scale_epilogue(acc, sx, module.weight_scale, module.bias, x.dtype)
+            y = gpu.scale_epilogue(acc, sx, module.weight_scale, module.bias, x.dtype)
         else:
-            y = apply_scales(acc, sx, module.weight_scale, module.bias).to(x.dtype)
+            y = gpu.apply_scales(acc, sx, module.weight_scale, module.bias).to(x.dtype)
         return y.reshape(*x.shape[:-1], module.out_features)
 
 
@@ -88,15 +81,11 @@ class Int8MMBackend(_W8A8Backend):
     name = "cuda-int8"
 
     def _matmul(self, xc, w_t):
-        from lowbit.kernels.gemm import int8_matmul
-
-        return int8_matmul(xc, w_t)
+        return gpu.int8_matmul(xc, w_t)
 
 
 class FP8MMBackend(_W8A8Backend):
     name = "cuda-fp8"
 
     def _matmul(self, xc, w_t):
-        from lowbit.kernels.gemm import fp8_matmul
-
-        return fp8_matmul(xc, w_t)
+        return gpu.fp8_matmul(xc, w_t)

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from lowbit.kernels import gpu
 from lowbit.numerics import FormatName, get_format
 from lowbit.quant import QuantizedTensor, dequantize, global_scale_from_amax, quantize
 from lowbit.schemes import QuantSpec
@@ -131,14 +132,12 @@ def count_diff(a: torch.Tensor, b: torch.Tensor) -> int:
 def check_block_quant(spec: QuantSpec, x: torch.Tensor, device: str | torch.device,
                       qdq_dtypes=(torch.float32, torch.bfloat16), **kernel_kw) -> dict[str, int]:
     """Mismatch counts of quantize_blocks against lowbit.quant on the CPU, per global scale."""
-    from lowbit.kernels.actquant import quantize_blocks
-
     out: dict[str, int] = {}
     xr = x.reshape(-1, spec.group_size * 2) if x.shape[0] % 2 == 0 else x
     for i, gs in enumerate(global_scales(x, spec)):
         ref = quantize(xr, spec, global_scale=gs)
         fq = dequantize(ref)
-        got = quantize_blocks(xr.to(device), spec, None if gs is None else gs.to(device), qdq_dtype=torch.float32,
+        got = gpu.quantize_blocks(xr.to(device), spec, None if gs is None else gs.to(device), qdq_dtype=torch.float32,
                               **kernel_kw)
         out[f"g{i}.codes"] = count_diff(got["codes"], ref.codes)
         out[f"g{i}.scale"] = count_diff(got["scale"], ref.scale)
@@ -147,19 +146,17 @@ def check_block_quant(spec: QuantSpec, x: torch.Tensor, device: str | torch.devi
         for dt in qdq_dtypes:
             if dt == torch.float32:
                 continue
-            q2 = quantize_blocks(xr.to(device), spec, None if gs is None else gs.to(device), codes=False, qdq_dtype=dt,
+            q2 = gpu.quantize_blocks(xr.to(device), spec, None if gs is None else gs.to(device), codes=False, qdq_dtype=dt,
                                  **kernel_kw)
             out[f"g{i}.qdq_{str(dt).split('.')[-1]}"] = count_diff(q2["qdq"], fq.to(dt))
     return out
 
 
 def check_row_quant(spec: QuantSpec, x: torch.Tensor, device, scales=(None,), **kernel_kw) -> dict[str, int]:
-    from lowbit.kernels.actquant import quantize_rows
-
     out: dict[str, int] = {}
     for i, sc in enumerate(scales):
         ref = quantize(x, spec, scale=sc)
-        codes, s = quantize_rows(x.to(device), spec, None if sc is None else sc.to(device), **kernel_kw)
+        codes, s = gpu.quantize_rows(x.to(device), spec, None if sc is None else sc.to(device), **kernel_kw)
         out[f"s{i}.codes"] = count_diff(codes, ref.codes)
         out[f"s{i}.scale"] = count_diff(s, ref.scale)
     return out
@@ -184,13 +181,11 @@ def random_microscaled_weight(spec: QuantSpec, out_f: int, in_f: int, seed: int 
 
 def check_microscaled_dequant(qt: QuantizedTensor, device, dtypes=(torch.float32, torch.bfloat16),
                               **kernel_kw) -> dict[str, int]:
-    from lowbit.kernels.dequant import dequantize_microscaled, pack_microscaled
-
-    data, scodes = pack_microscaled(qt.codes, qt.scale, qt.spec)
+    data, scodes = gpu.pack_microscaled(qt.codes, qt.scale, qt.spec)
     out: dict[str, int] = {}
     N, K = qt.codes.shape
     for dt in dtypes:
-        got = dequantize_microscaled(data.to(device), scodes.to(device), qt.spec,
+        got = gpu.dequantize_microscaled(data.to(device), scodes.to(device), qt.spec,
                                      None if qt.global_scale is None else qt.global_scale.to(device),
                                      out_features=N, in_features=K, dtype=dt, **kernel_kw)
         out[f"dequant_{str(dt).split('.')[-1]}"] = count_diff(got, dequantize(qt, dt))
@@ -199,13 +194,11 @@ def check_microscaled_dequant(qt: QuantizedTensor, device, dtypes=(torch.float32
 
 def check_int_dequant(qt: QuantizedTensor, device, dtypes=(torch.float32, torch.bfloat16),
                       **kernel_kw) -> dict[str, int]:
-    from lowbit.kernels.dequant import dequantize_int, pack_int
-
-    data = pack_int(qt.codes, qt.spec)
+    data = gpu.pack_int(qt.codes, qt.spec)
     N, K = qt.codes.shape
     out: dict[str, int] = {}
     for dt in dtypes:
-        got = dequantize_int(data.to(device), qt.scale.to(device), qt.spec,
+        got = gpu.dequantize_int(data.to(device), qt.scale.to(device), qt.spec,
                              None if qt.zero_point is None else qt.zero_point.to(device),
                              out_features=N, in_features=K, dtype=dt, **kernel_kw)
         out[f"dequant_{str(dt).split('.')[-1]}"] = count_diff(got, dequantize(qt, dt))

@@ -6,11 +6,12 @@ block scales) and w4a16 / w8a16 (INT4/INT8 weights). The weight is held packed, 
 words), and dequantized by a Triton kernel at each call; the input activation is quantized
 and dequantized (QDQ) by a Triton kernel; then one matmul (cuBLAS) in float32 for float32
 inputs, bfloat16 otherwise. ``fused_max_m`` > 0 sends bfloat16 inputs of at most that many
-rows through the fused Triton matmul (lowbit.kernels.matmul), which reads the packed weight
+rows through the fused Triton matmul (lowbit.kernels.gpu.mx_matmul), which reads the packed weight
 once; it is off by default because on the H200 it measured slower than dequantize + cuBLAS
 (bench/RESULTS-gpu.md). Weight and QDQ values equal lowbit.quant's bit for bit (in
 float32, or that value rounded to bfloat16); the matmul differs from the reference only by
-accumulation order (and the bfloat16 rounding of values that are not bf16-exact).
+accumulation order (and the bfloat16 rounding of values that are not bf16-exact). The kernels
+are reached through their entry points, lowbit.kernels.gpu (which ask lowbit.kernels.select).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from lowbit.backends.cache import ModuleCache
+from lowbit.kernels import Implementation, gpu
+from lowbit.kernels import available as kernel_available
 from lowbit.schemes import Scheme
-
 
 
 def supports(scheme: Scheme) -> bool:
@@ -35,9 +37,7 @@ def supports(scheme: Scheme) -> bool:
 
 
 def available() -> bool:
-    from lowbit.kernels import cuda_triton_available
-
-    return cuda_triton_available()
+    return kernel_available(Implementation.TRITON)
 
 
 def compute_dtype(x_dtype: torch.dtype) -> torch.dtype:
@@ -46,15 +46,14 @@ def compute_dtype(x_dtype: torch.dtype) -> torch.dtype:
 
 def _pack(module):
     """The weight in the layout the Triton kernels read: ("mx", data, scale codes) or ("int", ...)."""
-    from lowbit.kernels.dequant import pack_int, pack_microscaled
     from lowbit.kernels.support import supports_microscaled_weight
 
     spec = module.scheme.weights
     codes = module.weight_codes
     if supports_microscaled_weight(spec):
-        data, scodes = pack_microscaled(codes, module.weight_scale, spec, f"{module.name}.weight")
+        data, scodes = gpu.pack_microscaled(codes, module.weight_scale, spec, f"{module.name}.weight")
         return ("mx", data, scodes)
-    return ("int", pack_int(codes, spec), module.weight_scale.to(torch.float32).contiguous())
+    return ("int", gpu.pack_int(codes, spec), module.weight_scale.to(torch.float32).contiguous())
 
 
 class TritonBackend:
@@ -73,25 +72,21 @@ class TritonBackend:
         self.cache.release(module)
 
     def dequantized_weight(self, module, dtype: torch.dtype) -> torch.Tensor:
-        from lowbit.kernels.dequant import dequantize_int, dequantize_microscaled
-
         kind, data, scales = self._packed(module)
         spec = module.scheme.weights
         shape = dict(out_features=module.out_features, in_features=module.in_features, dtype=dtype)
         if kind == "mx":
-            return dequantize_microscaled(data, scales, spec, module.weight_global_scale, **shape)
-        return dequantize_int(data, scales, spec, module.weight_zero_point, **shape)
+            return gpu.dequantize_microscaled(data, scales, spec, module.weight_global_scale, **shape)
+        return gpu.dequantize_int(data, scales, spec, module.weight_zero_point, **shape)
 
     # ------------------------------------------------------------------ run
     def qdq_input(self, module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        from lowbit.kernels.actquant import quantize_blocks
-
         spec = module.scheme.input_activations
         if spec is None:
             return x.to(dtype)
         module.check_ready()
         name = f"{module.name}.input" if module.name else "input"
-        return quantize_blocks(x, spec, module.input_global_scale, codes=False, qdq_dtype=dtype,
+        return gpu.quantize_blocks(x, spec, module.input_global_scale, codes=False, qdq_dtype=dtype,
                                check_finite=self.check_finite, name=name)["qdq"]
 
     def forward(self, module, x: torch.Tensor) -> torch.Tensor:
@@ -101,9 +96,7 @@ class TritonBackend:
         if cdt == torch.bfloat16 and rows <= self.fused_max_m:
             kind, data, scales = self._packed(module)
             if kind == "mx":
-                from lowbit.kernels.matmul import mx_matmul
-
-                return mx_matmul(xq, data, scales, module.scheme.weights, module.weight_global_scale, module.bias,
+                return gpu.mx_matmul(xq, data, scales, module.scheme.weights, module.weight_global_scale, module.bias,
                                  out_features=module.out_features, out_dtype=x.dtype)
         w = self.dequantized_weight(module, cdt)
         b = None if module.bias is None else module.bias.to(cdt)

@@ -36,8 +36,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from safetensors.torch import save_file
@@ -56,10 +57,29 @@ def tensor_nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """The one atomic write of a file: yields a temporary path beside ``path`` (its name plus
+    ``.partial``) for the block to write, renamed to ``path`` when the block completes and removed
+    when it raises, so ``path`` is either as before or whole."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
+    """``text`` written to ``path`` atomically (``atomic_path``)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding=encoding)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 def write_safetensors_atomic(path: Path, tensors: Mapping[str, torch.Tensor],
@@ -76,9 +96,8 @@ def write_safetensors_atomic(path: Path, tensors: Mapping[str, torch.Tensor],
             t = t.contiguous().clone()
         seen[key] = name
         clean[name] = t
-    tmp = path.with_name(path.name + ".partial")
-    save_file(clean, str(tmp), metadata=dict(metadata or {"format": "pt"}))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(clean, str(tmp), metadata=dict(metadata or {"format": "pt"}))
     return sum(tensor_nbytes(t) for t in clean.values())
 
 
@@ -100,8 +119,8 @@ def copy_aux_files(src: str | Path | None, dst: str | Path) -> list[str]:
         return copied
     for p in sorted(src.iterdir()):
         if p.is_file() and (p.name in AUX_NAMES or p.name.endswith(AUX_SUFFIXES)):
-            shutil.copyfile(p, dst / (p.name + ".partial"))
-            os.replace(dst / (p.name + ".partial"), dst / p.name)
+            with atomic_path(dst / p.name) as tmp:
+                shutil.copyfile(p, tmp)
             copied.append(p.name)
     return copied
 

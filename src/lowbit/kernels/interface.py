@@ -20,7 +20,8 @@ QDQ of a spec      lowbit.quant.fake_quantize (.int_values)    reference: lowbit
 =================  ==========================================  =====================================
 
 The Triton kernels are also run by the Triton backends (lowbit.backends: quantize groups of
-activations, weight dequantization, fused matmuls), chosen per module.
+activations, weight dequantization, fused matmuls), chosen per module, through their entry points
+in lowbit.kernels.gpu (each asks ``select.require(Implementation.TRITON)``).
 
 The Protocols below state the signatures; tests/kernels/test_kernel_conformance.py runs every
 implementation of every operation on adversarial values of every format and compares bits.

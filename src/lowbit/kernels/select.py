@@ -11,12 +11,14 @@ of lowbit.kernels, CUDA tensors). Which one runs is decided here, and only here:
         qt = lowbit.quant.quantize(w, spec)
 
 The setting is one typed value for the process (threads share it; ``using`` restores the previous
-value on exit; worker processes adopt their parent's, ``adopt``). ``Implementation.AUTO`` (the
-default) resolves, once per process and compiler list, to the best available CPU implementation:
+value on exit; worker processes adopt their parent's, ``adopt``): the implementation, and how the
+native library is built (``BuildOptions``: compilers, flags, cache folder). ``Implementation.AUTO``
+(the default) resolves, once per process and build options, to the best available CPU implementation:
 ``native`` when the C library builds and loads, else ``torch``, and that fallback is reported
 once, as a warning (RuntimeWarning and a warning log line) naming why the library is unavailable.
-Triton runs at the entry points only when asked for (the Triton backends of lowbit.backends are
-chosen per module). Asking for an implementation that is unavailable (``using(NATIVE)`` without a
+Triton runs at the entry points only when asked for; the Triton backends of lowbit.backends are
+chosen per module and reach the Triton kernels only through lowbit.kernels.gpu, whose entry points
+ask ``require(Implementation.TRITON)`` first. Asking for an implementation that is unavailable (``using(NATIVE)`` without a
 C compiler, ``using(TRITON)`` without Triton and CUDA) raises KernelUnavailable.
 
 The implementations are ordered REFERENCE < TORCH < NATIVE < TRITON. An operation runs the
@@ -38,10 +40,9 @@ from enum import Enum
 from typing import Iterator
 
 from lowbit.errors import LowbitError
+from lowbit.kernels.build_options import BuildOptions
 
 log = logging.getLogger(__name__)
-
-DEFAULT_COMPILERS = ("cc", "gcc", "clang")
 
 
 class Implementation(str, Enum):
@@ -69,17 +70,17 @@ class KernelUnavailable(LowbitError, RuntimeError):
 
 @dataclass(frozen=True)
 class Selection:
-    """The kernel setting: the implementation asked for, and the C compilers the native library
-    may be built with (the first one found; the library is built once per list)."""
+    """The kernel setting: the implementation asked for, and how the native library is built
+    (``build``; the library is built once per value)."""
 
     implementation: Implementation = Implementation.AUTO
-    compilers: tuple[str, ...] = field(default=DEFAULT_COMPILERS)
+    build: BuildOptions = field(default_factory=BuildOptions)
 
 
 _lock = threading.Lock()
 _setting: list[Selection] = [Selection()]
 _resolved: dict[Selection, tuple[Implementation, object]] = {}  # what resolve() and native_library() give
-_warned: set[tuple[str, ...]] = set()
+_warned: set[BuildOptions] = set()
 
 
 def current() -> Selection:
@@ -87,16 +88,16 @@ def current() -> Selection:
     return _setting[0]
 
 
-def _native_library(compilers: tuple[str, ...]):
+def _native_library(options: BuildOptions):
     from lowbit.kernels.native.build import library
 
-    return library(compilers)
+    return library(options)
 
 
-def _native_reason(compilers: tuple[str, ...]) -> str:
+def _native_reason(options: BuildOptions) -> str:
     from lowbit.kernels.native.build import unavailable_reason
 
-    return unavailable_reason(compilers) or "unknown reason"
+    return unavailable_reason(options) or "unknown reason"
 
 
 def _triton_ready() -> bool:
@@ -105,11 +106,17 @@ def _triton_ready() -> bool:
     return cuda_triton_available()
 
 
-def available(impl: Implementation, compilers: tuple[str, ...] = DEFAULT_COMPILERS) -> bool:
-    """Whether ``impl`` can run here (NATIVE: the C library builds and loads; TRITON: Triton and a
-    CUDA device; REFERENCE, TORCH and AUTO: always)."""
+def _triton_interpreted() -> bool:
+    from lowbit.kernels.support import triton_interpreted
+
+    return triton_interpreted()
+
+
+def available(impl: Implementation, build: BuildOptions = BuildOptions()) -> bool:
+    """Whether ``impl`` can run here (NATIVE: the C library builds and loads under ``build``;
+    TRITON: Triton and a CUDA device; REFERENCE, TORCH and AUTO: always)."""
     if impl is Implementation.NATIVE:
-        return _native_library(compilers) is not None
+        return _native_library(build) is not None
     if impl is Implementation.TRITON:
         return _triton_ready()
     return True
@@ -117,17 +124,18 @@ def available(impl: Implementation, compilers: tuple[str, ...] = DEFAULT_COMPILE
 
 def _check(sel: Selection) -> None:
     impl = sel.implementation
-    if impl is Implementation.NATIVE and _native_library(sel.compilers) is None:
-        raise KernelUnavailable(f"kernel implementation 'native' is unavailable: {_native_reason(sel.compilers)}")
+    if impl is Implementation.NATIVE and _native_library(sel.build) is None:
+        raise KernelUnavailable(f"kernel implementation 'native' is unavailable: {_native_reason(sel.build)}")
     if impl is Implementation.TRITON and not _triton_ready():
         raise KernelUnavailable("kernel implementation 'triton' is unavailable: it needs Triton and a CUDA device")
 
 
 @contextmanager
-def using(implementation: Implementation, *, compilers: tuple[str, ...] | None = None) -> Iterator[Selection]:
-    """Run the block with ``implementation`` (and, for the native library, ``compilers``), then
-    restore the previous setting. Raises KernelUnavailable at entry when it cannot run here."""
-    sel = Selection(Implementation(implementation), tuple(compilers) if compilers is not None else current().compilers)
+def using(implementation: Implementation, *, build: BuildOptions | None = None) -> Iterator[Selection]:
+    """Run the block with ``implementation`` (and, for the native library, the ``build`` options;
+    None: the setting's), then restore the previous setting. Raises KernelUnavailable at entry when
+    it cannot run here."""
+    sel = Selection(Implementation(implementation), build if build is not None else current().build)
     _check(sel)
     with _lock:
         before = _setting[0]
@@ -137,6 +145,20 @@ def using(implementation: Implementation, *, compilers: tuple[str, ...] | None =
     finally:
         with _lock:
             _setting[0] = before
+
+
+def require(implementation: Implementation) -> None:
+    """Raise KernelUnavailable unless ``implementation`` can run here: the check ``using`` makes
+    at entry, for the entry points that run one implementation directly (lowbit.kernels.gpu, the
+    Triton operations of the Triton backends, which are chosen per module). TRITON also runs
+    under Triton's CPU interpreter (Triton's own setting, which lowbit never sets), on CPU tensors."""
+    impl = Implementation(implementation)
+    if impl is Implementation.TRITON:
+        if not (_triton_ready() or _triton_interpreted()):
+            raise KernelUnavailable("kernel implementation 'triton' is unavailable: it needs Triton and a CUDA "
+                                    "device (or Triton's CPU interpreter)")
+        return
+    _check(Selection(impl, current().build))
 
 
 def adopt(selection: Selection) -> None:
@@ -149,7 +171,7 @@ def adopt(selection: Selection) -> None:
 
 def resolve() -> Implementation:
     """The implementation in force, never AUTO: AUTO becomes NATIVE when the C library is
-    available, else TORCH (reported once per process and compiler list, at warning level)."""
+    available, else TORCH (reported once per process and build options, at warning level)."""
     return _resolution()[0]
 
 
@@ -160,7 +182,7 @@ def _resolution() -> tuple[Implementation, object]:
     got = _resolved.get(sel)
     if got is None:
         impl = _resolve(sel)
-        got = (impl, _native_library(sel.compilers) if impl.level >= Implementation.NATIVE.level else None)
+        got = (impl, _native_library(sel.build) if impl.level >= Implementation.NATIVE.level else None)
         _resolved[sel] = got
     return got
 
@@ -168,14 +190,14 @@ def _resolution() -> tuple[Implementation, object]:
 def _resolve(sel: Selection) -> Implementation:
     if sel.implementation is not Implementation.AUTO:
         return sel.implementation
-    if _native_library(sel.compilers) is not None:
+    if _native_library(sel.build) is not None:
         return Implementation.NATIVE
-    if sel.compilers not in _warned:
+    if sel.build not in _warned:
         with _lock:
-            first = sel.compilers not in _warned
-            _warned.add(sel.compilers)
+            first = sel.build not in _warned
+            _warned.add(sel.build)
         if first:
-            msg = f"lowbit native kernels unavailable ({_native_reason(sel.compilers)}): using the torch kernels"
+            msg = f"lowbit native kernels unavailable ({_native_reason(sel.build)}): using the torch kernels"
             log.warning(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
     return Implementation.TORCH

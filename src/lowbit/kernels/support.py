@@ -51,3 +51,13 @@ def cuda_triton_available() -> bool:
     import torch
 
     return triton_available() and torch.cuda.is_available()
+
+
+def triton_interpreted() -> bool:
+    """Triton installed and its CPU interpreter in force (Triton's TRITON_INTERPRET setting, read
+    by Triton; lowbit never sets it): the kernels then run on CPU tensors (the kernel tests)."""
+    if not triton_available():
+        return False
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)

@@ -1,5 +1,5 @@
 """The ``triton`` implementation of the QDQ of a spec: activation quantize-dequantize by the Triton
-kernels (lowbit.kernels.actquant), bit for bit the reference ``fake_quantize``. Reached only through
+kernels (lowbit.kernels.actquant, through its entry points in lowbit.kernels.gpu), bit for bit the reference ``fake_quantize``. Reached only through
 ``lowbit.quant.fake_quantize`` under ``using(Implementation.TRITON)`` for CUDA tensors (under
 Triton's CPU interpreter the kernels also take CPU tensors: tests/kernels/test_triton_kernels.py).
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from lowbit.kernels import gpu
 from lowbit.kernels.support import supports_block_spec, supports_row_spec
 from lowbit.numerics import IntFormat, get_format
 from lowbit.schemes import Dynamic, Granularity, QuantSpec
@@ -29,15 +30,11 @@ def fake_quantize(x: torch.Tensor, spec: QuantSpec, *, scale: torch.Tensor | Non
     if supports_block_spec(spec) and scale is None and x.shape[-1] % spec.group_size == 0:
         if spec.global_scale and global_scale is None:
             return None  # the reference computes it from x
-        from lowbit.kernels.actquant import quantize_blocks
-
-        return quantize_blocks(x, spec, global_scale if spec.global_scale else None, codes=False,
+        return gpu.quantize_blocks(x, spec, global_scale if spec.global_scale else None, codes=False,
                                qdq_dtype=torch.float32, name=name)["qdq"]
     static = spec.granularity is Granularity.TENSOR and spec.dynamic is Dynamic.STATIC
     if supports_row_spec(spec) and (scale is not None) == static:
-        from lowbit.kernels.actquant import quantize_rows
-
-        codes, s = quantize_rows(x, spec, scale, name=name)
+        codes, s = gpu.quantize_rows(x, spec, scale, name=name)
         fmt = get_format(spec.format)
         out = fmt.decode(codes) * s
         return out.add_(0.0) if isinstance(fmt, IntFormat) else out

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lowbit.errors import LowbitError
+from lowbit.files.writer import write_text_atomic
 
 MARKER_DIR = ".modelfree"
 
@@ -27,10 +28,7 @@ def marker_path(out_dir: str | Path, shard: str) -> Path:
 
 
 def write_marker(out_dir: str | Path, name: str, meta: dict[str, Any]) -> None:
-    m = marker_path(out_dir, name)
-    tmp = m.with_name(m.name + ".partial")
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, m)
+    write_text_atomic(marker_path(out_dir, name), json.dumps(meta))
 
 
 def finalize_shard(out_dir: str | Path, shard: str, n_parts: int, fingerprint: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@
   machine with more cores should decide.
 - ``reopen_bytes``: bytes read from a shard's memory map before it is replaced (what bounds the
   resident memory of a shard being read; lowbit.files.tensors.TensorReader).
+- ``pool``: makes the worker pool of a run that uses one, ``pool(n)`` for ``n`` workers (None:
+  spawned processes, lowbit.modelfree.pool.ProcessPool; the protocol is stated there).
 - ``on_event``: called as ``(event, job, tensor)`` after each tensor (``"tensor"``) and each
   finished unit of work (``"shard"``, tensor ``""``), in the thread that ran it; an exception it
   raises stops the run as any error does. A run with ``on_event`` stays in this process (a
@@ -18,11 +20,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from lowbit.files.tensors import REOPEN_BYTES
 
 Event = Callable[[str, str, str], None]
+PoolFactory = Callable[[int], Any]  # n -> a pool with run(jobs, progress) and close(ok)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class RunOptions:
     pool_min_workers: int = 4
     reopen_bytes: int = REOPEN_BYTES
     on_event: Event | None = None
+    pool: PoolFactory | None = None
 
     def __post_init__(self) -> None:
         for name in ("part_bytes", "pool_min_bytes", "pool_min_workers", "reopen_bytes"):

@@ -9,7 +9,8 @@ is written. Every output shard's header is known before any weight is quantized
 its units of work (the shard, or parts of RunOptions.part_bytes of source) write their tensors straight to
 their offsets, in parallel, with nothing joined afterwards. With at least two units,
 RunOptions.pool_min_workers workers and .pool_min_bytes of source, worker processes (spawn, one thread each,
-started before the plan is made) quantize units in parallel and return metadata only; otherwise
+started before the plan is made: RunOptions.pool, by default lowbit.modelfree.pool.ProcessPool)
+quantize units in parallel and return metadata only; otherwise
 everything runs in this process, ``workers`` units at once in threads (no start-up cost), and
 with ``device`` on that device. A unit's reading and writing overlap its quantizing on I/O
 threads where a core is free for them (lowbit.modelfree.worker.JobIO), and the files are
@@ -31,12 +32,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import queue as queue_mod
 import shutil
 import threading
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -45,7 +44,6 @@ from lowbit.errors import FormatError, LowbitError, SchemeError
 from lowbit.files.outguard import check_not_source
 from lowbit.files.outlock import output_lock
 from lowbit.files.writer import write_failure
-from lowbit.kernels.select import current
 from lowbit.modelfree.plan import Item, Kind, Plan, make_plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
@@ -54,7 +52,8 @@ from lowbit.files.regions import create_shard_file, shard_file_matches
 from lowbit.modelfree.device import resolve_device
 from lowbit.modelfree.markers import MARKER_DIR, finalize_shard, marker_path, part_name, partial_path, read_marker
 from lowbit.modelfree.options import Event, RunOptions
-from lowbit.modelfree.worker import JobCancelled, JobIO, ShardJob, init_worker, run_job, warm_up
+from lowbit.modelfree.pool import ProcessPool
+from lowbit.modelfree.worker import JobCancelled, JobIO, ShardJob, run_job
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.threads import one_thread
 
@@ -163,46 +162,6 @@ def _shard_jobs(out_dir: Path, out_name: str, items: list[Item], shapes: OutputS
     return todo, done
 
 
-class _Pool:
-    """Spawned worker processes, started early (while the plan is made) and warmed up."""
-
-    def __init__(self, n: int) -> None:
-        ctx = mp.get_context("spawn")
-        self.events = ctx.Queue()
-        self.ex = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=init_worker,
-                                      initargs=(self.events, 1, current()))
-        self.warm = [self.ex.submit(warm_up) for _ in range(n)]  # spawns them all now
-
-    def run(self, jobs: list[ShardJob], prog: ShardProgress) -> None:
-        def drain() -> None:
-            while True:
-                try:
-                    prog.handle(self.events.get_nowait())
-                except queue_mod.Empty:
-                    return
-
-        try:
-            pending = {self.ex.submit(run_job, job) for job in jobs}
-            while pending:
-                done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
-                drain()
-                for f in done:
-                    f.result()  # re-raises a worker's error here
-            drain()
-        except BaseException:
-            self.close(ok=False)  # before the caller removes the folder the other workers write into
-            raise
-
-    def close(self, ok: bool) -> None:
-        if ok:
-            self.ex.shutdown(wait=True)
-            return
-        for p in list(getattr(self.ex, "_processes", {}).values()):
-            if p.is_alive():
-                p.terminate()
-        self.ex.shutdown(wait=True, cancel_futures=True)
-
-
 def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress, on_event: Event | None = None) -> None:
     """Jobs in this process: up to ``workers`` runner threads take the jobs in order (largest
     first), each keeping its I/O and buffers from one job to the next (JobIO); the kernels
@@ -303,7 +262,7 @@ def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ign
     source_total = sum(i.nbytes for i in ckpt.tensors.values())
     units = sum(max(1, -(-sum(i.nbytes for i in infos) // opts.part_bytes)) for infos in ckpt.shard_tensors.values())
     n_pool = 0 if opts.on_event is not None else use_pool(workers, units, source_total, dev, opts)
-    pool = _Pool(n_pool) if n_pool else None
+    pool = (opts.pool or ProcessPool)(n_pool) if n_pool else None
     ok = False
     try:
         with one_thread():  # the plan's probes, the tables built on first use, the jobs run here
@@ -326,7 +285,7 @@ def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ign
 
 def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
               include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
-              dev: torch.device | None, pool: _Pool | None, opts: RunOptions) -> Path:
+              dev: torch.device | None, pool: Any, opts: RunOptions) -> Path:
     from lowbit.files.writer import CheckpointWriter
 
     plan = make_plan(ckpt, scheme, ignore, include_lm_head)

@@ -1,4 +1,5 @@
-"""Write a compare report: ``report.json`` and ``report.png`` (matplotlib), each atomically."""
+"""Write a compare report: ``report.json`` and ``report.png`` (matplotlib), each atomically
+(lowbit.files.writer.atomic_path)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import math
 import os
 from pathlib import Path
+
+from lowbit.files.writer import atomic_path, write_text_atomic
 
 
 def _clean(obj):
@@ -27,9 +30,7 @@ def write_report(report: dict, output_dir: str | os.PathLike) -> dict[str, Path]
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     jpath, ppath = out / "report.json", out / "report.png"
-    tmp = out / ".report.json.tmp"
-    tmp.write_text(report_json(report) + "\n", encoding="utf-8")
-    os.replace(tmp, jpath)
+    write_text_atomic(jpath, report_json(report) + "\n")
     plot_report(report, ppath)
     return {"json": jpath, "png": ppath}
 
@@ -99,8 +100,9 @@ def plot_report(report: dict, path: str | os.PathLike) -> Path:
 
     path = Path(path)
     fig = build_figure(report)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path

@@ -1,5 +1,6 @@
 """Native (C) kernels on CPU tensors: per-group extremes and fused divide + encode (+ nibble pack);
-GPTQ's sub-block column loop (``gptq_sub_fn``, raw pointers: lowbit.quant.gptq_solve).
+GPTQ's sub-block column loop (``gptq_sub_fn``, raw pointers: lowbit.quant.gptq_solve). The C
+functions with many parameters take a parameter block (lowbit.kernels.native.abi), filled here.
 
 Each wrapper returns None when the library is not to be used (the kernel setting,
 lowbit.kernels.select, does not allow the native implementation) or cannot be built; callers then
@@ -10,11 +11,13 @@ consecutive elements of a row, the last one possibly shorter (it acts zero-padde
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
+from lowbit.kernels.native.abi import Band, EncodeArgs, EncodingArgs, GptqArgs, QuantizeArgs
 from lowbit.kernels.native.constants import STEPS
 from lowbit.kernels.select import native_library as library
 
@@ -33,6 +36,10 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def _rows_cols(x: torch.Tensor) -> tuple[int, int]:
     assert x.dim() == 2 and x.is_contiguous() and x.device.type == "cpu", "native kernels take 2-D contiguous CPU"
     return x.shape[0], x.shape[1]
+
+
+def _band(x: torch.Tensor, rows: int, cols: int, g: int) -> Band:
+    return Band(_ptr(x), rows, cols, g, DTYPES[x.dtype])
 
 
 def group_amax(x: torch.Tensor, g: int) -> tuple[torch.Tensor, bool] | None:
@@ -71,8 +78,10 @@ class Encoding:
     bits: int
     negative_refused: bool
 
-    def args(self) -> tuple:
-        return (_ptr(self.table), _ptr(self.steps), self.qmin, self.qmax, self.bits, int(self.negative_refused))
+    def block(self) -> EncodingArgs:
+        """The lb_encoding parameter block (pointers into ``table`` and ``steps``, kept alive here)."""
+        return EncodingArgs(_ptr(self.table), _ptr(self.steps), self.qmin, self.qmax, self.bits,
+                            int(self.negative_refused))
 
 
 _NO_STEP = 0x8000  # a step no key reaches (magnitudes are 15 bits): pads formats with fewer codes
@@ -157,7 +166,8 @@ def encode(x: torch.Tensor, g: int, eff: torch.Tensor | None, fmt: object, *, pa
     lib, enc, rows, cols, out = call
     if eff is not None:
         assert eff.dtype == torch.float32 and eff.is_contiguous() and eff.shape == (rows, -(-cols // g))
-    status = lib.lb_encode(_ptr(x), DTYPES[x.dtype], rows, cols, g, _ptr(eff), *enc.args(), int(pack), _ptr(out))
+    status = lib.lb_encode(ctypes.byref(EncodeArgs(_band(x, rows, cols, g), _ptr(eff), enc.block(), int(pack),
+                                                   _ptr(out))))
     return out if status == 0 else None
 
 
@@ -194,9 +204,10 @@ def quantize(x: torch.Tensor, g: int, rule: ScaleRule, global_scale: torch.Tenso
     lo = torch.empty(rows, G, dtype=torch.float32) if rule.kind == RULE_FULL_RANGE else None
     codes = torch.empty(rows, G, dtype=torch.uint8) if rule.kind in (RULE_TABLE, RULE_E8M0) else None
     gs = None if global_scale is None else global_scale.reshape(1).to(torch.float32).contiguous()
-    status = lib.lb_quantize(_ptr(x), DTYPES[x.dtype], rows, cols, g, rule.kind, rule.divisor, _ptr(gs),
-                             _ptr(rule.scale_table), _ptr(rule.scale_values), rule.e8m0_emax, rule.e8m0_max,
-                             *enc.args(), int(pack), _ptr(out), _ptr(scale), _ptr(codes), _ptr(eff), _ptr(lo))
+    args = QuantizeArgs(_band(x, rows, cols, g), _ptr(gs), _ptr(rule.scale_table), _ptr(rule.scale_values),
+                        rule.divisor, rule.kind, rule.e8m0_emax, rule.e8m0_max, enc.block(), int(pack), _ptr(out),
+                        _ptr(scale), _ptr(codes), _ptr(eff), _ptr(lo))
+    status = lib.lb_quantize(ctypes.byref(args))
     if status < 0:
         raise ValueError(f"lb_quantize refused its arguments ({rows}x{cols}, group {g}, rule {rule.kind})")
     return (out, scale, codes) if status == 0 else 1
@@ -226,7 +237,16 @@ def pack_nibbles(codes: torch.Tensor) -> tuple[torch.Tensor, int] | None:
 
 
 def gptq_sub_fn():
-    """``lb_gptq_sub`` (GPTQ's column loop inside one sub-block, lowbit.quant.gptq_solve), or None
-    when the library is unavailable."""
+    """GPTQ's column loop inside one sub-block in C (``lb_gptq_sub``, lowbit.quant.gptq_solve), or
+    None when the library is unavailable: a function of the fields of lb_gptq_args in their order
+    (W, E, dv, ef, ds, m, R, nparts, a, b, up, ld, j0, then ``rounding_args``), which fills the
+    parameter block and calls the kernel."""
     lib = library()
-    return None if lib is None else lib.lb_gptq_sub
+    if lib is None:
+        return None
+    fn = lib.lb_gptq_sub
+
+    def sub(*fields) -> int:
+        return fn(ctypes.byref(GptqArgs(*fields)))
+
+    return sub

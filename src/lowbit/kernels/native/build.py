@@ -2,19 +2,22 @@
 
 The C sources ship in the package, with the header ``lowbit_constants.h`` generated from
 lowbit.kernels.native.constants (the step count and the ABI version: stated once, in Python).
-The first call compiles them with the system C compiler into
-one library in the user cache directory, ``<cache>/native/lowbit_native-<hash>.so``, where the
-hash covers the sources, their headers (the generated one included), the flags, the compiler and what ``-march=native``
-means on this machine (the compiler's predefined macros, target_macros), so an edited source,
-other flags or another CPU get their own library. The
+Every function takes the build settings as one value,
+lowbit.kernels.build_options.BuildOptions (compilers, flags, cache folder; the selection point's
+setting carries it). The first call compiles them with the first compiler found into one library
+in the cache folder, ``<cache>/lowbit_native-<hash>.so`` (by default ``<user cache>/native``),
+where the hash covers the sources, their headers (the generated one included), the flags, the
+compiler and what ``-march=native`` means on this machine (the compiler's predefined macros,
+target_macros), so an edited source, other flags or another CPU get their own library. The
 library is written under a temporary name and renamed, so concurrent builds (threads, worker
-processes) never load a half-written file. It is loaded with ctypes (calls release the GIL).
+processes) never load a half-written file. It is loaded with ctypes (calls release the GIL), its
+ABI version and parameter blocks checked once at load (lowbit.kernels.native.abi).
 
-No compiler, a failed build or a failed load: ``library(compilers)`` returns None and
-``unavailable_reason(compilers)`` says why; whether that is an error or a fallback (reported once
+No compiler, a failed build or a failed load: ``library(options)`` returns None and
+``unavailable_reason(options)`` says why; whether that is an error or a fallback (reported once
 at warning level) is decided by the one selection point, lowbit.kernels.select. The flags keep IEEE
 float32 arithmetic: no -ffast-math, no FMA contraction. Nothing here reads the environment
-except the cache directory's location (lowbit.cache.default_cache_dir); numerics never
+except the default cache directory's location (lowbit.cache.default_cache_dir); numerics never
 depend on it.
 """
 
@@ -31,25 +34,22 @@ import tempfile
 import threading
 from pathlib import Path
 
-from lowbit.cache import default_cache_dir
-from lowbit.kernels.native.constants import ABI_VERSION, header
+from lowbit.kernels.build_options import BuildOptions
+from lowbit.kernels.native.abi import open_checked
+from lowbit.kernels.native.constants import header
 
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("lowbit_native.c", "gptq_native.c"))
 HEADERS = (Path(__file__).with_name("lowbit_native.h"),)  # hashed with the sources
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
-COMPILERS = ("cc", "gcc", "clang")  # the default search order; the first one found is used
+DEFAULT = BuildOptions()
 
 _lock = threading.Lock()
-_state: dict[tuple[str, ...], tuple[ctypes.CDLL | None, str | None]] = {}  # compilers -> (library, why not)
+_state: dict[BuildOptions, tuple[ctypes.CDLL | None, str | None]] = {}  # options -> (library, why not)
 
 
-def cache_dir() -> Path:
-    return default_cache_dir() / "native"
-
-
-def find_compiler(compilers: tuple[str, ...] = COMPILERS) -> str | None:
+def find_compiler(compilers: tuple[str, ...] = DEFAULT.compilers) -> str | None:
+    """The path of the first of ``compilers`` found, or None."""
     for c in compilers:
         p = shutil.which(c)
         if p:
@@ -57,21 +57,22 @@ def find_compiler(compilers: tuple[str, ...] = COMPILERS) -> str | None:
     return None
 
 
-def target_macros(compiler: str) -> str:
-    """The compiler's predefined macros under FLAGS (its version, and the instruction sets
+def target_macros(compiler: str, options: BuildOptions = DEFAULT) -> str:
+    """The compiler's predefined macros under ``options.flags`` (its version, and the instruction sets
     -march=native enables here). Asking costs a compiler run (bench/RESULTS-modelfree.md,
     section 7), so the answer is kept in the cache folder under a hash of what it depends on: the
     flags, the compiler binary (path, size, modification time) and this CPU's model and feature
-    flags (/proc/cpuinfo; where that is unreadable, nothing is kept and the compiler is asked
+    flags (``options.cpuinfo``; where that is unreadable, nothing is kept and the compiler is asked
     every time)."""
-    ask = lambda: subprocess.run([compiler, *FLAGS, "-dM", "-E", "-x", "c", os.devnull],  # noqa: E731
+    flags = options.flags
+    ask = lambda: subprocess.run([compiler, *flags, "-dM", "-E", "-x", "c", os.devnull],  # noqa: E731
                                  capture_output=True, text=True, timeout=60, check=True).stdout
-    cpu = _cpu_identity()
+    cpu = _cpu_identity(options.cpuinfo)
     if cpu is None:
         return ask()
     st = Path(compiler).resolve().stat()
-    ident = json.dumps([FLAGS, str(Path(compiler).resolve()), st.st_size, st.st_mtime_ns, cpu])
-    path = cache_dir() / f"target-{hashlib.sha256(ident.encode()).hexdigest()[:20]}.txt"
+    ident = json.dumps([flags, str(Path(compiler).resolve()), st.st_size, st.st_mtime_ns, cpu])
+    path = options.folder() / f"target-{hashlib.sha256(ident.encode()).hexdigest()[:20]}.txt"
     try:
         return path.read_text()
     except OSError:
@@ -88,36 +89,37 @@ def target_macros(compiler: str) -> str:
     return macros
 
 
-def _cpu_identity() -> list[str] | None:
-    """This CPU's model name and feature flags (Linux), or None."""
+def _cpu_identity(cpuinfo: Path) -> list[str] | None:
+    """This CPU's model name and feature flags (Linux: /proc/cpuinfo), or None."""
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        lines = cpuinfo.read_text().splitlines()
     except OSError:
         return None
     keep = [ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags", "Features", "vendor_id")]
     return sorted(set(keep)) or None
 
 
-def library_key(compiler: str) -> str:
+def library_key(compiler: str, options: BuildOptions = DEFAULT) -> str:
     """Hash of the sources and headers (the generated one included), the flags and the compiler with
     its target (target_macros)."""
-    macros = target_macros(compiler)
+    macros = target_macros(compiler, options)
     h = hashlib.sha256()
-    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), header().encode(), " ".join(FLAGS).encode(),
+    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), header().encode(), " ".join(options.flags).encode(),
                  compiler.encode(), macros.encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:20]
 
 
-def build(compiler: str, target: Path) -> None:
-    """Compile SOURCES into ``target`` atomically (temporary name in the same folder, then rename)."""
+def build(compiler: str, target: Path, options: BuildOptions = DEFAULT) -> None:
+    """Compile SOURCES with ``options.flags`` into ``target`` atomically (temporary name in the same
+    folder, then rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
         with tempfile.TemporaryDirectory(prefix="lowbit-native-") as inc:
             Path(inc, "lowbit_constants.h").write_text(header())
-            r = subprocess.run([compiler, *FLAGS, "-I", inc, "-o", tmp, *map(str, SOURCES), "-lm"],
+            r = subprocess.run([compiler, *options.flags, "-I", inc, "-o", tmp, *map(str, SOURCES), "-lm"],
                                capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"{compiler} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
@@ -127,52 +129,31 @@ def build(compiler: str, target: Path) -> None:
             os.unlink(tmp)
 
 
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    F, U = ctypes.c_float, ctypes.c_uint32
-    lib.lb_version.argtypes, lib.lb_version.restype = [], I
-    lib.lb_group_amax.argtypes, lib.lb_group_amax.restype = [P, I, L, L, L, P], I
-    lib.lb_group_minmax.argtypes, lib.lb_group_minmax.restype = [P, I, L, L, L, P, P], I
-    lib.lb_encode.argtypes = [P, I, L, L, L, P, P, P, I, I, I, I, I, P]
-    lib.lb_encode.restype = I
-    lib.lb_pack_nibbles.argtypes, lib.lb_pack_nibbles.restype = [P, L, P], I
-    lib.lb_step_codes.argtypes, lib.lb_step_codes.restype = [P, P, L, I, I, P], None
-    lib.lb_decode.argtypes, lib.lb_decode.restype = [P, L, P, P], None
-    lib.lb_quantize.argtypes = [P, I, L, L, L, I, F, P, P, P, I, I, P, P, I, I, I, I, I, P, P, P, P, P]
-    lib.lb_quantize.restype = I
-    lib.lb_gptq_sub.argtypes = [P, P, P, P, L, L, L, L, P, P, P, L, L, I, F, F, U, U, U]
-    lib.lb_gptq_sub.restype = I
-    return lib
-
-
-def load(compilers: tuple[str, ...] = COMPILERS) -> ctypes.CDLL:
+def load(options: BuildOptions = DEFAULT) -> ctypes.CDLL:
     """Build (if needed) and load the library; raises on any failure."""
-    compiler = find_compiler(compilers)
+    compiler = find_compiler(options.compilers)
     if compiler is None:
-        raise RuntimeError(f"no C compiler found (looked for {', '.join(compilers)})")
-    target = cache_dir() / f"lowbit_native-{library_key(compiler)}.so"
+        raise RuntimeError(f"no C compiler found (looked for {', '.join(options.compilers)})")
+    target = options.folder() / f"lowbit_native-{library_key(compiler, options)}.so"
     if not target.is_file():
-        build(compiler, target)
-    lib = _declare(ctypes.CDLL(str(target)))
-    if lib.lb_version() != ABI_VERSION:
-        raise RuntimeError(f"{target}: ABI version {lib.lb_version()}, expected {ABI_VERSION}")
-    return lib
+        build(compiler, target, options)
+    return open_checked(target)
 
 
-def library(compilers: tuple[str, ...] = COMPILERS) -> ctypes.CDLL | None:
-    """The library built with the first of ``compilers`` found, or None when it cannot be built or
-    loaded (``unavailable_reason`` says why). Tried once per process and compiler list."""
-    got = _state.get(compilers)
+def library(options: BuildOptions = DEFAULT) -> ctypes.CDLL | None:
+    """The library built under ``options`` (with the first of its compilers found), or None when it
+    cannot be built or loaded (``unavailable_reason`` says why). Tried once per process and options."""
+    got = _state.get(options)
     if got is None:
         with _lock:
-            got = _state.get(compilers)
+            got = _state.get(options)
             if got is None:
                 try:
-                    got = (load(compilers), None)
+                    got = (load(options), None)
                 except Exception as e:  # noqa: BLE001 - any failure means no library
                     got = (None, f"{type(e).__name__}: {e}")
                     log.debug("lowbit native kernels unavailable: %s", got[1])
-                _state[compilers] = got
+                _state[options] = got
     return got[0]
 
 
@@ -182,7 +163,7 @@ def reset() -> None:
         _state.clear()
 
 
-def unavailable_reason(compilers: tuple[str, ...] = COMPILERS) -> str | None:
-    """Why library(compilers) is None (after it was tried), else None."""
-    got = _state.get(compilers)
+def unavailable_reason(options: BuildOptions = DEFAULT) -> str | None:
+    """Why library(options) is None (after it was tried), else None."""
+    got = _state.get(options)
     return None if got is None else got[1]

@@ -7,6 +7,7 @@
  * loop it replaces operation for operation, in the same order: bit-identical, tested). The error
  * and the rank-1 update are fused multiply-adds (fmaf: one rounding), as torch's CPU kernels
  * for addcmul and addr_ compute them on FMA machines.
+ * The parameters (lb_gptq_args, lowbit_native.h):
  * W, E: the sub-block's first working row and error row, m rows of R floats (row stride R);
  * dv, ef: the divisors and effective scales of those m columns, R floats a row, row stride ds
  * (R; 0 when every column has the same ones: per-channel scales). For i = 0..m-1:
@@ -16,9 +17,14 @@
  * the sub-block's first column. Rounding (kind 0, INT): round half to even (default rounding mode), clamp to
  * [lo, hi]; (kind 1, signed minifloat): clamp to [-lo, lo] (lo: max finite), then the magic
  * number M from the exponent field (at least ``lowest``) plus ``shift``: (y + M) - M. */
-int lb_gptq_sub(float *W, float *E, const float *dv, const float *ef, int64_t ds, int64_t m, int64_t R,
-                int64_t nparts, const int64_t *a, const int64_t *b, const int64_t *up, int64_t ld,
-                int64_t j0, int kind, float lo, float hi, uint32_t mask, uint32_t lowest, uint32_t shift) {
+int lb_gptq_sub(const lb_gptq_args *args) {
+    float *W = args->W, *E = args->E;
+    const float *dv = args->dv, *ef = args->ef;
+    const int64_t ds = args->ds, m = args->m, R = args->R, nparts = args->nparts, ld = args->ld, j0 = args->j0;
+    const int64_t *a = args->a, *b = args->b, *up = args->up;
+    const int kind = args->kind;
+    const float lo = args->lo, hi = args->hi;
+    const uint32_t mask = args->mask, lowest = args->lowest, shift = args->shift;
     for (int64_t i = 0; i < m; i++) {
         float *w = W + i * R, *e = E + i * R;
         const float *d = dv + i * ds, *f = ef + i * ds;

@@ -431,16 +431,20 @@ DEF_ENCODE(encode_bf16, uint16_t, bf2f)
 DEF_ENCODE(encode_f16, uint16_t, h2f)
 
 /* Codes of x [rows, cols] divided by eff [rows, ceil(cols / g)] (eff NULL: no division), into
- * out [rows, cols] (pack: [rows, cols / 2], cols even, 4-bit codes). table: a minifloat code
- * table, or NULL for INTn with bounds qmin..qmax; steps (or NULL): that table as steps (see
+ * out [rows, cols] (pack: [rows, cols / 2], cols even, 4-bit codes). enc.table: a minifloat code
+ * table, or NULL for INTn with bounds qmin..qmax; enc.steps (or NULL): that table as steps (see
  * step_codes), counted instead of looked up. Returns 0, or 1 when some value needs the
  * reference encoder (NaN, negative input of an unsigned format; the caller's torch path then
  * raises the reference's error or encodes NaN), or -1 for an unknown dtype. */
-int lb_encode(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, const float *eff,
-              const uint8_t *table, const uint16_t *steps, int qmin, int qmax, int bits, int check_negative,
-              int pack, uint8_t *out) {
-    Target t = {table, table ? steps : NULL, (float)qmin, (float)qmax, (uint8_t)((1u << bits) - 1u),
-                check_negative};
+int lb_encode(const lb_encode_args *p) {
+    const lb_encoding *en = &p->enc;
+    const void *x = p->band.x;
+    const float *eff = p->eff;
+    int dtype = p->band.dtype, pack = p->pack, check_negative = en->check_negative;
+    int64_t rows = p->band.rows, cols = p->band.cols, g = p->band.g;
+    uint8_t *out = p->out;
+    Target t = {en->table, en->table ? en->steps : NULL, (float)en->qmin, (float)en->qmax,
+                (uint8_t)((1u << en->bits) - 1u), check_negative};
     if (!eff || g <= 0) g = cols > 0 ? cols : 1;
 #ifdef __AVX2__
 #ifndef __F16C__
@@ -473,11 +477,14 @@ enum { RULE_DIVIDE = 0, RULE_FULL_RANGE = 1, RULE_TABLE = 2, RULE_E8M0 = 3 };
  * (scale_codes, RULE_TABLE and RULE_E8M0; else unused), using eff [rows, G] (and lo [rows, G]
  * for RULE_FULL_RANGE) as scratch. Returns 0, 1 when the input holds NaN/Inf or a value needs
  * the reference encoder (the caller's torch path then decides), -1 on bad arguments. */
-int lb_quantize(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g, int rule, float divisor,
-                const float *gs, const uint8_t *scale_table, const float *scale_values, int e8m0_emax,
-                int e8m0_max, const uint8_t *table, const uint16_t *steps, int qmin, int qmax, int bits,
-                int check_negative, int pack, uint8_t *out, float *scale, uint8_t *scale_codes, float *eff,
-                float *lo) {
+int lb_quantize(const lb_quantize_args *p) {
+    const void *x = p->band.x;
+    int dtype = p->band.dtype, rule = p->rule;
+    int64_t rows = p->band.rows, cols = p->band.cols, g = p->band.g;
+    const float divisor = p->divisor, *gs = p->gs, *scale_values = p->scale_values;
+    const uint8_t *scale_table = p->scale_table;
+    float *scale = p->scale, *eff = p->eff, *lo = p->lo;
+    uint8_t *scale_codes = p->scale_codes;
     if (rows <= 0 || cols <= 0 || g <= 0 || dtype < 0 || dtype > 2) return -1;
     /* a few rows at a time, so that the encode pass reads what the extremes pass just brought
      * into the cache (about 16 KB of source) */
@@ -485,13 +492,17 @@ int lb_quantize(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g,
     int64_t block = (16 << 10) / (cols * esize);
     block = block < 1 ? 1 : block;
     if (rows > block) {
-        int64_t step = cols * esize, ostep = pack ? cols / 2 : cols;
+        int64_t step = cols * esize, ostep = p->pack ? cols / 2 : cols;
         for (int64_t r = 0; r < rows; r += block) {
-            int64_t m = rows - r < block ? rows - r : block;
-            int st = lb_quantize((const char *)x + r * step, dtype, m, cols, g, rule, divisor, gs, scale_table,
-                                 scale_values, e8m0_emax, e8m0_max, table, steps, qmin, qmax, bits, check_negative,
-                                 pack, out + r * ostep, scale + r * G, scale_codes ? scale_codes + r * G : NULL,
-                                 eff + r * G, lo ? lo + r * G : NULL);
+            lb_quantize_args q = *p;
+            q.band.x = (const char *)x + r * step;
+            q.band.rows = rows - r < block ? rows - r : block;
+            q.out = p->out + r * ostep;
+            q.scale = scale + r * G;
+            q.scale_codes = scale_codes ? scale_codes + r * G : NULL;
+            q.eff = eff + r * G;
+            q.lo = lo ? lo + r * G : NULL;
+            int st = lb_quantize(&q);
             if (st) return st;
         }
         return 0;
@@ -519,8 +530,8 @@ int lb_quantize(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g,
         }
     } else if (rule == RULE_E8M0) {
         for (int64_t i = 0; i < n; i++) {
-            int32_t e = (int32_t)((f2u(scale[i]) >> 23) & 0xFFu) - e8m0_emax;
-            scale_codes[i] = (uint8_t)(e < 0 ? 0 : e > e8m0_max ? e8m0_max : e);
+            int32_t e = (int32_t)((f2u(scale[i]) >> 23) & 0xFFu) - p->e8m0_emax;
+            scale_codes[i] = (uint8_t)(e < 0 ? 0 : e > p->e8m0_max ? p->e8m0_max : e);
         }
     } else {
         return -1;
@@ -532,7 +543,8 @@ int lb_quantize(const void *x, int dtype, int64_t rows, int64_t cols, int64_t g,
     } else {
         memcpy(eff, scale, (size_t)n * sizeof *eff);
     }
-    return lb_encode(x, dtype, rows, cols, g, eff, table, steps, qmin, qmax, bits, check_negative, pack, out);
+    lb_encode_args e = {p->band, eff, p->enc, p->pack, p->out};
+    return lb_encode(&e);
 }
 
 /* Nibble packing of uint8 codes [n] (n even) into [n / 2]; returns the largest code (the caller
@@ -556,5 +568,16 @@ void lb_step_codes(const uint16_t *steps, const uint16_t *k, int64_t n, int pack
     step_codes(steps, k, n, pack, out, simd);
 }
 
-/* The ABI version the loader checks (bump with any signature change). */
+/* The ABI version the loader checks (LB_ABI_VERSION, generated from lowbit.kernels.native.constants). */
 int lb_version(void) { return LB_ABI_VERSION; }
+
+/* The size of a parameter block (LB_ENCODE_ARGS, LB_QUANTIZE_ARGS, LB_GPTQ_ARGS), -1 for another
+ * value: the loader checks them against its ctypes mirrors. */
+int64_t lb_sizeof(int which) {
+    switch (which) {
+    case LB_ENCODE_ARGS: return (int64_t)sizeof(lb_encode_args);
+    case LB_QUANTIZE_ARGS: return (int64_t)sizeof(lb_quantize_args);
+    case LB_GPTQ_ARGS: return (int64_t)sizeof(lb_gptq_args);
+    }
+    return -1;
+}
