@@ -83,3 +83,18 @@ def test_cli_reports_experts(capsys, tmp_path):
     capsys.readouterr()
     code, out, _ = run(capsys, "quantize", src, "--scheme", "w8a16", "-o", tmp_path / "q")
     assert code == 0 and "quantized 32 linears, 24 of them in 8 experts of 2 MoE blocks" in out, out
+
+
+def test_cli_reports_the_spread_of_per_expert_static_input_scales(capsys, tmp_path):
+    import json
+
+    src = tmp_path / "moe"
+    tiny_moe().save_pretrained(src)
+    byte_tokenizer().save_pretrained(src)
+    capsys.readouterr()
+    code, out, _ = run(capsys, "quantize", src, "--scheme", "w8a8-int8", "-o", tmp_path / "q", "--calib-samples", "2",
+                       "--calib-seq-len", "32", "--json")
+    spread = json.loads(out)["quantized"]["expert_input_scale_spread"]
+    assert code == 0 and set(spread) == {"gate_proj", "up_proj", "down_proj"}
+    assert spread["gate_proj"] == spread["up_proj"] == 1.0  # every expert observed every token: one input
+    assert spread["down_proj"] > 1.0  # each expert's own activations

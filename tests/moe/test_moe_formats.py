@@ -87,3 +87,33 @@ def test_inspect_reports_experts_per_block(quantized, tmp_path, capsys):
                             for i in range(2 - blocks, 2)}
     code, text, _ = run(capsys, "inspect", out)
     assert code == 0 and f"MoE: {blocks} expert blocks of 8 experts; {8 * blocks} of {8 * blocks} experts quantized" in text
+
+
+@pytest.mark.subprocess
+def test_stock_transformers_loads_moe_compressed_tensors_output(tmp_path):
+    """transformers + compressed-tensors alone read the per-expert w4a16 output (Qwen3-MoE names,
+    Mixtral's legacy ones) to the same logits. (Int8 and NVFP4 MoE folders transformers 5.24 does
+    not load: its expert merging rejects them; FP8-dynamic loads, with float expert activations.)"""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file, save_file
+
+    from helpers.ct_client import CLIENT
+
+    pytest.importorskip("compressed_tensors")
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(5))
+    refs, folders = {}, {}
+    for family in ("qwen3_moe", "mixtral"):
+        q = lowbit.quantize(tiny_moe(family), "w4a16")
+        lowbit.use_backend(q, "reference")
+        refs[family] = q(input_ids=ids).logits
+        lowbit.save(q, tmp_path / family, format="compressed-tensors")
+        folders[family] = (str(tmp_path / family), "float32")
+    save_file({"ids": ids}, str(tmp_path / "ids.safetensors"))
+    jobs = {"ids": str(tmp_path / "ids.safetensors"), "out": str(tmp_path / "logits.safetensors"), "folders": folders}
+    p = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(jobs)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = load_file(str(tmp_path / "logits.safetensors"))
+    for family, ref in refs.items():
+        assert (got[family] - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), family

@@ -115,6 +115,9 @@ def quantize_cmd(
                 if q["unquantized_targets"] else ""
             moe = f", {q['expert_linears']} of them in {q['experts']} experts of {q['moe_blocks']} MoE blocks" \
                 if q["moe_blocks"] else ""
+            spread = q["expert_input_scale_spread"]
+            if spread:
+                moe += "; per-expert input scales, max/min: " + ", ".join(f"{k} x{v:.2f}" for k, v in spread.items())
             console.print(f"quantized {q['linears']} linears{moe} ({q['weight_parameters'] / 1e6:.1f}M weights; "
                           f"{q['float_parameters'] / 1e6:.1f}M parameters stay float: embeddings, norms, routers"
                           f"{kept})", highlight=False)
@@ -182,4 +185,25 @@ def quantized_summary(model) -> dict:
     in_experts = sum(1 for n in named if any(n.startswith(f"{b}.") for b in blocks))
     return {"linears": len(layers), "weight_parameters": q_params, "float_parameters": float_params,
             "moe_blocks": len(blocks), "experts": experts, "expert_linears": in_experts,
+            "expert_input_scale_spread": expert_scale_spread(blocks),
             "unquantized_targets": list(getattr(model, "lowbit_unquantized", []))}
+
+
+def expert_scale_spread(blocks: dict) -> dict[str, float]:
+    """Static input scales per expert (what vLLM's MoE kernels take): per projection, the largest
+    max/min ratio of the experts' scales within one block (1.0: all experts share one scale)."""
+    from lowbit.modules import QuantLinear
+
+    out: dict[str, float] = {}
+    for block in blocks.values():
+        for proj, _ in block[0].named_children():
+            vals = []
+            for e in range(len(block)):
+                m = getattr(block[e], proj, None)
+                s = None if not isinstance(m, QuantLinear) else (m.input_scale if m.input_scale is not None
+                                                                 else m.input_global_scale)
+                if s is not None:
+                    vals.append(float(s.reshape(-1).float().abs().max()))
+            if len(vals) > 1 and min(vals) > 0:
+                out[proj] = max(out.get(proj, 1.0), max(vals) / min(vals))
+    return out

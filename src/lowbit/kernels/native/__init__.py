@@ -1,5 +1,5 @@
 """Native (C) kernels on CPU tensors: per-group extremes and fused divide + encode (+ nibble pack);
-GPTQ's sub-block column loop (``gptq_sub_fn``, raw pointers: lowbit.quant.gptq_solve). The C
+GPTQ's sub-block column loop (``gptq_sub_fn``, raw pointers: lowbit.algorithms.gptq_solve). The C
 functions with many parameters take a parameter block (lowbit.kernels.native.abi), filled here.
 
 Each wrapper returns None when the library is not to be used (the kernel setting,
@@ -237,7 +237,7 @@ def pack_nibbles(codes: torch.Tensor) -> tuple[torch.Tensor, int] | None:
 
 
 def gptq_sub_fn():
-    """GPTQ's column loop inside one sub-block in C (``lb_gptq_sub``, lowbit.quant.gptq_solve), or
+    """GPTQ's column loop inside one sub-block in C (``lb_gptq_sub``, lowbit.algorithms.gptq_solve), or
     None when the library is unavailable: a function of the fields of lb_gptq_args in their order
     (W, E, dv, ef, ds, m, R, nparts, a, b, up, ld, j0, then ``rounding_args``), which fills the
     parameter block and calls the kernel."""

@@ -1,9 +1,9 @@
-/* lowbit native kernels: GPTQ's column loop inside a sub-block (lowbit.quant.gptq_solve), compiled
+/* lowbit native kernels: GPTQ's column loop inside a sub-block (lowbit.algorithms.gptq_solve), compiled
  * into the same library as lowbit_native.c (build.py), with the same flags: no -ffast-math, no FMA
  * contraction (the fused multiply-adds below are explicit fmaf calls). */
 #include "lowbit_native.h"
 
-/* GPTQ's column loop inside one sub-block (lowbit.quant.gptq_solve.solve_columns, whose torch
+/* GPTQ's column loop inside one sub-block (lowbit.algorithms.gptq_solve.solve_columns, whose torch
  * loop it replaces operation for operation, in the same order: bit-identical, tested). The error
  * and the rank-1 update are fused multiply-adds (fmaf: one rounding), as torch's CPU kernels
  * for addcmul and addr_ compute them on FMA machines.
