@@ -240,7 +240,8 @@ def test_quantize_with_gptq_every_kind_of_scheme(scheme, sq):
     gq = lowbit.quantize(copy.deepcopy(base), scheme, _calib(), smoothquant=sq, num_samples=8, seq_len=32,
                          weight_rounding="gptq")
     rep = gq.lowbit_calibration
-    assert rep.weight_rounding == "gptq" and rep.gptq == {"damping": 0.01, "block_size": 128, "act_order": False}
+    assert rep.weight_rounding == "gptq" and rep.gptq == {"damping": 0.01, "block_size": 128, "act_order": False,
+                                                        "max_batch_bytes": 1 << 30}
     rtn_rep = getattr(rtn, "lowbit_calibration", None)  # plain RTN needs no calibration pass
     assert rtn_rep is None or (rtn_rep.weight_rounding == "rtn" and rtn_rep.gptq is None)
     lr, lg = _layers(rtn), _layers(gq)

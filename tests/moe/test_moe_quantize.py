@@ -131,3 +131,59 @@ def test_gptq_rounds_each_expert_on_its_own_hessian():
     ref = tiny_moe("mixtral")(input_ids=CALIB).logits  # GPTQ lowers the error on its calibration text
     err = lambda m: ((m(input_ids=CALIB).logits - ref).norm() / ref.norm()).item()  # noqa: E731
     assert err(gptq) < err(rtn)
+
+
+def test_experts_of_a_block_share_one_input_statistic():
+    from lowbit.moe import same_input_groups, split_experts
+
+    model = tiny_moe("qwen2_moe")
+    split_experts(model)
+    layer = model.model.layers[0]
+    groups = [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]]
+    groups += [[f"mlp.experts.{e}.gate_proj", f"mlp.experts.{e}.up_proj"] for e in range(8)]
+    groups += [[f"mlp.experts.{e}.down_proj"] for e in range(8)] + [["mlp.shared_expert.gate_proj"]]
+    keys = [g[0] for g in groups]
+    rep = same_input_groups(layer, groups, keys)
+    assert rep == {f"mlp.experts.{e}.gate_proj": "mlp.experts.0.gate_proj" for e in range(8)}
+
+
+def test_gptq_batches_stay_within_their_budget_and_count_a_shared_hessian_once():
+    from lowbit.algorithms.gptq import GPTQOptions, _batches
+
+    H, H2 = torch.eye(64), torch.eye(64)
+    groups = [[torch.zeros(32, 64)] for _ in range(6)]
+    one = 32 * 64 * 4
+    fac = 64 * 64 * 4
+    assert _batches(groups, [H] * 6, GPTQOptions()) == [[0, 1, 2, 3, 4, 5]]
+    assert _batches(groups, [H] * 6, GPTQOptions(max_batch_bytes=fac + 2 * one)) == [[0, 1], [2, 3], [4, 5]]
+    assert _batches(groups, [H, H2] * 3, GPTQOptions(max_batch_bytes=2 * fac + 2 * one)) == [[0, 1], [2, 3], [4, 5]]
+    assert _batches(groups, [H] * 6, GPTQOptions(max_batch_bytes=1)) == [[k] for k in range(6)]  # one at least
+
+
+def test_gptq_results_do_not_depend_on_the_batch_budget_beyond_float_rounding():
+    from lowbit.algorithms import GPTQOptions, gptq_quantize_groups
+    from lowbit.schemes import PRESETS
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 128, generator=g)
+    H = (x.T @ x).double()
+    groups = [[torch.randn(64, 128, generator=g), torch.randn(64, 128, generator=g)] for _ in range(4)]
+    spec = PRESETS["w4a16"].weights
+    a = gptq_quantize_groups(groups, [H] * 4, spec)
+    b = gptq_quantize_groups(groups, [H] * 4, spec, options=GPTQOptions(max_batch_bytes=1))
+    for ga, gb in zip(a, b):
+        for qa, qb in zip(ga, gb):
+            assert (qa.codes.to(torch.int32) != qb.codes.to(torch.int32)).float().mean() < 0.01
+
+
+def test_sink_positions_are_left_out_of_expert_statistics_too():
+    """Experts see the flattened windows; the first ``sink_positions`` of every window still do not
+    set static scales (as for every other linear)."""
+    from lowbit.calibration.observers import MaxObserver
+    from lowbit.calibration.pipeline import _GroupStats
+
+    x = torch.ones(2, 8, 4)
+    x[:, 0] = 100.0  # a sink token at the start of each window
+    st = _GroupStats(MaxObserver(), 0)
+    st.observe(x.reshape(16, 4), sinks=1, seq_len=8)
+    assert st.scale_amax().item() == 1.0 and st.all_pos.amax().max().item() == 100.0

@@ -53,17 +53,24 @@ class WeightRounding(str, Enum):
 class GPTQOptions:
     """damping: fraction of the mean Hessian diagonal added to the diagonal.
     block_size: columns per lazy batch update (numerics barely depend on it; speed does).
-    act_order: visit columns by decreasing Hessian diagonal (scales stay the up-front ones)."""
+    act_order: visit columns by decreasing Hessian diagonal (scales stay the up-front ones).
+    max_batch_bytes: the memory one column loop may hold (float32 weights of its groups plus their
+    distinct inverse-Hessian factors); groups of one width are batched up to it (at least one).
+    MoE experts that share one Hessian share its factor."""
 
     damping: float = 0.01
     block_size: int = 128
     act_order: bool = False
+    max_batch_bytes: int = 1 << 30  # groups solved together: their float32 weights and distinct factors
 
     def __post_init__(self) -> None:
         if not (isinstance(self.damping, (int, float)) and 0.0 < float(self.damping) <= 1.0):
             raise QuantizationError(f"gptq damping must be in (0, 1], got {self.damping!r}")
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
             raise QuantizationError(f"gptq block_size must be a positive integer, got {self.block_size!r}")
+        if isinstance(self.max_batch_bytes, bool) or not isinstance(self.max_batch_bytes, int) or \
+                self.max_batch_bytes < 1:
+            raise QuantizationError(f"gptq max_batch_bytes must be a positive integer, got {self.max_batch_bytes!r}")
 
 
 def _column_scales(qt: QuantizedTensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,16 +181,14 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
     for Ws, H, ns in zip(groups, Hs, names):
         for i, (W, n) in enumerate(zip(Ws, ns)):
             _check(W, H, spec, n, first=i == 0)
-    batches: dict[int, list[int]] = {}
-    for k, Ws in enumerate(groups):
-        batches.setdefault(Ws[0].shape[1] if not options.act_order else -1 - k, []).append(k)
     out: list[list[QuantizedTensor]] = [[] for _ in groups]
-    for ks in batches.values():  # one batch at a time: its inverse Hessian factors are alive together
+    for ks in _batches(groups, Hs, options):  # one batch at a time: its inverse Hessian factors are alive together
         parts, perms, rtns, scales = [], [], {}, []
+        factors: dict[int, tuple] = {}  # id(H) -> its factor: groups given one Hessian share it
         for k in ks:
             Ws = [W.detach().to(torch.float32) for W in groups[k]]
             rtns[k] = [quantize(W, spec, global_scale=g, name=n) for W, g, n in zip(Ws, global_scales[k], names[k])]
-            W, u, perm = _prepare_part(torch.cat(Ws), Hs[k], options, names[k][0])
+            W, u, perm = _prepare_part(torch.cat(Ws), Hs[k], options, names[k][0], factors)
             for r in rtns[k]:
                 eff_t, div_t = _column_scales(r, W.shape[1])
                 scales.append((eff_t, div_t) if perm is None else (eff_t[perm], div_t[perm]))
@@ -210,9 +215,42 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
     return out
 
 
-def _prepare_part(W: torch.Tensor, H: torch.Tensor, options: GPTQOptions, name: str):
+def _batches(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor], options: GPTQOptions) -> list[list[int]]:
+    """Group indices solved in one column loop: the groups of one input width (each alone under
+    act_order), in order, split where the batch would exceed ``options.max_batch_bytes``."""
+    by_width: dict[int, list[int]] = {}
+    for k, Ws in enumerate(groups):
+        by_width.setdefault(Ws[0].shape[1] if not options.act_order else -1 - k, []).append(k)
+    out: list[list[int]] = []
+    for ks in by_width.values():
+        batch: list[int] = []
+        size, seen = 0, set()
+        for k in ks:
+            in_f = groups[k][0].shape[1]
+            add = sum(W.shape[0] for W in groups[k]) * in_f * 4 + (0 if id(Hs[k]) in seen else in_f * in_f * 4)
+            if batch and size + add > options.max_batch_bytes:
+                out.append(batch)
+                batch, size, seen = [], 0, set()
+                add = sum(W.shape[0] for W in groups[k]) * in_f * 4 + in_f * in_f * 4
+            batch.append(k)
+            size += add
+            seen.add(id(Hs[k]))
+        out.append(batch)
+    return out
+
+
+def _prepare_part(W: torch.Tensor, H: torch.Tensor, options: GPTQOptions, name: str,
+                  factors: dict[int, tuple] | None = None):
     """(W, -Ub, perm) for ``solve_columns``: dead inputs (H[i, i] == 0) zeroed in W with
-    H[i, i] = 1, columns permuted by decreasing H[i, i] under act_order (perm, else None)."""
+    H[i, i] = 1, columns permuted by decreasing H[i, i] under act_order (perm, else None).
+    ``factors`` caches (dead, perm, -Ub) by the Hessian's identity."""
+    key = id(H)
+    if factors is not None and key in factors:
+        dead, perm, u = factors[key]
+        if bool(dead.any()):
+            W = W.clone()
+            W[:, dead] = 0.0
+        return (W if perm is None else W[:, perm]), u, perm
     H = H.detach().to(torch.float64)
     dead = torch.diagonal(H) == 0
     if bool(dead.any()):
@@ -226,4 +264,7 @@ def _prepare_part(W: torch.Tensor, H: torch.Tensor, options: GPTQOptions, name: 
         perm = torch.argsort(torch.diagonal(H), descending=True, stable=True)
         W, H = W[:, perm], H[perm][:, perm]
     U = inverse_hessian_factor(H, float(options.damping), name, dtype=torch.float32)
-    return W, U / (-torch.diagonal(U)).unsqueeze(1), perm
+    u = U / (-torch.diagonal(U)).unsqueeze(1)
+    if factors is not None:
+        factors[key] = (dead, perm, u)
+    return W, u, perm

@@ -40,14 +40,14 @@ import torch
 import torch.nn as nn
 
 from lowbit.calibration.capture import (
-    Inputs, capture_layer_inputs, find_decoder_layers, observe_layer, observing, run_layer, with_hidden,
+    Inputs, capture_layer_inputs, find_decoder_layers, hidden_of, observe_layer, observing, run_layer, with_hidden,
 )
 from lowbit.calibration.data import CalibrationConfig, LayerInputs
 from lowbit.calibration.hessian import HessianSum
 from lowbit.calibration.observers import MaxObserver, Observer, make_observer
 from lowbit.fusion import fused_groups, shared_weight_global_scales
 from lowbit.modules import QuantLinear
-from lowbit.moe import all_tokens
+from lowbit.moe import all_tokens, same_input_groups
 from lowbit.algorithms.gptq import WeightRounding, gptq_quantize_groups
 from lowbit.quant.input_scales import input_scales_from_amax
 from lowbit.schemes import Scheme
@@ -95,7 +95,9 @@ class _GroupStats:
         self.samples: list[torch.Tensor] = []
         self._kept = 0
 
-    def observe(self, x: torch.Tensor, sinks: int) -> None:
+    def observe(self, x: torch.Tensor, sinks: int, seq_len: int = 0) -> None:
+        if sinks and x.dim() == 2 and seq_len and x.shape[0] % seq_len == 0:
+            x = x.reshape(-1, seq_len, x.shape[-1])  # MoE experts see the flattened windows, all tokens
         self.all_pos.observe(x)
         if self._hessian is not None:
             self._hessian.add(x)
@@ -163,6 +165,7 @@ class LayerwiseCalibrator:
         self.smoothquant = smoothquant
         self.static = scheme.needs_calibration
         self.maps: tuple[SmoothMapping, ...] = ()
+        self._rep: dict[str, str] = {}  # group -> the group whose statistics it shares (same input)
         family = model_type(model)
         if smoothquant is not None:
             maps = mappings_for(model, include_mlp_inner=cfg.smooth_down_proj)
@@ -200,7 +203,8 @@ class LayerwiseCalibrator:
         are returned (the next layer's inputs under layer_inputs="float")."""
         mods = {g[0]: root.get_submodule(rel[g[0]]) for g in groups}
         sinks = self.cfg.sink_positions
-        fn = lambda n, x: stats[n].observe(x, sinks)  # noqa: E731
+        seq = hidden_of(inputs[0]).shape[-2] if inputs and hidden_of(inputs[0]).dim() >= 3 else 0
+        fn = lambda n, x: stats[n].observe(x, sinks, seq)  # noqa: E731
         with all_tokens(root):  # every expert observes every token; the routing of the outputs is kept
             if not outputs:
                 observe_layer(root, inputs, mods, fn)
@@ -221,7 +225,8 @@ class LayerwiseCalibrator:
             except AttributeError:
                 continue
             full = {inv[t] for t in m.targets}
-            keys = [g[0] for g in groups if full.intersection(g)]  # MoE: every expert's group reads the source
+            keys = list(dict.fromkeys(self._rep.get(g[0], g[0]) for g in groups if full.intersection(g)))
+            # (MoE: every expert's group reads the source; groups with one input share their statistics)
             key = keys[0]
             st = stats[key]
             ws = [layer.get_submodule(t).weight for t in m.targets]
@@ -324,15 +329,21 @@ class LayerwiseCalibrator:
         (computed by the observe pass, before smoothing, which leaves them unchanged)."""
         rel = {n: n[len(prefix):] for n in lnames}
         groups = fused_groups(lnames)
-        stats = {g[0]: self._new_stats() for g in groups}
-        outs = self._observe_pass(layer, groups, inputs, stats, rel, outputs=outputs)
+        self._rep = same_input_groups(layer, [[rel[n] for n in g] for g in groups], [g[0] for g in groups])
+        heads = [g for g in groups if self._rep.get(g[0], g[0]) == g[0]]  # one observed group per input
+        stats = {g[0]: self._new_stats() for g in heads}
+        for g in groups:
+            stats[g[0]] = stats[self._rep.get(g[0], g[0])]  # the same object: one Hessian, one observer
+        outs = self._observe_pass(layer, heads, inputs, stats, rel, outputs=outputs)
         if self.maps:
             stale = self._smooth(layer, rel, groups, stats)
             if stale:
                 fresh = {k: self._new_stats() for k in stale}
-                self._observe_pass(layer, [g for g in groups if g[0] in fresh], inputs, fresh, rel)
-                for k, st in fresh.items():
-                    stats[k] = st
+                self._observe_pass(layer, [g for g in heads if g[0] in fresh], inputs, fresh, rel)
+                for g in groups:
+                    rep = self._rep.get(g[0], g[0])
+                    if rep in fresh:
+                        stats[g[0]] = fresh[rep]
         self._quantize_groups(layer, groups, rel, stats)
         return outs
 

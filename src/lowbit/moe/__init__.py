@@ -13,9 +13,11 @@ the block's output keeps the real routing. ``naming`` holds the checkpoint key c
 
 from lowbit.moe.experts import ExpertMLP, GateKind, SplitExperts
 from lowbit.moe.naming import checkpoint_names, model_names
-from lowbit.moe.split import all_tokens, expert_blocks, is_fused_experts, router_names, split_experts
+from lowbit.moe.split import (
+    all_tokens, expert_blocks, is_fused_experts, router_names, same_input_groups, split_experts,
+)
 
 __all__ = [
     "ExpertMLP", "GateKind", "SplitExperts", "split_experts", "all_tokens", "expert_blocks", "is_fused_experts",
-    "router_names", "checkpoint_names", "model_names",
+    "router_names", "same_input_groups", "checkpoint_names", "model_names",
 ]

@@ -142,3 +142,24 @@ def all_tokens(module: nn.Module) -> Iterator[None]:
     finally:
         for b, v in zip(blocks, before):
             b.route_all_tokens = v
+
+
+def same_input_groups(layer: nn.Module, groups: list[list[str]], keys: list[str]) -> dict[str, str]:
+    """Among ``groups`` (linear paths relative to ``layer``, named by ``keys``), those that read one
+    and the same tensor while every expert runs on every token (``all_tokens``): the first linear
+    of every expert of a SplitExperts block (gate_proj, or up_proj without a gate). Returns
+    key -> the key of the first such group of its block (groups not shared are left out)."""
+    first: dict[str, str] = {}
+    for name, block in ((n, m) for n, m in layer.named_modules() if isinstance(m, SplitExperts)):
+        for e in range(len(block)):
+            lead = "gate_proj" if block[e].gate_proj is not None else "up_proj"
+            first[f"{name}.{e}.{lead}" if name else f"{e}.{lead}"] = name
+    out: dict[str, str] = {}
+    rep: dict[str, str] = {}
+    for g, key in zip(groups, keys):
+        block = first.get(g[0])
+        if block is None:
+            continue
+        rep.setdefault(block, key)
+        out[key] = rep[block]
+    return out
