@@ -104,13 +104,15 @@ def _split_one(name: str, module: nn.Module) -> SplitExperts:
 @torch.no_grad()
 def split_experts(model: nn.Module) -> list[str]:
     """Replace every fused experts module of ``model`` by its ``SplitExperts`` (in place); returns
-    the names of the replaced modules, in model order. Idempotent: split modules are left alone."""
-    found = [(n, m) for n, m in model.named_modules() if is_fused_experts(m)]
-    for name, module in found:
+    the names of the replaced modules, in model order. Idempotent: split modules are left alone.
+    Memory: one block's experts are copied at a time (the fused tensors are released as soon as
+    their block is replaced, unless the caller holds them)."""
+    names = [n for n, m in model.named_modules() if is_fused_experts(m)]
+    for name in names:  # one block at a time: its fused tensors are freed before the next is split
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, _split_one(name, module))
-    return [n for n, _ in found]
+        setattr(parent, child, _split_one(name, getattr(parent, child)))
+    return names
 
 
 def expert_blocks(model: nn.Module) -> dict[str, SplitExperts]:
