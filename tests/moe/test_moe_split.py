@@ -83,3 +83,25 @@ def test_unknown_gating_is_refused_naming_the_module():
     model.model.layers[0].mlp.experts.__class__ = custom
     with pytest.raises(QuantizationError, match=r"model.layers.0.mlp.experts.*CustomGateExperts.*_apply_gate"):
         split_experts(model)
+
+
+def test_fused_experts_without_layout_flags_are_not_guessed():
+    """A fused module without transformers' layout flags (Llama 4's experts) is left alone, so that
+    quantize lists it among the weights it cannot quantize rather than splitting it wrongly."""
+    import lowbit
+    from lowbit.targets import unquantizable_targets
+
+    class Experts(nn.Module):  # Llama 4's layout: [E, H, 2I], no decorator
+        def __init__(self):
+            super().__init__()
+            self.num_experts = 4
+            self.gate_up_proj = nn.Parameter(torch.zeros(4, 64, 256))
+            self.down_proj = nn.Parameter(torch.zeros(4, 128, 64))
+
+    model = tiny_moe("qwen3_moe")
+    model.model.layers[0].mlp.experts = Experts()
+    assert split_experts(model) == ["model.layers.1.mlp.experts"]
+    assert [n for n, _ in unquantizable_targets(model)] == ["model.layers.0.mlp.experts.gate_up_proj",
+                                                            "model.layers.0.mlp.experts.down_proj"]
+    with pytest.raises(QuantizationError, match="2 weight matrices .*model.layers.0.mlp.experts.gate_up_proj"):
+        lowbit.quantize(model, "w8a16")

@@ -1,13 +1,15 @@
 """Find transformers' fused expert modules and split them into ``SplitExperts``.
 
-A fused experts module is recognised by its parameters, as transformers 5 defines them
-(``transformers.integrations.moe.use_experts_implementation``): ``num_experts``, a 3-D
+A fused experts module is recognised by its parameters and layout flags, as transformers 5 defines
+them (``transformers.integrations.moe.use_experts_implementation``): ``num_experts``, a 3-D
 ``down_proj`` and a 3-D ``gate_up_proj`` (``up_proj`` when ``has_gate`` is False), with the layout
 flags ``is_transposed`` (weights stored [E, in, out]), ``is_concatenated`` (gate rows then up
 rows; False: interleaved g0, u0, g1, u1, ...) and ``has_bias`` (``gate_up_proj_bias`` [E, 2I],
 ``down_proj_bias`` [E, H]). Expert e's linears hold exactly the rows of the fused tensors
 (copies, in the fused tensors' dtype and device), so the split module computes what the fused
-one does. The gating is transformers' default (``act_fn(gate) * up``) unless the class
+one does. A module without the flags (Llama 4's experts) is not split: its layout is not
+known, so it stays a weight lowbit cannot quantize (``lowbit.targets.unquantizable_targets``:
+an error, or a listed warning). The gating is transformers' default (``act_fn(gate) * up``) unless the class
 defines its own ``_apply_gate``; the one known own gating is gpt-oss's clamped SwiGLU (``alpha``
 and ``limit`` attributes). Anything else is refused, naming the module.
 """
@@ -30,7 +32,10 @@ def is_fused_experts(module: nn.Module) -> bool:
     up = getattr(module, "gate_up_proj", None)
     if up is None:
         up = getattr(module, "up_proj", None)
-    return (isinstance(getattr(module, "num_experts", None), int) and isinstance(down, nn.Parameter)
+    # the layout flags transformers' experts decorator sets: without them the layout is unknown
+    # (Llama 4's experts), and the module stays a target lowbit cannot quantize (listed, never guessed)
+    flags = all(isinstance(getattr(module, f, None), bool) for f in ("is_transposed", "is_concatenated", "has_bias"))
+    return (flags and isinstance(getattr(module, "num_experts", None), int) and isinstance(down, nn.Parameter)
             and isinstance(up, nn.Parameter) and down.dim() == 3 and up.dim() == 3)
 
 
