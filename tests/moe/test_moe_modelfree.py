@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -37,15 +39,40 @@ def test_model_free_equals_in_memory(tmp_path, family, scheme):
         assert torch.equal(mf[k], mem[k]), k
 
 
-def test_fused_experts_on_disk_are_refused_not_copied(tmp_path):
+@pytest.mark.parametrize("scheme", ["nvfp4a16", "w8a16"])
+def test_fused_experts_on_disk_are_split_per_expert_as_in_memory(tmp_path, scheme):
+    """gpt-oss keeps its experts fused on disk ([E, H, 2I] interleaved, with biases): model-free
+    splits them exactly as the in-memory path does."""
     src = _source(tmp_path, "gpt_oss")
+    assert "model.layers.0.mlp.experts.gate_up_proj" in SafetensorsFolder(src)
+    quantize_checkpoint(src, tmp_path / "mf", scheme, format="compressed-tensors")
+    model, _ = lowbit.load_model(src)
+    lowbit.save(lowbit.quantize(model, scheme), tmp_path / "mem", format="compressed-tensors")
+    mf, mem = SafetensorsFolder(tmp_path / "mf"), SafetensorsFolder(tmp_path / "mem")
+    assert set(mf) == set(mem)
+    assert {"model.layers.1.mlp.experts.7.gate_proj.bias", "model.layers.1.mlp.experts.7.down_proj.weight_scale"} <= set(mf)
+    assert not any(k.endswith(("gate_up_proj", "gate_up_proj_bias")) for k in mf)
+    for k in mf:
+        assert torch.equal(mf[k], mem[k]), k
+    ids = torch.randint(0, 256, (1, 12))
+    assert torch.equal(lowbit.load(tmp_path / "mf")(input_ids=ids).logits, lowbit.load(tmp_path / "mem")(input_ids=ids).logits)
+
+
+def test_ignored_fused_experts_are_written_per_expert_in_float(tmp_path):
+    src = _source(tmp_path, "gpt_oss")
+    quantize_checkpoint(src, tmp_path / "mf", "w8a16", ignore=[r"model\.layers\.0\.mlp\.experts\..*"])
+    mf = SafetensorsFolder(tmp_path / "mf")
+    assert mf["model.layers.0.mlp.experts.3.down_proj.weight"].dtype == torch.float32
+    assert "model.layers.1.mlp.experts.3.down_proj.weight_codes" in mf
+    lowbit.load(tmp_path / "mf")  # loads: every expert under its own name
+
+
+def test_fused_experts_of_an_unknown_layout_are_refused_not_copied(tmp_path):
+    """A fused experts tensor of a family whose on-disk layout lowbit does not know is an error."""
+    src = _source(tmp_path, "gpt_oss")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["model_type"] = "gpt_oss_unknown"
+    (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(FormatError, match=r"experts\.down_proj' \[8, 128, 128\] holds fused experts.*in memory"):
         quantize_checkpoint(src, tmp_path / "mf", "w8a16")
     assert not (tmp_path / "mf").exists()
-    # the in-memory path splits them: every expert quantized, and the output loads
-    model, _ = lowbit.load_model(src)
-    out = lowbit.save(lowbit.quantize(model, "w8a16"), tmp_path / "mem", format="compressed-tensors")
-    assert "model.layers.1.mlp.experts.7.down_proj.weight_scale" in SafetensorsFolder(out)
-    back = lowbit.load(out)
-    ids = torch.randint(0, 256, (1, 12))
-    assert torch.equal(back(input_ids=ids).logits, model(input_ids=ids).logits)

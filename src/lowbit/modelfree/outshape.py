@@ -78,15 +78,15 @@ class OutputShapes:
         self._probed: dict[tuple, list[tuple[str, str, tuple[int, ...], bool]]] = {}
 
     def entries(self, item: Item) -> list[Entry]:
-        info = item.src.info
+        info, shape0 = item.src.info, item.src.shape
         if item.kind is Kind.DROP:
             return []
         if item.kind is Kind.COPY:
             dtype = info.dtype if item.src.scale_inv is None else DTYPE_NAMES[self.model_dtype]
-            return [Entry(item.name, dtype, info.shape, _nbytes(dtype, info.shape))]
-        rows = info.shape[0]
+            return [Entry(item.name, dtype, shape0, _nbytes(dtype, shape0))]
+        rows = shape0[0]
         out = []
-        for suffix, dtype, shape, per_row in self._probe(info.shape[1:], source_dtype(item, self.model_dtype)):
+        for suffix, dtype, shape, per_row in self._probe(shape0[1:], source_dtype(item, self.model_dtype)):
             full = (shape[0] * rows,) + shape[1:] if per_row else shape
             out.append(Entry(item.name + suffix, dtype, full, _nbytes(dtype, full)))
         return out

@@ -7,8 +7,11 @@ Exact rules, never substring matches:
   any numbered block), not an unnamed top-level [vocab_size, ...] table, and not excluded by
   lowbit.targets.is_excluded_name (MoE routers, non-text towers, ``ignore`` patterns): the same
   set lowbit.targets.quantizable_linears finds on the built model.
-- Fused 3-D expert tensors (gpt-oss's ``experts.gate_up_proj`` [E, H, 2I]) are refused, never
-  copied in float silently: the in-memory path splits and quantizes them.
+- Fused expert tensors of the families in ``lowbit.moe.FUSED_ON_DISK`` (gpt-oss's
+  ``experts.gate_up_proj`` [E, H, 2I], ``down_proj``, their biases) are split per expert as the
+  in-memory path splits them (``lowbit.moe.slices``): expert e's linears are quantized as
+  ``<block>.experts.{e}.gate_proj`` ..., their biases written as ``...bias``. Fused 3-D expert
+  tensors of other families are refused, never copied in float silently.
 - Everything else (norms, biases, embeddings, lm_head unless asked, routers, towers) is copied
   unchanged. FP8 sources are dequantized to the model dtype first (``weight_scale_inv``, found
   through the index in whatever shard holds it); their scales are not written.
@@ -32,6 +35,8 @@ from lowbit.fusion import fused_groups
 from lowbit.files.folder import DTYPES
 from lowbit.files.tensors import TensorInfo
 from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint
+from lowbit.moe import FUSED_ON_DISK, FusedLayout, Proj, part_shape
+from lowbit.moe.naming import FUSED_BIASES, FUSED_WEIGHTS
 from lowbit.quant import num_groups
 from lowbit.schemes import Scheme
 from lowbit.targets import is_excluded_name
@@ -55,11 +60,43 @@ class Kind(str, Enum):
 
 
 @dataclass(frozen=True)
+class ExpertPart:
+    """One expert's projection (or its bias) inside a fused experts tensor (``lowbit.moe.slices``)."""
+
+    expert: int
+    proj: Proj
+    layout: FusedLayout
+    num_experts: int
+
+
+@dataclass(frozen=True)
 class Source:
-    """A float tensor as stored: plain, or FP8 with its block scale (anywhere in the checkpoint)."""
+    """A float tensor as stored: plain, or FP8 with its block scale (anywhere in the checkpoint),
+    or one expert's part of a fused experts tensor (``part``)."""
 
     info: TensorInfo
     scale_inv: TensorInfo | None = None
+    part: ExpertPart | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's shape as quantized or written (an expert part's own shape)."""
+        if self.part is None:
+            return self.info.shape
+        return part_shape(self.info.shape, self.part.proj, self.part.layout)
+
+    @property
+    def nbytes(self) -> int:
+        """Source bytes this tensor stands for (an expert part: its share of the fused tensor)."""
+        if self.part is None:
+            return self.info.nbytes
+        return self.info.nbytes * math.prod(self.shape) // self.info.numel
+
+    @property
+    def key(self) -> str:
+        """A name that tells parts of one fused tensor apart."""
+        p = self.part
+        return self.info.name if p is None else f"{self.info.name}[{p.expert}].{p.proj.value}"
 
 
 @dataclass(frozen=True)
@@ -154,6 +191,8 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
     module_of: dict[str, str] = {}
     scale_of: dict[str, TensorInfo] = {}
     quantized: list[str] = []
+    expanded: dict[str, list[tuple[Kind, str, ExpertPart]]] = {}  # fused tensor -> its experts' parts
+    parts_of: dict[str, tuple[TensorInfo, ExpertPart]] = {}      # expert linear -> its fused source
     ignored: list[str] = []
     heads: list[str] = []
     embeddings: list[str] = []
@@ -177,6 +216,25 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
         if info.dtype in FP8_SOURCES and f"{module}.{SCALE_INV}" not in tensors:
             raise FormatError(f"{info.shard}: FP8 tensor {name!r} has no {module}.{SCALE_INV} anywhere in the "
                               f"checkpoint (the index names none)")
+        fused = FUSED_ON_DISK.get(model_type)
+        if fused is not None and module.rpartition(".")[2] == "experts" and leaf in FUSED_WEIGHTS + FUSED_BIASES \
+                and len(info.shape) == (3 if leaf in FUSED_WEIGHTS else 2):
+            kinds[name] = Kind.COPY  # stands for its parts (expanded), never written as it is
+            expanded[name] = []
+            projs = (Proj.DOWN,) if leaf.startswith("down") else (Proj.GATE, Proj.UP)
+            for e in range(info.shape[0]):
+                for pr in projs:
+                    lin, part = f"{module}.{e}.{pr.value}", ExpertPart(e, pr, fused, info.shape[0])
+                    if leaf in FUSED_BIASES:
+                        expanded[name].append((Kind.COPY, f"{lin}.bias", part))
+                    elif is_excluded_name(lin, ignore):
+                        expanded[name].append((Kind.COPY, f"{lin}.weight", part))
+                        ignored.append(lin)
+                    else:
+                        expanded[name].append((Kind.QUANTIZE, lin, part))
+                        parts_of[lin] = (info, part)
+                        quantized.append(lin)
+            continue
         if len(info.shape) == 3 and _is_fused_experts(module, leaf) and not is_excluded_name(module, ignore):
             raise FormatError(f"{info.shard}: tensor {name!r} {list(info.shape)} holds fused experts (3-D); "
                               f"model-free quantization quantizes per-expert 2-D weights only: quantize this "
@@ -219,23 +277,24 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
                 config_updates["tie_word_embeddings"] = False
 
     # checks that need no tensor data, before anything is written
-    def source(info: TensorInfo) -> Source:
+    def source(info: TensorInfo, part: ExpertPart | None = None) -> Source:
         s = scale_of.get(info.name)
         if info.dtype not in FLOAT_SOURCES and s is None:
             raise FormatError(f"{info.shard}: tensor {info.name!r} has dtype {info.dtype}; model-free quantization "
                               f"reads bf16, fp16, fp32 or FP8 with block scales")
-        return Source(info, s)
+        return Source(info, s, part)
 
-    weights = {m: tensors[n] for n, m in module_of.items()} | {m: e for m, e in extra}
-    for m, info in weights.items():
+    weights = {m: source(tensors[n]) for n, m in module_of.items()} | {m: source(e) for m, e in extra} | \
+        {m: source(i, p) for m, (i, p) in parts_of.items()}
+    for m, src in weights.items():
         try:
-            num_groups(info.shape[1], spec, f"{info.name}", info.shape)
+            num_groups(src.shape[1], spec, src.key, src.shape)
         except QuantizationError as e:
-            raise QuantizationError(f"{info.shard}: {e}") from None
+            raise QuantizationError(f"{src.info.shard}: {e}") from None
     group_of: dict[str, tuple[Source, ...]] = {}
     if spec.global_scale:
         for g in fused_groups(list(weights)):
-            srcs = tuple(source(weights[m]) for m in g)
+            srcs = tuple(weights[m] for m in g)
             for m in g:
                 group_of[m] = srcs
 
@@ -244,6 +303,11 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
         items: list[Item] = []
         for info in infos:
             k = kinds[info.name]
+            if info.name in expanded:  # a fused experts tensor: one item per expert's part
+                for kind, out, part in expanded[info.name]:
+                    items.append(Item(kind, out, source(info, part),
+                                      group_of.get(out, ()) if kind is Kind.QUANTIZE else ()))
+                continue
             if k is Kind.QUANTIZE:
                 m = module_of[info.name]
                 items.append(Item(k, m, source(info), group_of.get(m, ())))

@@ -123,7 +123,7 @@ def split_items(items: list[Item], part_bytes: int) -> list[tuple[Item, ...]]:
             parts.append([])
             acc = 0
         parts[-1].append(it)
-        acc += it.src.info.nbytes if it.kind is not Kind.DROP else 0
+        acc += it.src.nbytes if it.kind is not Kind.DROP else 0
     return [tuple(p) for p in parts]
 
 
@@ -315,11 +315,11 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: A
     for shard in ckpt.shards:
         items = plan.shards[shard]
         if shard not in out_names:
-            skipped_bytes += sum(it.src.info.nbytes for it in items)
+            skipped_bytes += sum(it.src.nbytes for it in items)
             continue
         out_name = out_names[shard]
         if read_marker(writer.tmp, out_name, fp) is not None:
-            done_bytes += sum(it.src.info.nbytes for it in items)
+            done_bytes += sum(it.src.nbytes for it in items)
             continue
         jobs_of, done = _shard_jobs(writer.tmp, out_name, items, shapes, fp, opts.part_bytes, dict(
             src_root=str(src_p), shard=shard, out_name=out_name, out_dir=str(writer.tmp), fingerprint=fp,
@@ -329,7 +329,7 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: A
         jobs += jobs_of
         done_bytes += sum(j.source_bytes for j in done)
     jobs.sort(key=lambda j: -j.source_bytes)  # largest first balances the workers
-    total = sum(it.src.info.nbytes for items in plan.shards.values() for it in items)
+    total = sum(it.src.nbytes for items in plan.shards.values() for it in items)
     try:
         with ShardProgress(progress, total, done_bytes + skipped_bytes, len(out_names)) as prog:
             if done_bytes:

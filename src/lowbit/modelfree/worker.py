@@ -23,6 +23,7 @@ import torch
 from lowbit.errors import LowbitError
 from lowbit.fusion import shared_amax
 from lowbit.kernels.select import Selection, adopt
+from lowbit.moe.slices import expert_part
 from lowbit.modelfree.bands import BAND_ELEMS, DEVICE_BAND_ELEMS, quantize_rows
 from lowbit.modelfree.fp8 import dequantize_fp8_block
 from lowbit.modelfree.markers import part_name, partial_path, write_marker
@@ -64,7 +65,7 @@ class ShardJob:
 
     @property
     def source_bytes(self) -> int:
-        return sum(it.src.info.nbytes for it in self.items)
+        return sum(it.src.nbytes for it in self.items)
 
     @property
     def name(self) -> str:
@@ -177,6 +178,8 @@ class _ShardRun:
         t = self.reader.get(src.info)
         if src.scale_inv is not None:
             t = dequantize_fp8_block(t, self.reader.get(src.scale_inv), self.job.fp8_block, self.job.model_dtype)
+        if src.part is not None:  # one expert's projection of a fused tensor (a copy of its pages only)
+            t = expert_part(t, src.part.expert, src.part.proj, src.part.layout)
         return t
 
     def load_now(self, src: Source) -> torch.Tensor:
@@ -185,7 +188,7 @@ class _ShardRun:
         return f.result()
 
     def amax(self, src: Source, loaded: torch.Tensor | None = None) -> torch.Tensor:
-        key = src.info.name
+        key = src.key
         if key not in self.amax_cache:
             t = loaded if loaded is not None else self.to_device(self.load_now(src))
             self.amax_cache[key] = shared_amax([t])
@@ -211,7 +214,7 @@ class _ShardRun:
             group = item.group or (item.src,)
             a = torch.stack([self.amax(s, w if s == item.src else None) for s in group]).amax().reshape(1)
             gs = global_scale_from_amax(a, scheme.weights)
-        qt = quantize_rows(w, scheme.weights, gs, f"{item.src.info.name}", self.band,
+        qt = quantize_rows(w, scheme.weights, gs, item.src.key, self.band,
                            pack=self.layout.nibble_packed(scheme, w.shape[-1]),
                            scratch=self.scratch if self.device is None else None)
         out = self.layout.linear_tensors(item.name, qt, scheme, dtype=w.dtype)
@@ -226,7 +229,8 @@ class _ShardRun:
         writer = None
         if written:
             writer = RegionWriter(partial_path(job.out_dir, job.out_name), job.start, job.entries)
-        loads = [it for it in job.items if it.kind is Kind.QUANTIZE or (it.kind is Kind.COPY and it.src.scale_inv)]
+        loads = [it for it in job.items if it.kind is Kind.QUANTIZE or
+                 (it.kind is Kind.COPY and (it.src.scale_inv or it.src.part))]
         ahead: dict[int, Future] = {}  # id(item) -> its FP8 tensor being read and dequantized
         writes: deque[Future] = deque()  # writes not yet checked, oldest first
         held: deque[Future] = deque()  # writes of tensors held in memory (HELD_WRITES at most)
@@ -263,7 +267,7 @@ class _ShardRun:
             for it in job.items:
                 if self.cancel is not None and self.cancel.is_set():
                     raise JobCancelled(f"{job.name}: stopped because another unit of work failed")
-                if it.kind is Kind.COPY and it.src.scale_inv is None:  # as stored: bytes copied by the kernel
+                if it.kind is Kind.COPY and it.src.scale_inv is None and it.src.part is None:  # bytes copied as stored
                     i = it.src.info
                     write(writer.add_raw, it.name, i.dtype, i.shape, Path(job.src_root) / i.shard,
                           i.data_start + i.begin, i.nbytes, holds=False)
@@ -272,7 +276,7 @@ class _ShardRun:
                     w = self.load(it.src) if reading is None else reading.result()
                     n_loaded += 1
                     prefetch(n_loaded)  # an FP8 next tensor is read while this one is quantized
-                    if it.kind is Kind.COPY:  # FP8 kept in float: dequantized
+                    if it.kind is Kind.COPY:  # FP8 kept in float (dequantized), or an expert's part
                         write(writer.add, it.name, w)
                     else:
                         tensors = self.quantized_tensors(it, w)
@@ -280,7 +284,7 @@ class _ShardRun:
                         self.turn = (self.turn + 1) % len(self.buffers)
                         n_quantized += 1
                     del w
-                self.report(("advance", job.name, it.src.info.nbytes))
+                self.report(("advance", job.name, it.src.nbytes))
                 if self.on_event is not None:
                     self.on_event("tensor", job.name, it.name)
             for f in writes:

@@ -12,12 +12,14 @@ the block's output keeps the real routing. ``naming`` holds the checkpoint key c
 """
 
 from lowbit.moe.experts import ExpertMLP, GateKind, SplitExperts
-from lowbit.moe.naming import checkpoint_names, model_names
+from lowbit.moe.naming import FUSED_ON_DISK, checkpoint_names, model_names
+from lowbit.moe.slices import FusedLayout, Proj, expert_part, part_shape
 from lowbit.moe.split import (
     all_tokens, expert_blocks, is_fused_experts, router_names, same_input_groups, split_experts,
 )
 
 __all__ = [
     "ExpertMLP", "GateKind", "SplitExperts", "split_experts", "all_tokens", "expert_blocks", "is_fused_experts",
-    "router_names", "same_input_groups", "checkpoint_names", "model_names",
+    "router_names", "same_input_groups", "checkpoint_names", "model_names", "FUSED_ON_DISK", "FusedLayout",
+    "Proj", "expert_part", "part_shape",
 ]

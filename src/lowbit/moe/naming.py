@@ -9,11 +9,19 @@ loaders read, so lowbit writes them that way and reads them back (``model_names`
 transformers does when it loads them.
 
 Both maps act on whole name components (``a.b.c``), never on substrings.
+
+``FUSED_ON_DISK``: families whose checkpoints keep the experts fused, as the model holds them
+(gpt-oss: ``<block>.experts.gate_up_proj`` [E, H, 2I] interleaved, ``down_proj`` [E, I, H], with
+``gate_up_proj_bias`` / ``down_proj_bias``), and their layout; model-free quantization splits
+them per expert (``lowbit.moe.slices``) and writes ``<block>.experts.{e}.gate_proj.weight`` ...,
+the names lowbit writes from memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from lowbit.moe.slices import FusedLayout
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,9 @@ class KeyConvention:
 
 _MIXTRAL = KeyConvention("block_sparse_moe", (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")))
 CONVENTIONS: dict[str, KeyConvention] = {"mixtral": _MIXTRAL, "minimax": _MIXTRAL}
+FUSED_ON_DISK: dict[str, FusedLayout] = {"gpt_oss": FusedLayout(transposed=True, concatenated=False)}
+FUSED_WEIGHTS = ("gate_up_proj", "down_proj")            # <block>.experts.<leaf>, 3-D
+FUSED_BIASES = ("gate_up_proj_bias", "down_proj_bias")   # <block>.experts.<leaf>, 2-D
 
 
 def _convert(key: str, conv: KeyConvention, to_disk: bool) -> str:

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from lowbit.errors import QuantizationError
 from lowbit.moe.experts import ExpertMLP, Gate, GateKind, SplitExperts
+from lowbit.moe.slices import FusedLayout, Proj, expert_part
 from lowbit.targets import ROUTER_COMPONENTS
 
 
@@ -67,9 +68,9 @@ def _gate(name: str, module: nn.Module) -> Gate:
 
 def _linear(w: torch.Tensor, b: torch.Tensor | None) -> nn.Linear:
     lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
-    lin.weight = nn.Parameter(w.detach().clone().contiguous(), requires_grad=False)
+    lin.weight = nn.Parameter(w, requires_grad=False)
     if b is not None:
-        lin.bias = nn.Parameter(b.detach().clone().contiguous(), requires_grad=False)
+        lin.bias = nn.Parameter(b, requires_grad=False)
     return lin
 
 
@@ -79,30 +80,21 @@ def _split_one(name: str, module: nn.Module) -> SplitExperts:
                                 f"(has_post_expert_norm), which lowbit cannot split yet")
     gate = _gate(name, module)
     has_gate = gate.kind is not GateKind.ACT
-    transposed = bool(getattr(module, "is_transposed", False))
-    concatenated = bool(getattr(module, "is_concatenated", True))
-    bias = bool(getattr(module, "has_bias", False))
+    layout = FusedLayout(transposed=module.is_transposed, concatenated=module.is_concatenated, has_gate=has_gate)
+    bias = module.has_bias
     up_all = module.gate_up_proj if has_gate else module.up_proj
     up_bias_all = getattr(module, "gate_up_proj_bias" if has_gate else "up_proj_bias", None) if bias else None
     down_bias_all = getattr(module, "down_proj_bias", None) if bias else None
+
+    def part(t, e, proj):
+        return None if t is None else expert_part(t.detach(), e, proj, layout)
+
     experts = []
     for e in range(module.num_experts):
-        w = up_all[e].t() if transposed else up_all[e]            # [(2)I, H]
-        b = up_bias_all[e] if up_bias_all is not None else None
-        if has_gate:
-            if concatenated:
-                half = w.shape[0] // 2
-                gw, uw = w[:half], w[half:]
-                gb, ub = (None, None) if b is None else (b[:half], b[half:])
-            else:
-                gw, uw = w[0::2], w[1::2]
-                gb, ub = (None, None) if b is None else (b[0::2], b[1::2])
-            g_lin = _linear(gw, gb)
-        else:
-            g_lin, uw, ub = None, w, b
-        dw = module.down_proj[e].t() if transposed else module.down_proj[e]   # [H, I]
-        db = down_bias_all[e] if down_bias_all is not None else None
-        experts.append(ExpertMLP(g_lin, _linear(uw, ub), _linear(dw, db), gate))
+        g_lin = _linear(part(up_all, e, Proj.GATE), part(up_bias_all, e, Proj.GATE)) if has_gate else None
+        experts.append(ExpertMLP(g_lin, _linear(part(up_all, e, Proj.UP), part(up_bias_all, e, Proj.UP)),
+                                 _linear(part(module.down_proj, e, Proj.DOWN), part(down_bias_all, e, Proj.DOWN)),
+                                 gate))
     return SplitExperts(experts)
 
 
