@@ -3,7 +3,8 @@
 SQNR of a quantized linear: run the float model on a sample; at every linear that the
 quantized model replaced, feed the float input to both the float linear and the quantized one
 (so each layer's error is its own, not accumulated from earlier layers) and take
-``10 log10(sum y^2 / sum (y - y_q)^2)`` over the sample.
+``10 log10(sum y^2 / sum (y - y_q)^2)`` over the sample. Every MoE expert is fed every token of
+the sample (``lowbit.moe.all_tokens``), so that each one is measured, routed to or not.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn as nn
 
 from lowbit.eval.scoring import hidden_states
 from lowbit.modules import QuantLinear
+from lowbit.moe import all_tokens
 from lowbit.numerics import FormatName
 
 
@@ -48,7 +50,8 @@ def layer_sqnr(float_model: nn.Module, qmodel: nn.Module, input_ids: torch.Tenso
 
         handles.append(lin.register_forward_hook(hook))
     try:
-        hidden_states(float_model, input_ids)
+        with all_tokens(float_model):  # MoE: every expert is measured on every token, not only its routed ones
+            hidden_states(float_model, input_ids)
     finally:
         for h in handles:
             h.remove()
