@@ -117,3 +117,17 @@ def test_stock_transformers_loads_moe_compressed_tensors_output(tmp_path):
     got = load_file(str(tmp_path / "logits.safetensors"))
     for family, ref in refs.items():
         assert (got[family] - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), family
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "mixtral"])
+@pytest.mark.parametrize("scheme", ["w8a8-fp8-dynamic", "nvfp4", "w4a16"])
+@pytest.mark.parametrize("fmt", ["lowbit", "compressed-tensors"])
+def test_round_trip_dynamic_fp4_and_weight_only_schemes(family, scheme, fmt, tmp_path):
+    q = lowbit.quantize(tiny_moe(family), scheme, calibration=CALIB, num_samples=4, seq_len=32)
+    out = lowbit.save(q, tmp_path / "out", format=fmt)
+    back = lowbit.load(out)
+    for e in (0, 7):
+        a, b = q.model.layers[1].mlp.experts[e].gate_proj, back.model.layers[1].mlp.experts[e].gate_proj
+        assert torch.equal(a.weight_qtensor().codes, b.weight_qtensor().codes)
+        assert torch.equal(a.weight_qtensor().scale.float(), b.weight_qtensor().scale.float())
+    assert torch.equal(back(input_ids=IDS).logits, q(input_ids=IDS).logits)
