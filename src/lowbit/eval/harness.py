@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from lowbit.errors import LowbitError
+from lowbit.files.atomic import write_text_atomic
 from lowbit.eval.lastword import LastWordExample, lastword_examples
 from lowbit.eval.text import read_paragraphs
 
@@ -54,15 +55,8 @@ def write_lastword_task(folder: str | os.PathLike, examples: list[LastWordExampl
     if examples is None:
         examples = lastword_examples(read_paragraphs(text_file), limit=limit)
     data = folder / f"{task}.jsonl"
-    tmp = data.with_suffix(".jsonl.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for ex in examples:
-            f.write(json.dumps(ex.to_dict()) + "\n")
-    os.replace(tmp, data)
-    yml = folder / f"{task}.yaml"
-    tmp = yml.with_suffix(".yaml.tmp")
-    tmp.write_text(_TASK_YAML.format(task=task, data=json.dumps(str(data.resolve()))), encoding="utf-8")
-    os.replace(tmp, yml)
+    write_text_atomic(data, "".join(json.dumps(ex.to_dict()) + "\n" for ex in examples))
+    write_text_atomic(folder / f"{task}.yaml", _TASK_YAML.format(task=task, data=json.dumps(str(data.resolve()))))
     return folder
 
 

@@ -36,15 +36,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import torch
 from safetensors.torch import save_file
 
 from lowbit.errors import FormatError, LowbitError, OptionRef, OutputError
 from lowbit.files.folder import STANDARD_STEM, WEIGHT_STEMS, WeightFiles, read_header, weight_files
+from lowbit.files.atomic import atomic_path, write_text_atomic  # noqa: F401 (re-exported)
 from lowbit.files.outlock import output_lock
 
 AUX_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -55,27 +55,6 @@ AUX_SUFFIXES = (".tiktoken",)
 
 def tensor_nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-@contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """The one atomic write of a file: yields a temporary path beside ``path`` (its name plus
-    ``.partial``) for the block to write, renamed to ``path`` when the block completes and removed
-    when it raises, so ``path`` is either as before or whole."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
-    """``text`` written to ``path`` atomically (``atomic_path``)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding=encoding)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
