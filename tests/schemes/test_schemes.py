@@ -14,7 +14,7 @@ SPEC_FIELDS = {"format", "granularity", "group_size", "symmetric", "dynamic", "s
                "observer", "scale_floor"}
 EXPECTED_PRESETS = {
     "w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8", "w8a8-fp8-dynamic", "nvfp4", "nvfp4a16",
-    "nvfp4-e5m3", "mxfp4", "mxfp8", "w4a16", "w8a16",
+    "nvfp4-e5m3", "mxfp4", "mxfp8", "w4a16", "w8a16", "w4a16-asym", "w4a8-int8", "w4a8-fp8",
 }
 
 

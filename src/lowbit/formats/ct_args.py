@@ -130,8 +130,6 @@ def ct_format_of(scheme: Scheme) -> CTFormat:
         if a is None:
             if 32 % w.bits:
                 raise _refuse(scheme, f"pack-quantized packs 2-, 4- or 8-bit integers, not {w.bits}-bit")
-            if not w.symmetric:
-                raise _refuse(scheme, "asymmetric pack-quantized zero points are not written by lowbit")
             return CTFormat.PACK_QUANTIZED
         return CTFormat.INT_QUANTIZED
     raise _refuse(scheme, f"weights in {w.format.value}")

@@ -10,7 +10,9 @@ Tensors of one quantized Linear ``P`` (see shared/reference/formats.md):
 | mxfp4-pack-quantized | ``P.weight_packed`` uint8 [out, in/2]; ``P.weight_scale`` uint8 E8M0 codes [out, in/32] |
 | mxfp8-quantized | ``P.weight`` float8_e4m3fn [out, in]; ``P.weight_scale`` uint8 E8M0 codes [out, in/32] |
 
-Zero points (``P.weight_zero_point``, int8, scale shape) only for asymmetric int-quantized.
+Zero points (asymmetric INT only): ``P.weight_zero_point`` int8 in the scale's shape for
+int-quantized; for pack-quantized int32 [ceil(out*bits/32), G], packed like the weights but
+along the output dimension (compressed-tensors' ``packed_dim=0``).
 
 Scales that compressed-tensors keeps in the model dtype are cast to it on writing: exact when the
 scale is representable (always for float32 models); for bf16/fp16 models a float32 lowbit scale is
@@ -107,6 +109,8 @@ class CompressedTensorsLayout(Layout):
         stored_input_scale = None if input_scale is None else _float_scale(input_scale.reshape(1), dtype)
         t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
                                      input_global_scale=input_global_scale, bias=bias, dtype=dtype))
+        if fmt is CTFormat.PACK_QUANTIZED and qweight.zero_point is not None:  # packed along the output dim
+            t[f"{prefix}.weight_zero_point"] = pack_int32(qweight.zero_point.t(), spec.bits).t().contiguous()
         return t
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
@@ -229,7 +233,13 @@ class CompressedTensorsLayout(Layout):
             raw = _as_shape(tensors, sk, raw, sshape)
             scale = check_tensor(tensors, sk, raw, shape=sshape, dtypes=FLOAT_DTYPES, what=what).to(torch.float32)
         zp = None
-        if not spec.symmetric:
+        if not spec.symmetric and fmt is CTFormat.PACK_QUANTIZED:  # int32 [ceil(out*bits/32), G]
+            zk = f"{prefix}.weight_zero_point"
+            per = 32 // spec.bits
+            zraw = check_tensor(tensors, zk, need(tensors, zk, what), shape=(-(-sshape[0] // per), sshape[1]),
+                                dtypes=[torch.int32], what=what)
+            zp = unpack_int32(zraw.t().contiguous(), spec.bits, sshape[0]).t().to(torch.int8).contiguous()
+        elif not spec.symmetric:
             zk = f"{prefix}.weight_zero_point"
             zraw = _as_shape(tensors, zk, need(tensors, zk, what), sshape)
             zp = check_tensor(tensors, zk, zraw, shape=sshape, dtypes=[torch.int8], what=what)

@@ -51,6 +51,11 @@ PRESETS: dict[str, Scheme] = {
         Scheme("mxfp4", _mx(F.E2M1), _mx(F.E2M1, Dynamic.DYNAMIC)),
         Scheme("mxfp8", _mx(F.E4M3), _mx(F.E4M3, Dynamic.DYNAMIC)),
         Scheme("w4a16", QuantSpec(F.INT4, G.GROUP, 128, observer=FULL_RANGE), None),
+        Scheme("w4a16-asym", QuantSpec(F.INT4, G.GROUP, 128, symmetric=False), None),
+        Scheme("w4a8-int8", QuantSpec(F.INT4, G.GROUP, 128, observer=FULL_RANGE),
+               QuantSpec(F.INT8, G.TOKEN, dynamic=Dynamic.DYNAMIC)),
+        Scheme("w4a8-fp8", QuantSpec(F.INT4, G.GROUP, 128, observer=FULL_RANGE),
+               QuantSpec(F.E4M3, G.TOKEN, dynamic=Dynamic.DYNAMIC)),
         Scheme("w8a16", QuantSpec(F.INT8, G.CHANNEL, observer=HALF_STEP), None),
     ]
 }
