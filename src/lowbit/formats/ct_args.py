@@ -24,6 +24,7 @@ class CTFormat(str, Enum):
     PACK_QUANTIZED = "pack-quantized"
     NVFP4_PACK_QUANTIZED = "nvfp4-pack-quantized"
     MXFP4_PACK_QUANTIZED = "mxfp4-pack-quantized"
+    MXFP6_PACK_QUANTIZED = "mxfp6-pack-quantized"  # E2M3 only: compressed-tensors' FP6
     MXFP8_QUANTIZED = "mxfp8-quantized"
     # read, never written: auto-round's llm_compressor export of NVFP4-E5M3 (provider "auto-round"),
     # args as NVFP4's (tensor_group, group 16) but UE5M3 block scales and no global scales; stock
@@ -64,8 +65,10 @@ def spec_to_args(spec: QuantSpec, scheme: Scheme, is_weight: bool) -> dict[str, 
     """The compressed-tensors ARGS dict of one spec (weights or input activations)."""
     if spec.is_integer:
         typ, bits = "int", spec.bits
-    elif spec.format in (FormatName.E4M3, FormatName.E2M1):
+    elif spec.format in (FormatName.E4M3, FormatName.E2M1, FormatName.E2M3):
         typ, bits = "float", spec.bits
+    elif spec.format is FormatName.E3M2:
+        raise _refuse(scheme, "compressed-tensors' 6-bit float is E2M3; it has no E3M2")
     else:
         raise _refuse(scheme, f"element format {spec.format.value} has no compressed-tensors type")
     if spec.scale_floor is not None:
@@ -116,6 +119,10 @@ def ct_format_of(scheme: Scheme) -> CTFormat:
         if w.scale_format is FormatName.E8M0 and w.group_size == 32:
             return CTFormat.MXFP4_PACK_QUANTIZED
         raise _refuse(scheme, "FP4 weights need NVFP4 (group 16, UE4M3 + global) or MXFP4 (group 32, E8M0) scales")
+    if w.format is FormatName.E2M3:
+        if w.scale_format is FormatName.E8M0 and w.group_size == 32:
+            return CTFormat.MXFP6_PACK_QUANTIZED
+        raise _refuse(scheme, "FP6 weights need MXFP6 scales (group 32, E8M0)")
     if w.format is FormatName.E4M3:
         if w.scale_format is FormatName.E8M0:
             if w.group_size != 32:
@@ -194,6 +201,12 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
             if group_size != 32 or (scale_dtype not in (None, "uint8")):
                 raise FormatError(f"{where}: FP8 group scales other than MXFP8 (group 32, uint8 E8M0) are not supported")
             scale_format = FormatName.E8M0
+    elif typ == "float" and bits == 6:
+        fmt = FormatName.E2M3
+        if not (gran is Granularity.GROUP and group_size == 32 and scale_dtype in (None, "uint8")):
+            raise FormatError(f"{where}: FP6 needs MXFP6 scales (group 32, uint8 E8M0), got strategy {strategy!r}, "
+                              f"group_size {group_size}, scale_dtype {scale_dtype}")
+        scale_format = FormatName.E8M0
     elif typ == "float" and bits == 4:
         fmt = FormatName.E2M1
         if ct_format == CTFormat.NVFP4_E5M3_PACK_QUANTIZED.value:

@@ -9,6 +9,7 @@ Tensors of one quantized Linear ``P`` (see shared/reference/formats.md):
 | nvfp4-pack-quantized | ``P.weight_packed`` uint8 [out, in/2] (element 2i low nibble); ``P.weight_scale`` float8_e4m3fn [out, in/16]; ``P.weight_global_scale`` float32 [1]; ``P.input_global_scale`` float32 [1] |
 | mxfp4-pack-quantized | ``P.weight_packed`` uint8 [out, in/2]; ``P.weight_scale`` uint8 E8M0 codes [out, in/32] |
 | mxfp8-quantized | ``P.weight`` float8_e4m3fn [out, in]; ``P.weight_scale`` uint8 E8M0 codes [out, in/32] |
+| mxfp6-pack-quantized | ``P.weight_packed`` uint8 [out, 3*in/4]: four 6-bit E2M3 codes in 3 bytes, the 24-bit little-endian word c0 | c1 << 6 | c2 << 12 | c3 << 18; ``P.weight_scale`` uint8 E8M0 codes [out, in/32] |
 
 Zero points (asymmetric INT only): ``P.weight_zero_point`` int8 in the scale's shape for
 int-quantized; for pack-quantized int32 [ceil(out*bits/32), G], packed like the weights but
@@ -38,7 +39,7 @@ from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, layout_
 from lowbit.files.folder import STANDARD_STEM
 from lowbit.formats.lowbit_layout import read_bias, scale_shape
 from lowbit.numerics import E8M0, FormatName, get_format
-from lowbit.quant import QuantizedTensor, nibbles, pack_int32, unpack_int32, unpack_nibbles
+from lowbit.quant import QuantizedTensor, nibbles, pack_int32, pack_sixes, unpack_int32, unpack_nibbles, unpack_sixes
 from lowbit.schemes import Dynamic, Scheme
 
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose layouts these files were checked against
@@ -94,6 +95,8 @@ class CompressedTensorsLayout(Layout):
                 t[f"{prefix}.weight"] = get_format(spec.format).codes_to_int(qweight.codes).to(torch.int8).contiguous()
             else:
                 t[f"{prefix}.weight"] = qweight.codes.contiguous().view(torch.float8_e4m3fn)
+        elif fmt is CTFormat.MXFP6_PACK_QUANTIZED:
+            t[f"{prefix}.weight_packed"] = pack_sixes(qweight.codes)
         elif fmt is CTFormat.PACK_QUANTIZED:
             vals = get_format(spec.format).codes_to_int(qweight.codes)
             t[f"{prefix}.weight_packed"] = pack_int32(vals, spec.bits)
@@ -204,6 +207,12 @@ class CompressedTensorsLayout(Layout):
             else:
                 codes = wt.contiguous().view(torch.uint8)
                 check_codes(tensors, k, codes, spec, what)
+        elif fmt is CTFormat.MXFP6_PACK_QUANTIZED:
+            k = f"{prefix}.weight_packed"
+            packed = check_tensor(tensors, k, need(tensors, k, what), dtypes=[torch.uint8], what=what)
+            if packed.dim() != 2 or packed.shape[1] % 3:
+                raise FormatError(f"tensor {where(tensors, k)} must be [out, 3 * in / 4], has shape {tuple(packed.shape)}")
+            codes = unpack_sixes(packed)
         elif fmt is CTFormat.PACK_QUANTIZED:
             k, sk_ = f"{prefix}.weight_packed", f"{prefix}.weight_shape"
             packed = check_tensor(tensors, k, need(tensors, k, what), dtypes=[torch.int32], what=what)

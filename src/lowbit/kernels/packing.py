@@ -78,3 +78,30 @@ def unpack_int32(words: torch.Tensor, bits: int, length: int) -> torch.Tensor:
     v = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
     v = v.reshape(*words.shape[:-1], -1)[..., :length]
     return (v - (1 << (bits - 1))).to(torch.int32)
+
+
+def pack_sixes(codes: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """6-bit codes uint8 [..., n] (n a multiple of 4, values < 64) -> uint8 [..., 3n/4]: each four
+    codes c0..c3 form the 24-bit word c0 | c1 << 6 | c2 << 12 | c3 << 18, stored little-endian in
+    three bytes (compressed-tensors' mxfp6-pack-quantized)."""
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"pack_sixes expects uint8 codes, got {codes.dtype}")
+    if codes.shape[-1] % 4:
+        raise QuantizationError(f"tensor {name!r}: last dimension {codes.shape[-1]} is not a multiple of 4, "
+                                f"cannot pack 6-bit codes")
+    if codes.numel() and int(codes.max()) > 63:
+        raise QuantizationError(f"tensor {name!r}: codes above 63 cannot be packed into 6 bits")
+    c = codes.reshape(*codes.shape[:-1], -1, 4).to(torch.int32)
+    word = c[..., 0] | (c[..., 1] << 6) | (c[..., 2] << 12) | (c[..., 3] << 18)
+    out = torch.stack([word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF], dim=-1).to(torch.uint8)
+    return out.reshape(*codes.shape[:-1], codes.shape[-1] // 4 * 3)
+
+
+def unpack_sixes(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_sixes: uint8 [..., 3m] -> uint8 codes [..., 4m]."""
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"unpack_sixes expects uint8, got {packed.dtype}")
+    b = packed.reshape(*packed.shape[:-1], -1, 3).to(torch.int32)
+    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+    c = torch.stack([(word >> s) & 0x3F for s in (0, 6, 12, 18)], dim=-1).to(torch.uint8)
+    return c.reshape(*packed.shape[:-1], packed.shape[-1] // 3 * 4)

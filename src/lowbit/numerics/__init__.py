@@ -16,7 +16,7 @@ from typing import Union
 
 from lowbit.numerics.e8m0 import E8M0, E8M0Format
 from lowbit.numerics.integer import INT2, INT3, INT4, INT5, INT6, INT7, INT8, IntFormat
-from lowbit.numerics.minifloat import E2M1, E4M3, E5M2, UE4M3, UE5M3, MiniFloat
+from lowbit.numerics.minifloat import E2M1, E2M3, E3M2, E4M3, E5M2, UE4M3, UE5M3, MiniFloat
 
 NumberFormat = Union[MiniFloat, IntFormat, E8M0Format]
 
@@ -30,6 +30,8 @@ class FormatName(str, Enum):
     INT7 = "int7"
     INT8 = "int8"
     E2M1 = "e2m1"
+    E2M3 = "e2m3"
+    E3M2 = "e3m2"
     E4M3 = "e4m3"
     E5M2 = "e5m2"
     UE4M3 = "ue4m3"
@@ -44,7 +46,7 @@ class FormatName(str, Enum):
 _FORMATS: dict[FormatName, NumberFormat] = {
     FormatName.INT2: INT2, FormatName.INT3: INT3, FormatName.INT4: INT4, FormatName.INT5: INT5,
     FormatName.INT6: INT6, FormatName.INT7: INT7, FormatName.INT8: INT8,
-    FormatName.E2M1: E2M1, FormatName.E4M3: E4M3, FormatName.E5M2: E5M2,
+    FormatName.E2M1: E2M1, FormatName.E2M3: E2M3, FormatName.E3M2: E3M2, FormatName.E4M3: E4M3, FormatName.E5M2: E5M2,
     FormatName.UE4M3: UE4M3, FormatName.UE5M3: UE5M3, FormatName.E8M0: E8M0,
 }
 
@@ -62,7 +64,7 @@ def is_integer(name: FormatName) -> bool:
 
 
 __all__ = [
-    "E2M1", "E4M3", "E5M2", "UE4M3", "UE5M3", "E8M0", "INT2", "INT3", "INT4", "INT5", "INT6",
+    "E2M1", "E2M3", "E3M2", "E4M3", "E5M2", "UE4M3", "UE5M3", "E8M0", "INT2", "INT3", "INT4", "INT5", "INT6",
     "INT7", "INT8", "MiniFloat", "IntFormat", "E8M0Format", "FormatName", "NumberFormat",
     "get_format", "is_integer",
 ]

@@ -1,4 +1,4 @@
-"""Small floating-point formats (FP4 E2M1, FP8 E4M3FN/E5M2, UE4M3, UE5M3).
+"""Small floating-point formats (FP4 E2M1, FP6 E2M3/E3M2, FP8 E4M3FN/E5M2, UE4M3, UE5M3).
 
 One parametrised definition serves every format: an element is sign (optional), ``exp_bits``
 exponent bits with ``bias`` and ``man_bits`` mantissa bits; exponent field 0 is subnormal.
@@ -223,6 +223,10 @@ class MiniFloat:
 
 E2M1 = MiniFloat("e2m1", exp_bits=2, man_bits=1, bias=1, signed=True, max_code_magnitude=0b111,
                  nan_code=None, description="FP4 E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6; no NaN/Inf")
+E2M3 = MiniFloat("e2m3", exp_bits=2, man_bits=3, bias=1, signed=True, max_code_magnitude=0b11111,
+                 nan_code=None, description="FP6 E2M3 (OCP MX): max 7.5, subnormals down to 0.125; no NaN/Inf")
+E3M2 = MiniFloat("e3m2", exp_bits=3, man_bits=2, bias=3, signed=True, max_code_magnitude=0b11111,
+                 nan_code=None, description="FP6 E3M2 (OCP MX): max 28, subnormals down to 0.0625; no NaN/Inf")
 E4M3 = MiniFloat("e4m3", exp_bits=4, man_bits=3, bias=7, signed=True, max_code_magnitude=0x7E,
                  nan_code=0x7F, description="FP8 E4M3FN: max 448, NaN 0x7F/0xFF, no Inf")
 E5M2 = MiniFloat("e5m2", exp_bits=5, man_bits=2, bias=15, signed=True, max_code_magnitude=0x7B,

@@ -2,7 +2,7 @@
 quantize/dequantize, packing and quantized tensors; pure functions on tensors. The algorithms
 built on them (GPTQ, SmoothQuant) live in lowbit.algorithms."""
 
-from lowbit.kernels.packing import pack_int32, pack_nibbles, unpack_int32, unpack_nibbles
+from lowbit.kernels.packing import pack_int32, pack_nibbles, pack_sixes, unpack_int32, unpack_nibbles, unpack_sixes
 from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor, nibbles
 from lowbit.quant.mse_scales import group_error, search_scales
 from lowbit.quant.scaling import (
@@ -13,5 +13,5 @@ from lowbit.quant.scaling import (
 __all__ = [
     "QuantizedTensor", "PackedQuantizedTensor", "nibbles", "quantize", "quantize_into", "int_values", "dequantize", "fake_quantize", "amax", "check_finite",
     "effective_scale", "global_scale_from_amax", "scales_from_amax", "static_scale_from_amax",
-    "num_groups", "allows_ragged", "search_scales", "group_error", "pack_nibbles", "unpack_nibbles", "pack_int32", "unpack_int32",
+    "num_groups", "allows_ragged", "search_scales", "group_error", "pack_nibbles", "unpack_nibbles", "pack_int32", "unpack_int32", "pack_sixes", "unpack_sixes",
 ]
