@@ -22,7 +22,7 @@ from lowbit.schemes import PRESETS
 BOUNDS = {"w8a8-int8": 0.035, "w8a8-int8-dynamic": 0.017, "w8a8-fp8": 0.072, "w8a8-fp8-dynamic": 0.066,
           "nvfp4": 0.24, "nvfp4a16": 0.2, "nvfp4-e5m3": 0.25, "mxfp4": 0.39, "mxfp8": 0.12, "w4a16": 0.28,
           "w8a16": 0.013, "w4a16-asym": 0.26, "w4a8-int8": 0.26, "w4a8-fp8": 0.26, "mxfp6-e2m3": 0.09,
-          "mxfp6-e3m2": 0.17, "mxfp6-mxfp8": 0.13, "mxfp4-mxfp8": 0.39}
+          "mxfp6-e3m2": 0.17, "mxfp6-mxfp8": 0.13, "mxfp4-mxfp8": 0.39, "fp8-block": 0.14}
 
 
 def _calib():

@@ -13,6 +13,7 @@ import torch
 import lowbit
 from helpers.models import tiny_llama
 from lowbit.files.folder import SafetensorsFolder
+from lowbit.formats.lowbit_layout import file_scale
 from lowbit.quant import quantize
 from lowbit.schemes import PRESETS
 
@@ -20,11 +21,11 @@ pytest.importorskip("compressed_tensors")
 FIELDS = ("num_bits", "type", "symmetric", "group_size", "strategy", "dynamic", "block_structure")
 
 
-def _ct_folder(preset: str, scheme: str, out):
+def _ct_folder(preset: str, scheme: str, out, dims: dict):
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
 
-    model = tiny_llama(hidden_size=128, intermediate_size=256)
+    model = tiny_llama(**dims)
     apply_quantization_config(model, QuantizationConfig(
         config_groups={"group_0": preset_name_to_scheme(preset, ["Linear"])}, ignore=["lm_head"]))
     spec = PRESETS[scheme].weights
@@ -32,7 +33,7 @@ def _ct_folder(preset: str, scheme: str, out):
         for _, m in model.named_modules():
             if hasattr(m, "weight_scale"):
                 qt = quantize(m.weight.float(), spec)
-                m.weight_scale.copy_(qt.scale.reshape(m.weight_scale.shape).to(m.weight_scale.dtype))
+                m.weight_scale.copy_(file_scale(qt.scale, spec).reshape(m.weight_scale.shape).to(m.weight_scale.dtype))
                 if qt.zero_point is not None:
                     m.weight_zero_point.copy_(qt.zero_point.reshape(m.weight_zero_point.shape))
     comp = ModelCompressor.from_pretrained_model(model)
@@ -43,13 +44,16 @@ def _ct_folder(preset: str, scheme: str, out):
 
 
 @pytest.mark.parametrize("preset,scheme", [("W4AFP8", "w4a8-fp8"), ("W4A8", "w4a8-int8"), ("W4A16_ASYM", "w4a16-asym"),
-                                           ("MXFP6A16", "mxfp6-e2m3"), ("MXFP6A8", "mxfp6-mxfp8")])
+                                           ("MXFP6A16", "mxfp6-e2m3"), ("MXFP6A8", "mxfp6-mxfp8"),
+                                           ("FP8_BLOCK", "fp8-block"), ("FP8_BLOCK", "fp8-block-ragged")])
 # (compressed-tensors' MXFP4XFP8 is not lowbit's mxfp4-mxfp8: its activations are FP8 per group of 128
 # with float scales, not MXFP8 (group 32, E8M0) as the preset's name says here)
 def test_lowbit_writes_what_compressed_tensors_writes(preset, scheme, tmp_path):
-    theirs = _ct_folder(preset, scheme, tmp_path / "ct")
-    ours = lowbit.save(lowbit.quantize(tiny_llama(hidden_size=128, intermediate_size=256), scheme), tmp_path / "lb",
-                       format="compressed-tensors")
+    dims = {"hidden_size": 128, "intermediate_size": 256}
+    if scheme == "fp8-block-ragged":  # 192 and 320 are not multiples of 128: ceil-shaped block scales
+        scheme, dims = "fp8-block", {"hidden_size": 192, "intermediate_size": 320}
+    theirs = _ct_folder(preset, scheme, tmp_path / "ct", dims)
+    ours = lowbit.save(lowbit.quantize(tiny_llama(**dims), scheme), tmp_path / "lb", format="compressed-tensors")
     a, b = SafetensorsFolder(theirs), SafetensorsFolder(ours)
     assert set(a) == set(b)
     for k in a:

@@ -42,6 +42,7 @@ CASES = {
     "w4a16": (torch.float32, {"hidden_size": 128, "intermediate_size": 256}, 1e-5),  # measured: identical
     "w4a8-int8": (torch.float32, {"hidden_size": 128, "intermediate_size": 256}, 0.05),  # CT: dynamic int8 amax/127.5
     "w4a8-fp8": (torch.float32, {"hidden_size": 128, "intermediate_size": 256}, 1e-5),
+    "fp8-block": (torch.float32, {"hidden_size": 128, "intermediate_size": 256}, 1e-5),
     "mxfp6-e2m3": (torch.bfloat16, {}, 0.01),  # transformers runs MX folders in bf16
     "mxfp6-mxfp8": (torch.bfloat16, {}, 0.15),
     "mxfp4-mxfp8": (torch.bfloat16, {}, 0.15),

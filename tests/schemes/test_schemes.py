@@ -15,7 +15,7 @@ SPEC_FIELDS = {"format", "granularity", "group_size", "symmetric", "dynamic", "s
 EXPECTED_PRESETS = {
     "w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8", "w8a8-fp8-dynamic", "nvfp4", "nvfp4a16",
     "nvfp4-e5m3", "mxfp4", "mxfp8", "w4a16", "w8a16", "w4a16-asym", "w4a8-int8", "w4a8-fp8",
-    "mxfp6-e2m3", "mxfp6-e3m2", "mxfp6-mxfp8", "mxfp4-mxfp8",
+    "mxfp6-e2m3", "mxfp6-e3m2", "mxfp6-mxfp8", "mxfp4-mxfp8", "fp8-block",
 }
 
 

@@ -82,7 +82,7 @@ def _column_scales(qt: QuantizedTensor, in_features: int) -> tuple[torch.Tensor,
     eff = effective_scale(qt.scale, spec, qt.global_scale).to(torch.float32)
     div = torch.where(eff != 0, eff, torch.ones((), dtype=torch.float32))
     out = qt.codes.shape[0]
-    if spec.granularity is Granularity.GROUP:  # [out, G] -> [G * g, out] -> [in, out]
+    if spec.granularity in (Granularity.GROUP, Granularity.BLOCK):  # [out, G] -> [G * g, out] -> [in, out]
         g = spec.group_size
         return tuple(t.t().repeat_interleave(g, dim=0)[:in_features] for t in (eff, div))
     return tuple(t.reshape(1, -1).expand(in_features, out) for t in (eff, div))  # CHANNEL [out, 1], TENSOR [1]

@@ -78,8 +78,11 @@ def spec_to_args(spec: QuantSpec, scheme: Scheme, is_weight: bool) -> dict[str, 
                               "transformers + compressed-tensors read auto-round's non-standard "
                               "'nvfp4-e5m3-pack-quantized' as standard NVFP4 (wrong values, NaN logits) without an "
                               "error")
+    block = None
     if spec.granularity is Granularity.GROUP:
         strategy = "tensor_group" if spec.global_scale else "group"
+    elif spec.granularity is Granularity.BLOCK:
+        strategy, block = "block", [spec.group_size, spec.group_size]
     else:
         strategy = spec.granularity.value
     dynamic: bool | str = {Dynamic.STATIC: False, Dynamic.DYNAMIC: True, Dynamic.LOCAL: "local"}[spec.dynamic]
@@ -88,8 +91,9 @@ def spec_to_args(spec: QuantSpec, scheme: Scheme, is_weight: bool) -> dict[str, 
     else:
         observer = {Dynamic.STATIC: "minmax", Dynamic.DYNAMIC: None, Dynamic.LOCAL: "static_minmax"}[spec.dynamic]
     return {
-        "num_bits": bits, "type": typ, "symmetric": spec.symmetric, "group_size": spec.group_size,
-        "strategy": strategy, "block_structure": None, "dynamic": dynamic, "actorder": None,
+        "num_bits": bits, "type": typ, "symmetric": spec.symmetric,
+        "group_size": None if block else spec.group_size,
+        "strategy": strategy, "block_structure": block, "dynamic": dynamic, "actorder": None,
         "scale_dtype": _SCALE_DTYPE.get(spec.scale_format), "zp_dtype": None if spec.symmetric else "torch.int8",
         "observer": observer, "observer_kwargs": {},
     }
@@ -130,6 +134,9 @@ def ct_format_of(scheme: Scheme) -> CTFormat:
             return CTFormat.MXFP8_QUANTIZED
         if w.granularity is Granularity.GROUP:
             raise _refuse(scheme, "FP8 weights with plain group scales have no compressed-tensors compressor")
+        if a is not None and a.granularity is Granularity.GROUP and a.scale_format is FormatName.FP32 \
+                and not (w.granularity is Granularity.BLOCK and a.dynamic is Dynamic.DYNAMIC):
+            raise _refuse(scheme, "FP8 per-group input activations with fp32 scales go with FP8 block weights")
         return CTFormat.FLOAT_QUANTIZED
     if w.is_integer:
         if w.is_microscaled:
@@ -169,9 +176,13 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
     observer = WeightObserver.MAX
     if is_weight:
         observer = _read_weight_observer(args.get("observer"))
-    if args.get("block_structure") is not None or strategy == "block":
-        raise FormatError(f"{where}: block-wise scales (block_structure {args.get('block_structure')}) are not a "
-                          f"lowbit scheme; dequantize such a checkpoint first")
+    block = args.get("block_structure")
+    if block is not None or strategy == "block":
+        if not (is_weight and strategy == "block" and isinstance(block, list) and len(block) == 2
+                and block[0] == block[1] and isinstance(block[0], int) and block[0] > 0):
+            raise FormatError(f"{where}: block-wise scales need strategy 'block' with a square block_structure "
+                              f"[b, b] on weights, got strategy {strategy!r}, block_structure {block!r}")
+        group_size = block[0]
     if strategy is None:
         strategy = "tensor" if group_size is None else ("channel" if group_size == -1 else "group")
     strategy = str(strategy).lower()
@@ -186,7 +197,7 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
     if not is_weight and not symmetric and dyn is not Dynamic.DYNAMIC:
         raise FormatError(f"{where}: asymmetric static input activations (an input_zero_point) are not supported")
     gran = {"tensor": Granularity.TENSOR, "channel": Granularity.CHANNEL, "token": Granularity.TOKEN,
-            "group": Granularity.GROUP, "tensor_group": Granularity.GROUP}.get(strategy)
+            "group": Granularity.GROUP, "tensor_group": Granularity.GROUP, "block": Granularity.BLOCK}.get(strategy)
     if gran is None:
         raise FormatError(f"{where}: strategy {strategy!r} is not supported by lowbit")
     scale_format, global_scale = FormatName.FP32, False
@@ -197,10 +208,13 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
             raise FormatError(f"{where}: num_bits {bits} for type int is not supported (2..8)") from None
     elif typ == "float" and bits == 8:
         fmt = FormatName.E4M3
-        if gran is Granularity.GROUP:
-            if group_size != 32 or (scale_dtype not in (None, "uint8")):
-                raise FormatError(f"{where}: FP8 group scales other than MXFP8 (group 32, uint8 E8M0) are not supported")
+        if gran is Granularity.GROUP and (scale_dtype == "uint8" or (scale_dtype is None and group_size == 32)):
+            if group_size != 32:
+                raise FormatError(f"{where}: E8M0 (MXFP8) group scales need group_size 32, got {group_size}")
             scale_format = FormatName.E8M0
+        elif gran is Granularity.GROUP and (is_weight or scale_dtype not in (None, "float32", "bfloat16", "float16")):
+            raise FormatError(f"{where}: FP8 group scales other than MXFP8 (group 32, uint8 E8M0) or FP32 scales on "
+                              f"input activations (FP8 block's per-token groups) are not supported")
     elif typ == "float" and bits == 6:
         fmt = FormatName.E2M3
         if not (gran is Granularity.GROUP and group_size == 32 and scale_dtype in (None, "uint8")):
@@ -230,8 +244,8 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
     else:
         raise FormatError(f"{where}: type {typ!r} with num_bits {bits} is not supported")
     try:
-        return QuantSpec(fmt, gran, group_size if gran is Granularity.GROUP else None, bool(symmetric), dyn,
-                         scale_format, global_scale, observer)
+        return QuantSpec(fmt, gran, group_size if gran in (Granularity.GROUP, Granularity.BLOCK) else None,
+                         bool(symmetric), dyn, scale_format, global_scale, observer)
     except SchemeError as e:
         raise FormatError(f"{where}: {e}") from e
 

@@ -4,7 +4,7 @@ Tensors of one quantized Linear ``P`` (see shared/reference/formats.md):
 
 | compression format | tensors |
 |---|---|
-| int-quantized / float-quantized | ``P.weight`` int8 or float8_e4m3fn [out, in]; ``P.weight_scale`` model dtype [out, 1] (channel), [1] (tensor) or [out, G] (group); ``P.input_scale`` model dtype [1] (static inputs) |
+| int-quantized / float-quantized | ``P.weight`` int8 or float8_e4m3fn [out, in]; ``P.weight_scale`` model dtype [out, 1] (channel), [1] (tensor), [out, G] (group) or [ceil(out/b), ceil(in/b)] (block, FP8_BLOCK); ``P.input_scale`` model dtype [1] (static inputs) |
 | pack-quantized (weight-only int) | ``P.weight_packed`` int32 [out, ceil(in*bits/32)] (+2^(bits-1) offset, lowest first); ``P.weight_shape`` int64 [2]; ``P.weight_scale`` model dtype |
 | nvfp4-pack-quantized | ``P.weight_packed`` uint8 [out, in/2] (element 2i low nibble); ``P.weight_scale`` float8_e4m3fn [out, in/16]; ``P.weight_global_scale`` float32 [1]; ``P.input_global_scale`` float32 [1] |
 | mxfp4-pack-quantized | ``P.weight_packed`` uint8 [out, in/2]; ``P.weight_scale`` uint8 E8M0 codes [out, in/32] |
@@ -37,10 +37,10 @@ from lowbit.formats.base import (
 )
 from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, layout_format, named_scheme, spec_to_args
 from lowbit.files.folder import STANDARD_STEM
-from lowbit.formats.lowbit_layout import read_bias, scale_shape
+from lowbit.formats.lowbit_layout import file_scale, model_scale, read_bias, scale_shape
 from lowbit.numerics import E8M0, FormatName, get_format
 from lowbit.quant import QuantizedTensor, nibbles, pack_int32, pack_sixes, unpack_int32, unpack_nibbles, unpack_sixes
-from lowbit.schemes import Dynamic, Scheme
+from lowbit.schemes import Dynamic, Granularity, Scheme
 
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose layouts these files were checked against
 
@@ -85,7 +85,7 @@ class CompressedTensorsLayout(Layout):
             raise FormatError(f"layer {prefix!r}: weight spec {qweight.spec.describe()} is not the weights of "
                               f"scheme {scheme.name}")
         out_f, in_f = qweight.shape
-        if spec.group_size and in_f % spec.group_size:
+        if spec.granularity is Granularity.GROUP and in_f % spec.group_size:  # (BLOCK: ragged tiles, ceil-shaped scales)
             raise FormatError(f"layer {prefix!r} ({scheme.name}): compressed-tensors needs the input dimension "
                               f"{in_f} to be a multiple of the group size {spec.group_size}; ignore this layer or "
                               "save with {lowbit}", lowbit=OptionRef("format", "lowbit"))
@@ -108,7 +108,7 @@ class CompressedTensorsLayout(Layout):
         elif spec.scale_format is FormatName.E8M0:
             t[f"{prefix}.weight_scale"] = qweight.scale_codes().contiguous()
         else:
-            t[f"{prefix}.weight_scale"] = _float_scale(qweight.scale, dtype)
+            t[f"{prefix}.weight_scale"] = _float_scale(file_scale(qweight.scale, spec), dtype)
         stored_input_scale = None if input_scale is None else _float_scale(input_scale.reshape(1), dtype)
         t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
                                      input_global_scale=input_global_scale, bias=bias, dtype=dtype))
@@ -240,7 +240,8 @@ class CompressedTensorsLayout(Layout):
             scale = E8M0.decode(check_tensor(tensors, sk, raw, shape=sshape, dtypes=[torch.uint8], what=what))
         else:
             raw = _as_shape(tensors, sk, raw, sshape)
-            scale = check_tensor(tensors, sk, raw, shape=sshape, dtypes=FLOAT_DTYPES, what=what).to(torch.float32)
+            scale = model_scale(check_tensor(tensors, sk, raw, shape=sshape, dtypes=FLOAT_DTYPES, what=what)
+                                .to(torch.float32), spec, out_f)
         zp = None
         if not spec.symmetric and fmt is CTFormat.PACK_QUANTIZED:  # int32 [ceil(out*bits/32), G]
             zk = f"{prefix}.weight_zero_point"

@@ -6,7 +6,7 @@ Tensors of one quantized Linear ``P`` (nothing else is stored for it):
 |---|---|---|---|
 | ``P.weight_packed`` | uint8 | [out, in/2] | 4-bit element codes (E2M1, INT4), element 2i in the low nibble (in even) |
 | ``P.weight_codes`` | code dtype | [out, in] | codes of every other element format, and 4-bit codes when in is odd |
-| ``P.weight_scale`` | float32 | scale shape | plain (fp32) scales, exactly as quantized |
+| ``P.weight_scale`` | float32 | scale shape | plain (fp32) scales, exactly as quantized (BLOCK: one per tile, [ceil(out/b), ceil(in/b)]) |
 | ``P.weight_scale`` | uint8 | scale shape | codes of the block-scale format (UE4M3, UE5M3, E8M0) |
 | ``P.weight_zero_point`` | int8 | scale shape | asymmetric INT only |
 | ``P.weight_global_scale`` | float32 | [1] | NVFP4 divisor |
@@ -58,6 +58,7 @@ from lowbit.formats.base import (
 from lowbit.files.folder import LOWBIT_STEM
 from lowbit.numerics import FormatName, get_format
 from lowbit.quant import QuantizedTensor, nibbles, num_groups, unpack_nibbles
+from lowbit.quant.groups import block_scales, row_scales
 from lowbit.schemes import Granularity, QuantSpec, Scheme
 
 FORMAT_VERSION = 2  # 2: weight_codes in their code dtype (1: always uint8)
@@ -99,7 +100,19 @@ def scale_shape(spec: QuantSpec, out_f: int, in_f: int, name: str = "tensor") ->
         return (1,)
     if spec.granularity is Granularity.GROUP:
         return (out_f, num_groups(in_f, spec, name, (out_f, in_f)))
+    if spec.granularity is Granularity.BLOCK:  # one per tile, as files hold them (quant.groups.block_scales)
+        return (-(-out_f // spec.group_size), num_groups(in_f, spec, name, (out_f, in_f)))
     return (out_f, 1)
+
+
+def file_scale(scale: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The weight scale in the shape files hold it: BLOCK scales one per tile, others as they are."""
+    return block_scales(scale, spec.group_size) if spec.granularity is Granularity.BLOCK else scale
+
+
+def model_scale(scale: torch.Tensor, spec: QuantSpec, out_f: int) -> torch.Tensor:
+    """Inverse of file_scale: BLOCK scales back to one per row of their tile."""
+    return row_scales(scale, spec.group_size, out_f) if spec.granularity is Granularity.BLOCK else scale
 
 
 def _packs_nibbles(spec: QuantSpec, in_f: int) -> bool:
@@ -114,7 +127,7 @@ def scale_dtype(spec: QuantSpec) -> torch.dtype:
 def stored_scale(qweight: QuantizedTensor) -> torch.Tensor:
     """The weight scale as stored (in ``scale_dtype``): float32, or the codes of the spec's scale format."""
     if qweight.spec.scale_format is FormatName.FP32:
-        return qweight.scale.to(scale_dtype(qweight.spec)).contiguous()
+        return file_scale(qweight.scale, qweight.spec).to(scale_dtype(qweight.spec)).contiguous()
     return qweight.scale_codes().contiguous().view(scale_dtype(qweight.spec))
 
 
@@ -209,8 +222,8 @@ class LowbitLayout(Layout):
         check_codes(tensors, pk if pk in tensors else ck, codes, spec, what)
         sshape = scale_shape(spec, out_f, in_f, prefix)
         sk = f"{prefix}.weight_scale"
-        scale = decode_scale(check_tensor(tensors, sk, need(tensors, sk, what), shape=sshape,
-                                          dtypes=[scale_dtype(spec)], what=what), spec)
+        scale = model_scale(decode_scale(check_tensor(tensors, sk, need(tensors, sk, what), shape=sshape,
+                                                      dtypes=[scale_dtype(spec)], what=what), spec), spec, out_f)
         zp = None
         if not spec.symmetric:
             zk = f"{prefix}.weight_zero_point"

@@ -1,6 +1,7 @@
 """Quantize a large weight in row bands: bit-identical to quantizing it whole, in bounded memory.
 
-Every weight scale is per row or per group of a row, so the bands are independent; the NVFP4
+Every weight scale is per row or per group of a row (BLOCK: of a tile of rows, and bands hold
+whole tiles), so the bands are independent; the NVFP4
 global scale is one for the whole fused group and is computed first (by the caller).
 """
 
@@ -29,6 +30,8 @@ def quantize_rows(w: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor |
     a reusable uint8 buffer of at least n bytes for the native path's codes (the result then
     lives in it: the caller reuses it only once the result is written)."""
     rows = max(1, band_elems // max(1, w.shape[-1]))
+    if spec.granularity is Granularity.BLOCK:  # bands of whole tiles: a tile's scale spans its rows
+        rows = max(spec.group_size, rows // spec.group_size * spec.group_size)
     if w.dim() == 2 and spec.granularity is not Granularity.TENSOR:
         qt = _native_rows(w.contiguous(), spec, global_scale, name, rows, pack, scratch)
         if qt is not None:

@@ -24,7 +24,7 @@ from lowbit.modelfree.plan import Item, Kind
 from lowbit.files.folder import DTYPE_NAMES, DTYPES
 from lowbit.modelfree.source import FP8_SOURCES
 from lowbit.files.regions import header_block
-from lowbit.schemes import Scheme
+from lowbit.schemes import Granularity, Scheme
 
 METADATA = {"format": "pt"}
 
@@ -75,7 +75,7 @@ class OutputShapes:
         self.scheme = scheme
         self.layout = layout
         self.model_dtype = model_dtype
-        self._probed: dict[tuple, list[tuple[str, str, tuple[int, ...], bool]]] = {}
+        self._probed: dict[tuple, list[tuple[str, str, tuple[int, ...], int]]] = {}
 
     def entries(self, item: Item) -> list[Entry]:
         info, shape0 = item.src.info, item.src.shape
@@ -86,12 +86,12 @@ class OutputShapes:
             return [Entry(item.name, dtype, shape0, _nbytes(dtype, shape0))]
         rows = shape0[0]
         out = []
-        for suffix, dtype, shape, per_row in self._probe(shape0[1:], source_dtype(item, self.model_dtype)):
-            full = (shape[0] * rows,) + shape[1:] if per_row else shape
+        for suffix, dtype, shape, unit in self._probe(shape0[1:], source_dtype(item, self.model_dtype)):
+            full = (-(-rows // unit),) + shape[1:] if unit else shape
             out.append(Entry(item.name + suffix, dtype, full, _nbytes(dtype, full)))
         return out
 
-    def _probe(self, tail: tuple[int, ...], dtype: torch.dtype) -> list[tuple[str, str, tuple[int, ...], bool]]:
+    def _probe(self, tail: tuple[int, ...], dtype: torch.dtype) -> list[tuple[str, str, tuple[int, ...], int]]:
         key = (tail, dtype)
         if key not in self._probed:
             from lowbit.modelfree.bands import quantize_rows
@@ -99,8 +99,11 @@ class OutputShapes:
 
             spec = self.scheme.weights
             gs = global_scale_from_amax(torch.ones(1), spec) if spec.global_scale else None
+            # L rows and 2L: L is a multiple of every row unit a layout groups by (a BLOCK tile, the 8
+            # or 16 zero points of an int32 word packed along the rows)
+            L = math.lcm(spec.group_size if spec.granularity is Granularity.BLOCK else 1, 32)
             got = []
-            for r in (1, 2):
+            for r in (L, 2 * L):
                 qt = quantize_rows(torch.zeros((r,) + tail, dtype=dtype), spec, gs, "probe",
                                    pack=self.layout.nibble_packed(self.scheme, tail[-1]))
                 got.append(self.layout.linear_tensors("", qt, self.scheme, dtype=dtype))
@@ -109,7 +112,10 @@ class OutputShapes:
                 one, two = tuple(a.shape), tuple(b.shape)
                 if k1 != k2 or a.dtype != b.dtype or not (one == two or (one and two == (2 * one[0],) + one[1:])):
                     raise LowbitError(f"internal error: the {self.layout.format.value} layout's tensor {k1!r} "
-                                      f"does not grow by rows ({one} for one row, {two} for two)")
-                found.append((k1, DTYPE_NAMES[a.dtype], one, one != two))
+                                      f"does not grow by rows ({one} for {L} rows, {two} for {2 * L})")
+                # rows per entry of the first dimension: 1 (codes, per-row scales), a tile (BLOCK scales),
+                # the values of a packed word (zero points packed along the rows); 0: a fixed shape
+                unit = 0 if one == two else L // one[0]
+                found.append((k1, DTYPE_NAMES[a.dtype], (1,) + one[1:] if unit else one, unit))
             self._probed[key] = found
         return self._probed[key]

@@ -13,7 +13,8 @@ Exact rules, never substring matches:
   ``<block>.experts.{e}.gate_proj`` ..., their biases written as ``...bias``. Fused 3-D expert
   tensors of other families are refused, never copied in float silently.
 - Everything else (norms, biases, embeddings, lm_head unless asked, routers, towers) is copied
-  unchanged. FP8 sources are dequantized to the model dtype first (``weight_scale_inv``, found
+  unchanged. An FP8 source is refused for an FP8 block target (fp8-block: it would round its FP8
+  weights twice); for other targets FP8 sources are dequantized to the model dtype first (``weight_scale_inv``, found
   through the index in whatever shard holds it); their scales are not written.
 - Tied embeddings: a source that stores lm_head.weight next to a tied embedding has it dropped
   (transformers ties it again on load); with ``include_lm_head`` the head is quantized from
@@ -38,7 +39,8 @@ from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint
 from lowbit.moe import FUSED_ON_DISK, FusedLayout, Proj, part_shape
 from lowbit.moe.naming import FUSED_BIASES, FUSED_WEIGHTS
 from lowbit.quant import num_groups
-from lowbit.schemes import Scheme
+from lowbit.numerics import FormatName
+from lowbit.schemes import Granularity, Scheme
 from lowbit.targets import is_excluded_name
 
 INPUT_EMBEDDING_COMPONENTS = frozenset({
@@ -181,6 +183,10 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
         raise FormatError(f"{ckpt.root}: model_type {model_type!r} stores its projections as Conv1D [in, out], "
                           f"not linear weights; model-free quantization does not support it")
     is_fp8, block = _source_fp8_block(ckpt)
+    if is_fp8 and scheme.weights.format is FormatName.E4M3 and scheme.weights.granularity is Granularity.BLOCK:
+        raise FormatError(f"{ckpt.root}: the source is already FP8 (quant_method 'fp8', weight_block_size "
+                          f"{list(block) if block else None}); quantizing it to {scheme.name} would round its FP8 "
+                          f"weights a second time. Serve the source as it is, or quantize a float checkpoint")
     vocab = ckpt.get("vocab_size")
     vocab = vocab if isinstance(vocab, int) else None
     tied_cfg = ckpt.get("tie_word_embeddings")

@@ -58,10 +58,12 @@ def _signed_minifloat(spec: QuantSpec) -> MiniFloat | None:
 
 # ---------------------------------------------------------------------------- routes
 def block_route(spec: QuantSpec, n: int, scale) -> bool:
-    """Microscaled (block-scale-format) symmetric minifloat groups over whole blocks, scales
-    computed from the input (dynamic / local activations)."""
+    """Symmetric minifloat groups over whole blocks, microscaled (block-scale-format) or with plain
+    fp32 scales (FP8 block's per-token groups), scales computed from the input (dynamic / local
+    activations)."""
     return (scale is None and spec.symmetric and spec.observer in _AMAX_RULES and spec.granularity is Granularity.GROUP
-            and spec.is_microscaled and n % spec.group_size == 0 and _signed_minifloat(spec) is not None)
+            and (spec.is_microscaled or spec.scale_format is FormatName.FP32) and n % spec.group_size == 0
+            and _signed_minifloat(spec) is not None)
 
 
 def row_route(spec: QuantSpec, scale) -> bool:
@@ -127,7 +129,7 @@ def _block_qdq(x, spec, global_scale, name) -> torch.Tensor:
         check_finite(x, name)                                      # raises the reference error
     if spec.global_scale and global_scale is None:
         global_scale = global_scale_from_amax(a.amax(), spec)
-    if spec.scale_format is FormatName.E8M0:
+    if spec.scale_format in (FormatName.E8M0, FormatName.FP32):
         s = scales_from_amax(a, spec, global_scale)
     else:
         s = round_nearest_(raw_block_scales(a, spec, global_scale), get_format(spec.scale_format))

@@ -2,7 +2,11 @@
 
 All granularities run along the last dimension (the input dimension of a weight [out, in] or
 of an activation [..., in]); GROUP splits it into groups of ``group_size`` (the last one
-zero-padded when ragged), every other granularity is one group.
+zero-padded when ragged), every other granularity is one group. BLOCK groups the last dimension
+as GROUP does and also reduces over tiles of ``group_size`` rows (the rows before the last
+dimension; a ragged last tile has its own extremes): its scales keep GROUP's per-row shape
+[..., rows, G], equal across the rows of a tile (``block_scales`` / ``row_scales`` convert to
+and from the compact [ceil(rows/b), G] files hold).
 """
 
 from __future__ import annotations
@@ -27,11 +31,16 @@ def check_finite(x: torch.Tensor, name: str) -> None:
 def allows_ragged(spec: QuantSpec) -> bool:
     """A last group shorter than group_size is exact for plain fp32-scaled groups (it has its
     own amax); microscaled formats need whole blocks, as their file layouts do."""
-    return spec.granularity is Granularity.GROUP and not spec.is_microscaled
+    return grouped(spec) and not spec.is_microscaled
+
+
+def grouped(spec: QuantSpec) -> bool:
+    """Whether the last dimension is split into groups of ``group_size`` (GROUP, BLOCK)."""
+    return spec.granularity in (Granularity.GROUP, Granularity.BLOCK)
 
 
 def num_groups(in_features: int, spec: QuantSpec, name: str = "tensor", shape: tuple = ()) -> int:
-    if spec.granularity is not Granularity.GROUP:
+    if not grouped(spec):
         return 1
     g = spec.group_size
     assert g is not None
@@ -46,7 +55,7 @@ def num_groups(in_features: int, spec: QuantSpec, name: str = "tensor", shape: t
 def group_view(x: torch.Tensor, spec: QuantSpec, name: str = "tensor") -> torch.Tensor:
     """x [..., in] as [..., G, g] (zero-padded if the last group is ragged); G = 1 unless GROUP."""
     n = x.shape[-1]
-    if spec.granularity is not Granularity.GROUP:
+    if not grouped(spec):
         return x.unsqueeze(-2)
     G = num_groups(n, spec, name, tuple(x.shape))
     g = spec.group_size
@@ -65,7 +74,33 @@ def reduce_groups(v: torch.Tensor, spec: QuantSpec, op) -> torch.Tensor:
     """Reduce a group view [..., G, g] to the scale shape of ``spec``."""
     if spec.granularity is Granularity.TENSOR:
         return op(v.reshape(-1), 0).reshape(1)
-    return op(v, -1)  # [..., G]; G == 1 for CHANNEL/TOKEN
+    r = op(v, -1)  # [..., G]; G == 1 for CHANNEL/TOKEN
+    if spec.granularity is Granularity.BLOCK:
+        r = _over_row_tiles(r, spec.group_size, op)
+    return r
+
+
+def _over_row_tiles(r: torch.Tensor, b: int, op) -> torch.Tensor:
+    """``op`` over tiles of ``b`` rows of r [..., rows, G], broadcast back to every row (the last
+    tile padded by repeating its last row, neutral for max and min)."""
+    rows = r.shape[-2]
+    if rows == 0:
+        return r
+    pad = (-rows) % b
+    if pad:
+        r = torch.cat([r, r[..., -1:, :].expand(*r.shape[:-2], pad, r.shape[-1])], dim=-2)
+    t = op(r.reshape(*r.shape[:-2], -1, b, r.shape[-1]), -2)
+    return t.repeat_interleave(b, dim=-2)[..., :rows, :]
+
+
+def block_scales(scale: torch.Tensor, b: int) -> torch.Tensor:
+    """Per-row BLOCK scales [rows, G] -> the compact [ceil(rows/b), G] (the first row of each tile)."""
+    return scale[::b].contiguous()
+
+
+def row_scales(compact: torch.Tensor, b: int, rows: int) -> torch.Tensor:
+    """Compact BLOCK scales [ceil(rows/b), G] -> per-row [rows, G]."""
+    return compact.repeat_interleave(b, dim=0)[:rows].contiguous()
 
 
 def amax(x: torch.Tensor, spec: QuantSpec, name: str = "tensor") -> torch.Tensor:

@@ -39,6 +39,7 @@ def supports(x: torch.Tensor, spec: QuantSpec) -> bool:
     """Whether ``quantize_native`` takes ``x`` under ``spec`` (before trying the library)."""
     fmt = get_format(spec.format)
     return (spec.symmetric and spec.observer in OBSERVERS and spec.scale_floor is None and x.dim() >= 1 and x.numel() > 0
+            and spec.granularity is not Granularity.BLOCK  # tile extremes span rows: the reference computes them
             and (native.has_table(fmt) or isinstance(fmt, IntFormat)) and native.usable(x))
 
 

@@ -45,6 +45,7 @@ PRESETS: dict[str, Scheme] = {
                QuantSpec(F.INT8, G.TOKEN, dynamic=Dynamic.DYNAMIC)),
         Scheme("w8a8-fp8", QuantSpec(F.E4M3, G.CHANNEL), QuantSpec(F.E4M3, G.TENSOR, dynamic=Dynamic.STATIC)),
         Scheme("w8a8-fp8-dynamic", QuantSpec(F.E4M3, G.CHANNEL), QuantSpec(F.E4M3, G.TOKEN, dynamic=Dynamic.DYNAMIC)),
+        Scheme("fp8-block", QuantSpec(F.E4M3, G.BLOCK, 128), QuantSpec(F.E4M3, G.GROUP, 128, dynamic=Dynamic.DYNAMIC)),
         Scheme("nvfp4", _nvfp4(observer=MSE), _nvfp4(Dynamic.LOCAL)),
         Scheme("nvfp4a16", _nvfp4(observer=MSE), None),
         Scheme("nvfp4-e5m3", _e5m3(), _e5m3(Dynamic.DYNAMIC)),

@@ -15,12 +15,14 @@ from lowbit.numerics import FormatName, IntFormat, get_format
 
 
 class Granularity(str, Enum):
-    """Which elements share one scale. All group-like kinds run along the last (input) dim."""
+    """Which elements share one scale. All group-like kinds run along the last (input) dim; BLOCK
+    also spans group_size rows (its scales are held per row, equal across the rows of a tile)."""
 
     TENSOR = "tensor"    # one scale for the whole tensor
     CHANNEL = "channel"  # one scale per output row of a weight [out, in]
     TOKEN = "token"      # one scale per row of an activation [..., in]
     GROUP = "group"      # one scale per group_size consecutive elements of the last dim
+    BLOCK = "block"      # one scale per group_size x group_size tile of a weight [out, in] (FP8 block)
 
     def __str__(self) -> str:
         return self.value
@@ -116,11 +118,16 @@ class QuantSpec:
     def validate(self) -> None:
         if self.format in (FormatName.FP32, FormatName.E8M0, FormatName.UE4M3, FormatName.UE5M3):
             raise SchemeError(f"{self.format} is a scale format, not an element format")
-        if self.granularity is Granularity.GROUP:
+        if self.granularity in (Granularity.GROUP, Granularity.BLOCK):
             if not self.group_size or self.group_size < 1:
-                raise SchemeError("group granularity needs a positive group_size")
+                raise SchemeError(f"{self.granularity.value} granularity needs a positive group_size")
         elif self.group_size is not None:
             raise SchemeError(f"group_size is only meaningful for group granularity, not {self.granularity}")
+        if self.granularity is Granularity.BLOCK and not (
+                self.dynamic is Dynamic.STATIC and self.symmetric and self.scale_format is FormatName.FP32
+                and self.observer is WeightObserver.MAX):
+            raise SchemeError("block granularity (square tiles of a weight) is static, symmetric, with fp32 scales "
+                              "and the max observer")
         if self.scale_format is not FormatName.FP32 and self.granularity is not Granularity.GROUP:
             raise SchemeError(f"scale format {self.scale_format} needs group granularity")
         if self.scale_format not in (FormatName.FP32, FormatName.UE4M3, FormatName.UE5M3, FormatName.E8M0):
@@ -214,6 +221,8 @@ class QuantSpec:
         parts = [self.format.value]
         if self.granularity is Granularity.GROUP:
             parts.append(f"group {self.group_size}")
+        elif self.granularity is Granularity.BLOCK:
+            parts.append(f"block {self.group_size}x{self.group_size}")
         else:
             parts.append(f"per {self.granularity.value}")
         if self.scale_format is not FormatName.FP32:
