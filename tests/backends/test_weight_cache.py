@@ -25,10 +25,12 @@ def _module(scheme: str, in_f: int = 64, out_f: int = 24) -> QuantLinear:
 
 
 @pytest.mark.parametrize("scheme", ["w4a16", "w8a16", "nvfp4a16", "w8a8-fp8", "w8a8-fp8-dynamic", "nvfp4",
-                                    "mxfp4", "nvfp4-e5m3"])
+                                    "mxfp4", "nvfp4-e5m3", "w4a8-int8", "w4a8-fp8", "w4a16-asym", "fp8-block",
+                                    "mxfp6-mxfp8", "mxfp4-mxfp8"])
 def test_identical_to_reference(scheme):
-    m = _module(scheme)
-    x = torch.randn(3, 5, 64)
+    in_f = 256 if scheme == "fp8-block" else 64  # whole activation groups of 128
+    m = _module(scheme, in_f=in_f)
+    x = torch.randn(3, 5, in_f)
     be = WeightCacheBackend()
     assert torch.equal(be.forward(m, x), ReferenceBackend().forward(m, x))
     w1 = be.weight(m)
@@ -40,6 +42,7 @@ def test_automatic_on_the_cpu_for_the_schemes_it_takes():
     m = _module("w4a16")
     assert REGISTRY.select(m).name == "weight-cache"
     assert REGISTRY.select(_module("w8a8-int8-dynamic")).name == "cpu-int8"
+    assert REGISTRY.select(_module("w4a8-int8")).name == "weight-cache"
     assert use_backend(nn.Sequential(_module("w4a16")), "reference") == {"reference": 1}
     assert use_backend(nn.Sequential(m), "weight-cache") == {"weight-cache": 1}
     with pytest.raises(LowbitError, match="weight-cache"):

@@ -1,6 +1,7 @@
 """weight-cache: dequantize the weight once, keep it, and run F.linear (CPU).
 
-For weight-only schemes (w4a16, w8a16, nvfp4a16) and FP schemes (w8a8-fp8, nvfp4, mxfp...),
+For weight-only schemes (w4a16, w8a16, nvfp4a16), FP schemes (w8a8-fp8, nvfp4, mxfp...) and
+INT4 weights with quantized inputs (w4a8-int8, w4a8-fp8),
 whose weights the reference backend dequantizes again on every call. The result equals the
 reference backend's exactly (same dequantized weight, same input QDQ, same F.linear; sibling
 linears reading one input share its QDQ, see ``lowbit.backends.shared_input``). The automatic
@@ -20,11 +21,14 @@ import torch.nn.functional as F
 from lowbit.backends.cache import ModuleCache
 from lowbit.modules.inputs import qdq_input
 from lowbit.backends.shared_input import SharedInput, input_key
+from lowbit.numerics import FormatName
 from lowbit.schemes import Scheme
 
 
 def supports_scheme(s: Scheme) -> bool:
-    return s.weight_only or not s.weights.is_integer
+    """Weight-only, FP-weight and sub-8-bit INT-weight schemes (w4a8-*); INT8 weights with quantized
+    inputs belong to cpu-int8's integer matmul."""
+    return s.weight_only or not s.weights.is_integer or s.weights.format is not FormatName.INT8
 
 
 class WeightCacheBackend:
