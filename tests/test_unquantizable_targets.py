@@ -66,21 +66,23 @@ def test_quantize_refuses_or_warns_and_lists():
     assert sum(hasattr(m, "weight_codes") for m in q.modules()) == 0  # GPT-2 has no nn.Linear but lm_head
 
 
-def test_cli_refuses_then_reports_what_it_quantized(capsys, tmp_path):
-    src = tmp_path / "gpt2"
-    tiny_gpt2().save_pretrained(src)
-    byte_tokenizer().save_pretrained(src)
+def _folder(model, path, capsys):
+    """``model`` saved with the byte tokenizer at ``path`` (captured output cleared)."""
+    model.save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
     capsys.readouterr()
+    return path
+
+
+def test_cli_refuses_then_reports_what_it_quantized(capsys, tmp_path):
+    src = _folder(tiny_gpt2(), tmp_path / "gpt2", capsys)
     code, _, err = run(capsys, "quantize", src, "--scheme", "w8a16", "-o", tmp_path / "q")
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "--allow-unquantized" in errors[0] and "Traceback" not in err
 
 
 def test_cli_reports_experts(capsys, tmp_path):
-    src = tmp_path / "moe"
-    tiny_moe().save_pretrained(src)
-    byte_tokenizer().save_pretrained(src)
-    capsys.readouterr()
+    src = _folder(tiny_moe(), tmp_path / "moe", capsys)
     code, out, _ = run(capsys, "quantize", src, "--scheme", "w8a16", "-o", tmp_path / "q")
     assert code == 0 and "quantized 32 linears, 24 of them in 8 experts of 2 MoE blocks" in out, out
 
@@ -88,10 +90,7 @@ def test_cli_reports_experts(capsys, tmp_path):
 def test_cli_reports_the_spread_of_per_expert_static_input_scales(capsys, tmp_path):
     import json
 
-    src = tmp_path / "moe"
-    tiny_moe().save_pretrained(src)
-    byte_tokenizer().save_pretrained(src)
-    capsys.readouterr()
+    src = _folder(tiny_moe(), tmp_path / "moe", capsys)
     code, out, _ = run(capsys, "quantize", src, "--scheme", "w8a8-int8", "-o", tmp_path / "q", "--calib-samples", "2",
                        "--calib-seq-len", "32", "--json")
     spread = json.loads(out)["quantized"]["expert_input_scale_spread"]
