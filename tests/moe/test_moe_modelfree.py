@@ -13,6 +13,7 @@ from helpers.moe_models import tiny_moe
 from lowbit.errors import FormatError
 from lowbit.files.folder import SafetensorsFolder
 from lowbit.modelfree import quantize_checkpoint
+from lowbit.quant import dequantize, quantize
 
 torch.set_grad_enabled(False)
 
@@ -76,3 +77,51 @@ def test_fused_experts_of_an_unknown_layout_are_refused_not_copied(tmp_path):
     with pytest.raises(FormatError, match=r"experts\.down_proj' \[8, 128, 128\] holds fused experts.*in memory"):
         quantize_checkpoint(src, tmp_path / "mf", "w8a16")
     assert not (tmp_path / "mf").exists()
+
+
+def _mxfp4_gpt_oss_source(tmp_path):
+    """A gpt-oss folder in its own MXFP4 layout (experts as *_blocks / *_scales, [out, in] rows),
+    and the float model holding exactly the values it decodes to."""
+    from safetensors.torch import save_file
+
+    from lowbit.quant import pack_nibbles
+    from lowbit.schemes import PRESETS
+
+    model = tiny_moe("gpt_oss")
+    spec = PRESETS["mxfp4"].weights
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            ex = layer.mlp.experts
+            for name in ("gate_up_proj", "down_proj"):
+                w = getattr(ex, name)                      # [E, in, out] (transposed in the model)
+                rows = w.transpose(1, 2).contiguous()      # [E, out, in], as the checkpoint stores it
+                qt = quantize(rows.reshape(-1, rows.shape[-1]), spec)
+                deq = dequantize(qt).reshape(rows.shape)
+                w.copy_(deq.transpose(1, 2))
+                e, o, n = rows.shape
+                key = f"model.layers.{i}.mlp.experts.{name}"
+                sd.pop(key)
+                sd[key + "_blocks"] = pack_nibbles(qt.codes).reshape(e, o, n // 32, 16)
+                sd[key + "_scales"] = qt.scale_codes().reshape(e, o, n // 32)
+    src = tmp_path / "mx"
+    src.mkdir()
+    save_file(sd, str(src / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                                                     "model.layers.*.mlp.router"]}
+    (src / "config.json").write_text(json.dumps(cfg))
+    byte_tokenizer().save_pretrained(src)
+    return src, model
+
+
+def test_gpt_oss_mxfp4_checkpoint_is_dequantized_per_expert_and_quantized(tmp_path):
+    src, deq = _mxfp4_gpt_oss_source(tmp_path)
+    quantize_checkpoint(src, tmp_path / "mf", "w8a16", format="compressed-tensors")
+    lowbit.save(lowbit.quantize(deq, "w8a16"), tmp_path / "mem", format="compressed-tensors")
+    mf, mem = SafetensorsFolder(tmp_path / "mf"), SafetensorsFolder(tmp_path / "mem")
+    assert set(mf) == set(mem) and not any(k.endswith(("_blocks", "_scales")) for k in mf)
+    for k in mf:
+        assert torch.equal(mf[k], mem[k]), k
+    cfg = json.loads((tmp_path / "mf" / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "compressed-tensors"

@@ -64,7 +64,9 @@ def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
 
 def source_dtype(item: Item, model_dtype: torch.dtype) -> torch.dtype:
     """The dtype a source tensor is worked on in: as stored, or the model dtype for FP8 sources."""
-    return model_dtype if item.src.info.dtype in FP8_SOURCES else DTYPES[item.src.info.dtype]
+    if item.src.info.dtype in FP8_SOURCES or item.src.mx_scales is not None:
+        return model_dtype
+    return DTYPES[item.src.info.dtype]
 
 
 class OutputShapes:
@@ -82,7 +84,8 @@ class OutputShapes:
         if item.kind is Kind.DROP:
             return []
         if item.kind is Kind.COPY:
-            dtype = info.dtype if item.src.scale_inv is None else DTYPE_NAMES[self.model_dtype]
+            dtype = info.dtype if item.src.scale_inv is None and item.src.mx_scales is None \
+                else DTYPE_NAMES[self.model_dtype]
             return [Entry(item.name, dtype, shape0, _nbytes(dtype, shape0))]
         rows = shape0[0]
         out = []

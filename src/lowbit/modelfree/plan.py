@@ -11,7 +11,9 @@ Exact rules, never substring matches:
   ``experts.gate_up_proj`` [E, H, 2I], ``down_proj``, their biases) are split per expert as the
   in-memory path splits them (``lowbit.moe.slices``): expert e's linears are quantized as
   ``<block>.experts.{e}.gate_proj`` ..., their biases written as ``...bias``. Fused 3-D expert
-  tensors of other families are refused, never copied in float silently.
+  tensors of other families are refused, never copied in float silently. gpt-oss's own MXFP4
+  experts (``quant_method: "mxfp4"``: ``*_blocks`` / ``*_scales``, lowbit.modelfree.mxfp4_source)
+  are dequantized one expert at a time and quantized the same way.
 - Everything else (norms, biases, embeddings, lm_head unless asked, routers, towers) is copied
   unchanged. An FP8 source is refused for an FP8 block target (fp8-block: it would round its FP8
   weights twice); for other targets FP8 sources are dequantized to the model dtype first (``weight_scale_inv``, found
@@ -35,6 +37,7 @@ from lowbit.errors import FormatError, QuantizationError
 from lowbit.fusion import fused_groups
 from lowbit.files.folder import DTYPES
 from lowbit.files.tensors import TensorInfo
+from lowbit.modelfree.mxfp4_source import BLOCKS, SCALES, dequantized_shape
 from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint
 from lowbit.moe import FUSED_ON_DISK, FusedLayout, Proj, part_shape
 from lowbit.moe.naming import FUSED_BIASES, FUSED_WEIGHTS
@@ -79,20 +82,23 @@ class Source:
     info: TensorInfo
     scale_inv: TensorInfo | None = None
     part: ExpertPart | None = None
+    mx_scales: TensorInfo | None = None  # info is gpt-oss MXFP4 blocks, dequantized with these scales
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The tensor's shape as quantized or written (an expert part's own shape)."""
+        full = self.info.shape if self.mx_scales is None else dequantized_shape(self.info.shape)
         if self.part is None:
-            return self.info.shape
-        return part_shape(self.info.shape, self.part.proj, self.part.layout)
+            return full
+        return part_shape(full, self.part.proj, self.part.layout)
 
     @property
     def nbytes(self) -> int:
         """Source bytes this tensor stands for (an expert part: its share of the fused tensor)."""
         if self.part is None:
             return self.info.nbytes
-        return self.info.nbytes * math.prod(self.shape) // self.info.numel
+        full = self.info.shape if self.mx_scales is None else dequantized_shape(self.info.shape)
+        return self.info.nbytes * math.prod(self.shape) // math.prod(full)
 
     @property
     def key(self) -> str:
@@ -124,9 +130,15 @@ def _is_block_index(part: str) -> bool:
     return part.isdigit()
 
 
+def _source_mxfp4_experts(ckpt: Checkpoint) -> bool:
+    """gpt-oss's own MXFP4 experts (quant_method "mxfp4" on a family in FUSED_ON_DISK)."""
+    qc = ckpt.config.get("quantization_config")
+    return isinstance(qc, dict) and qc.get("quant_method") == "mxfp4" and ckpt.get("model_type") in FUSED_ON_DISK
+
+
 def _source_fp8_block(ckpt: Checkpoint) -> tuple[bool, tuple[int, int] | None]:
     qc = ckpt.config.get("quantization_config")
-    if not qc:
+    if not qc or _source_mxfp4_experts(ckpt):
         return False, None
     method = qc.get("quant_method") if isinstance(qc, dict) else None
     if method != "fp8":
@@ -183,6 +195,8 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
         raise FormatError(f"{ckpt.root}: model_type {model_type!r} stores its projections as Conv1D [in, out], "
                           f"not linear weights; model-free quantization does not support it")
     is_fp8, block = _source_fp8_block(ckpt)
+    is_mx = _source_mxfp4_experts(ckpt)
+    mx_of: dict[str, TensorInfo] = {}  # MXFP4 blocks -> their scales
     if is_fp8 and scheme.weights.format is FormatName.E4M3 and scheme.weights.granularity is Granularity.BLOCK:
         raise FormatError(f"{ckpt.root}: the source is already FP8 (quant_method 'fp8', weight_block_size "
                           f"{list(block) if block else None}); quantizing it to {scheme.name} would round its FP8 "
@@ -223,6 +237,32 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
             raise FormatError(f"{info.shard}: FP8 tensor {name!r} has no {module}.{SCALE_INV} anywhere in the "
                               f"checkpoint (the index names none)")
         fused = FUSED_ON_DISK.get(model_type)
+        if is_mx and module.rpartition(".")[2] == "experts" and leaf.endswith(SCALES) and \
+                leaf[: -len(SCALES)] in FUSED_WEIGHTS:
+            kinds[name] = Kind.DROP  # read with its blocks
+            continue
+        if is_mx and module.rpartition(".")[2] == "experts" and leaf.endswith(BLOCKS) and \
+                leaf[: -len(BLOCKS)] in FUSED_WEIGHTS:
+            sk = f"{module}.{leaf[: -len(BLOCKS)]}{SCALES}"
+            if sk not in tensors or len(info.shape) != 4 or tuple(tensors[sk].shape) != tuple(info.shape[:3]):
+                raise FormatError(f"{info.shard}: MXFP4 tensor {name!r} {list(info.shape)} needs {sk!r} of shape "
+                                  f"{list(info.shape[:3])}")
+            kinds[name] = Kind.COPY  # stands for its parts (expanded)
+            expanded[name] = []
+            mx_of[name] = tensors[sk]
+            layout = FusedLayout(transposed=False, concatenated=fused.concatenated)  # [out, in] as stored
+            projs = (Proj.DOWN,) if leaf.startswith("down") else (Proj.GATE, Proj.UP)
+            for e in range(info.shape[0]):
+                for pr in projs:
+                    lin, part = f"{module}.{e}.{pr.value}", ExpertPart(e, pr, layout, info.shape[0])
+                    if is_excluded_name(lin, ignore):
+                        expanded[name].append((Kind.COPY, f"{lin}.weight", part))
+                        ignored.append(lin)
+                    else:
+                        expanded[name].append((Kind.QUANTIZE, lin, part))
+                        parts_of[lin] = (info, part)
+                        quantized.append(lin)
+            continue
         if fused is not None and module.rpartition(".")[2] == "experts" and leaf in FUSED_WEIGHTS + FUSED_BIASES \
                 and len(info.shape) == (3 if leaf in FUSED_WEIGHTS else 2):
             kinds[name] = Kind.COPY  # stands for its parts (expanded), never written as it is
@@ -285,6 +325,8 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
     # checks that need no tensor data, before anything is written
     def source(info: TensorInfo, part: ExpertPart | None = None) -> Source:
         s = scale_of.get(info.name)
+        if info.name in mx_of:
+            return Source(info, None, part, mx_of[info.name])
         if info.dtype not in FLOAT_SOURCES and s is None:
             raise FormatError(f"{info.shard}: tensor {info.name!r} has dtype {info.dtype}; model-free quantization "
                               f"reads bf16, fp16, fp32 or FP8 with block scales")
@@ -330,5 +372,5 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
 
 
 def source_dtype(src: Source, model_dtype: torch.dtype) -> torch.dtype:
-    """The float dtype a source tensor is read as (FP8 dequantizes to the model's dtype)."""
-    return model_dtype if src.scale_inv is not None else DTYPES[src.info.dtype]
+    """The float dtype a source tensor is read as (FP8 and MXFP4 dequantize to the model's dtype)."""
+    return model_dtype if src.scale_inv is not None or src.mx_scales is not None else DTYPES[src.info.dtype]

@@ -26,6 +26,7 @@ from lowbit.kernels.select import Selection, adopt
 from lowbit.moe.slices import expert_part
 from lowbit.modelfree.bands import BAND_ELEMS, DEVICE_BAND_ELEMS, quantize_rows
 from lowbit.modelfree.fp8 import dequantize_fp8_block
+from lowbit.modelfree.mxfp4_source import dequantize_expert
 from lowbit.modelfree.markers import part_name, partial_path, write_marker
 from lowbit.modelfree.plan import Item, Kind, Source
 from lowbit.modelfree.outshape import Entry
@@ -175,6 +176,11 @@ class _ShardRun:
 
     def load(self, src: Source) -> torch.Tensor:
         """The source tensor in float (an FP8 one read ahead runs this on the reader, io.read)."""
+        if src.mx_scales is not None:  # gpt-oss MXFP4 experts: only this expert's blocks are read
+            e = src.part.expert
+            t = dequantize_expert(self.reader.get(src.info)[e], self.reader.get(src.mx_scales)[e],
+                                  self.job.model_dtype)
+            return expert_part(t[None], 0, src.part.proj, src.part.layout)
         t = self.reader.get(src.info)
         if src.scale_inv is not None:
             t = dequantize_fp8_block(t, self.reader.get(src.scale_inv), self.job.fp8_block, self.job.model_dtype)
