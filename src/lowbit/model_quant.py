@@ -16,6 +16,7 @@ import torch.nn as nn
 from lowbit.backends import use_backend
 from lowbit.errors import OptionRef, QuantizationError
 from lowbit.fusion import shared_weight_global_scales
+from lowbit.kvcache import DEFAULT_KV_CACHE, check_kv_cache
 from lowbit.modules import QuantLinear
 from lowbit.moe import split_experts
 from lowbit.algorithms import WeightRounding
@@ -82,7 +83,8 @@ def calibrates(scheme: Scheme, smoothquant, cfg) -> bool:
 def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smoothquant=DEFAULT,
              ignore: Iterable[str] = (), include_lm_head: bool = False, tokenizer=None,
              config=None, preset: str | None = None, progress: bool | None = None,
-             allow_unquantized: bool = False, **calibration_options) -> nn.Module:
+             allow_unquantized: bool = False, kv_cache: str | None = DEFAULT_KV_CACHE,
+             **calibration_options) -> nn.Module:
     """Quantize ``model`` in place and return it. A model that already holds lowbit layers is
     refused (QuantizationError): quantize a fresh float model, or a ``copy.deepcopy`` of one.
     Mixture-of-experts blocks are split first (``lowbit.moe.split_experts``): every expert's
@@ -102,6 +104,12 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
         warning listing them (they are left on ``model.lowbit_unquantized``).
     progress: a progress bar per calibrated decoder layer on stderr (default None: when stderr is
         a terminal).
+    kv_cache: None (the default: K and V stay in float) or "fp8": a calibrated FP8 (E4M3) KV
+        cache as vLLM runs it (``lowbit.kvcache``): after the weights are quantized, one
+        full-model pass over the calibration tokens sets static per-tensor scales
+        ``k_scale = amax(K) / 448``, ``v_scale = amax(V) / 448`` per attention module (K after
+        RoPE), and the model's forward QDQs K and V under them from then on. Needs calibration
+        data; the report is left on ``model.lowbit_kv_calibration``.
     preset: a named calibration budget (``lowbit.calibration.CALIBRATION_PRESETS``, e.g.
         "gptq-fast"); calibration_options given with it override its fields.
 
@@ -114,6 +122,7 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     from lowbit.calibration import CalibrationConfig, LayerwiseCalibrator, calibration_tokens
 
     scheme = get_scheme(scheme)
+    kv_cache = check_kv_cache(kv_cache)
     _refuse_quantized(model)
     split_experts(model)
     left = check_targets(model, ignore, include_lm_head, allow_unquantized)
@@ -143,9 +152,15 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
         if cfg.weight_rounding is WeightRounding.GPTQ:
             raise QuantizationError(f"weight_rounding={cfg.weight_rounding.value!r} needs calibration data "
                                     f"(pass calibration=...)")
+        if kv_cache is not None:
+            raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
         return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left)
     if not calibrates(scheme, smoothquant, cfg):
-        return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left)
+        quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
+        if kv_cache is not None:
+            tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+            _calibrate_kv(model, tokens, kv_cache, cfg)
+        return _unquantized(model, left)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     names = quantizable_linears(model, ignore, include_lm_head)
     was_training = model.training
@@ -154,7 +169,16 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     model.train(was_training)
     model.lowbit_calibration = report
     use_backend(model, "auto")
+    if kv_cache is not None:
+        _calibrate_kv(model, tokens, kv_cache, cfg)
     return _unquantized(model, left)
+
+
+def _calibrate_kv(model: nn.Module, tokens, kv_cache: str, cfg) -> None:
+    """The KV-cache scales from a full pass of the weight-quantized model (lowbit.kvcache.calibrate)."""
+    from lowbit.kvcache.calibrate import calibrate_kv_cache
+
+    calibrate_kv_cache(model, tokens, kv_cache, batch_size=cfg.batch_size)
 
 
 def _unquantized(model: nn.Module, left: list) -> nn.Module:
