@@ -21,7 +21,8 @@ import torch
 
 from lowbit.errors import FormatError, SchemeError
 from lowbit.formats.base import FLOAT_DTYPES, Format, ParsedConfig, check_tensor, need, where
-from lowbit.kvcache import KV_FP8, KV_SPEC
+from lowbit.kvcache import KV_FP8
+from lowbit.kvcache.spec import KV_SPEC
 from lowbit.schemes import QuantSpec, Scheme
 
 KV_TENSORS = ("k_scale", "v_scale")

@@ -10,22 +10,19 @@ quantizes. They are non-persistent float32 [1] buffers ``<attention>.k_scale`` /
 lowbit wrapper of the one it had (``lowbit.kvcache.attention``) that quantize-dequantizes K and V
 with E4M3 under those scales before the attention itself.
 
-This module is torch-free: the option's values and the KV-cache spec. The model-side parts are
+This module is torch-free (the CLI checks ``--kv-cache`` before importing torch): the option's
+values. The KV-cache spec is ``lowbit.kvcache.spec.KV_SPEC``; the model-side parts are
 ``lowbit.kvcache.attention`` (the wrapper, attaching scales) and ``lowbit.kvcache.calibrate``.
 """
 
 from __future__ import annotations
 
 from lowbit.errors import OptionRef, QuantizationError
-from lowbit.numerics import FormatName
-from lowbit.schemes import Dynamic, Granularity, QuantSpec
 
 #: the one default of ``lowbit.quantize(kv_cache=...)``, ``lowbit quantize --kv-cache`` and ``compare``: none
 DEFAULT_KV_CACHE: str | None = None
 KV_FP8 = "fp8"
 KV_CACHE_CHOICES = (KV_FP8,)
-#: how K and V are quantized under ``kv_cache="fp8"``: E4M3, one static scale per tensor (per layer)
-KV_SPEC = QuantSpec(FormatName.E4M3, Granularity.TENSOR, dynamic=Dynamic.STATIC)
 
 
 def check_kv_cache(value) -> str | None:
@@ -37,4 +34,4 @@ def check_kv_cache(value) -> str | None:
                             f"(default: none)", kv=OptionRef("kv_cache", KV_FP8))
 
 
-__all__ = ["DEFAULT_KV_CACHE", "KV_FP8", "KV_CACHE_CHOICES", "KV_SPEC", "check_kv_cache"]
+__all__ = ["DEFAULT_KV_CACHE", "KV_FP8", "KV_CACHE_CHOICES", "check_kv_cache"]

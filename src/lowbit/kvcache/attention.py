@@ -23,7 +23,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from lowbit.kvcache import KV_SPEC
+from lowbit.kvcache.spec import KV_SPEC
 from lowbit.quant import fake_quantize
 
 PREFIX = "lowbit_kv_"

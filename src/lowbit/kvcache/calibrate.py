@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from lowbit.kvcache import KV_SPEC, check_kv_cache
+from lowbit.kvcache import check_kv_cache
+from lowbit.kvcache.spec import KV_SPEC
 from lowbit.kvcache.attention import attach, attention_modules, disable, enable, start_observing, stop_observing
 from lowbit.quant import static_scale_from_amax
 
