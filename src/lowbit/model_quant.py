@@ -124,6 +124,10 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     scheme = get_scheme(scheme)
     kv_cache = check_kv_cache(kv_cache)
     _refuse_quantized(model)
+    if kv_cache is not None:
+        from lowbit.kvcache.calibrate import check_kv_model
+
+        check_kv_model(model, kv_cache)  # before any work
     split_experts(model)
     left = check_targets(model, ignore, include_lm_head, allow_unquantized)
     try:

@@ -237,8 +237,8 @@ def test_cli_quantize_kv_cache(tmp_path, capsys):
     assert "KV cache fp8" in out
     qcfg = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
     assert qcfg["kv_cache_scheme"]["type"] == "float"
-    m = lowbit.load(tmp_path / "q")
-    assert m.lowbit_kv_cache == "fp8"
+    m, _ = lowbit.models.load_model(tmp_path / "q")  # what `lowbit eval` evaluates
+    assert m.lowbit_kv_cache == "fp8" and m.config._attn_implementation == "lowbit_kv_sdpa"
     code, out, err = run(capsys, "inspect", tmp_path / "q")
     assert code == 0 and "KV cache: fp8" in out and "no inconsistencies" in out, out + err
 
@@ -252,3 +252,46 @@ def test_compare_adds_the_kv_cache_to_every_row(llama):
     assert calibrated and q.lowbit_kv_cache == "fp8"
     assert row_label({"scheme": SCHEME, "kv_cache": "fp8"}) == f"{SCHEME}+kv-fp8"
     assert row_label({"scheme": SCHEME, "kv_cache": None}) == SCHEME
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_moe_families_sdpa_and_eager(family, tmp_path):
+    from helpers.moe_models import tiny_moe
+
+    model = tiny_moe(family)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    q = lowbit.quantize(model, "w8a8-fp8-dynamic", calibration=ids, kv_cache="fp8", num_samples=2, seq_len=16)
+    impl = {"qwen3_moe": "sdpa", "gpt_oss": "eager"}[family]
+    assert q.config._attn_implementation == f"lowbit_kv_{impl}" and len(q.lowbit_kv_calibration) == 2
+    back = lowbit.load(lowbit.save(q, tmp_path / "ct", format="compressed-tensors"))
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, q(ids).logits)
+
+
+def test_models_without_k_and_v_projections_are_refused_before_any_work():
+    from helpers.moe_models import tiny_moe
+
+    model = tiny_moe("deepseek_v3")  # MLA: the cache holds a compressed latent, not K and V
+    with pytest.raises(QuantizationError, match=r"kv_cache='fp8' needs attention modules with k_proj/v_proj"):
+        lowbit.quantize(model, "w8a8-fp8-dynamic", calibration=_ids(), kv_cache="fp8")
+    assert not any(hasattr(m, "scheme") for m in model.modules())
+
+
+def test_bf16_model_lowbit_exact_compressed_tensors_in_the_model_dtype(tmp_path):
+    model = tiny_llama()
+    rot = model.model.rotary_emb
+    keep = {n: b.clone() for n, b in rot.named_buffers()}
+    model.to(torch.bfloat16)
+    for n, b in keep.items():  # as transformers builds a bf16 model: rotary buffers stay float32
+        setattr(rot, n, b)
+    q = lowbit.quantize(model, SCHEME, calibration=_ids(), kv_cache="fp8", num_samples=4, seq_len=32)
+    assert q.model.layers[0].self_attn.k_scale.dtype == torch.float32
+    ids = _ids(2, 16, seed=2)
+    lowbit.use_backend(q, "reference")  # bf16 round trips are exact on the reference backend (test_save_load)
+    back = lowbit.load(lowbit.save(q, tmp_path / "lb", format="lowbit"), backend="reference")
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, q(ids).logits)
+    with pytest.warns(UserWarning, match="KV-cache scales"):
+        out = lowbit.save(q, tmp_path / "ct", format="compressed-tensors")
+    t = SafetensorsFolder(out)["model.layers.0.self_attn.k_scale"]
+    assert t.dtype == torch.bfloat16 and tuple(t.shape) == (1,)  # compressed-tensors: the observed (model) dtype

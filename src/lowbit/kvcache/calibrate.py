@@ -12,10 +12,22 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from lowbit.errors import OptionRef, QuantizationError
 from lowbit.kvcache import check_kv_cache
 from lowbit.kvcache.spec import KV_SPEC
 from lowbit.kvcache.attention import attach, attention_modules, disable, enable, start_observing, stop_observing
 from lowbit.quant import static_scale_from_amax
+
+
+def check_kv_model(model: nn.Module, kv_cache: str) -> dict[str, nn.Module]:
+    """The model's attention modules (``attention_modules``), or a QuantizationError naming the
+    option when it has none (e.g. DeepSeek's MLA attention caches a compressed latent, not K and V)."""
+    check_kv_cache(kv_cache)
+    modules = attention_modules(model)
+    if not modules:
+        raise QuantizationError(f"{{kv}} needs attention modules with k_proj/v_proj and a layer_idx; "
+                                f"{type(model).__name__} has none", kv=OptionRef("kv_cache", kv_cache))
+    return modules
 
 
 @torch.no_grad()
@@ -27,10 +39,7 @@ def calibrate_kv_cache(model: nn.Module, tokens: torch.Tensor, kv_cache: str = "
     report {name: {"k_amax", "v_amax", "k_scale", "v_scale"}} (floats), also left on
     ``model.lowbit_kv_calibration``. On failure the model is left as it was (no wrapper, no
     observers)."""
-    check_kv_cache(kv_cache)
-    modules = attention_modules(model)
-    if not modules:
-        raise RuntimeError(f"{type(model).__name__} has no attention modules with k_proj/v_proj and a layer_idx")
+    modules = check_kv_model(model, kv_cache)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
