@@ -295,3 +295,30 @@ def test_bf16_model_lowbit_exact_compressed_tensors_in_the_model_dtype(tmp_path)
         out = lowbit.save(q, tmp_path / "ct", format="compressed-tensors")
     t = SafetensorsFolder(out)["model.layers.0.self_attn.k_scale"]
     assert t.dtype == torch.bfloat16 and tuple(t.shape) == (1,)  # compressed-tensors: the observed (model) dtype
+
+
+def test_cli_eval_measures_the_kv_cache_and_compare_labels_its_rows(tmp_path, capsys):
+    src = save_tiny_folder(tmp_path / "m")
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(f"paragraph {i}: the long day ended quietly by the garden window." for i in range(30)))
+    ppl = {}
+    for kv in (None, "fp8"):
+        model, tok = lowbit.models.load_model(src)
+        q = lowbit.quantize(model, SCHEME, calibration=str(text), tokenizer=tok, kv_cache=kv, num_samples=2,
+                            seq_len=32)
+        out = lowbit.save(q, tmp_path / str(kv), tokenizer=tok)
+        code, js, err = run(capsys, "eval", out, "--text", text, "--limit", 60, "--window", 32, "--lastword", 0,
+                            "--json", "--no-progress")
+        assert code == 0, err
+        ppl[kv] = json.loads(js)["model"]["perplexity"]
+    assert ppl["fp8"] != ppl[None]
+    code, js, err = run(capsys, "compare", src, "--schemes", SCHEME, "--kv-cache", "fp8", "--text", text, "--calib",
+                        text, "--calib-samples", 2, "--calib-seq-len", 32, "--limit", 30, "--window", 32,
+                        "--lastword", 0, "--spread", 0, "-o", tmp_path / "rep", "--json", "--no-progress")
+    assert code == 0, err
+    row = json.loads(js)["schemes"][0]
+    assert row["status"] == "ok" and row["kv_cache"] == "fp8" and row["calibrated"] is True
+    code, out, err = run(capsys, "compare", src, "--schemes", SCHEME, "--kv-cache", "fp8", "--text", text, "--calib",
+                         text, "--calib-samples", 2, "--calib-seq-len", 32, "--limit", 30, "--window", 32,
+                         "--lastword", 0, "--spread", 0, "-o", tmp_path / "rep2", "--no-progress")
+    assert code == 0 and f"{SCHEME}+kv-fp8" in out, out + err

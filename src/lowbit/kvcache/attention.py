@@ -116,7 +116,8 @@ def stop_observing(modules: dict[str, nn.Module]) -> dict[str, tuple[torch.Tenso
 def attach(model: nn.Module, scales: dict[str, tuple[torch.Tensor, torch.Tensor]], kv_cache: str) -> None:
     """Give each named attention module its ``k_scale``/``v_scale`` (float32 [1] non-persistent
     buffers, on the module's device), record ``model.lowbit_kv_cache = kv_cache`` and enable the
-    wrapper: from now on the model's forward QDQs K and V."""
+    wrapper: from now on the model's forward QDQs K and V. (Buffers follow ``model.to(...)``: a
+    later ``model.to(torch.bfloat16)`` rounds them; ``qdq_kv`` then uses the rounded values.)"""
     for name, (k, v) in scales.items():
         m = model.get_submodule(name)
         dev = next((p.device for p in m.parameters()), torch.device("cpu"))
