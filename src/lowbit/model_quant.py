@@ -80,7 +80,7 @@ def calibrates(scheme: Scheme, smoothquant, cfg) -> bool:
     return scheme.needs_calibration or smoothquant is not None or cfg.rounding_for(scheme) is WeightRounding.GPTQ
 
 
-def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smoothquant=DEFAULT,
+def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *, smoothquant=DEFAULT,
              ignore: Iterable[str] = (), include_lm_head: bool = False, tokenizer=None,
              config=None, preset: str | None = None, progress: bool | None = None,
              allow_unquantized: bool = False, kv_cache: str | None = DEFAULT_KV_CACHE,
@@ -113,6 +113,9 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     preset: a named calibration budget (``lowbit.calibration.CALIBRATION_PRESETS``, e.g.
         "gptq-fast"); calibration_options given with it override its fields.
 
+    scheme=None with ``kv_cache`` keeps every weight in float and quantizes only K and V (in
+    memory: saving needs quantized layers).
+
     Without calibration, schemes that need none (weight-only, dynamic activations) are plain
     round-to-nearest (``quantize_rtn``; model-free quantization reproduces it bit for bit),
     and so they are with calibration but without SmoothQuant or GPTQ
@@ -121,8 +124,10 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     """
     from lowbit.calibration import CalibrationConfig, LayerwiseCalibrator, calibration_tokens
 
-    scheme = get_scheme(scheme)
     kv_cache = check_kv_cache(kv_cache)
+    if scheme is None and kv_cache is not None:
+        return _kv_only(model, calibration, tokenizer, kv_cache, config, preset, calibration_options)
+    scheme = get_scheme(scheme)
     _refuse_quantized(model)
     if kv_cache is not None:
         from lowbit.kvcache.calibrate import check_kv_model
@@ -176,6 +181,27 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     if kv_cache is not None:
         _calibrate_kv(model, tokens, kv_cache, cfg)
     return _unquantized(model, left)
+
+
+def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, preset, options) -> nn.Module:
+    """``scheme=None`` with a KV cache: the weights stay float, only K and V are quantized (to
+    measure the KV cache's own cost in memory; ``lowbit.save`` refuses a model without quantized
+    layers)."""
+    from lowbit.calibration import CalibrationConfig, calibration_tokens
+    from lowbit.kvcache.calibrate import check_kv_model
+
+    _refuse_quantized(model)
+    check_kv_model(model, kv_cache)
+    if calibration is None:
+        raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
+    try:
+        cfg = config or (CalibrationConfig.preset(preset, **options) if preset else CalibrationConfig(**options))
+    except TypeError as e:
+        raise QuantizationError(f"unknown calibration option: {e}") from None
+    tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+    _calibrate_kv(model, tokens, kv_cache, cfg)
+    model.lowbit_unquantized = []
+    return model
 
 
 def _calibrate_kv(model: nn.Module, tokens, kv_cache: str, cfg) -> None:

@@ -322,3 +322,21 @@ def test_cli_eval_measures_the_kv_cache_and_compare_labels_its_rows(tmp_path, ca
                          text, "--calib-samples", 2, "--calib-seq-len", 32, "--limit", 30, "--window", 32,
                          "--lastword", 0, "--spread", 0, "-o", tmp_path / "rep2", "--no-progress")
     assert code == 0 and f"{SCHEME}+kv-fp8" in out, out + err
+
+
+def test_float_weights_with_only_the_kv_cache_in_memory(tmp_path):
+    from lowbit.errors import FormatError
+
+    float_model = tiny_llama()
+    kv = lowbit.quantize(tiny_llama(), None, calibration=_ids(), kv_cache="fp8", num_samples=4, seq_len=32)
+    assert not any(hasattr(m, "scheme") for m in kv.modules()) and kv.lowbit_kv_cache == "fp8"
+    ref = _kv_amax(float_model, _ids())
+    for name, (k_amax, v_amax, _) in ref.items():
+        torch.testing.assert_close(kv.get_submodule(name).k_scale, (k_amax / 448).reshape(1), rtol=1e-6, atol=0)
+        torch.testing.assert_close(kv.get_submodule(name).v_scale, (v_amax / 448).reshape(1), rtol=1e-6, atol=0)
+    with torch.no_grad():
+        assert not torch.equal(kv(_ids(1, 16)).logits, float_model(_ids(1, 16)).logits)
+    with pytest.raises(FormatError, match="KV cache but no quantized layers"):
+        lowbit.save(kv, tmp_path / "o")
+    with pytest.raises(QuantizationError, match="needs calibration data"):
+        lowbit.quantize(tiny_llama(), None, kv_cache="fp8")

@@ -120,6 +120,9 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     dtype = dtype or model_dtype(model)
     layers = _layers(model)
     if not layers:
+        if getattr(model, "lowbit_kv_cache", None) is not None:
+            raise FormatError("the model has a KV cache but no quantized layers: saving a KV cache without a weight "
+                              "scheme is not supported (quantize with a scheme and kv_cache)")
         raise FormatError("the model has no quantized layers (run lowbit.quantize first)")
     groups = _scheme_groups(layers)
     for s, _ in groups:
