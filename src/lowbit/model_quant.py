@@ -16,6 +16,7 @@ import torch.nn as nn
 from lowbit.backends import use_backend
 from lowbit.errors import OptionRef, QuantizationError
 from lowbit.fusion import shared_weight_global_scales
+from lowbit.kvcache import DEFAULT_KV_CACHE, check_kv_cache
 from lowbit.modules import QuantLinear
 from lowbit.moe import split_experts
 from lowbit.algorithms import WeightRounding
@@ -79,10 +80,11 @@ def calibrates(scheme: Scheme, smoothquant, cfg) -> bool:
     return scheme.needs_calibration or smoothquant is not None or cfg.rounding_for(scheme) is WeightRounding.GPTQ
 
 
-def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smoothquant=DEFAULT,
+def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *, smoothquant=DEFAULT,
              ignore: Iterable[str] = (), include_lm_head: bool = False, tokenizer=None,
              config=None, preset: str | None = None, progress: bool | None = None,
-             allow_unquantized: bool = False, **calibration_options) -> nn.Module:
+             allow_unquantized: bool = False, kv_cache: str | None = DEFAULT_KV_CACHE,
+             **calibration_options) -> nn.Module:
     """Quantize ``model`` in place and return it. A model that already holds lowbit layers is
     refused (QuantizationError): quantize a fresh float model, or a ``copy.deepcopy`` of one.
     Mixture-of-experts blocks are split first (``lowbit.moe.split_experts``): every expert's
@@ -102,8 +104,17 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
         warning listing them (they are left on ``model.lowbit_unquantized``).
     progress: a progress bar per calibrated decoder layer on stderr (default None: when stderr is
         a terminal).
+    kv_cache: None (the default: K and V stay in float) or "fp8": a calibrated FP8 (E4M3) KV
+        cache as vLLM runs it (``lowbit.kvcache``): after the weights are quantized, one
+        full-model pass over the calibration tokens sets static per-tensor scales
+        ``k_scale = amax(K) / 448``, ``v_scale = amax(V) / 448`` per attention module (K after
+        RoPE), and the model's forward QDQs K and V under them from then on. Needs calibration
+        data; the report is left on ``model.lowbit_kv_calibration``.
     preset: a named calibration budget (``lowbit.calibration.CALIBRATION_PRESETS``, e.g.
         "gptq-fast"); calibration_options given with it override its fields.
+
+    scheme=None with ``kv_cache`` keeps every weight in float and quantizes only K and V (in
+    memory: saving needs quantized layers).
 
     Without calibration, schemes that need none (weight-only, dynamic activations) are plain
     round-to-nearest (``quantize_rtn``; model-free quantization reproduces it bit for bit),
@@ -113,8 +124,15 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     """
     from lowbit.calibration import CalibrationConfig, LayerwiseCalibrator, calibration_tokens
 
+    kv_cache = check_kv_cache(kv_cache)
+    if scheme is None and kv_cache is not None:
+        return _kv_only(model, calibration, tokenizer, kv_cache, config, preset, calibration_options)
     scheme = get_scheme(scheme)
     _refuse_quantized(model)
+    if kv_cache is not None:
+        from lowbit.kvcache.calibrate import check_kv_model
+
+        check_kv_model(model, kv_cache)  # before any work
     split_experts(model)
     left = check_targets(model, ignore, include_lm_head, allow_unquantized)
     try:
@@ -143,9 +161,15 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
         if cfg.weight_rounding is WeightRounding.GPTQ:
             raise QuantizationError(f"weight_rounding={cfg.weight_rounding.value!r} needs calibration data "
                                     f"(pass calibration=...)")
+        if kv_cache is not None:
+            raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
         return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left)
     if not calibrates(scheme, smoothquant, cfg):
-        return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left)
+        quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
+        if kv_cache is not None:
+            tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+            _calibrate_kv(model, tokens, kv_cache, cfg)
+        return _unquantized(model, left)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     names = quantizable_linears(model, ignore, include_lm_head)
     was_training = model.training
@@ -154,7 +178,37 @@ def quantize(model: nn.Module, scheme: Scheme | str, calibration=None, *, smooth
     model.train(was_training)
     model.lowbit_calibration = report
     use_backend(model, "auto")
+    if kv_cache is not None:
+        _calibrate_kv(model, tokens, kv_cache, cfg)
     return _unquantized(model, left)
+
+
+def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, preset, options) -> nn.Module:
+    """``scheme=None`` with a KV cache: the weights stay float, only K and V are quantized (to
+    measure the KV cache's own cost in memory; ``lowbit.save`` refuses a model without quantized
+    layers)."""
+    from lowbit.calibration import CalibrationConfig, calibration_tokens
+    from lowbit.kvcache.calibrate import check_kv_model
+
+    _refuse_quantized(model)
+    check_kv_model(model, kv_cache)
+    if calibration is None:
+        raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
+    try:
+        cfg = config or (CalibrationConfig.preset(preset, **options) if preset else CalibrationConfig(**options))
+    except TypeError as e:
+        raise QuantizationError(f"unknown calibration option: {e}") from None
+    tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+    _calibrate_kv(model, tokens, kv_cache, cfg)
+    model.lowbit_unquantized = []
+    return model
+
+
+def _calibrate_kv(model: nn.Module, tokens, kv_cache: str, cfg) -> None:
+    """The KV-cache scales from a full pass of the weight-quantized model (lowbit.kvcache.calibrate)."""
+    from lowbit.kvcache.calibrate import calibrate_kv_cache
+
+    calibrate_kv_cache(model, tokens, kv_cache, batch_size=cfg.batch_size)
 
 
 def _unquantized(model: nn.Module, left: list) -> nn.Module:

@@ -140,7 +140,11 @@ def test_llm_compressor_nvfp4(tmp_path, version):
 def test_ct_unsupported_features_are_named(tmp_path):
     base = _ct_config("float-quantized", _args(type="float", strategy="channel"), None, "0.19.0")
     for edit, msg in [
-        (lambda q: q.update(kv_cache_scheme=_args(type="float")), "kv_cache_scheme"),
+        # the FP8 per-tensor static KV cache is read (tests/calibration/test_kv_cache.py); others are not
+        (lambda q: q.update(kv_cache_scheme=_args(type="int")), "kv_cache_scheme"),
+        (lambda q: q.update(kv_cache_scheme=_args(type="float", strategy="attn_head")), "kv_cache_scheme"),
+        (lambda q: q.update(kv_cache_scheme=_args(type="float", dynamic=True)), "kv_cache_scheme"),
+        (lambda q: q.update(kv_cache_scheme=_args(type="float", symmetric=False)), "kv_cache_scheme"),
         (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block", block_structure=[128, 64]),
          "block_structure"),  # square blocks (FP8 block) are read; others are not
         (lambda q: q["config_groups"]["group_0"]["weights"].update(frobnicate=1), "frobnicate"),
@@ -150,6 +154,9 @@ def test_ct_unsupported_features_are_named(tmp_path):
         edit(q)
         with pytest.raises(FormatError, match=msg):
             parse_quantization_config({"quantization_config": q})
+    q = copy.deepcopy(base)
+    q.update(kv_cache_scheme=_args(type="float"))
+    assert parse_quantization_config({"quantization_config": q})[1].kv_cache == "fp8"
 
 
 # ---------------------------------------------------------------------------- auto-round

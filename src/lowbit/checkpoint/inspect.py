@@ -7,7 +7,8 @@ Keys: path, format, source, dtype, groups (scheme name, weights, input activatio
 QuantSpec field, layer count, targets), layers (name -> scheme name), ignored (Linears left in
 float), size_on_disk (bytes of the weight files: ``*.safetensors``), float_size (the same model's parameters in its
 float dtype, tied weights once), ratio, experts (MoE: per experts block, how many experts it has and
-how many of them are quantized), inconsistencies (one line each: file, tensor, what).
+how many of them are quantized), kv_cache (None, or the calibrated FP8 KV cache: scheme, spec,
+attention modules and their k_scale/v_scale), inconsistencies (one line each: file, tensor, what).
 
 The model's layers come from its config.json built on the meta device (no memory, no weights);
 every quantized layer is read through its layout exactly as lowbit.load does, so whatever would
@@ -161,6 +162,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                     elif state[k].dtype.is_floating_point and st_dtype not in FLOAT_DTYPE_CODES:
                         problems.append(f"tensor {folder.describe(k)} has dtype {st_dtype}, expected a float dtype "
                                         f"({', '.join(sorted(FLOAT_DTYPE_CODES))})")
+    report["kv_cache"] = _kv_report(parsed, folder, model, problems)
     if model is not None:
         report["experts"] = {
             name: {"experts": len(block),
@@ -186,6 +188,31 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         if declared is not None and declared != real:
             problems.append(f"{folder.index_path.name}: total_size {declared} differs from the tensors' {real} bytes")
     return report
+
+
+def _kv_report(parsed, folder, model, problems: list[str]) -> dict[str, Any] | None:
+    """The KV-cache entry of the report, its scales read as lowbit.load reads them (problems listed);
+    KV-cache scale tensors in a folder whose config has no KV cache are listed as problems."""
+    from lowbit.formats.kv_layout import KV_TENSORS, read_kv_scales
+    from lowbit.kvcache.spec import KV_SPEC
+    from lowbit.kvcache.attention import attention_modules
+
+    names = list(attention_modules(model)) if model is not None else []
+    if parsed.kv_cache is None:
+        stray = sorted(k for k in (folder or ()) if k.rpartition(".")[2] in KV_TENSORS)
+        if stray:
+            problems.append(f"tensor {folder.describe(stray[0])} (and {len(stray) - 1} more) is a KV-cache scale but "
+                            f"the config has no KV-cache scheme (kv_cache_scheme / kv_cache)")
+        return None
+    scales: dict[str, dict[str, float]] = {}
+    if folder is not None and model is not None:
+        try:
+            read = read_kv_scales(parsed, folder, names)
+            scales = {n: {"k_scale": float(k[0]), "v_scale": float(v[0])} for n, (k, v) in read.items()}
+        except LowbitError as e:
+            problems.append(str(e))
+    return {"scheme": parsed.kv_cache, "description": f"{KV_SPEC.describe()}, {KV_SPEC.dynamic.value}",
+            "attention_modules": len(names), "spec": KV_SPEC.to_dict(), "scales": scales}
 
 
 def _out_key(model, out_emb) -> str | None:

@@ -11,7 +11,9 @@ other tensor is loaded as stored. Mixture-of-experts models are rebuilt with the
 (``lowbit.moe.split_experts``) and read per expert, under the family's checkpoint names
 (``lowbit.moe.naming``: Mixtral's legacy ``block_sparse_moe.experts.{e}.w1/w2/w3`` too). Anything inconsistent (a missing tensor or scale, a shape or
 dtype that does not match the config, quantized tensors on a layer the config leaves in float,
-a damaged shard) is a FormatError naming the file, tensor or option.
+a damaged shard) is a FormatError naming the file, tensor or option. A folder with a calibrated
+FP8 KV cache (``lowbit.formats.kv_layout``) gets its ``k_scale``/``v_scale`` on every attention
+module and the lowbit attention wrapper (``lowbit.kvcache.attention``): its forward QDQs K and V.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from lowbit.errors import FormatError
 from lowbit.formats import Format, parse_quantization_config
 from lowbit.files.folder import SafetensorsFolder, read_config
 from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, parse_dtype
+from lowbit.formats.kv_layout import read_kv_scales
+from lowbit.kvcache.attention import attach, attention_modules
 from lowbit.modules import QuantLinear
 from lowbit.moe import checkpoint_names, model_names, split_experts
 from lowbit.targets import set_submodule
@@ -117,7 +121,14 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
                                   name=name, input_scale=r.input_scale, input_global_scale=r.input_global_scale)
         set_submodule(model, name, mod)
         consumed.update(rec.used)
+    kv = {}
+    if parsed.kv_cache is not None:
+        rec = _Recorder(folder)
+        kv = read_kv_scales(parsed, rec, list(attention_modules(model)))
+        consumed.update(rec.used)
     _load_rest(model, folder, consumed, dtype, parsed)
+    if parsed.kv_cache is not None:
+        attach(model, kv, parsed.kv_cache)  # evaluation QDQs K and V as vLLM's FP8 cache does
     model.lowbit_format = fmt  # where it came from (for inspection and re-saving)
     model.lowbit_source = parsed.source
     from lowbit.backends import use_backend

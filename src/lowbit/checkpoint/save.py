@@ -14,7 +14,9 @@ leaves nothing behind (a refused write, disk full or read-only, is an OutputErro
 Tied input/output embeddings are written once. Mixture-of-experts models are written per expert
 under their family's checkpoint names (``lowbit.moe.naming``); routers are listed in ``ignore``. The output folder's lock (lowbit.files.outlock) is
 held while writing: a second save into the same folder at the same time is refused; an output that
-is the source folder (or holds it) is refused (lowbit.files.outguard).
+is the source folder (or holds it) is refused (lowbit.files.outguard). A calibrated FP8 KV cache
+(``model.lowbit_kv_cache``) is written as the format defines it (``lowbit.formats.kv_layout``:
+``<attention>.k_scale``/``.v_scale`` and the config's ``kv_cache_scheme`` / ``kv_cache``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from lowbit.errors import FormatError, OptionRef
 from lowbit.formats import Format, get_layout, static_scale_entry
 from lowbit.files.writer import CheckpointWriter
 from lowbit.formats.base import dtype_name
+from lowbit.formats.kv_layout import add_kv_config, kv_tensors
+from lowbit.kvcache.attention import kv_scales
 from lowbit.files.outguard import check_not_source
 from lowbit.fusion import fused_groups
 from lowbit.modules import QuantLinear
@@ -116,6 +120,9 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     dtype = dtype or model_dtype(model)
     layers = _layers(model)
     if not layers:
+        if getattr(model, "lowbit_kv_cache", None) is not None:
+            raise FormatError("the model has a KV cache but no quantized layers: saving a KV cache without a weight "
+                              "scheme is not supported (quantize with a scheme and kv_cache)")
         raise FormatError("the model has no quantized layers (run lowbit.quantize first)")
     groups = _scheme_groups(layers)
     for s, _ in groups:
@@ -171,6 +178,17 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
             seen[key] = k
         tensors[k] = v.detach().to(dtype) if v.dtype.is_floating_point and v.dtype != dtype else v.detach()
 
+    kv_cache = getattr(model, "lowbit_kv_cache", None)
+    kv = kv_scales(model) if kv_cache is not None else {}
+    kv_t = kv_tensors(fmt, kv, dtype)
+    lossy_kv = [k for k, t in kv_t.items() if t.dtype != torch.float32 and
+                not torch.equal(t.to(torch.float32), kv[k.rpartition(".")[0]][k.endswith("v_scale")].reshape(1).cpu())]
+    if lossy_kv:
+        warnings.warn(f"{len(lossy_kv)} KV-cache scales (e.g. {lossy_kv[0]!r}) are not exactly representable in "
+                      f"{dtype_name(dtype)}, the dtype compressed-tensors stores them in; the file holds them rounded. "
+                      f"Use the 'lowbit' format for a bit-exact checkpoint.", stacklevel=3)
+    tensors.update(kv_t)
+
     # the family's checkpoint names (Mixtral: block_sparse_moe.experts.{e}.w1 ...; most: unchanged)
     mt = getattr(getattr(model, "config", None), "model_type", None)
     ignore = _float_linears(model) + router_names(model)
@@ -180,6 +198,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     static = {disk[n]: v for n, v in static.items()}
     qcfg = layout.quantization_config_groups(groups, [disk[n] for n in ignore],
                                              static_scales=static if fmt is Format.FAKE else None)
+    qcfg = add_kv_config(fmt, qcfg, kv_cache, kv)
     return tensors, qcfg, untie
 
 

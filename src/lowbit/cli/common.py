@@ -106,3 +106,17 @@ def parse_calib_preset(value: str | None) -> str | None:
     if value is not None and value not in CALIBRATION_PRESETS:
         raise OptionError(f"--calib-preset must be one of {', '.join(CALIBRATION_PRESETS)}, got {value!r}")
     return value
+
+
+def parse_kv_cache(value: str | None) -> str | None:
+    """--kv-cache: None (not given: ``lowbit.kvcache.DEFAULT_KV_CACHE``, K and V in float) or
+    'fp8'; anything else an OptionError naming --kv-cache (checked before torch is imported)."""
+    from lowbit.kvcache import DEFAULT_KV_CACHE, check_kv_cache
+    from lowbit.errors import QuantizationError
+
+    if value is None:
+        return DEFAULT_KV_CACHE
+    try:
+        return check_kv_cache(value)
+    except QuantizationError as e:
+        raise OptionError(e.cli_message()) from None

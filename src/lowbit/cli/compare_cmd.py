@@ -10,7 +10,7 @@ from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
-    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_list, parse_smoothquant, parse_weight_rounding, quiet_progress,
+    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list, parse_smoothquant, parse_weight_rounding, quiet_progress,
 )
 
 
@@ -39,16 +39,18 @@ def compare_table(report: dict) -> Table:
     if lw:
         row.append(f"{100 * base['lastword_accuracy']:.1f}%")
     t.add_row(*row, human_bytes(base["size_bytes"]), "1.00", "", "")
+    from lowbit.report.compare import row_label
+
     for r in report["schemes"]:
         if r.get("status") != "ok":
-            t.add_row(r["scheme"], "[red]failed[/red]")
-            failed.append(f"{r['scheme']}: {r.get('error', 'failed')}")
+            t.add_row(row_label(r), "[red]failed[/red]")
+            failed.append(f"{row_label(r)}: {r.get('error', 'failed')}")
             continue
         worst = r["worst_layers"][0] if r.get("worst_layers") else None
         change = f"{r['ppl_change_pct']:+.2f}%"
         if r.get("ppl_change_sd_pct") is not None:
             change += f" ±{r['ppl_change_sd_pct']:.2f}"
-        row = [r["scheme"], f"{r['perplexity']:.3f}", change, f"{r['bits_per_byte']:.4f}"]
+        row = [row_label(r), f"{r['perplexity']:.3f}", change, f"{r['bits_per_byte']:.4f}"]
         if lw:
             row.append(f"{100 * r['lastword_accuracy']:.1f}%")
         row += [human_bytes(r["size_bytes"]), f"{r['size_ratio']:.2f}", f"{r['quant_seconds']:.1f}",
@@ -97,6 +99,10 @@ def compare_cmd(
         None, "--spread",
         help="Perturbed perplexity evaluations per scheme with quantized activations, to show the float-rounding "
              "noise of each change as ±sd (default 2, as lowbit eval; 0 skips)."),
+    kv_cache: Optional[str] = typer.Option(
+        None, "--kv-cache",
+        help="'fp8': add a calibrated FP8 (E4M3) KV cache to every scheme row (rows named SCHEME+kv-fp8; "
+             "default: none, K and V in float)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
@@ -107,6 +113,7 @@ def compare_cmd(
         raise OptionError(f"--spread must be 0 (skip) or a number of perturbed evaluations, got {spread}")
     if lastword < 0:
         raise OptionError(f"--lastword must be 0 (skip) or a positive number of examples, got {lastword}")
+    kv = parse_kv_cache(kv_cache)
     check_model_path(model)
     from lowbit.report import CompareOptions, run_compare
     from lowbit.report.writer import report_json
@@ -129,7 +136,7 @@ def compare_cmd(
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                           calib_options=calib_options, smoothquant=parse_smoothquant(smoothquant),
-                          backend=backend, save_format=save_format, progress=progress,
+                          backend=backend, save_format=save_format, progress=progress, kv_cache=kv,
                           **({} if spread is None else {"spread": spread}))
     log = (lambda s: err_console.print(f"[dim]{s}[/dim]", highlight=False)) if progress else (lambda s: None)
     report = run_compare(model_path=model_arg(model), opts=opts, output_dir=output, log=log)

@@ -45,6 +45,12 @@ def inspect_cmd(
             per = sorted({b["experts"] for b in r["experts"].values()})
             console.print(f"MoE: {len(r['experts'])} expert blocks of {'/'.join(map(str, per))} experts; "
                           f"{n_q} of {n_exp} experts quantized", highlight=False)
+        kv = r.get("kv_cache")
+        if kv is not None:
+            console.print(f"KV cache: {kv['scheme']} ({kv['description']}), k_scale/v_scale on "
+                          f"{len(kv['scales'])} of {kv['attention_modules']} attention modules", highlight=False)
+        else:
+            console.print("KV cache: float (not quantized)", highlight=False)
         ignored = r["ignored"]
         console.print(f"ignored (float) layers: {', '.join(ignored) if ignored else 'none'}", highlight=False)
         ratio = "" if r["ratio"] is None else f" ({r['ratio']:.3f}x)"

@@ -12,8 +12,8 @@ import typer
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
-    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_layer_inputs, parse_smoothquant,
-    parse_weight_rounding,
+    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
+    parse_smoothquant, parse_weight_rounding,
 )
 
 
@@ -53,6 +53,10 @@ def quantize_cmd(
         None, "--calib-preset",
         help="A named calibration budget, e.g. 'gptq-fast' (GPTQ on 4 x 128 tokens, float layer inputs: "
              "for INT8 weights); the options above override its fields."),
+    kv_cache: Optional[str] = typer.Option(
+        None, "--kv-cache",
+        help="'fp8': a calibrated FP8 (E4M3) KV cache as vLLM runs it (k_scale/v_scale per attention layer, "
+             "from the calibration text; default: none, K and V in float)."),
     model_free: bool = typer.Option(False, "--model-free", help="Quantize shards directly (no calibration, no forward)."),
     workers: int = typer.Option(1, "--workers", help="CPU cores for --model-free (worker processes or threads)."),
     device: Optional[str] = typer.Option(None, "--device", help="Quantize on this torch device with --model-free "
@@ -66,6 +70,7 @@ def quantize_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
 ) -> None:
     """Quantize MODEL with SCHEME and write a checkpoint folder."""
+    kv = parse_kv_cache(kv_cache)
     if device is not None and not model_free:
         raise OptionError("--device applies to --model-free quantization only: add --model-free or drop --device")
     check_model_path(model)
@@ -83,9 +88,10 @@ def quantize_cmd(
     preset = parse_calib_preset(calib_preset)
     t0 = time.perf_counter()
     if model_free:
-        if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None or preset is not None:
+        if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None or preset is not None \
+                or kv is not None:
             raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
-                              "--layer-inputs/--calib-preset, "
+                              "--layer-inputs/--calib-preset/--kv-cache, "
                               "or drop --model-free")
         from lowbit.modelfree import quantize_checkpoint
         from lowbit.models import resolve_model_path
@@ -103,7 +109,7 @@ def quantize_cmd(
         _check_output(folder, out, overwrite)
         with output_lock(out):  # held from loading to the rename: a second run into `out` is refused now
             extra = _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq_choice, sq,
-                                wr, li, preset, ignore, overwrite, t0, allow_unquantized)
+                                wr, li, preset, ignore, overwrite, t0, allow_unquantized, kv)
     summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
                "seconds": time.perf_counter() - t0, "size_bytes": _weight_bytes(out), **extra}
     if as_json:
@@ -121,6 +127,10 @@ def quantize_cmd(
             console.print(f"quantized {q['linears']} linears{moe} ({q['weight_parameters'] / 1e6:.1f}M weights; "
                           f"{q['float_parameters'] / 1e6:.1f}M parameters stay float: embeddings, norms, routers"
                           f"{kept})", highlight=False)
+        if summary.get("kv_cache"):
+            ks = summary["kv_scales"] or {}
+            console.print(f"KV cache {summary['kv_cache']}: k_scale/v_scale on {len(ks)} attention layers",
+                          highlight=False)
         console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
                       f"in {summary['seconds']:.1f} s", highlight=False)
 
@@ -135,9 +145,9 @@ def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
 
 
 def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq_choice, sq, wr, li, preset,
-                ignore, overwrite, t0, allow_unquantized) -> dict:
-    """Load ``folder``, quantize it (calibrated when the options ask for it: ``model_quant.calibrates``)
-    and save it to ``out``."""
+                ignore, overwrite, t0, allow_unquantized, kv=None) -> dict:
+    """Load ``folder``, quantize it (calibrated when the options ask for it: ``model_quant.calibrates``,
+    or for the KV-cache scales of ``kv``) and save it to ``out``."""
     from lowbit.calibration import CalibrationConfig
     from lowbit.model_quant import calibrates
     from lowbit.models import load_model
@@ -153,19 +163,21 @@ def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_l
     if li is not None:
         kwargs["layer_inputs"] = li
     cfg = CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
-    needs = calibrates(sch, sq, cfg)
+    needs = calibrates(sch, sq, cfg) or kv is not None
     if not needs and (calib is not None or kwargs):
         err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
     if needs:
         err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
         qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq_choice,
-                                 ignore=list(ignore or ()), config=cfg, allow_unquantized=allow_unquantized)
+                                 ignore=list(ignore or ()), config=cfg, allow_unquantized=allow_unquantized,
+                                 kv_cache=kv)
     else:
         qmodel = lowbit.quantize(qmodel, sch, smoothquant=sq_choice, ignore=list(ignore or ()),
                                  allow_unquantized=allow_unquantized)
     t_quant = time.perf_counter() - t0
     lowbit.save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
-    return {"quant_seconds": t_quant, "smoothquant": sq, "quantized": quantized_summary(qmodel)}
+    return {"quant_seconds": t_quant, "smoothquant": sq, "quantized": quantized_summary(qmodel), "kv_cache": kv,
+            "kv_scales": getattr(qmodel, "lowbit_kv_calibration", None)}
 
 
 def quantized_summary(model) -> dict:

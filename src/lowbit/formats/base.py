@@ -101,6 +101,9 @@ class ParsedConfig:
     ignore: exact names or ``re:<regex>`` entries.
     static_scales: per-layer static input scales kept in the config (``fake`` format only).
     extra: format-specific facts (e.g. the packing format of an auto-round folder).
+    kv_cache: None, or "fp8": a calibrated FP8 KV cache (``lowbit.formats.kv_layout``).
+    kv_scales: the ``fake`` format's KV scales from the config, {attention module: {"k_scale",
+        "v_scale"}} (the other formats store them as tensors).
     """
 
     format: Format
@@ -109,6 +112,8 @@ class ParsedConfig:
     static_scales: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = "lowbit"
     extra: dict[str, Any] = field(default_factory=dict)
+    kv_cache: str | None = None
+    kv_scales: dict[str, dict[str, float]] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set, repr=False, compare=False)
 
     def warn_once(self, key: str, message: str) -> None:

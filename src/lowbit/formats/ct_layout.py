@@ -37,6 +37,7 @@ from lowbit.formats.base import (
 )
 from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, layout_format, named_scheme, spec_to_args
 from lowbit.files.folder import STANDARD_STEM
+from lowbit.formats.kv_layout import parse_ct_kv
 from lowbit.formats.lowbit_layout import file_scale, model_scale, read_bias, scale_shape
 from lowbit.numerics import E8M0, FormatName, get_format
 from lowbit.quant import QuantizedTensor, nibbles, pack_int32, pack_sixes, unpack_int32, unpack_nibbles, unpack_sixes
@@ -146,8 +147,7 @@ class CompressedTensorsLayout(Layout):
             raise FormatError(f"{w}: sparsity_config is set; sparse compressed-tensors checkpoints are not supported")
         if qcfg.get("transform_config"):
             raise FormatError(f"{w}: transform_config is set; rotated (transformed) checkpoints are not supported")
-        if qcfg.get("kv_cache_scheme"):
-            raise FormatError(f"{w}: kv_cache_scheme is set; KV-cache quantization is not supported by lowbit")
+        kv_cache = parse_ct_kv(qcfg.get("kv_cache_scheme"), w)
         top = qcfg.get("format")
         groups_in = qcfg.get("config_groups")
         if not isinstance(groups_in, dict) or not groups_in:
@@ -187,7 +187,7 @@ class CompressedTensorsLayout(Layout):
         provider = qcfg.get("provider")
         return CTConfig(Format.COMPRESSED_TENSORS, groups, list(ignore),
                         source="compressed-tensors" + (f" ({provider})" if provider else ""),
-                        extra={"version": qcfg.get("version"), "formats": formats})
+                        extra={"version": qcfg.get("version"), "formats": formats}, kv_cache=kv_cache)
 
     def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None, shape=None):
         fmt = ct_format_of(scheme)

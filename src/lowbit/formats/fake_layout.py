@@ -14,6 +14,8 @@ inputs at run time::
      "ignore": [...],
      "static_scales": {"model.layers.0.self_attn.q_proj": {"input_scale": 0.0123, "input_global_scale": null}}}
 
+A calibrated FP8 KV cache adds ``"kv_cache"`` with its scales in the config (``lowbit.formats.kv_layout``).
+
 Weights are not re-quantized on loading (re-quantizing QDQ'd bf16 values is not exact in general):
 the stored float weight is used as is, which equals the reference backend's dequantized weight
 exactly when the model dtype is float32.
@@ -66,7 +68,7 @@ class FakeLayout(Layout):
     def parse_config(self, qcfg: Mapping[str, Any]) -> ParsedConfig:
         w = "config.json quantization_config (lowbit fake)"
         expected = {"quant_method", "format", "format_version", "config_groups", "ignore", "static_scales"}
-        missing, unknown = expected - set(qcfg), set(qcfg) - expected
+        missing, unknown = expected - set(qcfg), set(qcfg) - expected - {"kv_cache"}
         if missing or unknown:
             raise FormatError(f"{w}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
         read_version(qcfg, w)  # the fake layout's tensors are the same in every version
@@ -80,8 +82,11 @@ class FakeLayout(Layout):
             for k, v in e.items():
                 if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
                     raise FormatError(f"{w}: static_scales[{layer!r}][{k!r}] must be a positive number, got {v!r}")
+        from lowbit.formats.kv_layout import parse_lowbit_kv
+
+        kv_cache, kv_scales = parse_lowbit_kv(qcfg.get("kv_cache"), Format.FAKE, w)
         return ParsedConfig(Format.FAKE, scheme_groups(qcfg, w), list(qcfg["ignore"]), static_scales=scales,
-                            source="lowbit")
+                            source="lowbit", kv_cache=kv_cache, kv_scales=kv_scales)
 
     def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config: ParsedConfig | None = None,
                     shape=None):

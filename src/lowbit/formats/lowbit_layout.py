@@ -42,6 +42,9 @@ used the standard names).
      "config_groups": {"group_0": {"targets": ["Linear"] | [names], "scheme": Scheme.to_dict()}},
      "ignore": [names...]}
 
+plus, with a calibrated FP8 KV cache, ``"kv_cache": {"name": "fp8", "spec": ...}`` and float32 [1]
+``<attention>.k_scale`` / ``.v_scale`` tensors (``lowbit.formats.kv_layout``).
+
 Every QuantSpec field is written (QuantSpec.to_dict) and read back strictly (from_dict).
 """
 
@@ -192,15 +195,18 @@ class LowbitLayout(Layout):
     def parse_config(self, qcfg):
         w = "config.json quantization_config (lowbit)"
         expected = {"quant_method", "format", "format_version", "config_groups", "ignore"}
-        missing, unknown = expected - set(qcfg), set(qcfg) - expected
+        missing, unknown = expected - set(qcfg), set(qcfg) - expected - {"kv_cache"}
         if missing or unknown:
             raise FormatError(f"{w}: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
         version = read_version(qcfg, w)
         ignore = qcfg["ignore"]
         if not isinstance(ignore, list):
             raise FormatError(f"{w}: 'ignore' must be a list of layer names")
+        from lowbit.formats.kv_layout import parse_lowbit_kv
+
+        kv_cache, _ = parse_lowbit_kv(qcfg.get("kv_cache"), Format.LOWBIT, w)
         return ParsedConfig(Format.LOWBIT, scheme_groups(qcfg, w), list(ignore), source="lowbit",
-                            extra={"format_version": version})
+                            extra={"format_version": version}, kv_cache=kv_cache)
 
     def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None, shape=None):
         spec = scheme.weights

@@ -4,6 +4,12 @@ Per scheme: perplexity and bits per byte on the evaluation text, last-word accur
 (packed estimate, or on disk when a checkpoint format is given), quantization time, and the
 SQNR of every quantized linear's output. Schemes with static activation scales are calibrated
 on the calibration text (never the evaluation text) through ``lowbit.quantize``.
+
+``CompareOptions.kv_cache="fp8"`` (CLI ``--kv-cache fp8``) adds a calibrated FP8 KV cache
+(``lowbit.kvcache``) to every scheme row: each is then calibrated (weight-only and dynamic
+schemes too, for the KV scales), its row carries ``"kv_cache": "fp8"`` and is labelled
+``<scheme>+kv-fp8`` (``row_label``); float stays float. Run compare twice, with and without,
+to see the KV cache's own cost.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import torch
 import lowbit
 from lowbit.calibration import CalibrationConfig
 from lowbit.errors import LowbitError
+from lowbit.kvcache import DEFAULT_KV_CACHE, check_kv_cache
 from lowbit.eval.lastword import lastword_accuracy, lastword_examples
 from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
 from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, measure_spread
 from lowbit.eval.text import read_paragraphs
 from lowbit.moe import split_experts
+from lowbit.report.writer import row_label  # noqa: F401  (re-exported: the label of a scheme row)
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
 from lowbit.model_quant import calibrates
 from lowbit.schemes import get_scheme
@@ -63,6 +71,7 @@ class CompareOptions:
     sqnr_tokens: int = 128
     save_format: str | None = None  # also save each checkpoint (lowbit.save) and measure it on disk
     progress: bool = True
+    kv_cache: str | None = DEFAULT_KV_CACHE  # "fp8": a calibrated FP8 KV cache on every scheme row
 
     def __post_init__(self) -> None:
         # one calibration budget default: lowbit.quantize's (CalibrationConfig's)
@@ -70,6 +79,7 @@ class CompareOptions:
             self.calib_samples = CalibrationConfig.num_samples
         if self.calib_seq_len is None:
             self.calib_seq_len = CalibrationConfig.seq_len
+        check_kv_cache(self.kv_cache)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,11 +101,11 @@ def quantize_with_options(model, scheme_name: str, tokenizer, opts: CompareOptio
     scheme = get_scheme(scheme_name)
     sq = resolve_alpha(opts.smoothquant, scheme, static_only=True)
     options = {**opts.calib_options, "num_samples": opts.calib_samples, "seq_len": opts.calib_seq_len}
-    if not calibrates(scheme, sq, CalibrationConfig(**options)):
+    if not calibrates(scheme, sq, CalibrationConfig(**options)) and opts.kv_cache is None:
         return lowbit.quantize(model, scheme, smoothquant=OFF), False, None
     calib = opts.calib if opts.calib is not None else "builtin"
     q = lowbit.quantize(model, scheme, calibration=calib, tokenizer=tokenizer, smoothquant=OFF if sq is None else sq,
-                        progress=opts.progress, **options)
+                        progress=opts.progress, kv_cache=opts.kv_cache, **options)
     return q, True, sq
 
 
@@ -177,7 +187,7 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
         save_root = Path(output_dir) / "checkpoints" if output_dir is not None else Path(tempfile.mkdtemp(prefix="lowbit-cmp-"))
     for name in schemes:
         log(f"quantizing {name}")
-        row: dict = {"scheme": name}
+        row: dict = {"scheme": name, "kv_cache": opts.kv_cache}
         qmodel = copy.deepcopy(model)
         try:
             t0 = time.perf_counter()

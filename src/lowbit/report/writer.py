@@ -11,6 +11,11 @@ from pathlib import Path
 from lowbit.files.writer import atomic_path, write_text_atomic
 
 
+def row_label(row: dict) -> str:
+    """A scheme row's name in tables and plots: the scheme, plus ``+kv-<kv_cache>`` with a KV cache."""
+    return row["scheme"] + (f"+kv-{row['kv_cache']}" if row.get("kv_cache") else "")
+
+
 def _clean(obj):
     """JSON without NaN/Infinity (strict parsers refuse them)."""
     if isinstance(obj, float):
@@ -53,7 +58,7 @@ def build_figure(report: dict):
 
     ok = [r for r in report["schemes"] if r.get("status") == "ok"]
     base = report["float"]
-    names = [r["scheme"] for r in ok]
+    names = [row_label(r) for r in ok]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1, 1, 2]})
     ax = axes[0]
     ppls = [r["perplexity"] for r in ok]
@@ -78,8 +83,8 @@ def build_figure(report: dict):
     measured = [r for r in ok if r.get("layers")]
     for r in measured:
         vals = [v if v is not None else float("nan") for v in r["layers"].values()]
-        ax.plot(range(len(vals)), vals, marker=".", lw=1, label=r["scheme"])
-    missing = [r["scheme"] for r in ok if not r.get("layers")]
+        ax.plot(range(len(vals)), vals, marker=".", lw=1, label=row_label(r))
+    missing = [row_label(r) for r in ok if not r.get("layers")]
     if missing:
         ax.text(0.01, 0.02, f"not measured (SmoothQuant changes each layer's input): {', '.join(missing)}",
                 transform=ax.transAxes, fontsize=8, va="bottom")
