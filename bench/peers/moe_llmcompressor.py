@@ -31,24 +31,11 @@ def _rss_kb(field: str) -> int:
 
 
 def _build(kind: str, a):
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
+    """bench/bench_moe.py's models (it imports nothing of lowbit at module level)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from bench_moe import _build as build
 
-    common = dict(vocab_size=4096, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=8,
-                  num_key_value_heads=4, head_dim=a.hidden // 8, max_position_embeddings=1024,
-                  tie_word_embeddings=False)
-    if kind == "moe":
-        cfg = Qwen3MoeConfig(**common, intermediate_size=a.expert_width * a.top_k, moe_intermediate_size=a.expert_width,
-                             num_experts=a.experts, num_experts_per_tok=a.top_k, norm_topk_prob=True)
-    else:
-        cfg = Qwen3Config(**common, intermediate_size=a.expert_width * a.top_k)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith(".gate.weight"):
-                p.normal_(0.0, 0.5)
-    return model
+    return build(kind, a)
 
 
 def _recipe(config: str):

@@ -214,6 +214,25 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
     expanded: dict[str, list[tuple[Kind, str, ExpertPart]]] = {}  # fused tensor -> its experts' parts
     parts_of: dict[str, tuple[TensorInfo, ExpertPart]] = {}      # expert linear -> its fused source
     ignored: list[str] = []
+
+    def expand(module: str, info: TensorInfo, leaf: str, layout: FusedLayout, bias: bool) -> list:
+        """The per-expert parts of a fused tensor: (kind, output name or linear, part) each."""
+        out = []
+        projs = (Proj.DOWN,) if leaf.startswith("down") else (Proj.GATE, Proj.UP)
+        for e in range(info.shape[0]):
+            for pr in projs:
+                lin, part = f"{module}.{e}.{pr.value}", ExpertPart(e, pr, layout, info.shape[0])
+                if bias:
+                    out.append((Kind.COPY, f"{lin}.bias", part))
+                elif is_excluded_name(lin, ignore):
+                    out.append((Kind.COPY, f"{lin}.weight", part))
+                    ignored.append(lin)
+                else:
+                    out.append((Kind.QUANTIZE, lin, part))
+                    parts_of[lin] = (info, part)
+                    quantized.append(lin)
+        return out
+
     heads: list[str] = []
     embeddings: list[str] = []
     for name in sorted(tensors):
@@ -248,38 +267,14 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
                 raise FormatError(f"{info.shard}: MXFP4 tensor {name!r} {list(info.shape)} needs {sk!r} of shape "
                                   f"{list(info.shape[:3])}")
             kinds[name] = Kind.COPY  # stands for its parts (expanded)
-            expanded[name] = []
             mx_of[name] = tensors[sk]
             layout = FusedLayout(transposed=False, concatenated=fused.concatenated)  # [out, in] as stored
-            projs = (Proj.DOWN,) if leaf.startswith("down") else (Proj.GATE, Proj.UP)
-            for e in range(info.shape[0]):
-                for pr in projs:
-                    lin, part = f"{module}.{e}.{pr.value}", ExpertPart(e, pr, layout, info.shape[0])
-                    if is_excluded_name(lin, ignore):
-                        expanded[name].append((Kind.COPY, f"{lin}.weight", part))
-                        ignored.append(lin)
-                    else:
-                        expanded[name].append((Kind.QUANTIZE, lin, part))
-                        parts_of[lin] = (info, part)
-                        quantized.append(lin)
+            expanded[name] = expand(module, info, leaf, layout, bias=False)
             continue
         if fused is not None and module.rpartition(".")[2] == "experts" and leaf in FUSED_WEIGHTS + FUSED_BIASES \
                 and len(info.shape) == (3 if leaf in FUSED_WEIGHTS else 2):
             kinds[name] = Kind.COPY  # stands for its parts (expanded), never written as it is
-            expanded[name] = []
-            projs = (Proj.DOWN,) if leaf.startswith("down") else (Proj.GATE, Proj.UP)
-            for e in range(info.shape[0]):
-                for pr in projs:
-                    lin, part = f"{module}.{e}.{pr.value}", ExpertPart(e, pr, fused, info.shape[0])
-                    if leaf in FUSED_BIASES:
-                        expanded[name].append((Kind.COPY, f"{lin}.bias", part))
-                    elif is_excluded_name(lin, ignore):
-                        expanded[name].append((Kind.COPY, f"{lin}.weight", part))
-                        ignored.append(lin)
-                    else:
-                        expanded[name].append((Kind.QUANTIZE, lin, part))
-                        parts_of[lin] = (info, part)
-                        quantized.append(lin)
+            expanded[name] = expand(module, info, leaf, fused, bias=leaf in FUSED_BIASES)
             continue
         if len(info.shape) == 3 and _is_fused_experts(module, leaf) and not is_excluded_name(module, ignore):
             raise FormatError(f"{info.shard}: tensor {name!r} {list(info.shape)} holds fused experts (3-D); "
