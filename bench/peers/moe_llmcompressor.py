@@ -22,20 +22,8 @@ import sys
 import time
 
 
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1])
-    return 0
-
-
-def _build(kind: str, a):
-    """bench/bench_moe.py's models (it imports nothing of lowbit at module level)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from bench_moe import _build as build
-
-    return build(kind, a)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from bench_moe import _build, _rss_kb  # noqa: E402  (bench_moe imports nothing of lowbit at module level)
 
 
 def _recipe(config: str):
