@@ -1,0 +1,127 @@
+"""Does vLLM (CPU build) serve what lowbit writes, with lowbit's numbers? Perplexity from vLLM's
+prompt log-probabilities against lowbit's own evaluation of the same compressed-tensors folder, on
+the same token ids (one window of ``--tokens`` tokens of the packaged evaluation text, Persuasion),
+for the built-in SmolLM2-135M.
+
+Two steps, two venvs (vLLM pins older transformers; see ../shared/README.md):
+
+    .venv/bin/python bench/serve_vllm.py make OUT [--schemes ...]   # lowbit: folders + its log-probs
+    .venv-vllm/bin/python bench/serve_vllm.py serve OUT [--only a,b] [--dtypes bfloat16]  # vLLM, a process each
+
+Prints one Markdown row per folder and dtype: lowbit's and vLLM's perplexity, the relative
+difference, the largest per-token |log p| difference and the load + scoring seconds, or vLLM's
+error (bench/RESULTS-serve.md holds the figures).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# SmolLM2's 576-wide inputs are no multiple of 128: the group-128 INT4 schemes (w4a16, w4a16-asym,
+# w4a8-*) have no compressed-tensors layout for it (lowbit refuses; bench on a model with 128-multiples)
+SCHEMES = ("float", "w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8-dynamic", "w8a8-fp8", "fp8-block", "w8a16",
+           "nvfp4a16", "mxfp4", "mxfp8")
+
+
+RUN_TIMEOUT_S = 150  # one load + scoring; the float path takes ~20 s
+
+
+def make(out: Path, schemes: list[str], tokens: int) -> None:
+    import torch
+
+    import lowbit
+    from lowbit.models import load_model
+    from lowbit.models.builtin import ensure_builtin
+    from lowbit.textfiles import builtin_evaluation_text_path
+
+    torch.set_grad_enabled(False)
+    src = ensure_builtin()
+    model, tok = load_model(src)
+    text = builtin_evaluation_text_path().read_text()
+    ids = tok(text, return_tensors="pt").input_ids[:, :tokens]
+    ref = {"ids": ids[0].tolist(), "runs": {}}
+    for scheme in schemes:
+        d = out / scheme
+        if scheme == "float":
+            m = model
+        else:
+            m, _ = load_model(src)
+            # lowbit.quantize's defaults: it calibrates (on the packaged text) only where the scheme needs it
+            lowbit.save(lowbit.quantize(m, scheme, calibration="builtin", tokenizer=tok), d, format="compressed-tensors",
+                        tokenizer=tok, source_dir=src, overwrite=True)
+            m = lowbit.load(d)
+        if scheme == "float":
+            d.mkdir(parents=True, exist_ok=True)
+            import shutil
+
+            for f in Path(src).iterdir():
+                shutil.copy(f, d / f.name)
+        lp = torch.log_softmax(m(input_ids=ids).logits[0].double(), -1)
+        ref["runs"][str(d)] = lp[torch.arange(ids.shape[1] - 1), ids[0, 1:]].tolist()
+        print(scheme, "ppl", math.exp(-sum(ref["runs"][str(d)]) / (ids.shape[1] - 1)), flush=True)
+    (out / "lowbit.json").write_text(json.dumps(ref))
+
+
+def serve_one(folder: str, dtype: str, ref: dict) -> dict:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ids = ref["ids"]
+    t0 = time.perf_counter()
+    try:
+        llm = LLM(model=folder, dtype=dtype, enforce_eager=True, max_model_len=len(ids) + 8, seed=0)
+        t1 = time.perf_counter()
+        o = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(prompt_logprobs=0, max_tokens=1))[0]
+        lp = [p[t].logprob for p, t in zip(o.prompt_logprobs[1:], ids[1:])]
+    except Exception as e:  # vLLM's refusals are the finding
+        return {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+    mine = ref["runs"][folder]
+    return {"ppl_vllm": math.exp(-sum(lp) / len(lp)), "ppl_lowbit": math.exp(-sum(mine) / len(mine)),
+            "max_abs_logprob_diff": max(abs(a - b) for a, b in zip(lp, mine)),
+            "load_s": round(t1 - t0, 1), "score_s": round(time.perf_counter() - t1, 1)}
+
+
+def main() -> None:
+    step, out = sys.argv[1], Path(sys.argv[2])
+    if step == "make":
+        schemes = sys.argv[sys.argv.index("--schemes") + 1].split(",") if "--schemes" in sys.argv else list(SCHEMES)
+        make(out, schemes, 1000)
+    elif step == "one":
+        ref = json.loads((out / "lowbit.json").read_text())
+        print("RESULT " + json.dumps(serve_one(sys.argv[3], sys.argv[4], ref)))
+    else:
+        ref = json.loads((out / "lowbit.json").read_text())
+        print("| folder | dtype | lowbit ppl | vLLM ppl | diff | max abs log p diff | load s | score s |")
+        print("|---|---|---|---|---|---|---|---|")
+        only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+        dtypes = sys.argv[sys.argv.index("--dtypes") + 1].split(",") if "--dtypes" in sys.argv else ["float32", "bfloat16"]
+        for folder in ref["runs"]:
+            if only is not None and Path(folder).name not in only:
+                continue
+            for dtype in dtypes:
+                try:
+                    p = subprocess.run([sys.executable, __file__, "one", str(out), folder, dtype],
+                                       capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+                    r = next((json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")),
+                             {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:160]})
+                except subprocess.TimeoutExpired:
+                    r = {"error": f"no result within {RUN_TIMEOUT_S} s (load + 1000 scored tokens)"}
+                name = Path(folder).name
+                if "error" in r:
+                    print(f"| {name} | {dtype} | | | | {r['error']} | | |", flush=True)
+                else:
+                    d = 100 * (r["ppl_vllm"] / r["ppl_lowbit"] - 1)
+                    print(f"| {name} | {dtype} | {r['ppl_lowbit']:.3f} | {r['ppl_vllm']:.3f} | {d:+.3f}% | "
+                          f"{r['max_abs_logprob_diff']:.3g} | {r['load_s']} | {r['score_s']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
