@@ -73,6 +73,17 @@ def test_mixtral_legacy_float_checkpoint_names_load(tmp_path):
     torch.testing.assert_close(back(input_ids=IDS).logits, q(input_ids=IDS).logits, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", ["fake", "compressed-tensors"])
+def test_inspect_reads_folders_as_load_does(quantized, fmt, tmp_path):
+    """inspect and load read through one view (moe split, legacy names, static scales renamed): a
+    Mixtral fake folder keeps its static scales under the checkpoint's own names."""
+    from lowbit.checkpoint.inspect import inspect_checkpoint
+
+    family, q = quantized
+    out = lowbit.save(q, tmp_path / fmt, format=fmt)
+    assert inspect_checkpoint(out)["inconsistencies"] == []
+
+
 def test_inspect_reports_experts_per_block(quantized, tmp_path, capsys):
     from helpers.cli import run
 

@@ -28,7 +28,8 @@ from lowbit.formats.base import QUANT_SUFFIXES, Format, parse_dtype
 from lowbit.formats.detect import parse_quantization_config
 from lowbit.files.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
-from lowbit.moe import checkpoint_names, expert_blocks, model_names, split_experts
+from lowbit.checkpoint.load import model_view
+from lowbit.moe import expert_blocks
 
 
 def _meta_model(path: Path):
@@ -86,11 +87,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         model = None
     counts: dict[str, int] = {}
     if model is not None:
-        split_experts(model)  # MoE: per-expert linears, as lowbit.load rebuilds them
-        mt = getattr(model.config, "model_type", None)
-        if folder is not None:
-            folder = folder.with_names(model_names(mt, list(folder)))
-        disk = checkpoint_names(mt, [n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
+        folder, parsed, disk = model_view(model, folder, parsed)  # as lowbit.load reads it (MoE split)
         out_emb = model.get_output_embeddings()
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
         seen: set[int] = set()

@@ -61,8 +61,20 @@ def build_empty_model(path: Path, dtype: torch.dtype) -> nn.Module:
     return model.eval()
 
 
-def _expected_float_keys(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in model.state_dict().items()}
+def model_view(model: nn.Module, folder: SafetensorsFolder | None, parsed: ParsedConfig
+               ) -> tuple[SafetensorsFolder | None, ParsedConfig, dict[str, str]]:
+    """Split ``model``'s MoE experts (``lowbit.moe.split_experts``, as the files store them) and
+    return the folder and config under the model's names (the family's checkpoint names, e.g.
+    Mixtral's legacy ones, mapped by ``lowbit.moe.naming``) with ``{linear: its name in the
+    config}``. The one view lowbit.load and lowbit inspect read a folder through."""
+    split_experts(model)
+    mt = getattr(model.config, "model_type", None)
+    if folder is not None:
+        folder = folder.with_names(model_names(mt, list(folder)))
+    if parsed.static_scales:
+        parsed = dataclasses.replace(parsed, static_scales={
+            model_names(mt, [k])[k]: v for k, v in parsed.static_scales.items()})
+    return folder, parsed, checkpoint_names(mt, [n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
 
 
 def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None = None) -> nn.Module:
@@ -73,13 +85,7 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
     folder = SafetensorsFolder(path)
     dtype = dtype or _config_dtype(config)
     model = build_empty_model(path, dtype)
-    split_experts(model)  # MoE: one linear per expert projection, as the files store them
-    mt = getattr(model.config, "model_type", None)
-    folder = folder.with_names(model_names(mt, list(folder)))
-    disk = checkpoint_names(mt, [n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
-    if parsed.static_scales:
-        parsed = dataclasses.replace(parsed, static_scales={
-            model_names(mt, [k])[k]: v for k, v in parsed.static_scales.items()})
+    folder, parsed, disk = model_view(model, folder, parsed)
     consumed: set[str] = set()
     out_emb = getattr(model, "get_output_embeddings", lambda: None)()
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
