@@ -122,7 +122,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     (``weight_rounding="gptq"``: the calibration data then feeds GPTQ's Hessians). The
     calibration report is left on ``model.lowbit_calibration``.
     """
-    from lowbit.calibration import CalibrationConfig, LayerwiseCalibrator, calibration_tokens
+    from lowbit.calibration import LayerwiseCalibrator, calibration_tokens
 
     kv_cache = check_kv_cache(kv_cache)
     if scheme is None and kv_cache is not None:
@@ -139,17 +139,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         smoothquant = resolve_alpha(smoothquant, scheme, static_only=False)
     except ValueError as e:
         raise QuantizationError(str(e)) from None
-    if config is not None and (calibration_options or preset is not None):
-        raise QuantizationError("pass either config=CalibrationConfig(...) or a preset and/or its fields, not both")
-    try:
-        if config is not None:
-            cfg = config
-        elif preset is not None:
-            cfg = CalibrationConfig.preset(preset, **calibration_options)
-        else:
-            cfg = CalibrationConfig(**calibration_options)
-    except TypeError as e:
-        raise QuantizationError(f"unknown calibration option: {e}") from None
+    cfg = _calibration_config(config, preset, calibration_options)
     if calibration is None:
         if scheme.needs_calibration:
             raise QuantizationError(
@@ -187,21 +177,33 @@ def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, pr
     """``scheme=None`` with a KV cache: the weights stay float, only K and V are quantized (to
     measure the KV cache's own cost in memory; ``lowbit.save`` refuses a model without quantized
     layers)."""
-    from lowbit.calibration import CalibrationConfig, calibration_tokens
+    from lowbit.calibration import calibration_tokens
     from lowbit.kvcache.calibrate import check_kv_model
 
     _refuse_quantized(model)
     check_kv_model(model, kv_cache)
     if calibration is None:
         raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
-    try:
-        cfg = config or (CalibrationConfig.preset(preset, **options) if preset else CalibrationConfig(**options))
-    except TypeError as e:
-        raise QuantizationError(f"unknown calibration option: {e}") from None
+    cfg = _calibration_config(config, preset, options)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     _calibrate_kv(model, tokens, kv_cache, cfg)
     model.lowbit_unquantized = []
     return model
+
+
+def _calibration_config(config, preset: str | None, options: dict):
+    """``config``, or the named ``preset`` with ``options`` over its fields, or a CalibrationConfig
+    of ``options``; a QuantizationError for both a config and a preset/options, or an unknown field."""
+    from lowbit.calibration import CalibrationConfig
+
+    if config is not None and (options or preset is not None):
+        raise QuantizationError("pass either config=CalibrationConfig(...) or a preset and/or its fields, not both")
+    try:
+        if config is not None:
+            return config
+        return CalibrationConfig.preset(preset, **options) if preset is not None else CalibrationConfig(**options)
+    except TypeError as e:
+        raise QuantizationError(f"unknown calibration option: {e}") from None
 
 
 def _calibrate_kv(model: nn.Module, tokens, kv_cache: str, cfg) -> None:
