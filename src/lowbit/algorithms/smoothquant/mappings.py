@@ -121,8 +121,7 @@ def _dense_mlps(block, skip: set[str]) -> list[str]:
 def expand_for_layer(maps: tuple[SmoothMapping, ...], layer) -> tuple[SmoothMapping, ...]:
     """``maps`` with the MLP mappings of an MoE layer expanded onto its experts (module docstring);
     dense layers get ``maps`` unchanged."""
-    from lowbit.moe import GateKind, SplitExperts
-    from lowbit.targets import ROUTER_COMPONENTS
+    from lowbit.moe import GateKind, SplitExperts, router_names
 
     out: list[SmoothMapping] = []
     for m in maps:
@@ -136,8 +135,7 @@ def expand_for_layer(maps: tuple[SmoothMapping, ...], layer) -> tuple[SmoothMapp
             out.append(m)
             continue
         shared = _dense_mlps(block, {"experts"})
-        routers = tuple(f"{block_name}.{n}" for n, c in block.named_children()
-                        if n in ROUTER_COMPONENTS and getattr(c, "weight", None) is not None)
+        routers = tuple(f"{block_name}.{n}" for n in router_names(block))
         if m.kind is SourceKind.LINEAR:  # up -> down, per expert and per shared expert
             for e in range(len(experts)):
                 if experts[e].gate.kind is GateKind.ACT_MUL:
