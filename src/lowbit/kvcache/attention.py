@@ -76,8 +76,8 @@ def register(base: str) -> str:
     name = PREFIX + base
     if name not in ALL_ATTENTION_FUNCTIONS:
         AttentionInterface.register(name, _wrapper(base))
-    if name not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping and base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[base])
+    if name not in ALL_MASK_ATTENTION_FUNCTIONS and base in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
     return name
 
 
