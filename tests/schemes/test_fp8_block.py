@@ -116,3 +116,12 @@ def test_model_free_equals_in_memory_for_the_other_new_schemes(scheme, tmp_path)
     quantize_checkpoint(src, tmp_path / "mf", scheme, format="compressed-tensors")
     lowbit.save(lowbit.quantize(lowbit.load_model(src)[0], scheme), tmp_path / "mem", format="compressed-tensors")
     assert_same_tensors(folder_tensors(tmp_path / "mf"), folder_tensors(tmp_path / "mem"))
+
+
+def test_a_bf16_model_saves_to_compressed_tensors_with_its_tile_scales_checked(tmp_path):
+    """The rounded-scale check compares the tile scales as the file holds them (one per tile)."""
+    q = lowbit.quantize(tiny_llama(**RAGGED).to(torch.bfloat16), "fp8-block")
+    with pytest.warns(UserWarning, match="scales .* not exactly representable in bfloat16"):
+        out = lowbit.save(q, tmp_path / "ct", format="compressed-tensors")
+    assert SafetensorsFolder(out)["model.layers.0.mlp.down_proj.weight_scale"].shape == (2, 3)
+    lowbit.load(out)

@@ -35,6 +35,7 @@ from lowbit.formats import Format, get_layout, static_scale_entry
 from lowbit.files.writer import CheckpointWriter
 from lowbit.formats.base import dtype_name
 from lowbit.formats.kv_layout import add_kv_config, kv_tensors
+from lowbit.formats.lowbit_layout import file_scale
 from lowbit.kvcache.attention import kv_scales
 from lowbit.files.outguard import check_not_source
 from lowbit.fusion import fused_groups
@@ -151,18 +152,12 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
             qw = m.weight_qtensor()
             t = layout.linear_tensors(name, qw, m.scheme, bias=m.bias, input_scale=m.input_scale,
                                       input_global_scale=m.input_global_scale, dtype=dtype)
-            for k in (f"{name}.weight_scale", f"{name}.input_scale"):
-                src = qw.scale if k.endswith("weight_scale") else m.input_scale
-                if k in t and t[k].dtype in (torch.bfloat16, torch.float16) and src is not None and \
-                        not torch.equal(t[k].to(torch.float32).reshape(src.shape), src.to(torch.float32)):
-                    lossy.append(k)
+            exact = {f"{name}.weight_scale": file_scale(qw.scale, m.scheme.weights), f"{name}.input_scale": m.input_scale}
+            lossy += [k for k, src in exact.items() if k in t and src is not None and _rounded(t[k], src)]
             tensors.update(t)
         if m.input_scale is not None or m.input_global_scale is not None:
             static[name] = static_scale_entry(m.input_scale, m.input_global_scale)
-    if lossy:
-        warnings.warn(f"{len(lossy)} scales (e.g. {lossy[0]!r}) are not exactly representable in {dtype_name(dtype)}, "
-                      f"the dtype compressed-tensors stores them in; the file holds them rounded. Use "
-                      f"the 'lowbit' format for a bit-exact checkpoint.", stacklevel=3)
+    _warn_rounded("scales", lossy, dtype)
 
     seen: dict[tuple[int, int, tuple], str] = {}
     for k, v in model.state_dict().items():
@@ -181,12 +176,8 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     kv_cache = getattr(model, "lowbit_kv_cache", None)
     kv = kv_scales(model) if kv_cache is not None else {}
     kv_t = kv_tensors(fmt, kv, dtype)
-    lossy_kv = [k for k, t in kv_t.items() if t.dtype != torch.float32 and
-                not torch.equal(t.to(torch.float32), kv[k.rpartition(".")[0]][k.endswith("v_scale")].reshape(1).cpu())]
-    if lossy_kv:
-        warnings.warn(f"{len(lossy_kv)} KV-cache scales (e.g. {lossy_kv[0]!r}) are not exactly representable in "
-                      f"{dtype_name(dtype)}, the dtype compressed-tensors stores them in; the file holds them rounded. "
-                      f"Use the 'lowbit' format for a bit-exact checkpoint.", stacklevel=3)
+    _warn_rounded("KV-cache scales", [k for k, t in kv_t.items()
+                                      if _rounded(t, kv[k.rpartition(".")[0]][k.endswith("v_scale")].cpu())], dtype)
     tensors.update(kv_t)
 
     # the family's checkpoint names (Mixtral: block_sparse_moe.experts.{e}.w1 ...; most: unchanged)
@@ -200,6 +191,20 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
                                              static_scales=static if fmt is Format.FAKE else None)
     qcfg = add_kv_config(fmt, qcfg, kv_cache, kv)
     return tensors, qcfg, untie
+
+
+def _rounded(stored: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Whether a scale stored in a 16-bit float (compressed-tensors keeps some in the model dtype)
+    lost bits against its float32 value."""
+    return stored.dtype in (torch.bfloat16, torch.float16) and \
+        not torch.equal(stored.to(torch.float32).reshape(exact.shape), exact.to(torch.float32))
+
+
+def _warn_rounded(what: str, names: list[str], dtype: torch.dtype) -> None:
+    if names:
+        warnings.warn(f"{len(names)} {what} (e.g. {names[0]!r}) are not exactly representable in {dtype_name(dtype)}, "
+                      f"the dtype compressed-tensors stores them in; the file holds them rounded. Use the 'lowbit' "
+                      f"format for a bit-exact checkpoint.", stacklevel=4)
 
 
 def _param_name(model: nn.Module, module: nn.Module) -> str | None:
