@@ -165,7 +165,6 @@ class LayerwiseCalibrator:
         self.smoothquant = smoothquant
         self.static = scheme.needs_calibration
         self.maps: tuple[SmoothMapping, ...] = ()
-        self._rep: dict[str, str] = {}  # group -> the group whose statistics it shares (same input)
         family = model_type(model)
         if smoothquant is not None:
             maps = mappings_for(model, include_mlp_inner=cfg.smooth_down_proj)
@@ -225,8 +224,13 @@ class LayerwiseCalibrator:
             except AttributeError:
                 continue
             full = {inv[t] for t in m.targets}
-            keys = list(dict.fromkeys(self._rep.get(g[0], g[0]) for g in groups if full.intersection(g)))
-            # (MoE: every expert's group reads the source; groups with one input share their statistics)
+            # MoE: every expert's group reads the source; groups with one input share one statistics
+            # object (_layer), rescaled once: the first group holding each object
+            first: dict[int, str] = {}
+            for g in groups:
+                if full.intersection(g):
+                    first.setdefault(id(stats[g[0]]), g[0])
+            keys = list(first.values())
             key = keys[0]
             st = stats[key]
             ws = [layer.get_submodule(t).weight for t in m.targets]
@@ -329,11 +333,11 @@ class LayerwiseCalibrator:
         (computed by the observe pass, before smoothing, which leaves them unchanged)."""
         rel = {n: n[len(prefix):] for n in lnames}
         groups = fused_groups(lnames)
-        self._rep = same_input_groups(layer, [[rel[n] for n in g] for g in groups], [g[0] for g in groups])
-        heads = [g for g in groups if self._rep.get(g[0], g[0]) == g[0]]  # one observed group per input
+        rep = same_input_groups(layer, [[rel[n] for n in g] for g in groups], [g[0] for g in groups])
+        heads = [g for g in groups if rep.get(g[0], g[0]) == g[0]]  # one observed group per input
         stats = {g[0]: self._new_stats() for g in heads}
         for g in groups:
-            stats[g[0]] = stats[self._rep.get(g[0], g[0])]  # the same object: one Hessian, one observer
+            stats[g[0]] = stats[rep.get(g[0], g[0])]  # the same object: one Hessian, one observer
         outs = self._observe_pass(layer, heads, inputs, stats, rel, outputs=outputs)
         if self.maps:
             stale = self._smooth(layer, rel, groups, stats)
@@ -341,9 +345,9 @@ class LayerwiseCalibrator:
                 fresh = {k: self._new_stats() for k in stale}
                 self._observe_pass(layer, [g for g in heads if g[0] in fresh], inputs, fresh, rel)
                 for g in groups:
-                    rep = self._rep.get(g[0], g[0])
-                    if rep in fresh:
-                        stats[g[0]] = fresh[rep]
+                    head = rep.get(g[0], g[0])
+                    if head in fresh:
+                        stats[g[0]] = fresh[head]
         self._quantize_groups(layer, groups, rel, stats)
         return outs
 
