@@ -22,7 +22,7 @@ _PUBLIC = {
     "save": "lowbit.checkpoint",
     "load": "lowbit.checkpoint",
     "load_model": "lowbit.models",
-    "quantize_checkpoint": "lowbit.modelfree",
+    "quantize_checkpoint": "lowbit.streamed",
     "get_scheme": "lowbit.schemes",
     "PRESETS": "lowbit.schemes",
     "Scheme": "lowbit.schemes",

@@ -139,7 +139,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         smoothquant = resolve_alpha(smoothquant, scheme, static_only=False)
     except ValueError as e:
         raise QuantizationError(str(e)) from None
-    cfg = _calibration_config(config, preset, calibration_options)
+    cfg = calibration_config(config, preset, calibration_options)
     if calibration is None:
         if scheme.needs_calibration:
             raise QuantizationError(
@@ -184,14 +184,14 @@ def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, pr
     check_kv_model(model, kv_cache)
     if calibration is None:
         raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
-    cfg = _calibration_config(config, preset, options)
+    cfg = calibration_config(config, preset, options)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     _calibrate_kv(model, tokens, kv_cache, cfg)
     model.lowbit_unquantized = []
     return model
 
 
-def _calibration_config(config, preset: str | None, options: dict):
+def calibration_config(config, preset: str | None, options: dict):
     """``config``, or the named ``preset`` with ``options`` over its fields, or a CalibrationConfig
     of ``options``; a QuantizationError for both a config and a preset/options, or an unknown field."""
     from lowbit.calibration import CalibrationConfig

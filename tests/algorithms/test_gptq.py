@@ -10,7 +10,7 @@ import torch
 import lowbit
 from helpers.models import tiny_llama
 from lowbit.calibration import CalibrationConfig, CalibrationError
-from lowbit.calibration.pipeline import _GroupStats
+from lowbit.calibration.stats import GroupStats as _GroupStats
 from lowbit.errors import QuantizationError
 from lowbit.modules import QuantLinear
 from lowbit.numerics import FormatName

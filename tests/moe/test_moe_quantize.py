@@ -148,7 +148,7 @@ def test_experts_of_a_block_share_one_input_statistic():
 
 
 def test_gptq_batches_stay_within_their_budget_and_count_a_shared_hessian_once():
-    from lowbit.algorithms.gptq import GPTQOptions, _batches
+    from lowbit.algorithms.gptq import GPTQOptions, gptq_batches as _batches
 
     H, H2 = torch.eye(64), torch.eye(64)
     groups = [[torch.zeros(32, 64)] for _ in range(6)]
@@ -180,7 +180,7 @@ def test_sink_positions_are_left_out_of_expert_statistics_too():
     """Experts see the flattened windows; the first ``sink_positions`` of every window still do not
     set static scales (as for every other linear)."""
     from lowbit.calibration.observers import MaxObserver
-    from lowbit.calibration.pipeline import _GroupStats
+    from lowbit.calibration.stats import GroupStats as _GroupStats
 
     x = torch.ones(2, 8, 4)
     x[:, 0] = 100.0  # a sink token at the start of each window

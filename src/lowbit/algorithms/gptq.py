@@ -182,7 +182,7 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
         for i, (W, n) in enumerate(zip(Ws, ns)):
             _check(W, H, spec, n, first=i == 0)
     out: list[list[QuantizedTensor]] = [[] for _ in groups]
-    for ks in _batches(groups, Hs, options):  # one batch at a time: its inverse Hessian factors are alive together
+    for ks in gptq_batches(groups, Hs, options):  # one batch at a time: its inverse Hessian factors are alive together
         parts, perms, rtns, scales = [], [], {}, []
         factors: dict[int, tuple] = {}  # id(H) -> its factor: groups given one Hessian share it
         for k in ks:
@@ -215,9 +215,11 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
     return out
 
 
-def _batches(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor], options: GPTQOptions) -> list[list[int]]:
+def gptq_batches(groups: list[list[torch.Tensor]], Hs: list, options: GPTQOptions) -> list[list[int]]:
     """Group indices solved in one column loop: the groups of one input width (each alone under
-    act_order), in order, split where the batch would exceed ``options.max_batch_bytes``."""
+    act_order), in order, split where the batch would exceed ``options.max_batch_bytes``. Groups
+    whose ``Hs`` entries are one object share one Hessian (only identities are read). Solving a
+    batch alone (``gptq_quantize_groups`` of exactly its groups) gives the numbers it gets here."""
     by_width: dict[int, list[int]] = {}
     for k, Ws in enumerate(groups):
         by_width.setdefault(Ws[0].shape[1] if not options.act_order else -1 - k, []).append(k)

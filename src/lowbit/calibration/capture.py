@@ -9,6 +9,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
+from lowbit.calibration.hooks import move_call
 from lowbit.targets import NON_TEXT_COMPONENTS
 
 
@@ -35,15 +36,17 @@ Inputs = list[tuple[tuple, dict]]
 
 
 @torch.no_grad()
-def capture_layer_inputs(model: nn.Module, layer: nn.Module, tokens: torch.Tensor, batch_size: int) -> Inputs:
-    """(args, kwargs) of ``layer``'s call for each batch of ``tokens`` (the model stops there)."""
+def capture_layer_inputs(model: nn.Module, layer: nn.Module, tokens: torch.Tensor, batch_size: int,
+                         device: torch.device | None = None) -> Inputs:
+    """(args, kwargs) of ``layer``'s call for each batch of ``tokens`` (the model stops there);
+    the model runs on ``device`` (default: where its first parameter is)."""
     captured: Inputs = []
 
     def hook(_mod, args, kwargs):
         captured.append((tuple(args), dict(kwargs)))
         raise _Stop
 
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     h = layer.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         for i in range(0, tokens.shape[0], batch_size):
@@ -73,11 +76,15 @@ def with_hidden(call: tuple[tuple, dict], h: torch.Tensor) -> tuple[tuple, dict]
 
 
 @torch.no_grad()
-def run_layer(layer: nn.Module, inputs: Inputs) -> list[torch.Tensor]:
+def run_layer(layer: nn.Module, inputs: Inputs, device: torch.device | None = None) -> list[torch.Tensor]:
+    """The layer's hidden-state output for each call; with ``device`` each call runs there and
+    its output comes back to the device its inputs were on (activations offloaded to the CPU)."""
     outs = []
-    for args, kwargs in inputs:
+    for call in inputs:
+        args, kwargs = move_call(call, device)
         out = layer(*args, **kwargs)
-        outs.append(out[0] if isinstance(out, (tuple, list)) else out)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        outs.append(out if device is None else out.to(hidden_of(call).device))
     return outs
 
 
@@ -96,13 +103,13 @@ def observing(modules: dict[str, nn.Module], fn: Callable[[str, torch.Tensor], N
 
 @torch.no_grad()
 def observe_layer(layer: nn.Module, inputs: Inputs, modules: dict[str, nn.Module],
-                  fn: Callable[[str, torch.Tensor], None]) -> None:
+                  fn: Callable[[str, torch.Tensor], None], device: torch.device | None = None) -> None:
     """Run ``layer`` on each batch of ``inputs`` for its observations only: ``fn(name, input)``
     on each forward of each module, and the batch stops as soon as every module has been
     called in it (what follows, e.g. the last linear's product and the residual, feeds nothing
     observed here). Each module is assumed to run at most once per layer call, as the linears
     of a decoder layer do; a module that does not run in a batch (an MoE expert no token is
-    routed to) lets the batch run to its end."""
+    routed to) lets the batch run to its end. ``device``: as for ``run_layer``."""
     seen: set[str] = set()
 
     def hook(name: str, x: torch.Tensor) -> None:
@@ -112,8 +119,9 @@ def observe_layer(layer: nn.Module, inputs: Inputs, modules: dict[str, nn.Module
             raise _Stop
 
     with observing(modules, hook):
-        for args, kwargs in inputs:
+        for call in inputs:
             seen.clear()
+            args, kwargs = move_call(call, device)
             try:
                 layer(*args, **kwargs)
             except _Stop:

@@ -33,7 +33,6 @@ import sys
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -42,13 +41,16 @@ import torch.nn as nn
 from lowbit.calibration.capture import (
     Inputs, capture_layer_inputs, find_decoder_layers, hidden_of, observe_layer, observing, run_layer, with_hidden,
 )
+from lowbit.dist import Group
+from lowbit.calibration.reduce import check_distributable, distinct, reduce_stats, solve_spread
+from lowbit.calibration.hooks import InMemory, move_call
 from lowbit.calibration.data import CalibrationConfig, LayerInputs
-from lowbit.calibration.hessian import HessianSum
-from lowbit.calibration.observers import MaxObserver, Observer, make_observer
+from lowbit.calibration.observers import make_observer
+from lowbit.calibration.stats import CalibrationReport, GroupReport, GroupStats
 from lowbit.fusion import fused_groups, shared_weight_global_scales
 from lowbit.modules import QuantLinear
 from lowbit.moe import all_tokens, same_input_groups
-from lowbit.algorithms.gptq import WeightRounding, gptq_quantize_groups
+from lowbit.algorithms.gptq import WeightRounding
 from lowbit.quant.input_scales import input_scales_from_amax
 from lowbit.schemes import Scheme
 from lowbit.algorithms.smoothquant.fold import fold_smoothing, smooth_scales
@@ -56,87 +58,6 @@ from lowbit.algorithms.smoothquant.mappings import MAPPINGS, SmoothMapping, expa
 from lowbit.algorithms.smoothquant.search import search_alpha
 from lowbit.targets import set_submodule
 from lowbit.threads import one_thread
-
-
-@dataclass
-class GroupReport:
-    members: list[str]
-    amax_all: float | None = None       # max |input| over every position (after smoothing)
-    amax_used: float | None = None      # the amax the static scales were computed from
-    alpha: float | None = None          # SmoothQuant alpha applied to this group's input (None: none)
-    alpha_errors: dict | None = None    # the search's candidates (smoothquant="auto")
-
-
-@dataclass
-class CalibrationReport:
-    scheme: str
-    num_samples: int
-    seq_len: int
-    sink_positions: int
-    observer: str
-    smoothquant: object
-    smoothing_family: str | None
-    weight_rounding: str = "rtn"
-    layer_inputs: str = "quantized"
-    gptq: dict | None = None            # GPTQ options (damping, block_size, act_order) when used
-    groups: dict[str, GroupReport] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
-class _GroupStats:
-    """Statistics of one fused group's (shared) input during one layer pass."""
-
-    def __init__(self, scale_observer: Observer | None, sample_rows: int, hessian: bool = False) -> None:
-        self.all_pos = MaxObserver(per_channel=True)     # every position
-        self._hessian = HessianSum() if hessian else None  # sum x^T x over every position
-        self.scale_chan = MaxObserver(per_channel=True)  # positions that set static scales
-        self.scale_obs = scale_observer
-        self.sample_rows = sample_rows
-        self.samples: list[torch.Tensor] = []
-        self._kept = 0
-
-    def observe(self, x: torch.Tensor, sinks: int, seq_len: int = 0) -> None:
-        if sinks and x.dim() == 2 and seq_len and x.shape[0] % seq_len == 0:
-            x = x.reshape(-1, seq_len, x.shape[-1])  # MoE experts see the flattened windows, all tokens
-        self.all_pos.observe(x)
-        if self._hessian is not None:
-            self._hessian.add(x)
-        xs = x[..., sinks:, :] if sinks and x.dim() >= 3 else x
-        self.scale_chan.observe(xs)
-        if self.scale_obs is not None and not isinstance(self.scale_obs, MaxObserver):
-            self.scale_obs.observe(xs)
-        if self.sample_rows:
-            r = xs.reshape(-1, xs.shape[-1]).to(torch.float32)
-            room = self.sample_rows - self._kept
-            if room > 0 and r.shape[0]:
-                take = r[:: max(1, r.shape[0] // room)][:room].clone()
-                self.samples.append(take)
-                self._kept += take.shape[0]
-
-    def rescale(self, s: torch.Tensor) -> bool:
-        """Account for a division of the input by s; False when the observer must see data again."""
-        self.all_pos.rescale(s)
-        self.scale_chan.rescale(s)
-        self.samples = [t / s for t in self.samples]
-        if self._hessian is not None:
-            self._hessian.rescale(1.0 / s.to(torch.float64))
-        return self.scale_obs is None or isinstance(self.scale_obs, MaxObserver)
-
-    @property
-    def hessian(self) -> torch.Tensor | None:
-        """sum x^T x over every position seen (float64), None without Hessian tracking or data."""
-        return None if self._hessian is None else self._hessian.value()
-
-    @property
-    def hessian_upper(self) -> torch.Tensor | None:
-        """``hessian``'s upper triangle and diagonal (below: zero or mirrored; not a copy): all
-        GPTQ reads."""
-        return None if self._hessian is None else self._hessian.upper()
-
-    def scale_amax(self) -> torch.Tensor:
-        if self.scale_obs is None or isinstance(self.scale_obs, MaxObserver):
-            return self.scale_chan.amax().amax().reshape(1)
-        return self.scale_obs.amax().reshape(-1).amax().reshape(1)
 
 
 @contextmanager
@@ -158,12 +79,15 @@ def _fast_backends(layer: nn.Module) -> Iterator[None]:
 
 
 class LayerwiseCalibrator:
-    def __init__(self, model: nn.Module, scheme: Scheme, cfg: CalibrationConfig, smoothquant) -> None:
+    def __init__(self, model: nn.Module, scheme: Scheme, cfg: CalibrationConfig, smoothquant,
+                 group: Group | None = None) -> None:
         self.model = model
+        self.group = group or Group.single()  # ranks sharing the calibration batches (lowbit.dist)
         self.scheme = scheme
         self.cfg = cfg
         self.smoothquant = smoothquant
         self.static = scheme.needs_calibration
+        self._run_on: torch.device | None = None  # each batch's device when activations are offloaded
         self.maps: tuple[SmoothMapping, ...] = ()
         family = model_type(model)
         if smoothquant is not None:
@@ -177,6 +101,7 @@ class LayerwiseCalibrator:
                 family = None
             else:
                 self.maps = maps
+        check_distributable(self.group, cfg, smoothquant)
         rounding = cfg.rounding_for(scheme)
         self.gptq = rounding is WeightRounding.GPTQ
         self.report = CalibrationReport(scheme.name, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
@@ -186,17 +111,17 @@ class LayerwiseCalibrator:
                                         layer_inputs=cfg.inputs_for(scheme).value)
 
     # ------------------------------------------------------------------ helpers
-    def _new_stats(self) -> _GroupStats:
+    def _new_stats(self) -> GroupStats:
         spec = self.scheme.input_activations
         obs = None
         if self.static:
             obs = make_observer(self.cfg.observer, spec, percentile=self.cfg.percentile,
                                 max_rows=self.cfg.max_sample_rows)
         rows = self.cfg.max_sample_rows if self.smoothquant == "auto" else 0
-        return _GroupStats(obs, rows, hessian=self.gptq)
+        return GroupStats(obs, rows, hessian=self.gptq, deferred_hessian=self.group.rank > 0)
 
     def _observe_pass(self, root: nn.Module, groups: list[list[str]], inputs: Inputs,
-                      stats: dict[str, _GroupStats], rel: dict[str, str],
+                      stats: dict[str, GroupStats], rel: dict[str, str],
                       outputs: bool = False) -> list[torch.Tensor] | None:
         """Observe the groups' inputs; with ``outputs`` the layer runs to its end and its outputs
         are returned (the next layer's inputs under layer_inputs="float")."""
@@ -206,13 +131,13 @@ class LayerwiseCalibrator:
         fn = lambda n, x: stats[n].observe(x, sinks, seq)  # noqa: E731
         with all_tokens(root):  # every expert observes every token; the routing of the outputs is kept
             if not outputs:
-                observe_layer(root, inputs, mods, fn)
+                observe_layer(root, inputs, mods, fn, self._run_on)
                 return None
             with observing(mods, fn):
-                return run_layer(root, inputs)
+                return run_layer(root, inputs, self._run_on)
 
     def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
-                stats: dict[str, _GroupStats]) -> list[str]:
+                stats: dict[str, GroupStats]) -> list[str]:
         """Apply the mappings whose targets are all quantized here; returns groups to re-observe."""
         inv = {v: k for k, v in rel.items()}  # relative -> full
         stale = []
@@ -249,7 +174,7 @@ class LayerwiseCalibrator:
         return stale
 
     def _quantize_groups(self, root: nn.Module, groups: list[list[str]], rel: dict[str, str],
-                         stats: dict[str, _GroupStats] | None) -> None:
+                         stats: dict[str, GroupStats] | None) -> None:
         spec = self.scheme.input_activations
         solve = []  # (linears, weight global scales, input scales, Hessian) of the GPTQ groups
         for g in groups:
@@ -264,21 +189,21 @@ class LayerwiseCalibrator:
                     amax = st.scale_amax()
                     rep.amax_used = float(amax)
                     sc = input_scales_from_amax(spec, amax)
-            hess = stats[g[0]].hessian_upper if self.gptq and stats is not None and g[0] in stats else None
-            if hess is None:
+            st = stats[g[0]] if self.gptq and stats is not None and g[0] in stats else None
+            if st is None or st.hessian_sum is None or (not self.group.distributed and st.hessian_upper is None):
                 for n, lin in lins.items():
                     q = QuantLinear.from_linear(lin, self.scheme, name=n, weight_global_scale=gscales.get(n), **sc)
                     set_submodule(root, rel[n], q)
                 continue
-            solve.append((lins, gscales, sc, hess))
+            solve.append((lins, gscales, sc, st))
         if not solve:
             return
         with one_thread():  # every group at once: groups of one input width share the column loop
-            qts = gptq_quantize_groups([[m.weight for m in lins.values()] for lins, _, _, _ in solve],
-                                       [hess for _, _, _, hess in solve], self.scheme.weights,
-                                       global_scales=[[gs.get(n) for n in lins] for lins, gs, _, _ in solve],
-                                       options=self.cfg.gptq_options(),
-                                       names=[[f"{n}.weight" for n in lins] for lins, _, _, _ in solve])
+            qts = solve_spread(self.group, [[m.weight for m in lins.values()] for lins, _, _, _ in solve],
+                               [st for _, _, _, st in solve], self.scheme.weights,
+                               global_scales=[[gs.get(n) for n in lins] for lins, gs, _, _ in solve],
+                               options=self.cfg.gptq_options(),
+                               names=[[f"{n}.weight" for n in lins] for lins, _, _, _ in solve])
         for (lins, _, sc, _), group_qts in zip(solve, qts):
             for (n, lin), qt in zip(lins.items(), group_qts):
                 q = QuantLinear.from_quantized(qt, self.scheme, lin.bias, name=n, dtype=lin.weight.dtype, **sc)
@@ -286,36 +211,49 @@ class LayerwiseCalibrator:
 
     # ------------------------------------------------------------------ main
     @torch.no_grad()
-    def run(self, tokens: torch.Tensor, names: list[str], progress: bool | None = None) -> CalibrationReport:
+    def run(self, tokens: torch.Tensor, names: list[str], progress: bool | None = None,
+            hooks: InMemory | None = None) -> CalibrationReport:
         """Calibrate and quantize ``names`` layer by layer on ``tokens``; ``progress``: a bar per
-        decoder layer on stderr (None: when stderr is a terminal)."""
+        decoder layer on stderr (None: when stderr is a terminal). ``hooks``
+        (``lowbit.calibration.hooks``): what happens around each decoder layer (default: nothing,
+        the model is in memory; ``lowbit.streamed`` loads and writes each layer)."""
         from tqdm.auto import tqdm
 
+        hooks = hooks or InMemory()
         t0 = time.perf_counter()
         self.report.num_samples = int(tokens.shape[0])
         found = find_decoder_layers(self.model, names)
         done: set[str] = set()
         if found is not None:
             path, layers = found
+            first, saved = hooks.start(path, layers)
             inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
+            if saved is not None:  # a resumed run: the hidden states entering layer `first`
+                inputs = [with_hidden(c, h) for c, h in zip(inputs, saved)]
+            if hooks.device is not None and not hooks.offload:
+                inputs = [move_call(c, hooks.device) for c in inputs]
+            self._run_on = hooks.device if hooks.offload else None
             float_inputs = self.cfg.inputs_for(self.scheme) is LayerInputs.FLOAT
             show = sys.stderr.isatty() if progress is None else progress
-            bar = tqdm(total=len(layers), desc=f"calibrating {self.scheme.name}", unit="layer", disable=not show,
-                       leave=False, file=sys.stderr)
-            for i, layer in enumerate(layers):
+            bar = tqdm(total=len(layers), initial=first, desc=f"calibrating {self.scheme.name}", unit="layer",
+                       disable=not show, leave=False, file=sys.stderr)
+            for i in range(first, len(layers)):
+                layer = layers[i]
                 prefix = f"{path}.{i}."
                 lnames = [n for n in names if n.startswith(prefix)]
                 more = i + 1 < len(layers)
+                hooks.enter(i, layer)
                 outs = None
                 if lnames:
                     outs = self._layer(layer, prefix, lnames, inputs, outputs=float_inputs and more)
-                    done.update(lnames)
                 if more:
                     if outs is None:
                         with _fast_backends(layer):
-                            outs = run_layer(layer, inputs)
+                            outs = run_layer(layer, inputs, self._run_on)
                     inputs = [with_hidden(c, o) for c, o in zip(inputs, outs)]
+                hooks.leave(i, layer, [hidden_of(c) for c in inputs] if more else None)
                 bar.update(1)
+            done.update(n for n in names if n.startswith(path + "."))
             bar.close()
             del inputs
         elif self.maps:
@@ -339,6 +277,7 @@ class LayerwiseCalibrator:
         for g in groups:
             stats[g[0]] = stats[rep.get(g[0], g[0])]  # the same object: one Hessian, one observer
         outs = self._observe_pass(layer, heads, inputs, stats, rel, outputs=outputs)
+        reduce_stats(self.group, distinct(stats))  # several ranks: what one process observes
         if self.maps:
             stale = self._smooth(layer, rel, groups, stats)
             if stale:

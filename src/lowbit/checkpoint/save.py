@@ -54,15 +54,15 @@ def model_dtype(model: nn.Module) -> torch.dtype:
     return torch.float32
 
 
-def _layers(model: nn.Module) -> dict[str, nn.Module]:
+def quantized_modules(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, (QuantLinear, FakeQuantLinear))}
 
 
-def _float_linears(model: nn.Module) -> list[str]:
+def float_linears(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
-def _check_shared(layers: dict[str, nn.Module]) -> None:
+def check_shared(layers: dict[str, nn.Module]) -> None:
     """q/k/v and gate/up must share NVFP4 global scales and static input scales (fused runtimes
     keep one per fused layer): refuse a checkpoint that would be misread after fusion."""
     for group in fused_groups(list(layers)):
@@ -97,7 +97,7 @@ def _source_dir(model: nn.Module, source_dir: str | Path | None) -> Path | None:
     return None
 
 
-def _config_dict(model: nn.Module, dtype: torch.dtype, qcfg: dict[str, Any], untie: bool) -> dict[str, Any]:
+def config_dict(model: nn.Module, dtype: torch.dtype, qcfg: dict[str, Any], untie: bool) -> dict[str, Any]:
     cfg = getattr(model, "config", None)
     if cfg is None:
         raise FormatError("lowbit.save needs a Hugging Face model (with .config) to write config.json")
@@ -113,33 +113,12 @@ def _config_dict(model: nn.Module, dtype: torch.dtype, qcfg: dict[str, Any], unt
     return d
 
 
-def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | None = None
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any], bool]:
-    """(all tensors to write, quantization_config, whether the embeddings must be untied)."""
-    fmt = Format.parse(fmt)
-    layout = get_layout(fmt)
-    dtype = dtype or model_dtype(model)
-    layers = _layers(model)
-    if not layers:
-        if getattr(model, "lowbit_kv_cache", None) is not None:
-            raise FormatError("the model has a KV cache but no quantized layers: saving a KV cache without a weight "
-                              "scheme is not supported (quantize with a scheme and kv_cache)")
-        raise FormatError("the model has no quantized layers (run lowbit.quantize first)")
-    groups = _scheme_groups(layers)
-    for s, _ in groups:
-        layout.check_scheme(s)
-    if fmt is Format.COMPRESSED_TENSORS:
-        _check_shared(layers)
-    fake_loaded = [n for n, m in layers.items() if isinstance(m, FakeQuantLinear)]
-    if fake_loaded and fmt is not Format.FAKE:
-        raise FormatError(f"layers such as {fake_loaded[0]!r} were loaded from a 'fake' checkpoint and hold "
-                          "dequantized weights, not codes; they can only be saved with {fake}",
-                          fake=OptionRef("format", "fake"))
-    out_emb = getattr(model, "get_output_embeddings", lambda: None)()
-    in_emb = getattr(model, "get_input_embeddings", lambda: None)()
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-    untie = tied and any(m is out_emb for m in layers.values())
-
+def quantized_tensors(layers: dict[str, nn.Module], layout, dtype: torch.dtype
+                      ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, float | None]], list[str]]:
+    """The tensors ``layout`` writes for the quantized linears ``layers`` (model names -> QuantLinear
+    or FakeQuantLinear), their static input-scale entries (``static_scale_entry``), and the names
+    of scales that ``dtype`` rounds (for ``_warn_rounded``). Model names: ``collect_tensors`` maps
+    them to the family's checkpoint names."""
     tensors: dict[str, torch.Tensor] = {}
     static: dict[str, dict[str, float | None]] = {}
     lossy: list[str] = []
@@ -157,7 +136,38 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
             tensors.update(t)
         if m.input_scale is not None or m.input_global_scale is not None:
             static[name] = static_scale_entry(m.input_scale, m.input_global_scale)
-    _warn_rounded("scales", lossy, dtype)
+    return tensors, static, lossy
+
+
+def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | None = None
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any], bool]:
+    """(all tensors to write, quantization_config, whether the embeddings must be untied)."""
+    fmt = Format.parse(fmt)
+    layout = get_layout(fmt)
+    dtype = dtype or model_dtype(model)
+    layers = quantized_modules(model)
+    if not layers:
+        if getattr(model, "lowbit_kv_cache", None) is not None:
+            raise FormatError("the model has a KV cache but no quantized layers: saving a KV cache without a weight "
+                              "scheme is not supported (quantize with a scheme and kv_cache)")
+        raise FormatError("the model has no quantized layers (run lowbit.quantize first)")
+    groups = _scheme_groups(layers)
+    for s, _ in groups:
+        layout.check_scheme(s)
+    if fmt is Format.COMPRESSED_TENSORS:
+        check_shared(layers)
+    fake_loaded = [n for n, m in layers.items() if isinstance(m, FakeQuantLinear)]
+    if fake_loaded and fmt is not Format.FAKE:
+        raise FormatError(f"layers such as {fake_loaded[0]!r} were loaded from a 'fake' checkpoint and hold "
+                          "dequantized weights, not codes; they can only be saved with {fake}",
+                          fake=OptionRef("format", "fake"))
+    out_emb = getattr(model, "get_output_embeddings", lambda: None)()
+    in_emb = getattr(model, "get_input_embeddings", lambda: None)()
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    untie = tied and any(m is out_emb for m in layers.values())
+
+    tensors, static, lossy = quantized_tensors(layers, layout, dtype)
+    warn_rounded("scales", lossy, dtype)
 
     seen: dict[tuple[int, int, tuple], str] = {}
     for k, v in model.state_dict().items():
@@ -176,13 +186,13 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     kv_cache = getattr(model, "lowbit_kv_cache", None)
     kv = kv_scales(model) if kv_cache is not None else {}
     kv_t = kv_tensors(fmt, kv, dtype)
-    _warn_rounded("KV-cache scales", [k for k, t in kv_t.items()
+    warn_rounded("KV-cache scales", [k for k, t in kv_t.items()
                                       if _rounded(t, kv[k.rpartition(".")[0]][k.endswith("v_scale")].cpu())], dtype)
     tensors.update(kv_t)
 
     # the family's checkpoint names (Mixtral: block_sparse_moe.experts.{e}.w1 ...; most: unchanged)
     mt = getattr(getattr(model, "config", None), "model_type", None)
-    ignore = _float_linears(model) + router_names(model)
+    ignore = float_linears(model) + router_names(model)
     disk = checkpoint_names(mt, list(tensors) + list(layers) + ignore)
     tensors = {disk[k]: v for k, v in tensors.items()}
     groups = [(s, names if names == ["Linear"] else [disk[n] for n in names]) for s, names in groups]
@@ -200,7 +210,7 @@ def _rounded(stored: torch.Tensor, exact: torch.Tensor) -> bool:
         not torch.equal(stored.to(torch.float32).reshape(exact.shape), exact.to(torch.float32))
 
 
-def _warn_rounded(what: str, names: list[str], dtype: torch.dtype) -> None:
+def warn_rounded(what: str, names: list[str], dtype: torch.dtype) -> None:
     if names:
         warnings.warn(f"{len(names)} {what} (e.g. {names[0]!r}) are not exactly representable in {dtype_name(dtype)}, "
                       f"the dtype compressed-tensors stores them in; the file holds them rounded. Use the 'lowbit' "
@@ -220,7 +230,7 @@ def save(model: nn.Module, out_dir: str | Path, format: Format | str = Format.LO
     fmt = Format.parse(format)
     dtype = model_dtype(model)
     tensors, qcfg, untie = collect_tensors(model, fmt, dtype)
-    config = _config_dict(model, dtype, qcfg, untie)
+    config = config_dict(model, dtype, qcfg, untie)
     src = _source_dir(model, source_dir)
     if src is not None:
         check_not_source(src, out_dir)  # never replace the folder the model was loaded from

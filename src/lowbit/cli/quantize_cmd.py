@@ -59,8 +59,14 @@ def quantize_cmd(
              "from the calibration text; default: none, K and V in float)."),
     model_free: bool = typer.Option(False, "--model-free", help="Quantize shards directly (no calibration, no forward)."),
     workers: int = typer.Option(1, "--workers", help="CPU cores for --model-free (worker processes or threads)."),
-    device: Optional[str] = typer.Option(None, "--device", help="Quantize on this torch device with --model-free "
-                                         "(cuda, cuda:N; default: the CPU); bit-identical output."),
+    device: Optional[str] = typer.Option(None, "--device", help="Quantize on this torch device (cuda, cuda:N; default: "
+                                         "the CPU): model-free (bit-identical output) or streamed calibration."),
+    in_memory: bool = typer.Option(
+        False, "--in-memory",
+        help="Load the whole model before calibrating (default: stream it from the folder one decoder layer at a "
+             "time, bit-identical output, memory bounded by one layer; --kv-cache always loads it whole)."),
+    offload_activations: bool = typer.Option(
+        False, "--offload-activations", help="Streamed with --device: keep calibration activations in CPU memory."),
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="Layer name or regex to keep in float (repeatable)."),
     allow_unquantized: bool = typer.Option(
         False, "--allow-unquantized",
@@ -71,8 +77,11 @@ def quantize_cmd(
 ) -> None:
     """Quantize MODEL with SCHEME and write a checkpoint folder."""
     kv = parse_kv_cache(kv_cache)
-    if device is not None and not model_free:
-        raise OptionError("--device applies to --model-free quantization only: add --model-free or drop --device")
+    if device is not None and not model_free and (in_memory or kv is not None):
+        raise OptionError("--device applies to model-free and streamed quantization: drop --in-memory/--kv-cache or "
+                          "drop --device")
+    if offload_activations and (model_free or in_memory):
+        raise OptionError("--offload-activations applies to streamed calibration: drop --model-free/--in-memory")
     check_model_path(model)
     import lowbit
     from lowbit.schemes import get_scheme
@@ -107,9 +116,18 @@ def quantize_cmd(
 
         folder = resolve_model_path(src)
         _check_output(folder, out, overwrite)
-        with output_lock(out):  # held from loading to the rename: a second run into `out` is refused now
-            extra = _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq_choice, sq,
-                                wr, li, preset, ignore, overwrite, t0, allow_unquantized, kv)
+        cfg = _config(calib_samples, calib_seq_len, wr, li, preset)
+        from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
+
+        if not in_memory and kv is None and calibrates(sch, sq, cfg):
+            extra = _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, allow_unquantized,
+                              device, offload_activations)
+            if extra is None:
+                return  # not the first rank of a torchrun job: rank 0 reports
+        else:
+            with output_lock(out):  # held from loading to the rename: a second run into `out` is refused now
+                extra = _calibrated(lowbit, folder, out, sch, fmt, calib, cfg, sq_choice, sq, ignore, overwrite, t0,
+                                    allow_unquantized, kv)
     summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
                "seconds": time.perf_counter() - t0, "size_bytes": _weight_bytes(out), **extra}
     if as_json:
@@ -131,8 +149,10 @@ def quantize_cmd(
             ks = summary["kv_scales"] or {}
             console.print(f"KV cache {summary['kv_cache']}: k_scale/v_scale on {len(ks)} attention layers",
                           highlight=False)
+        streamed = f"; streamed, {summary['ranks']} rank(s), peak RSS {human_bytes(summary['peak_rss'])} (rank 0)" \
+            if summary.get("streamed") else ""
         console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
-                      f"in {summary['seconds']:.1f} s", highlight=False)
+                      f"in {summary['seconds']:.1f} s{streamed}", highlight=False)
 
 
 def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
@@ -144,15 +164,10 @@ def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
     check_output_free(out, overwrite)
 
 
-def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_len, sq_choice, sq, wr, li, preset,
-                ignore, overwrite, t0, allow_unquantized, kv=None) -> dict:
-    """Load ``folder``, quantize it (calibrated when the options ask for it: ``model_quant.calibrates``,
-    or for the KV-cache scales of ``kv``) and save it to ``out``."""
+def _config(calib_samples, calib_seq_len, wr, li, preset):
+    """The CalibrationConfig of the calibration options given (the others: its defaults)."""
     from lowbit.calibration import CalibrationConfig
-    from lowbit.model_quant import calibrates
-    from lowbit.models import load_model
 
-    qmodel, tok = load_model(folder)
     kwargs = {}
     if calib_samples is not None:
         kwargs["num_samples"] = calib_samples
@@ -162,9 +177,39 @@ def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_l
         kwargs["weight_rounding"] = wr
     if li is not None:
         kwargs["layer_inputs"] = li
-    cfg = CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
+    return CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
+
+
+def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, allow_unquantized, device,
+              offload) -> dict | None:
+    """Calibrate and quantize ``folder`` streamed (lowbit.streamed); None on ranks other than 0."""
+    from lowbit.streamed import run_streamed
+
+    err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}, streamed from {folder}[/dim]",
+                      highlight=False)
+    res = run_streamed(folder, out, sch, fmt, calibration=calib or "builtin", smoothquant=sq_choice, config=cfg,
+                       ignore=list(ignore or ()), allow_unquantized=allow_unquantized, overwrite=overwrite,
+                       progress=True, device=device, offload=offload)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    return {"quantized": res.summary, "smoothquant": res.report.smoothquant, "kv_cache": None, "kv_scales": None,
+            "streamed": True, "ranks": res.ranks, "peak_rss": res.peak_rss,
+            "layer_seconds": [round(x, 3) for x in res.layer_seconds]}
+
+
+def _calibrated(lowbit, folder, out, sch, fmt, calib, cfg, sq_choice, sq, ignore, overwrite, t0, allow_unquantized,
+                kv=None) -> dict:
+    """Load ``folder``, quantize it (calibrated when the options ask for it: ``model_quant.calibrates``,
+    or for the KV-cache scales of ``kv``) and save it to ``out``."""
+    from lowbit.model_quant import calibrates
+    from lowbit.models import load_model
+    from lowbit.report.quantized import quantized_summary
+
+    qmodel, tok = load_model(folder)
     needs = calibrates(sch, sq, cfg) or kv is not None
-    if not needs and (calib is not None or kwargs):
+    if not needs and (calib is not None or cfg != type(cfg)()):
         err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
     if needs:
         err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
@@ -178,44 +223,3 @@ def _calibrated(lowbit, folder, out, sch, fmt, calib, calib_samples, calib_seq_l
     lowbit.save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
     return {"quant_seconds": t_quant, "smoothquant": sq, "quantized": quantized_summary(qmodel), "kv_cache": kv,
             "kv_scales": getattr(qmodel, "lowbit_kv_calibration", None)}
-
-
-def quantized_summary(model) -> dict:
-    """What was quantized: lowbit layers and their weight parameters, against every parameter."""
-    from lowbit.report.layers import quantized_linears
-
-    from lowbit.modules import QuantLinear
-    from lowbit.moe import expert_blocks
-
-    named = quantized_linears(model)
-    layers = list(named.values())
-    q_params = sum(m.out_features * m.in_features for m in layers)
-    float_params = sum(p.numel() for p in model.parameters())
-    blocks = expert_blocks(model)
-    experts = sum(1 for b in blocks.values() for e in range(len(b))
-                  if any(isinstance(m, QuantLinear) for m in b[e].modules()))
-    in_experts = sum(1 for n in named if any(n.startswith(f"{b}.") for b in blocks))
-    return {"linears": len(layers), "weight_parameters": q_params, "float_parameters": float_params,
-            "moe_blocks": len(blocks), "experts": experts, "expert_linears": in_experts,
-            "expert_input_scale_spread": expert_scale_spread(blocks),
-            "unquantized_targets": list(getattr(model, "lowbit_unquantized", []))}
-
-
-def expert_scale_spread(blocks: dict) -> dict[str, float]:
-    """Static input scales per expert (what vLLM's MoE kernels take): per projection, the largest
-    max/min ratio of the experts' scales within one block (1.0: all experts share one scale)."""
-    from lowbit.modules import QuantLinear
-
-    out: dict[str, float] = {}
-    for block in blocks.values():
-        for proj, _ in block[0].named_children():
-            vals = []
-            for e in range(len(block)):
-                m = getattr(block[e], proj, None)
-                s = None if not isinstance(m, QuantLinear) else (m.input_scale if m.input_scale is not None
-                                                                 else m.input_global_scale)
-                if s is not None:
-                    vals.append(float(s.reshape(-1).float().abs().max()))
-            if len(vals) > 1 and min(vals) > 0:
-                out[proj] = max(out.get(proj, 1.0), max(vals) / min(vals))
-    return out

@@ -260,6 +260,13 @@ class CheckpointWriter:
         self._closed = True
         self._release()
 
+    def keep_for_resume(self) -> None:
+        """Stop without finishing: the temporary folder stays for a resumed run (``resume=True``),
+        the lock is released, the output is untouched."""
+        self._buffer.clear()
+        self._closed = True
+        self._release()
+
     def __enter__(self) -> "CheckpointWriter":
         return self
 

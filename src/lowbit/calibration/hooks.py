@@ -1,0 +1,51 @@
+"""What a layer-by-layer calibration run does around each decoder layer.
+
+``LayerwiseCalibrator.run(..., hooks=...)`` calls, in order: ``start`` once (before the first
+layer's inputs are captured: the layers still to run, and the saved inputs of the first of them
+when a killed run is resumed), then for each decoder layer ``enter`` (before it is calibrated:
+make its weights present), and ``leave`` (after it is quantized and, unless it is the last, its
+outputs computed: write it, free it). ``InMemory`` (the default) does nothing: the whole model
+is in memory. ``lowbit.streamed`` reads each layer from the checkpoint and writes it out.
+
+``device``: where each layer computes (None: where the model is). With ``offload`` the
+calibration activations stay in CPU memory and each batch is moved to ``device`` when it runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class InMemory:
+    device: torch.device | None = None
+    offload: bool = False
+
+    def start(self, path: str, layers: nn.ModuleList) -> tuple[int, list[torch.Tensor] | None]:
+        """(index of the first layer to run, the hidden states entering it or None: captured)."""
+        return 0, None
+
+    def enter(self, i: int, layer: nn.Module) -> None:
+        pass
+
+    def leave(self, i: int, layer: nn.Module, next_hidden: list[torch.Tensor] | None) -> None:
+        pass
+
+
+def move_call(call: tuple[tuple, dict], device: torch.device | None) -> tuple[tuple, dict]:
+    """A layer call's (args, kwargs) with every tensor in it (also inside tuples, e.g. RoPE's
+    (cos, sin)) on ``device`` (None: unchanged)."""
+    if device is None:
+        return call
+
+    def mv(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(device)
+        if isinstance(v, tuple):
+            return tuple(mv(x) for x in v)
+        if isinstance(v, list):
+            return [mv(x) for x in v]
+        return v
+
+    args, kwargs = call
+    return tuple(mv(a) for a in args), {k: mv(v) for k, v in kwargs.items()}

@@ -1,0 +1,13 @@
+"""Calibrated quantization streamed from a checkpoint folder, one decoder layer at a time.
+
+    lowbit.quantize_checkpoint("Llama-3.1-8B", "out", "w8a8-int8", calibration="builtin")
+
+Only the embeddings and head, the current (and the prefetched next) decoder layer and the
+calibration activations are in memory; the output equals the in-memory path's bit for bit, is
+resumable after a kill, and the same command under torchrun splits the work over the ranks.
+See ``lowbit.streamed.api``.
+"""
+
+from lowbit.streamed.api import StreamResult, quantize_checkpoint, run_streamed
+
+__all__ = ["StreamResult", "quantize_checkpoint", "run_streamed"]

@@ -1,0 +1,194 @@
+"""The output folder of a streamed run, written one decoder layer at a time, and its resume state.
+
+Layout: decoder layer i is shard ``i + 1`` of ``L + 1`` (``<stem>-0000i-of-000n.safetensors``);
+the last shard holds everything outside the decoder layers (embeddings, final norm, output
+head). The index, config.json (with ``quantization_config``), generation config, tokenizer and
+the source's auxiliary files are written at the end, and the temporary folder
+(``.<name>.lowbit-tmp``, lowbit.files.writer) is renamed to the output. Tensor names, dtypes and
+values are those ``lowbit.save`` writes for the same quantized model (the same functions of
+``lowbit.checkpoint.save`` make them).
+
+Resume: after layer i's shard, the hidden states entering layer i + 1 (this rank's calibration
+batches, float32, exact) and ``progress.json`` (layers done, what the summary and config need)
+are written atomically to ``.lowbit-stream/`` in the temporary folder. A run with the same
+fingerprint (source, scheme, format, calibration tokens and options, ranks) continues from
+there, and writes the same bytes as an uninterrupted run; any other run starts afresh.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file
+
+from lowbit.checkpoint.save import (
+    check_shared, config_dict, float_linears, model_dtype, quantized_modules, quantized_tensors, warn_rounded,
+)
+from lowbit.dist import Group
+from lowbit.files.writer import CheckpointWriter, write_json_atomic, write_safetensors_atomic
+from lowbit.formats import Format, get_layout
+from lowbit.moe import checkpoint_names, router_names
+from lowbit.report.quantized import quantized_summary
+
+STATE_DIR = ".lowbit-stream"
+
+
+class StreamOutput:
+    """Rank 0 owns the writer (and the output's lock); every rank writes the shards of the layers
+    it owns into the same temporary folder (one filesystem for all ranks)."""
+
+    def __init__(self, out: Path, fmt: Format, fingerprint: str, n_layers: int, group: Group,
+                 overwrite: bool = False) -> None:
+        self.out, self.fmt, self.layout = Path(out), fmt, get_layout(fmt)
+        self.fp, self.n_layers, self.group = fingerprint, n_layers, group
+        self.files = self.layout.weights_stem
+        self.tmp = self.out.parent / f".{self.out.name}.lowbit-tmp"
+        self.writer: CheckpointWriter | None = None
+        same = self._previous_fingerprint() == fingerprint
+        if group.is_main:
+            self.writer = CheckpointWriter(self.out, overwrite=overwrite, resume=same, always_index=True,
+                                           weights_stem=self.files)
+            self.state.mkdir(exist_ok=True)
+            write_json_atomic(self.state / "run.json", {"fingerprint": fingerprint})
+            self.names = self.writer.files
+        group.barrier()  # the temporary folder exists (and is clean unless resumed) for every rank
+        if self.writer is None:
+            from lowbit.files.folder import weight_files
+
+            self.names = weight_files(self.files)
+        self.progress: dict[str, Any] = {"done": 0, "static": {}, "lossy": [], "summaries": []}
+        if same:
+            self.progress = json.loads((self.state / "progress.json").read_text()) \
+                if (self.state / "progress.json").is_file() else self.progress
+
+    @property
+    def state(self) -> Path:
+        return self.tmp / STATE_DIR
+
+    def _previous_fingerprint(self) -> str | None:
+        try:
+            return json.loads((self.tmp / STATE_DIR / "run.json").read_text()).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def shard_name(self, i: int) -> str:
+        return self.names.shard(i + 1, self.n_layers + 1)
+
+    # ------------------------------------------------------------------ resume
+    def resume_point(self) -> tuple[int, list[torch.Tensor] | None]:
+        """(first layer still to run, the saved hidden states entering it, this rank's batches)."""
+        done = int(self.progress["done"])
+        if done == 0:
+            return 0, None
+        saved = load_file(str(self.state / f"inputs-rank{self.group.rank}.safetensors"))
+        return done, [saved[str(b)] for b in range(len(saved))]
+
+    # ------------------------------------------------------------------ per layer
+    def write_layer(self, i: int, model: nn.Module, layer: nn.Module, prefix: str,
+                    next_hidden: list[torch.Tensor] | None) -> None:
+        """Write layer ``i`` (named ``prefix``, quantized) as its shard, then the state a resumed run
+        starts from. Every rank calls this; the layer's owner writes the shard."""
+        dtype = model_dtype(model)
+        mt = getattr(model.config, "model_type", None)
+        layers = {f"{prefix}.{n}": m for n, m in quantized_modules(layer).items()}
+        if self.fmt is Format.COMPRESSED_TENSORS:
+            check_shared(layers)
+        tensors, static, lossy = quantized_tensors(layers, self.layout, dtype)
+        inner = set(layers)
+        for k, v in layer.state_dict().items():
+            full = f"{prefix}.{k}"
+            if full.rpartition(".")[0] not in inner:
+                tensors[full] = v.detach().to(dtype) if v.dtype.is_floating_point and v.dtype != dtype else v.detach()
+        disk = checkpoint_names(mt, list(tensors))
+        if self.group.owner(i) == self.group.rank:
+            write_safetensors_atomic(self.tmp / self.shard_name(i), {disk[k]: v for k, v in tensors.items()})
+        if next_hidden is not None:
+            write_safetensors_atomic(self.state / f"inputs-rank{self.group.rank}.safetensors",
+                                     {str(b): h.detach().cpu().contiguous() for b, h in enumerate(next_hidden)})
+        summary = quantized_summary(layer)
+        self.group.barrier()  # every rank's shard and inputs are on disk before the progress says so
+        p = self.progress
+        p["done"] = i + 1
+        p["static"].update(static)
+        p["lossy"] += lossy
+        p["summaries"].append(summary)
+        if self.group.is_main:
+            write_json_atomic(self.state / "progress.json", p)
+
+    # ------------------------------------------------------------------ end
+    def finish(self, model: nn.Module, layers_path: str, ignore_linears: list[str], tokenizer, source: Path,
+               scheme) -> dict:
+        """Write the last shard (everything outside the decoder layers), the index and the other
+        files, rename the folder; returns the run's summary (``quantized_summary``'s fields)."""
+        dtype = model_dtype(model)
+        mt = getattr(model.config, "model_type", None)
+        warn_rounded("scales", self.progress["lossy"], dtype)
+        tensors: dict[str, torch.Tensor] = {}
+        outside = 0
+        for k, v in model.state_dict().items():
+            if k.startswith(layers_path + "."):
+                continue
+            if _is_tied_head(model, k):
+                continue
+            tensors[k] = v.detach().to(dtype) if v.dtype.is_floating_point and v.dtype != dtype else v.detach()
+        seen: set[int] = set()
+        for n, p in model.named_parameters():
+            if not n.startswith(layers_path + ".") and id(p) not in seen:
+                seen.add(id(p))
+                outside += p.numel()
+        disk = checkpoint_names(mt, list(tensors) + ignore_linears)
+        summaries = self.progress["summaries"]
+        self.group.barrier()
+        if not self.group.is_main:
+            self.group.barrier()  # rank 0 renames the folder
+            return _merged(summaries, outside)
+        w = self.writer
+        write_safetensors_atomic(self.tmp / self.shard_name(self.n_layers), {disk[k]: v for k, v in tensors.items()})
+        for i in range(self.n_layers + 1):
+            w.write_shard(None, self.shard_name(i))
+        static = {checkpoint_names(mt, [n])[n]: v for n, v in self.progress["static"].items()}
+        qcfg = self.layout.quantization_config_groups([(scheme, ["Linear"])], [disk[n] for n in ignore_linears],
+                                                      static_scales=static if self.fmt is Format.FAKE else None)
+        w.write_json("config.json", config_dict(model, dtype, qcfg, False))
+        gen = getattr(model, "generation_config", None)
+        if gen is not None:
+            w.write_json("generation_config.json", json.loads(gen.to_json_string(use_diff=True)))
+        w.copy_aux_files(source)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(w.tmp))
+        import shutil
+
+        shutil.rmtree(self.state)
+        w.close()
+        self.group.barrier()
+        return _merged(summaries, outside)
+
+    def abort(self) -> None:
+        """After an error: the temporary folder stays (a rerun resumes), the lock is released."""
+        if self.writer is not None:
+            self.writer.keep_for_resume()
+
+
+def _merged(summaries: list[dict], outside: int) -> dict:
+    from lowbit.report.quantized import merge_summaries
+
+    return merge_summaries(summaries, outside, [])
+
+
+def _is_tied_head(model: nn.Module, key: str) -> bool:
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return False
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and emb is not None and head.weight is emb.weight and key.endswith("weight") and \
+        model.get_submodule(key.rpartition(".")[0]) is head
+
+
+def ignore_list(model: nn.Module, targets: list[str]) -> list[str]:
+    """The linears that stay float (not targets) and the routers, in model order: what
+    ``lowbit.save`` lists as ``ignore`` for the same model after quantization."""
+    t = set(targets)
+    return [n for n in float_linears(model) if n not in t] + router_names(model)

@@ -1,0 +1,156 @@
+"""A model built without its weights, filled from its checkpoint one module at a time.
+
+    skel = Skeleton.open(folder)        # checks the folder (models.float_check), builds the model
+                                        # class from config.json with every parameter on the meta
+                                        # device (buffers computed on the CPU, as from_pretrained
+                                        # computes them), splits MoE experts (moe.split_experts)
+    skel.materialize(module, prefix)    # reads the module's parameters and persistent buffers
+                                        # from the shards (memory-mapped, lowbit.files.tensors),
+                                        # in float32 as lowbit.load_model loads them
+    skel.release(module)                # back to the meta device: its memory is freed
+
+The values equal what ``lowbit.load_model`` (``from_pretrained(dtype=float32)`` and
+``split_experts``) holds, tensor for tensor: every checkpoint tensor is converted with ``.to``
+exactly as transformers converts it, and MoE experts are read by the rules lowbit writes them
+with: per-expert names (most families; Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2`` through
+``moe.naming``) or the experts fused on disk (gpt-oss: sliced by ``moe.slices``). A parameter that
+the checkpoint does not hold is a FormatError naming it, except a tied output embedding.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from lowbit.errors import FormatError
+from lowbit.files.tensors import TensorReader
+from lowbit.modelfree.source import Checkpoint
+from lowbit.moe import split_experts
+from lowbit.moe.naming import FUSED_ON_DISK, checkpoint_names
+from lowbit.moe.slices import Proj, expert_part
+
+DTYPE = torch.float32  # what lowbit.load_model loads (and calibrates) in
+
+
+@dataclass(frozen=True)
+class _Fused:
+    """A per-expert model tensor read out of an experts tensor fused on disk."""
+
+    disk: str
+    expert: int
+    proj: Proj
+
+
+class Skeleton:
+    def __init__(self, folder: Path, model: nn.Module, ckpt: Checkpoint) -> None:
+        self.folder = folder
+        self.model = model
+        self.ckpt = ckpt
+        self._reader = TensorReader(folder)
+        self._lock = threading.Lock()  # the reader's maps are shared by the prefetch thread
+        self.model_type = getattr(model.config, "model_type", None)
+
+    @classmethod
+    def open(cls, folder: str | Path) -> "Skeleton":
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+        from lowbit.models.float_check import check_float_folder
+
+        folder = Path(folder)
+        check_float_folder(folder)
+        ckpt = Checkpoint(folder)
+        config = AutoConfig.from_pretrained(folder)
+        with init_empty_weights(include_buffers=False):  # parameters on meta, buffers computed
+            model = AutoModelForCausalLM.from_config(config, dtype=DTYPE)
+        model.config.name_or_path = str(folder)
+        if (folder / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+        model.eval()
+        split_experts(model)
+        return cls(folder, model, ckpt)
+
+    # ------------------------------------------------------------------ names
+    def _disk_name(self, key: str) -> str | _Fused:
+        """Where the checkpoint keeps the model tensor ``key``."""
+        disk = checkpoint_names(self.model_type, [key])[key]
+        if disk in self.ckpt.tensors:
+            return disk
+        layout = FUSED_ON_DISK.get(self.model_type or "")
+        parts = key.split(".")
+        # <block>.experts.<e>.<proj>.<weight|bias> from <block>.experts.<gate_up_proj|down_proj>[_bias]
+        if layout is not None and len(parts) >= 4 and parts[-4] == "experts" and parts[-3].isdigit():
+            proj = Proj(parts[-2]) if parts[-2] in {p.value for p in Proj} else None
+            if proj is not None:
+                leaf = "down_proj" if proj is Proj.DOWN else "gate_up_proj"
+                leaf += "_bias" if parts[-1] == "bias" else ""
+                fused = ".".join(parts[:-3] + [leaf])
+                if fused in self.ckpt.tensors:
+                    return _Fused(fused, int(parts[-3]), proj)
+        raise FormatError(f"{self.folder}: the checkpoint holds no tensor {disk!r} (the model's {key!r})")
+
+    def _read(self, key: str) -> torch.Tensor:
+        where = self._disk_name(key)
+        with self._lock:
+            if isinstance(where, _Fused):
+                t = self._reader.get(self.ckpt.tensors[where.disk])
+                return expert_part(t.to(DTYPE), where.expert, where.proj, FUSED_ON_DISK[self.model_type])
+            t = self._reader.get(self.ckpt.tensors[where])
+            return t.to(DTYPE) if t.dtype.is_floating_point else t.clone()
+
+    # ------------------------------------------------------------------ loading
+    def read_module(self, module: nn.Module, prefix: str, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+        """The state of ``module`` (named ``prefix``, "" for the model) read from the checkpoint:
+        relative key -> tensor, leaving out the relative keys in ``skip``. A tied output embedding
+        absent from the checkpoint is left out (``tie`` restores it)."""
+        head = self._tied_head_key()
+        out = {}
+        for rel in module.state_dict(keep_vars=True):
+            if rel in skip:
+                continue
+            key = f"{prefix}.{rel}" if prefix else rel
+            if key == head and checkpoint_names(self.model_type, [key])[key] not in self.ckpt.tensors:
+                continue
+            out[rel] = self._read(key)
+        return out
+
+    def assign(self, module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Put ``state`` (from ``read_module``) into ``module`` in place of its meta tensors."""
+        missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+        if unexpected:  # pragma: no cover - read_module reads the module's own keys
+            raise FormatError(f"unexpected tensors {unexpected[:3]}")
+        for p in module.parameters():
+            p.requires_grad_(False)
+
+    def materialize(self, module: nn.Module, prefix: str) -> None:
+        self.assign(module, self.read_module(module, prefix))
+
+    def _tied_head_key(self) -> str | None:
+        if not getattr(self.model.config, "tie_word_embeddings", False):
+            return None
+        head = self.model.get_output_embeddings()
+        for n, m in self.model.named_modules():
+            if m is head:
+                return f"{n}.weight"
+        return None
+
+    def materialize_outside(self, layers_path: str) -> None:
+        """Every tensor outside the decoder layers (embeddings, final norm, output head), then the
+        tied output embedding."""
+        skip = {k for k in self.model.state_dict(keep_vars=True) if k.startswith(layers_path + ".")}
+        self.assign(self.model, self.read_module(self.model, "", skip))
+        if self._tied_head_key() is not None:
+            head, emb = self.model.get_output_embeddings(), self.model.get_input_embeddings()
+            head.weight = emb.weight
+
+    @staticmethod
+    def release(module: nn.Module) -> None:
+        module.to("meta")
+
+    def close(self) -> None:
+        with self._lock:
+            self._reader.close()

@@ -1,0 +1,23 @@
+"""A streamed quantization job for the tests to start (alone, or as the ranks of torchrun):
+
+    python streamed_job.py SRC OUT_ROOT SCHEME:FORMAT[:gptq] ...
+
+writes OUT_ROOT/SCHEME for each, calibrated on the tests' fixed token ids."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+import lowbit
+
+TOKENS = torch.randint(0, 256, (10, 32), generator=torch.Generator().manual_seed(0))  # 3 batches of 4
+
+if __name__ == "__main__":
+    src, root = Path(sys.argv[1]), Path(sys.argv[2])
+    for job in sys.argv[3:]:
+        scheme, fmt, *rest = job.split(":")
+        kw = {"weight_rounding": "gptq"} if "gptq" in rest else {}
+        lowbit.quantize_checkpoint(src, root / scheme, scheme, fmt, calibration=TOKENS, **kw)
