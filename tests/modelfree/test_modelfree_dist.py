@@ -1,7 +1,8 @@
 """Model-free quantization split over torch.distributed ranks (torchrun, gloo on the CPU): the
 output folder is byte for byte the one a single process writes (every file), fresh or resumed,
-through the Python entry point and the CLI; ranks that disagree are refused, and a failed rank
-fails every rank, leaving nothing half-written (checked with a stand-in for rank 1)."""
+through the Python entry point and the CLI; a data error on one rank fails both and leaves
+nothing; a killed rank ends the job and the same run resumes. Ranks that disagree are refused,
+and the failure paths of each step are checked with a stand-in for the other rank (no torchrun)."""
 
 from __future__ import annotations
 
@@ -52,14 +53,15 @@ def sharded(tmp_path_factory) -> Path:
     return d
 
 
-def torchrun(command: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``command`` (an executable and its arguments) as 2 ranks of one torchrun job on this machine."""
+def torchrun(command: list[str], cwd: Path, timeout: float = 120, ok: bool = True) -> subprocess.CompletedProcess:
+    """``command`` (an executable and its arguments) as 2 ranks of one torchrun job on this machine;
+    ``ok``: it must succeed."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(SRC_ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     env.pop("WORLD_SIZE", None)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                         "--no-python", *command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-5000:])
+    assert (r.returncode == 0) == ok, (r.returncode, r.stdout[-3000:], r.stderr[-5000:])
     return r
 
 
@@ -69,15 +71,19 @@ CASES_SCRIPT = r"""
 import json, os, sys
 import torch.distributed as dist
 import lowbit
+import lowbit.errors
 from lowbit.modelfree import RunOptions
 dist.init_process_group("gloo")
 for case in json.load(open(sys.argv[1])):
     ran = []
     hook = lambda event, name, tensor: ran.append(name) if event == "shard" else None
-    out = lowbit.quantize_checkpoint(case["src"], case["out"], scheme=case["scheme"], format=case["format"],
-                                     workers=case["workers"], progress=False,
-                                     run_options=RunOptions(part_bytes=case["part_bytes"], on_event=hook))
-    assert str(out) == case["out"], out
+    try:
+        out = lowbit.quantize_checkpoint(case["src"], case["out"], scheme=case["scheme"], format=case["format"],
+                                         workers=case["workers"], progress=False,
+                                         run_options=RunOptions(part_bytes=case["part_bytes"], on_event=hook))
+        assert str(out) == case["out"], out
+    except lowbit.errors.LowbitError as e:
+        ran = {"error": type(e).__name__ + ": " + str(e)}
     with open(case["out"] + f".rank{dist.get_rank()}.json", "w") as f:
         json.dump(ran, f)
 dist.destroy_process_group()
@@ -88,8 +94,21 @@ class _Stop(BaseException):
     """Stands for a run interrupted between two units of work."""
 
 
+@pytest.fixture(scope="module")
+def with_nan(tmp_path_factory) -> Path:
+    """The same tiny Llama with a NaN in the last shard's up_proj."""
+    import torch
+
+    model = tiny_llama(hidden_size=128, intermediate_size=256)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[3, 5] = float("nan")
+    d = tmp_path_factory.mktemp("nan") / "tiny"
+    model.save_pretrained(d, max_shard_size="300KB")
+    return d
+
+
 @pytest.mark.subprocess
-def test_two_ranks_write_the_same_bytes_as_one_process_and_resume(sharded, tmp_path):
+def test_two_ranks_write_the_same_bytes_as_one_process_and_resume(sharded, with_nan, tmp_path):
     cases = [dict(scheme="w4a16", format="lowbit", part_bytes=128 << 20, workers=0),  # one unit a shard
              dict(scheme="w4a16", format="compressed-tensors", part_bytes=PARTS, workers=2),
              dict(scheme="nvfp4a16", format="compressed-tensors", part_bytes=PARTS, workers=0),
@@ -114,7 +133,9 @@ def test_two_ranks_write_the_same_bytes_as_one_process_and_resume(sharded, tmp_p
         mf(sharded, Path(last["out"]), last["scheme"], format=last["format"],
            run_options=RunOptions(part_bytes=PARTS, on_event=stop_after_three))
     assert (tmp_path / ".dist-3.lowbit-tmp").is_dir()
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    bad = dict(scheme="w4a16", format="lowbit", part_bytes=PARTS, workers=0, src=str(with_nan),
+               out=str(tmp_path / "nan"))  # one rank finds the NaN: both fail, nothing is left
+    (tmp_path / "cases.json").write_text(json.dumps(cases + [bad]))
 
     torchrun([sys.executable, "-c", CASES_SCRIPT, str(tmp_path / "cases.json")], cwd=tmp_path)
 
@@ -130,6 +151,38 @@ def test_two_ranks_write_the_same_bytes_as_one_process_and_resume(sharded, tmp_p
         elif case["part_bytes"] == PARTS:
             shards = {n.split(".part-")[0] for n in ran[0]} & {n.split(".part-")[0] for n in ran[1]}
             assert shards, f"case {k}: some shard is written by both ranks"
+    errors = sorted(json.loads(Path(f"{bad['out']}.rank{r}.json").read_text())["error"] for r in (0, 1))
+    assert errors[0].startswith("QuantizationError: ") and "up_proj.weight" in errors[0] and "NaN" in errors[0]
+    assert errors[1].startswith("RankFailed: rank ") and "failed while quantizing" in errors[1], errors
+    assert not list(tmp_path.glob("nan")) and not list(tmp_path.glob(".nan.*"))  # nothing half-written
+
+
+KILL_SCRIPT = r"""
+import os, signal, sys
+import lowbit
+from lowbit.modelfree import RunOptions
+def hook(event, name, tensor):
+    if event == "shard" and os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)  # rank 1 dies after its first unit
+lowbit.quantize_checkpoint(sys.argv[1], sys.argv[2], scheme="w4a16", workers=0, progress=False,
+                           run_options=RunOptions(part_bytes=int(sys.argv[3]), on_event=hook))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_killed_rank_ends_the_job_and_the_same_command_resumes(sharded, tmp_path):
+    ref = digests(mf(sharded, tmp_path / "one", "w4a16", run_options=RunOptions(part_bytes=PARTS)))
+    out = tmp_path / "out"
+    # torchrun ends rank 0 too (or rank 0's next collective fails) and reports the failure
+    torchrun([sys.executable, "-c", KILL_SCRIPT, str(sharded), str(out), str(PARTS)], cwd=tmp_path, ok=False)
+    tmp = tmp_path / ".out.lowbit-tmp"
+    finished = {p.name.removesuffix(".done.json") for p in (tmp / ".modelfree").glob("*.part-*.done.json")}
+    assert not out.exists() and finished  # the finished units stay in the temporary folder
+    redone: list[str] = []
+    record = lambda e, n, t: redone.append(n) if e == "shard" else None  # noqa: E731
+    mf(sharded, out, "w4a16", run_options=RunOptions(part_bytes=PARTS, on_event=record))  # the same run again
+    assert redone and not set(redone) & finished  # only the unfinished units are redone
+    assert digests(out) == ref
 
 
 @pytest.mark.subprocess
