@@ -102,14 +102,14 @@ def quantize_cmd(
             raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
                               "--layer-inputs/--calib-preset/--kv-cache, "
                               "or drop --model-free")
-        from lowbit.modelfree import quantize_checkpoint
         from lowbit.models import resolve_model_path
 
         folder = resolve_model_path(src)
         _check_output(folder, out, overwrite)
-        quantize_checkpoint(folder, out, scheme=sch.name, format=fmt, workers=workers,
-                            ignore=list(ignore or ()), overwrite=overwrite, progress=True, device=device)
-        extra = {}
+        ranks = _model_free(folder, out, sch.name, fmt, workers, ignore, overwrite, device)
+        if ranks is None:
+            return  # not rank 0 of a torchrun job: rank 0 prints the summary
+        extra = {"ranks": ranks}
     else:
         from lowbit.files.outlock import output_lock
         from lowbit.models import resolve_model_path
@@ -149,10 +149,32 @@ def quantize_cmd(
             ks = summary["kv_scales"] or {}
             console.print(f"KV cache {summary['kv_cache']}: k_scale/v_scale on {len(ks)} attention layers",
                           highlight=False)
-        streamed = f"; streamed, {summary['ranks']} rank(s), peak RSS {human_bytes(summary['peak_rss'])} (rank 0)" \
+        ranks = f" on {summary['ranks']} ranks" if (summary.get("ranks") or 1) > 1 else ""
+        streamed = f"; streamed, peak RSS {human_bytes(summary['peak_rss'])}" + (" (rank 0)" if ranks else "") \
             if summary.get("streamed") else ""
         console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
-                      f"in {summary['seconds']:.1f} s{streamed}", highlight=False)
+                      f"in {summary['seconds']:.1f} s{ranks}{streamed}", highlight=False)
+
+
+def _model_free(folder: Path, out: Path, scheme: str, fmt: str, workers: int, ignore: list[str] | None,
+                overwrite: bool, device: str | None) -> int | None:
+    """Model-free quantization, split over the ranks when started by torchrun (lowbit.dist.Group:
+    gloo on the CPU, NCCL with a CUDA --device). Returns the number of ranks on rank 0, None on
+    the others (which print nothing; every rank exits 0 once the output is complete)."""
+    from lowbit.dist import Group
+    from lowbit.modelfree import quantize_checkpoint
+    from lowbit.modelfree.device import resolve_device
+
+    group = Group.join(resolve_device(device))
+    try:
+        quantize_checkpoint(folder, out, scheme=scheme, format=fmt, workers=workers, ignore=list(ignore or ()),
+                            overwrite=overwrite, progress=group.is_main, device=device, group=group)
+    finally:
+        if group.distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    return group.world if group.is_main else None
 
 
 def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
@@ -187,12 +209,20 @@ def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, a
 
     err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}, streamed from {folder}[/dim]",
                       highlight=False)
-    res = run_streamed(folder, out, sch, fmt, calibration=calib or "builtin", smoothquant=sq_choice, config=cfg,
-                       ignore=list(ignore or ()), allow_unquantized=allow_unquantized, overwrite=overwrite,
-                       progress=True, device=device, offload=offload)
-    import torch.distributed as dist
+    from lowbit.dist import Group
+    from lowbit.modelfree.device import resolve_device
 
-    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+    group = Group.join(resolve_device(device))
+    try:
+        res = run_streamed(folder, out, sch, fmt, calibration=calib or "builtin", smoothquant=sq_choice, config=cfg,
+                           ignore=list(ignore or ()), allow_unquantized=allow_unquantized, overwrite=overwrite,
+                           progress=group.is_main, device=device, offload=offload)
+    finally:
+        if group.distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    if not group.is_main:
         return None
     return {"quantized": res.summary, "smoothquant": res.report.smoothquant, "kv_cache": None, "kv_scales": None,
             "streamed": True, "ranks": res.ranks, "peak_rss": res.peak_rss,

@@ -5,6 +5,7 @@
                                   # NCCL for CUDA work); alone: Group.single()
     group.rank, group.world       # 0 <= rank < world
     group.owns(i)                 # whether item i (a shard, a GPTQ group) is this rank's: i % world
+    group.balance(sizes)          # this rank's items, each to the least loaded rank (largest first)
     group.barrier()
     group.max_(t)                 # in place, exact: every rank ends with the elementwise max
     obj = group.broadcast_object(obj, src)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -69,6 +69,20 @@ class Group:
         base, extra = divmod(n, self.world)
         start = self.rank * base + min(self.rank, extra)
         return range(start, start + base + (1 if self.rank < extra else 0))
+
+    def balance(self, sizes: Sequence[int]) -> list[int]:
+        """The indices of this rank's items, given every item's size in the same order on every
+        rank: each item in turn goes to the rank with the least size so far (ties: the lowest
+        rank), so items sorted largest first give every rank about the same total. The same
+        sizes give the same split on every rank."""
+        load = [0] * self.world
+        mine = []
+        for i, size in enumerate(sizes):
+            r = min(range(self.world), key=lambda k: (load[k], k))
+            load[r] += size
+            if r == self.rank:
+                mine.append(i)
+        return mine
 
     @property
     def is_main(self) -> bool:
@@ -136,3 +150,16 @@ class Group:
         if any(v != seen[0] for v in seen):
             raise DistError(f"the ranks of this job disagree on {what}: {seen}; start every rank with the same "
                             f"command")
+
+    def agree_fields(self, what: str, fields: dict[str, Any]) -> None:
+        """``agree`` on several named values in one collective; the DistError names the first
+        field that differs and its value on each rank."""
+        seen = self.gather_objects(fields)
+        for key in fields:
+            values = [s.get(key) for s in seen]
+            if any(v != values[0] for v in values):
+                raise DistError(f"the ranks of this job disagree on {what} {key!r}: {values} (rank 0, 1, ...); "
+                                f"start every rank with the same command")
+        if any(set(s) != set(fields) for s in seen):
+            raise DistError(f"the ranks of this job disagree on which {what} they compare: "
+                            f"{[sorted(s) for s in seen]}")

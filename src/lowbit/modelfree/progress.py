@@ -14,7 +14,9 @@ from rich.progress import (
 class ShardProgress:
     """Consumes worker events ("start"|"advance"|"done", shard, bytes); a no-op when disabled."""
 
-    def __init__(self, enabled: bool | None, total_bytes: int, done_bytes: int = 0, n_shards: int = 0) -> None:
+    def __init__(self, enabled: bool | None, total_bytes: int, done_bytes: int = 0, n_shards: int = 0,
+                 label: str | None = None) -> None:
+        """``label``: the overall bar's (default: "all ``n_shards`` shards")."""
         if enabled is None:
             enabled = sys.stderr.isatty()
         self.enabled = enabled
@@ -26,7 +28,7 @@ class ShardProgress:
             TextColumn("{task.description}", justify="left"), BarColumn(), DownloadColumn(),
             TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True), transient=False,
         )
-        self._overall = self._p.add_task(f"[bold]all {n_shards} shards", total=max(total_bytes, 1),
+        self._overall = self._p.add_task(label or f"[bold]all {n_shards} shards", total=max(total_bytes, 1),
                                          completed=done_bytes)
 
     def __enter__(self) -> "ShardProgress":

@@ -26,6 +26,18 @@ Output shards follow the source's, in order: one per source shard that has tenso
 named by the format's weights stem (lowbit.files.folder.WeightFiles):
 ``lowbit-model-0000i-of-0000n.safetensors`` (or ``lowbit-model.safetensors`` for a single-file
 source) for the ``lowbit`` format, which stock loaders must not find; ``model-...`` for the others.
+
+Under ``torchrun`` (or inside an initialised process group; lowbit.dist.Group) the ranks split the
+units of work and write the same files one process would, byte for byte. Every rank checks the
+arguments and makes the plan; they must agree on the arguments and the fingerprint (DistError
+otherwise). Rank 0 alone takes the output lock, creates the temporary folder and the shard files
+and lists the units of work (lowbit.modelfree.prepare), which it hands to every rank; each rank
+runs its share (Group.balance over the units, largest first; ``workers`` applies within a rank),
+writing into that folder, which must therefore be on a file system every rank sees (one machine,
+or a shared file system across nodes). When all are done rank 0 finishes the shards, writes the
+index and config.json and renames the folder; the others return once it has. An error on any rank
+raises on every rank once each has ended its share (lowbit.modelfree.ranks); a killed rank makes
+torchrun end the job, and the same command again resumes from the finished units.
 """
 
 from __future__ import annotations
@@ -33,31 +45,31 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import queue as queue_mod
 import shutil
-import threading
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+from lowbit.dist import Group
 from lowbit.errors import FormatError, LowbitError, SchemeError
 from lowbit.files.outguard import check_not_source
 from lowbit.files.outlock import output_lock
 from lowbit.files.writer import write_failure
-from lowbit.modelfree.plan import Item, Kind, Plan, make_plan
+from lowbit.modelfree.plan import Plan, make_plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
-from lowbit.modelfree.outshape import OutputShapes, ShardFile
-from lowbit.files.regions import create_shard_file, shard_file_matches
 from lowbit.modelfree.device import resolve_device
-from lowbit.modelfree.markers import MARKER_DIR, finalize_shard, marker_path, part_name, partial_path, read_marker
-from lowbit.modelfree.options import Event, RunOptions
+from lowbit.modelfree.inprocess import run_in_process
+from lowbit.modelfree.markers import MARKER_DIR, finalize_shard, read_marker
+from lowbit.modelfree.options import RunOptions
 from lowbit.modelfree.pool import ProcessPool
-from lowbit.modelfree.worker import JobCancelled, JobIO, ShardJob, run_job
+from lowbit.modelfree.prepare import Work, prepare_work, previous_fingerprint
+from lowbit.modelfree.ranks import is_data_error, together
+from lowbit.modelfree.worker import ShardJob
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.threads import one_thread
 
-RUN_FILE = "run.json"
 LAYOUT_VERSION = 4  # bump when the files written for the same inputs change (2: weight file names by format;
 # 3: shard headers padded to 8 bytes, written before the data; 4: lowbit format 2, typed weight_codes)
 # what to run instead of a scheme that needs calibration
@@ -95,13 +107,6 @@ def _fingerprint(ckpt: Checkpoint, scheme: Scheme, fmt: str, ignore: list[str], 
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
-def _previous_fingerprint(tmp: Path) -> str | None:
-    try:
-        return json.loads((tmp / MARKER_DIR / RUN_FILE).read_text()).get("fingerprint")
-    except (FileNotFoundError, json.JSONDecodeError, AttributeError):
-        return None
-
-
 def _output_config(ckpt: Checkpoint, plan: Plan, layout: Any) -> dict[str, Any]:
     cfg = json.loads(json.dumps(ckpt.config))
     cfg.pop("quantization_config", None)
@@ -111,20 +116,6 @@ def _output_config(ckpt: Checkpoint, plan: Plan, layout: Any) -> dict[str, Any]:
             cfg["text_config"][key] = value
     cfg["quantization_config"] = layout.quantization_config(plan.scheme, ignore=plan.ignored)
     return cfg
-
-
-def split_items(items: list[Item], part_bytes: int) -> list[tuple[Item, ...]]:
-    """A shard's items cut into runs of about ``part_bytes`` of source (a fixed size, so the parts
-    depend on the source alone): large shards are quantized by several workers at once."""
-    parts: list[list[Item]] = [[]]
-    acc = 0
-    for it in items:
-        if parts[-1] and acc >= part_bytes:
-            parts.append([])
-            acc = 0
-        parts[-1].append(it)
-        acc += it.src.nbytes if it.kind is not Kind.DROP else 0
-    return [tuple(p) for p in parts]
 
 
 def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | None,
@@ -139,83 +130,19 @@ def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | N
     return n
 
 
-def _shard_jobs(out_dir: Path, out_name: str, items: list[Item], shapes: OutputShapes, fp: str, part_bytes: int,
-                common: dict[str, Any]) -> tuple[list[ShardJob], list[ShardJob]]:
-    """The jobs of one output shard (its parts), as (to run, done by an earlier run). Creates the
-    shard file, at its final size with its final header, unless a killed run of the same
-    arguments left it; then the jobs it marked done keep what they wrote."""
-    parts = split_items(items, part_bytes)
-    per_item = {id(it): shapes.entries(it) for it in items}
-    sf = ShardFile.of([e for it in items for e in per_item[id(it)]])
-    path = partial_path(out_dir, out_name)
-    if not shard_file_matches(path, sf.header, sf.size):
-        for k in range(len(parts)):
-            marker_path(out_dir, part_name(out_name, k, len(parts))).unlink(missing_ok=True)
-        create_shard_file(path, sf.header, sf.size)
-    todo, done, first = [], [], 0
-    for k, part in enumerate(parts):
-        entries = tuple(e for it in part for e in per_item[id(it)])
-        start = sf.offsets[first] if entries else sf.size
-        first += len(entries)
-        job = ShardJob(items=part, start=start, entries=entries, part=k, n_parts=len(parts), **common)
-        (done if read_marker(out_dir, job.name, fp) is not None else todo).append(job)
-    return todo, done
-
-
-def _run_in_process(jobs: list[ShardJob], workers: int, prog: ShardProgress, on_event: Event | None = None) -> None:
-    """Jobs in this process: up to ``workers`` runner threads take the jobs in order (largest
-    first), each keeping its I/O and buffers from one job to the next (JobIO); the kernels
-    release the GIL, and each op is single-threaded (the caller's one_thread: intra-op thread
-    pools spin-wait, which on a busy machine burns CPU time for nothing). The first error stops the
-    other jobs at their next tensor and is raised."""
-    n = min(max(1, workers), len(jobs))
-    # I/O threads only where a runner has a core to spare (fewer jobs than workers) or a device
-    # does the arithmetic; runners that take every core do their I/O themselves (JobIO)
-    io_threads = n < max(1, workers) or any(job.device is not None for job in jobs)
-    todo: queue_mod.SimpleQueue[ShardJob] = queue_mod.SimpleQueue()
-    for job in jobs:
-        todo.put(job)
-    cancel = threading.Event()
-    errors: list[BaseException] = []
-
-    def runner() -> None:
-        with JobIO(threads=io_threads) as io:
-            while not cancel.is_set():
-                try:
-                    job = todo.get_nowait()
-                except queue_mod.Empty:
-                    return
-                try:
-                    run_job(job, prog.handle, cancel if n > 1 else None, io, on_event)
-                except BaseException as e:  # noqa: BLE001 - handed to the calling thread
-                    errors.append(e)
-                    cancel.set()
-                    return
-
-    if n == 1:
-        runner()
-    else:
-        threads = [threading.Thread(target=runner, name=f"lowbit-job_{k}") for k in range(n)]
-        for t in threads:
-            t.start()
-        try:
-            for t in threads:
-                t.join()
-        except BaseException:
-            cancel.set()  # Ctrl-C here: the runners stop at their next tensor
-            for t in threads:
-                t.join()
-            raise
-    if errors:
-        first = next((e for e in errors if not isinstance(e, JobCancelled)), errors[0])
-        raise first
+def _run_arguments(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, ignore: list[str], include_lm_head: bool,
+                   resume: bool, overwrite: bool, dev: torch.device | None, opts: RunOptions) -> dict[str, Any]:
+    """What every rank of a job must have been given alike (``workers``, ``progress`` may differ)."""
+    return {"source": str(src_p), "output": str(out_p), "scheme": scheme.to_dict(), "format": fmt.value,
+            "ignore": ignore, "include_lm_head": include_lm_head, "resume": resume, "overwrite": overwrite,
+            "device": None if dev is None else dev.type, "part_bytes": opts.part_bytes}
 
 
 def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme = "nvfp4-e5m3",
                         format: str = "lowbit", *, workers: int = 2, ignore: Iterable[str] = (),
                         include_lm_head: bool = False, resume: bool = True, overwrite: bool = False,
                         progress: bool | None = None, device: str | torch.device | None = None,
-                        run_options: RunOptions | None = None) -> Path:
+                        run_options: RunOptions | None = None, group: Group | None = None) -> Path:
     """Quantize the safetensors checkpoint folder ``src`` into ``out`` without building the model.
 
     scheme: a preset needing no calibration (w4a16, w8a16, nvfp4a16, w8a8-int8-dynamic,
@@ -227,47 +154,62 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
         they run in this process, ``workers`` at once in threads (<= 1: one after another).
     device: quantize on this torch device ("cuda", "cuda:1"; default: the CPU), in this process,
         one tensor at a time; the output is bit-identical to the CPU's. DeviceError (lowbit.modelfree.device)
-        if it is not available.
+        if it is not available. Under torchrun "cuda" is each rank's own GPU (LOCAL_RANK).
     ignore: more linear modules to keep in float (exact names or full-match regular expressions).
     include_lm_head: quantize the output embedding too.
     resume: continue a run that was killed, skipping its finished shards (same arguments only).
     overwrite: replace ``out`` if it exists.
-    progress: progress bars on stderr (default: when stderr is a terminal).
+    progress: progress bars on stderr (default: when stderr is a terminal); rank 0's only.
     run_options: how the work is cut and scheduled (lowbit.modelfree.options.RunOptions; the
         output bytes do not depend on it).
+    group: the ranks to split the work over (default ``Group.join``: the initialised default
+        process group, or a new one under torchrun, else this process alone). Every rank calls
+        this function with the same arguments; each returns the output folder once it is complete.
     Returns the output folder. Raises SchemeError/FormatError/QuantizationError naming the option,
-    file or tensor; nothing is left half-written.
+    file or tensor (DistError when ranks disagree or another rank failed); nothing is left half-written.
     """
     from lowbit.formats import Format, get_layout
 
-    scheme = get_scheme(scheme)
-    check_model_free_scheme(scheme)
-    fmt = Format.parse(format)
-    layout = get_layout(fmt)
-    layout.check_scheme(scheme)
-    src_p, out_p = Path(src).resolve(), Path(out).resolve()
-    check_not_source(src_p, out_p)
-    ignore = list(ignore)
     dev = resolve_device(device)
-    with output_lock(out_p):  # a second run into the same folder is refused here, before any write
+    if group is None:
+        group = Group.join(dev)
+        dev = resolve_device(device)  # "cuda" is now this rank's GPU (Group.join set LOCAL_RANK's)
+    with together(group, "checking the arguments"):
+        scheme = get_scheme(scheme)
+        check_model_free_scheme(scheme)
+        fmt = Format.parse(format)
+        layout = get_layout(fmt)
+        layout.check_scheme(scheme)
+        src_p, out_p = Path(src).resolve(), Path(out).resolve()
+        check_not_source(src_p, out_p)
+        ignore = list(ignore)
+        opts = run_options or RunOptions()
+    group.agree_fields("the argument", _run_arguments(src_p, out_p, scheme, fmt, ignore, include_lm_head, resume,
+                                                      overwrite, dev, opts))
+    with ExitStack() as stack:
+        with together(group, "locking the output folder"):
+            if group.is_main:  # a second run into the same folder is refused here, before any write
+                stack.enter_context(output_lock(out_p))
         return _locked(src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume, overwrite, progress,
-                       workers, dev, run_options or RunOptions())
+                       workers, dev, opts, group)
 
 
 def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
             include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
-            dev: torch.device | None, opts: RunOptions) -> Path:
-    ckpt = Checkpoint(src_p)
+            dev: torch.device | None, opts: RunOptions, group: Group) -> Path:
+    with together(group, "reading the source"):
+        ckpt = Checkpoint(src_p)
     # worker processes start now, importing torch while the plan is made and finished shards found
-    source_total = sum(i.nbytes for i in ckpt.tensors.values())
+    source_total = sum(i.nbytes for i in ckpt.tensors.values()) // group.world
     units = sum(max(1, -(-sum(i.nbytes for i in infos) // opts.part_bytes)) for infos in ckpt.shard_tensors.values())
+    units = -(-units // group.world)  # this rank's share
     n_pool = 0 if opts.on_event is not None else use_pool(workers, units, source_total, dev, opts)
     pool = (opts.pool or ProcessPool)(n_pool) if n_pool else None
     ok = False
     try:
         with one_thread():  # the plan's probes, the tables built on first use, the jobs run here
             out_path = _quantize(ckpt, src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume,
-                                 overwrite, progress, workers, dev, pool, opts)
+                                 overwrite, progress, workers, dev, pool, opts, group)
         ok = True
         return out_path
     except OSError as e:
@@ -285,70 +227,69 @@ def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ign
 
 def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
               include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
-              dev: torch.device | None, pool: Any, opts: RunOptions) -> Path:
+              dev: torch.device | None, pool: Any, opts: RunOptions, group: Group) -> Path:
     from lowbit.files.writer import CheckpointWriter
 
-    plan = make_plan(ckpt, scheme, ignore, include_lm_head)
-    if not plan.quantized:
-        raise FormatError(f"{src_p}: no linear weights to quantize were found (config model_type "
-                          f"{ckpt.get('model_type')!r})")
+    with together(group, "making the plan"):
+        plan = make_plan(ckpt, scheme, ignore, include_lm_head)
+        if not plan.quantized:
+            raise FormatError(f"{src_p}: no linear weights to quantize were found (config model_type "
+                              f"{ckpt.get('model_type')!r})")
+        fp = _fingerprint(ckpt, scheme, fmt.value, ignore, include_lm_head, opts.part_bytes)
+    group.agree("the run's fingerprint (the source files' sizes and times, the lowbit version)", fp)
 
-    fp = _fingerprint(ckpt, scheme, fmt.value, ignore, include_lm_head, opts.part_bytes)
-    tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
-    same_run = resume and _previous_fingerprint(tmp) == fp
-    writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded,
-                              weights_stem=layout.weights_stem)
-    state = writer.tmp / MARKER_DIR
-    state.mkdir(exist_ok=True)
-    (state / RUN_FILE).write_text(json.dumps({"fingerprint": fp}))
-
-    # output shard names: source shards that write nothing (a tied duplicate head, FP8 scales) get none
-    kept = [s for s in ckpt.shards if any(it.kind is not Kind.DROP for it in plan.shards[s])]
-    out_names = {s: writer.files.shard(i + 1, len(kept)) if ckpt.sharded or len(kept) > 1 else writer.files.single
-                 for i, s in enumerate(kept)}
-    ours = {partial_path(writer.tmp, n).name for n in out_names.values()}
-    for p in writer.tmp.glob("*.partial*"):
-        if p.name not in ours:
-            p.unlink()  # a file some other step of a killed run was writing
-    shapes = OutputShapes(scheme, layout, plan.dtype)
-    jobs, done_bytes, skipped_bytes, unfinished = [], 0, 0, {}
-    for shard in ckpt.shards:
-        items = plan.shards[shard]
-        if shard not in out_names:
-            skipped_bytes += sum(it.src.nbytes for it in items)
-            continue
-        out_name = out_names[shard]
-        if read_marker(writer.tmp, out_name, fp) is not None:
-            done_bytes += sum(it.src.nbytes for it in items)
-            continue
-        jobs_of, done = _shard_jobs(writer.tmp, out_name, items, shapes, fp, opts.part_bytes, dict(
-            src_root=str(src_p), shard=shard, out_name=out_name, out_dir=str(writer.tmp), fingerprint=fp,
-            scheme=scheme, fmt=fmt.value, model_dtype=plan.dtype, fp8_block=plan.fp8_block,
-            device=None if dev is None else str(dev), reopen_bytes=opts.reopen_bytes))
-        unfinished[out_name] = len(jobs_of) + len(done)
-        jobs += jobs_of
-        done_bytes += sum(j.source_bytes for j in done)
-    jobs.sort(key=lambda j: -j.source_bytes)  # largest first balances the workers
-    total = sum(it.src.nbytes for items in plan.shards.values() for it in items)
+    writer, work = None, None
+    with together(group, "preparing the output folder"):
+        if group.is_main:
+            tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
+            same_run = resume and previous_fingerprint(tmp) == fp
+            writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded,
+                                      weights_stem=layout.weights_stem)
+            work = prepare_work(writer, ckpt, plan, scheme, fmt.value, layout, src_p, fp, dev, opts.part_bytes,
+                                opts.reopen_bytes)
+    work = group.broadcast_object(work)
+    mine = [work.jobs[i] for i in group.balance([j.source_bytes for j in work.jobs])]
     try:
-        with ShardProgress(progress, total, done_bytes + skipped_bytes, len(out_names)) as prog:
-            if done_bytes:
-                prog.log(f"resuming: {done_bytes / 1e9:.2f} of {total / 1e9:.2f} GB of source already done")
-            if pool is not None and len(jobs) > 1:
-                pool.run(jobs, prog)
-            else:
-                _run_in_process(jobs, workers, prog, opts.on_event)
-        for out_name, n_parts in unfinished.items():
-            finalize_shard(writer.tmp, out_name, n_parts, fp)
-        for shard, out_name in out_names.items():
-            meta = read_marker(writer.tmp, out_name, fp)
-            if meta is None:
-                raise FormatError(f"shard {out_name} (from {shard}) was not completed")  # pragma: no cover
-            writer.write_shard(None, out_name)
-        writer.write_json("config.json", _output_config(ckpt, plan, layout))
-        writer.copy_aux_files(src_p)
-        shutil.rmtree(state)
-        return writer.close()
-    except LowbitError:
-        writer.abort()  # bad data: nothing half-written stays behind
+        with together(group, "quantizing its share of the shards"):
+            _run_jobs(mine, work, progress if group.is_main else False, workers, pool, opts, group)
+        with together(group, "finishing the output folder"):
+            if writer is not None:
+                _finish(writer, work, ckpt, plan, layout, src_p, fp)
+        return out_p
+    except LowbitError as e:
+        if writer is not None and is_data_error(e):
+            writer.abort()  # bad data: nothing half-written stays behind
         raise
+
+
+def _run_jobs(jobs: list[ShardJob], work: Work, progress: bool | None, workers: int, pool: Any, opts: RunOptions,
+              group: Group) -> None:
+    """This rank's units of work, in worker processes or in this process, with progress bars."""
+    if group.distributed:
+        prog = ShardProgress(progress, sum(j.source_bytes for j in jobs), 0, label=(
+            f"[bold]rank {group.rank}/{group.world}: {len(jobs)} of {len(work.jobs)} units"))
+    else:
+        prog = ShardProgress(progress, work.total, work.done_bytes + work.skipped_bytes, len(work.out_names))
+    with prog:
+        if work.done_bytes:
+            prog.log(f"resuming: {work.done_bytes / 1e9:.2f} of {work.total / 1e9:.2f} GB of source already done")
+        if pool is not None and len(jobs) > 1:
+            pool.run(jobs, prog)
+        else:
+            run_in_process(jobs, workers, prog, opts.on_event)
+
+
+def _finish(writer: Any, work: Work, ckpt: Checkpoint, plan: Plan, layout: Any, src_p: Path, fp: str) -> Path:
+    """Once every unit is done (on every rank): the shards renamed into place, the index, config.json
+    and the tokenizer files written, and the folder renamed to the output."""
+    for out_name, n_parts in work.unfinished.items():
+        finalize_shard(writer.tmp, out_name, n_parts, fp)
+    for shard, out_name in work.out_names.items():
+        meta = read_marker(writer.tmp, out_name, fp)
+        if meta is None:
+            raise FormatError(f"shard {out_name} (from {shard}) was not completed")  # pragma: no cover
+        writer.write_shard(None, out_name)
+    writer.write_json("config.json", _output_config(ckpt, plan, layout))
+    writer.copy_aux_files(src_p)
+    shutil.rmtree(writer.tmp / MARKER_DIR)
+    return writer.close()
