@@ -156,9 +156,9 @@ def test_cli_device_needs_model_free(tmp_path):
 
     from lowbit.cli import app
 
-    r = CliRunner().invoke(app, ["quantize", str(tmp_path), "--scheme", "w4a16", "--device", "cuda"])
+    r = CliRunner().invoke(app, ["quantize", str(tmp_path), "--scheme", "w4a16", "--device", "cuda", "--in-memory"])
     assert r.exit_code != 0
-    assert "--device applies to --model-free" in (r.output + str(r.exception))
+    assert "--device applies to model-free and streamed" in (r.output + str(r.exception))
 
 
 @pytest.mark.gpu

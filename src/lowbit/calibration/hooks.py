@@ -2,8 +2,8 @@
 
 ``LayerwiseCalibrator.run(..., hooks=...)`` calls, in order: ``start`` once (before the first
 layer's inputs are captured: the layers still to run, and the saved inputs of the first of them
-when a killed run is resumed), then for each decoder layer ``enter`` (before it is calibrated:
-make its weights present), and ``leave`` (after it is quantized and, unless it is the last, its
+when a killed run is resumed), ``captured`` once they are captured, then for each decoder layer
+``enter`` (before it is calibrated: make its weights present), and ``leave`` (after it is quantized and, unless it is the last, its
 outputs computed: write it, free it). ``InMemory`` (the default) does nothing: the whole model
 is in memory. ``lowbit.streamed`` reads each layer from the checkpoint and writes it out.
 
@@ -24,6 +24,9 @@ class InMemory:
     def start(self, path: str, layers: nn.ModuleList) -> tuple[int, list[torch.Tensor] | None]:
         """(index of the first layer to run, the hidden states entering it or None: captured)."""
         return 0, None
+
+    def captured(self) -> None:
+        """The first layer's inputs are captured: what ran before it is not needed until the end."""
 
     def enter(self, i: int, layer: nn.Module) -> None:
         pass

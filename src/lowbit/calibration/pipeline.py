@@ -88,6 +88,7 @@ class LayerwiseCalibrator:
         self.smoothquant = smoothquant
         self.static = scheme.needs_calibration
         self._run_on: torch.device | None = None  # each batch's device when activations are offloaded
+        self._layer_device: torch.device | None = None  # where each layer computes (None: where it is)
         self.maps: tuple[SmoothMapping, ...] = ()
         family = model_type(model)
         if smoothquant is not None:
@@ -228,11 +229,13 @@ class LayerwiseCalibrator:
             path, layers = found
             first, saved = hooks.start(path, layers)
             inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
+            hooks.captured()
             if saved is not None:  # a resumed run: the hidden states entering layer `first`
                 inputs = [with_hidden(c, h) for c, h in zip(inputs, saved)]
             if hooks.device is not None and not hooks.offload:
                 inputs = [move_call(c, hooks.device) for c in inputs]
             self._run_on = hooks.device if hooks.offload else None
+            self._layer_device = hooks.device
             float_inputs = self.cfg.inputs_for(self.scheme) is LayerInputs.FLOAT
             show = sys.stderr.isatty() if progress is None else progress
             bar = tqdm(total=len(layers), initial=first, desc=f"calibrating {self.scheme.name}", unit="layer",
@@ -288,6 +291,8 @@ class LayerwiseCalibrator:
                     if head in fresh:
                         stats[g[0]] = fresh[head]
         self._quantize_groups(layer, groups, rel, stats)
+        if self._layer_device is not None:
+            layer.to(self._layer_device)  # GPTQ's results come from the CPU
         return outs
 
     def _whole_model(self, names: list[str], tokens: torch.Tensor) -> None:

@@ -62,7 +62,7 @@ def reduce_stats(group: Group, stats: list[GroupStats]) -> None:
         n = st.all_pos.channel_max.shape[0]
         prev = None
         if group.rank > 0:
-            prev = group.recv(torch.empty(n, n, dtype=torch.float64), group.rank - 1)
+            prev = group.recv(torch.empty(n, n, dtype=torch.float64, device=st.all_pos.channel_max.device), group.rank - 1)
             h.continue_from(prev, n)
         if group.rank < last:
             group.send(h.take(), group.rank + 1)
@@ -78,7 +78,7 @@ def send_hessian(group: Group, st: GroupStats, dst: int) -> None:
     if group.rank == last:
         group.send(h.upper(), dst)  # kept: another batch may need it too
     elif group.rank == dst:
-        h.put(group.recv(torch.empty(n, n, dtype=torch.float64), last))
+        h.put(group.recv(torch.empty(n, n, dtype=torch.float64, device=st.all_pos.channel_max.device), last))
 
 
 def solve_spread(group: Group, weights: list[list[torch.Tensor]], stats: list[GroupStats], spec, *,
@@ -86,11 +86,20 @@ def solve_spread(group: Group, weights: list[list[torch.Tensor]], stats: list[Gr
     """``gptq_quantize_groups`` of the groups (weights, their statistics' Hessians), with each of
     its column-loop batches (``gptq_batches``: the unit whose numbers must not be split) solved on
     one rank, ``Group.owner(batch index)``, and the results sent to every rank. One process: the
-    plain call. The same QuantizedTensors as one process."""
+    plain call. The same QuantizedTensors as one process. The solves run on the CPU (weights and
+    Hessians computed on an accelerator are copied); the results are CPU tensors."""
     from lowbit.algorithms.gptq import gptq_batches, gptq_quantize_groups
 
+    cpu = torch.device("cpu")
+    weights = [[w.to(cpu) for w in ws] for ws in weights]  # GPTQ's column loop runs on the CPU (C or torch)
+    global_scales = [[None if g is None else g.to(cpu) for g in gs] for gs in global_scales]
+
+    def hessian(st):
+        h = st.hessian_upper
+        return None if h is None else h.to(cpu)
+
     if not group.distributed:
-        return gptq_quantize_groups(weights, [st.hessian_upper for st in stats], spec, global_scales=global_scales,
+        return gptq_quantize_groups(weights, [hessian(st) for st in stats], spec, global_scales=global_scales,
                                     options=options, names=names)
     batches = gptq_batches(weights, stats, options)  # sharing decided by object identity, as with the Hessians
     for j, ks in enumerate(batches):
@@ -100,7 +109,7 @@ def solve_spread(group: Group, weights: list[list[torch.Tensor]], stats: list[Gr
     for j, ks in enumerate(batches):
         mine = None
         if group.owns(j):
-            mine = gptq_quantize_groups([weights[k] for k in ks], [stats[k].hessian_upper for k in ks], spec,
+            mine = gptq_quantize_groups([weights[k] for k in ks], [hessian(stats[k]) for k in ks], spec,
                                         global_scales=[global_scales[k] for k in ks], options=options,
                                         names=[names[k] for k in ks])
         for k, r in zip(ks, group.broadcast_object(mine, src=group.owner(j))):

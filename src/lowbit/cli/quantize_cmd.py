@@ -119,7 +119,11 @@ def quantize_cmd(
         cfg = _config(calib_samples, calib_seq_len, wr, li, preset)
         from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
 
-        if not in_memory and kv is None and calibrates(sch, sq, cfg):
+        stream = not in_memory and kv is None and calibrates(sch, sq, cfg)
+        if (device is not None or offload_activations) and not stream:
+            raise OptionError(f"--device/--offload-activations apply to model-free and streamed quantization, and "
+                              f"{sch.name} without calibration options is neither: add --model-free")
+        if stream:
             extra = _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, allow_unquantized,
                               device, offload_activations)
             if extra is None:
@@ -207,8 +211,7 @@ def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, a
     """Calibrate and quantize ``folder`` streamed (lowbit.streamed); None on ranks other than 0."""
     from lowbit.streamed import run_streamed
 
-    err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}, streamed from {folder}[/dim]",
-                      highlight=False)
+    err_console.print(f"[dim]calibrating on {calib or 'the built-in text'} (streamed)[/dim]", highlight=False)
     from lowbit.dist import Group
     from lowbit.modelfree.device import resolve_device
 
@@ -216,7 +219,7 @@ def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, a
     try:
         res = run_streamed(folder, out, sch, fmt, calibration=calib or "builtin", smoothquant=sq_choice, config=cfg,
                            ignore=list(ignore or ()), allow_unquantized=allow_unquantized, overwrite=overwrite,
-                           progress=group.is_main, device=device, offload=offload)
+                           progress=None if group.is_main else False, device=device, offload=offload)
     finally:
         if group.distributed:
             import torch.distributed as dist

@@ -53,7 +53,7 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
                         config=None, preset: str | None = None, ignore: Iterable[str] = (),
                         include_lm_head: bool = False, allow_unquantized: bool = False, resume: bool = True,
                         overwrite: bool = False, progress: bool | None = None, device: str | None = None,
-                        offload: bool = False, workers: int = 2, run_options=None,
+                        offload: bool = False, workers: int = 2, run_options=None, group=None,
                         **calibration_options) -> Path:
     """Quantize the checkpoint folder ``src`` into ``out`` and return ``out``.
 
@@ -65,6 +65,7 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     device: where each layer is calibrated and quantized ("cuda", "cuda:1"; default: the CPU).
     offload: keep the calibration activations in CPU memory and move each batch to ``device``
         when it runs (for activations larger than the device's memory).
+    group: the ranks to split the work over (``lowbit.dist.Group``; default: ``Group.join``).
     resume: continue a killed run from its last finished layer (the same arguments only).
     Errors: QuantizationError / FormatError / SchemeError naming the option, file or tensor; an
     interrupted run leaves only its temporary folder (resumable), never a half-written output.
@@ -73,13 +74,13 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
                         smoothquant=smoothquant, config=config, preset=preset, ignore=ignore,
                         include_lm_head=include_lm_head, allow_unquantized=allow_unquantized, resume=resume,
                         overwrite=overwrite, progress=progress, device=device, offload=offload, workers=workers,
-                        run_options=run_options, **calibration_options).path
+                        run_options=run_options, group=group, **calibration_options).path
 
 
 def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokenizer=None, smoothquant=DEFAULT,
                  config=None, preset=None, ignore=(), include_lm_head=False, allow_unquantized=False, resume=True,
                  overwrite=False, progress=None, device=None, offload=False, workers=2, run_options=None,
-                 **calibration_options) -> StreamResult:
+                 group=None, **calibration_options) -> StreamResult:
     """``quantize_checkpoint`` returning what the run did (``StreamResult``; the CLI prints it)."""
     from lowbit.formats import Format, get_layout
     from lowbit.model_quant import calibrates, calibration_config
@@ -92,24 +93,24 @@ def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokeniz
     except ValueError as e:
         raise QuantizationError(str(e)) from None
     cfg = calibration_config(config, preset, calibration_options)
-    if not calibrates(scheme, sq, cfg):
+    if calibration is None or not calibrates(scheme, sq, cfg):
+        # model-free: it refuses schemes that need calibration, naming the dynamic alternatives
+        if calibration is None and not scheme.needs_calibration and calibrates(scheme, sq, cfg):
+            raise QuantizationError(f"{scheme.name} with SmoothQuant or GPTQ needs calibration data (pass "
+                                    f"{{calibration}})", calibration=OptionRef("calibration", "builtin"))
         from lowbit.modelfree import quantize_checkpoint as model_free
 
         path = model_free(src, out, scheme, fmt.value, workers=workers, ignore=ignore, include_lm_head=include_lm_head,
                           resume=resume, overwrite=overwrite, progress=progress, device=device,
-                          run_options=run_options)
+                          run_options=run_options, group=group)
         return StreamResult(Path(path), {}, peak_rss=peak_rss_bytes())
-    if calibration is None:
-        what = "static activation scales" if scheme.needs_calibration else "SmoothQuant or GPTQ"
-        raise QuantizationError(f"scheme {scheme.name} with {what} needs calibration data (pass {{calibration}})",
-                                calibration=OptionRef("calibration", "builtin"))
     if include_lm_head:
         raise QuantizationError("a calibrated output head is not streamed yet: drop {head}, or quantize in memory "
                                 "(lowbit.quantize, then lowbit.save)", head=OptionRef("include_lm_head"))
     from lowbit.streamed.run import streamed
 
-    return streamed(Path(src), Path(out), scheme, fmt, sq, smoothquant, cfg, calibration, tokenizer, list(ignore),
-                    allow_unquantized, resume, overwrite, progress, device, offload)
+    return streamed(Path(src), Path(out), scheme, fmt, sq, cfg, calibration, tokenizer, list(ignore),
+                    allow_unquantized, resume, overwrite, progress, device, offload, group)
 
 
 def fingerprint(src: Path, ckpt, scheme: Scheme, fmt, tokens: torch.Tensor, cfg, smoothquant, ignore: list[str],

@@ -38,18 +38,17 @@ def local_batches(tokens: torch.Tensor, batch_size: int, group) -> torch.Tensor:
     return tokens[share.start * batch_size:min(tokens.shape[0], share.stop * batch_size)]
 
 
-def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, smoothquant, cfg, calibration, tokenizer,
-             ignore: list[str], allow_unquantized: bool, resume: bool, overwrite: bool, progress, device,
-             offload: bool):
-    from lowbit.calibration import LayerwiseCalibrator, calibration_tokens
+def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, cfg, calibration, tokenizer, ignore: list[str],
+             allow_unquantized: bool, resume: bool, overwrite: bool, progress, device, offload: bool, group=None):
+    from lowbit.calibration import calibration_tokens
     from lowbit.calibration.capture import find_decoder_layers
     from lowbit.dist import Group
     from lowbit.files.outguard import check_not_source
     from lowbit.files.writer import check_output_free
     from lowbit.model_quant import check_targets
     from lowbit.modelfree.device import resolve_device
-    from lowbit.streamed.api import StreamResult, fingerprint, peak_rss_bytes
-    from lowbit.streamed.output import StreamOutput, ignore_list
+    from lowbit.streamed.api import fingerprint
+    from lowbit.streamed.output import StreamOutput
     from lowbit.streamed.skeleton import Skeleton
     from lowbit.streamed.stream import LayerStream
     from lowbit.targets import quantizable_linears
@@ -57,7 +56,7 @@ def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, smoothquant, cfg, ca
     dev = resolve_device(device)
     check_not_source(src, out)
     check_output_free(out, overwrite)
-    group = Group.join(dev)
+    group = group or Group.join(dev)
     skel = Skeleton.open(src)
     model = skel.model
     left = check_targets(model, ignore, False, allow_unquantized)
@@ -80,18 +79,41 @@ def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, smoothquant, cfg, ca
 
         shutil.rmtree(out.parent / f".{out.name}.lowbit-tmp", ignore_errors=True)
     output = StreamOutput(out, fmt, fp, len(layers), group, overwrite=overwrite)
-    stream = LayerStream(skel, output, dev, offload, log=bool(progress))
-    ok = False
+    # a line per layer: asked for, or one per rank under torchrun (no terminal bar there)
+    log = progress is True or (group.distributed and progress is not False)
+    stream = LayerStream(skel, output, dev, offload, log=log)
     try:
-        calib = LayerwiseCalibrator(model, scheme, cfg, smoothquant=sq, group=group)
-        report = calib.run(local_batches(tokens, cfg.batch_size, group), names, progress=progress and group.is_main,
-                           hooks=stream)
-        report.num_samples = int(tokens.shape[0])
-        summary = output.finish(model, path, ignore_list(model, names), tok, src, scheme)
-        summary["unquantized_targets"] = [n for n, _ in left]
-        ok = True
+        return _run(group, skel, model, output, stream, scheme, cfg, sq, tokens, names, path, tok, src, out, left,
+                    progress)
+    except OSError as e:
+        output.abort()
+        from lowbit.errors import LowbitError
+        from lowbit.files.writer import write_failure
+
+        if isinstance(e, LowbitError):
+            raise
+        tmp = out.parent / f".{out.name}.lowbit-tmp"
+        hint = (f"; the finished layers stay in {tmp}: run the same command again to resume, or delete that "
+                f"folder") if tmp.exists() else ""
+        raise write_failure(e, out, hint) from None
+    except BaseException:
+        output.abort()  # the temporary folder stays: the same command resumes
+        raise
     finally:
         stream.close()
-        if not ok:
-            output.abort()
+
+
+def _run(group, skel, model, output, stream, scheme, cfg, sq, tokens, names, path, tok, src, out, left, progress):
+    """The layer loop and the output's end; the StreamResult."""
+    from lowbit.calibration import LayerwiseCalibrator
+    from lowbit.streamed.api import StreamResult, peak_rss_bytes
+    from lowbit.streamed.output import ignore_list
+
+    calib = LayerwiseCalibrator(model, scheme, cfg, smoothquant=sq, group=group)
+    report = calib.run(local_batches(tokens, cfg.batch_size, group), names,
+                       progress=progress if group.is_main else False, hooks=stream)
+    report.num_samples = int(tokens.shape[0])
+    skel.materialize_outside(path)  # released after the capture (LayerStream.captured)
+    summary = output.finish(model, path, ignore_list(model, names), tok, src, scheme)
+    summary["unquantized_targets"] = [n for n, _ in left]
     return StreamResult(out, summary, report, stream.seconds, peak_rss_bytes(), group.world)

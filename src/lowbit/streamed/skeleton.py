@@ -147,6 +147,16 @@ class Skeleton:
             head, emb = self.model.get_output_embeddings(), self.model.get_input_embeddings()
             head.weight = emb.weight
 
+    def release_outside(self, layers_path: str) -> None:
+        """Every parameter outside the decoder layers back to the meta device (after the first
+        layer's inputs are captured nothing runs them until the end, when ``materialize_outside``
+        reads them again for the output)."""
+        for name, m in self.model.named_modules():
+            if name == layers_path or name.startswith(layers_path + "."):
+                continue
+            for k, p in list(m.named_parameters(recurse=False)):
+                setattr(m, k, nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False))
+
     @staticmethod
     def release(module: nn.Module) -> None:
         module.to("meta")

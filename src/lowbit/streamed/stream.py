@@ -4,7 +4,9 @@ Before layer i is calibrated its tensors are read from the checkpoint (``Skeleto
 ``device``, moved there; while it computes, a background thread reads layer i + 1 (one layer
 ahead, so at most two layers' float weights are in memory). After layer i is quantized its
 shard and the resume state are written (``StreamOutput``) and the layer goes back to the meta
-device. Memory therefore holds the embeddings and head, one or two layers, and the calibration
+device. The embeddings (and whatever else lies outside the decoder layers) are read for the
+capture of the first layer's inputs and released after it (``captured``), until the output's
+last shard is written. Memory therefore holds one or two layers and the calibration
 activations: it does not grow with the number of layers.
 """
 
@@ -48,6 +50,9 @@ class LayerStream(InMemory):
         if saved is not None and self.log:
             print(f"resuming at decoder layer {first} of {len(layers)}", file=sys.stderr)
         return first, saved
+
+    def captured(self) -> None:
+        self.skel.release_outside(self.path)
 
     def enter(self, i: int, layer: nn.Module) -> None:
         self._t = time.perf_counter()
