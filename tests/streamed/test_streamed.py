@@ -112,3 +112,23 @@ def test_without_calibration_it_is_model_free(llama_src, tmp_path):
     a = lowbit.quantize_checkpoint(llama_src, tmp_path / "a", "w4a16")
     b = lowbit.modelfree.quantize_checkpoint(llama_src, tmp_path / "b", "w4a16")
     assert_same_tensors(folder_tensors(a), folder_tensors(b))
+
+
+def test_device_and_offloaded_activations_change_nothing_on_the_cpu(llama_src, tmp_path):
+    """device="cpu" with offload runs every batch through the move-to-device path (what a GPU run
+    does); on the CPU the numbers are the same."""
+    a = lowbit.quantize_checkpoint(llama_src, tmp_path / "a", "nvfp4", calibration=TOKENS)
+    b = lowbit.quantize_checkpoint(llama_src, tmp_path / "b", "nvfp4", calibration=TOKENS, device="cpu", offload=True)
+    assert_same_tensors(folder_tensors(a), folder_tensors(b))
+
+
+def test_distributed_refuses_what_it_cannot_combine(llama_src, tmp_path):
+    from lowbit.dist import DistError, Group
+
+    two = Group(rank=0, world=2, distributed=True)  # refused before any collective
+    with pytest.raises(DistError, match="observer"):
+        lowbit.quantize_checkpoint(llama_src, tmp_path / "a", "w8a8-int8", calibration=TOKENS, observer="mse",
+                                   group=two)
+    with pytest.raises(DistError, match="auto"):
+        lowbit.quantize_checkpoint(llama_src, tmp_path / "b", "w8a8-int8", calibration=TOKENS, smoothquant="auto",
+                                   group=two)

@@ -57,6 +57,9 @@ def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, cfg, calibration, to
     check_not_source(src, out)
     check_output_free(out, overwrite)
     group = group or Group.join(dev)
+    from lowbit.calibration.reduce import check_distributable
+
+    check_distributable(group, cfg, sq)  # before any collective
     skel = Skeleton.open(src)
     model = skel.model
     left = check_targets(model, ignore, False, allow_unquantized)
