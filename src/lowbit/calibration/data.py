@@ -100,6 +100,10 @@ class CalibrationConfig:
         "quantized" with GPTQ: with RTN weights float inputs measured better and about twice
         as fast; with GPTQ the two were within noise, so GPTQ keeps the sequential inputs it is
         defined with (bench/RESULTS-quantize.md, "Layer inputs").
+    reconstruct_iters: after each layer is quantized, signed-gradient steps that re-choose each
+        weight's rounding direction to reproduce the float layer's output
+        (``lowbit.algorithms.reconstruct``; scales unchanged, so files stay standard); 0: off.
+    reconstruct_lr: the step, in grid units (default None: 1 / reconstruct_iters).
     """
 
     num_samples: int = 16
@@ -116,6 +120,8 @@ class CalibrationConfig:
     gptq_block_size: int = 128
     gptq_act_order: bool = False
     layer_inputs: LayerInputs | None = None
+    reconstruct_iters: int = 0
+    reconstruct_lr: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
@@ -133,6 +139,13 @@ class CalibrationConfig:
                 or self.gptq_block_size < 1:
             raise CalibrationError(f"gptq_block_size must be a positive integer, got {self.gptq_block_size!r}")
         self._coerce("layer_inputs", LayerInputs)
+        if isinstance(self.reconstruct_iters, bool) or not isinstance(self.reconstruct_iters, int) \
+                or self.reconstruct_iters < 0:
+            raise CalibrationError(f"reconstruct_iters must be an integer >= 0, got {self.reconstruct_iters!r}")
+        if self.reconstruct_lr is not None and not (isinstance(self.reconstruct_lr, (int, float))
+                                                    and not isinstance(self.reconstruct_lr, bool)
+                                                    and self.reconstruct_lr > 0):
+            raise CalibrationError(f"reconstruct_lr must be a positive number, got {self.reconstruct_lr!r}")
         if not isinstance(self.gptq_act_order, bool):
             raise CalibrationError(f"gptq_act_order must be True or False, got {self.gptq_act_order!r}")
 
@@ -164,6 +177,14 @@ class CalibrationConfig:
         """What layers are calibrated on for ``scheme``: the one asked for, else
         ``default_layer_inputs(self.rounding_for(scheme))``."""
         return self.layer_inputs if self.layer_inputs is not None else default_layer_inputs(self.rounding_for(scheme))
+
+    def reconstruct_options(self):
+        """The block-reconstruction options, None when it is off."""
+        from lowbit.algorithms.reconstruct import ReconstructOptions
+
+        if self.reconstruct_iters <= 0:
+            return None
+        return ReconstructOptions(iters=self.reconstruct_iters, lr=self.reconstruct_lr)
 
     def gptq_options(self) -> GPTQOptions:
         return GPTQOptions(damping=float(self.gptq_damping), block_size=self.gptq_block_size,

@@ -32,7 +32,9 @@ class InMemory:
         pass
 
     def leave(self, i: int, layer: nn.Module, next_hidden: list[torch.Tensor] | None) -> None:
-        pass
+        """``next_hidden``: what enters layer i + 1 (None after the last): one tensor per batch,
+        then, with block reconstruction on quantized inputs, the float model's per batch; ``start``
+        gives the same list back to a resumed run."""
 
 
 def move_call(call: tuple[tuple, dict], device: torch.device | None) -> tuple[tuple, dict]:

@@ -51,6 +51,7 @@ from lowbit.fusion import fused_groups, shared_weight_global_scales
 from lowbit.modules import QuantLinear
 from lowbit.moe import all_tokens, same_input_groups
 from lowbit.algorithms.gptq import WeightRounding
+from lowbit.algorithms.reconstruct import reconstruct_layer
 from lowbit.quant.input_scales import input_scales_from_amax
 from lowbit.schemes import Scheme
 from lowbit.algorithms.smoothquant.fold import fold_smoothing, smooth_scales
@@ -89,6 +90,7 @@ class LayerwiseCalibrator:
         self.static = scheme.needs_calibration
         self._run_on: torch.device | None = None  # each batch's device when activations are offloaded
         self._layer_device: torch.device | None = None  # where each layer computes (None: where it is)
+        self._float_hidden: list[torch.Tensor] | None = None  # the float model's, for reconstruction targets
         self.maps: tuple[SmoothMapping, ...] = ()
         family = model_type(model)
         if smoothquant is not None:
@@ -230,8 +232,16 @@ class LayerwiseCalibrator:
             first, saved = hooks.start(path, layers)
             inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
             hooks.captured()
+            # block reconstruction on quantized layer inputs aims at the float model's outputs:
+            # the float model's hidden states are carried along (the float inputs otherwise are them)
+            self._float_hidden = None
+            if self.cfg.reconstruct_iters and self.cfg.inputs_for(self.scheme) is LayerInputs.QUANTIZED:
+                self._float_hidden = [hidden_of(c) for c in inputs]
             if saved is not None:  # a resumed run: the hidden states entering layer `first`
-                inputs = [with_hidden(c, h) for c, h in zip(inputs, saved)]
+                n = len(inputs)
+                inputs = [with_hidden(c, h) for c, h in zip(inputs, saved[:n])]
+                if self._float_hidden is not None:
+                    self._float_hidden = list(saved[n:])
             if hooks.device is not None and not hooks.offload:
                 inputs = [move_call(c, hooks.device) for c in inputs]
             self._run_on = hooks.device if hooks.offload else None
@@ -254,7 +264,10 @@ class LayerwiseCalibrator:
                         with _fast_backends(layer):
                             outs = run_layer(layer, inputs, self._run_on)
                     inputs = [with_hidden(c, o) for c, o in zip(inputs, outs)]
-                hooks.leave(i, layer, [hidden_of(c) for c in inputs] if more else None)
+                if not lnames and self._float_hidden is not None:
+                    self._float_hidden = self._float_outputs(layer, inputs)
+                carried = [hidden_of(c) for c in inputs] + (self._float_hidden or [])
+                hooks.leave(i, layer, carried if more else None)
                 bar.update(1)
             done.update(n for n in names if n.startswith(path + "."))
             bar.close()
@@ -290,10 +303,27 @@ class LayerwiseCalibrator:
                     head = rep.get(g[0], g[0])
                     if head in fresh:
                         stats[g[0]] = fresh[head]
+        recon = self.cfg.reconstruct_options()
+        if recon is not None:  # the float layer's weights and outputs, before quantization
+            floats = {rel[n]: layer.get_submodule(rel[n]).weight.detach() for n in lnames}
+            if self._float_hidden is not None:  # the float layer on the float model's hidden states
+                targets = self._float_hidden = self._float_outputs(layer, inputs)
+            else:
+                targets = outs if outs is not None else run_layer(layer, inputs, self._run_on)
         self._quantize_groups(layer, groups, rel, stats)
         if self._layer_device is not None:
             layer.to(self._layer_device)  # GPTQ's results come from the CPU
+        if recon is not None:
+            r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on)
+            self.report.reconstruct[prefix.rstrip(".")] = {"mse_start": r.mse_start, "mse_end": r.mse_end,
+                                                           "changed": r.changed, "weights": r.weights}
         return outs
+
+    def _float_outputs(self, layer: nn.Module, inputs: Inputs) -> list[torch.Tensor]:
+        """The (still float) layer's outputs on the float model's hidden states."""
+        calls = [with_hidden(c, h) for c, h in zip(inputs, self._float_hidden)]
+        with _fast_backends(layer):
+            return run_layer(layer, calls, self._run_on)
 
     def _whole_model(self, names: list[str], tokens: torch.Tensor) -> None:
         """Linears outside the decoder layers: observe during full forwards, then quantize."""

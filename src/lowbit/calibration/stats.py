@@ -33,6 +33,7 @@ class CalibrationReport:
     layer_inputs: str = "quantized"
     gptq: dict | None = None            # GPTQ options (damping, block_size, act_order) when used
     groups: dict[str, GroupReport] = field(default_factory=dict)
+    reconstruct: dict[str, dict] = field(default_factory=dict)  # per decoder layer: output MSE before/after
     seconds: float = 0.0
 
 

@@ -214,7 +214,9 @@ def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, a
     err_console.print(f"[dim]calibrating on {calib or 'the built-in text'} (streamed)[/dim]", highlight=False)
     from lowbit.dist import Group
     from lowbit.modelfree.device import resolve_device
+    from lowbit.streamed.stream import release_freed_blocks
 
+    release_freed_blocks()  # this process quantizes one layer after another: freed layers go back at once
     group = Group.join(resolve_device(device))
     try:
         res = run_streamed(folder, out, sch, fmt, calibration=calib or "builtin", smoothquant=sq_choice, config=cfg,
