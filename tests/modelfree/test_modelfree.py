@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 import lowbit
+from helpers.modelfree import mf, no_output
 from lowbit.modelfree import RunOptions
 from helpers.folders import assert_same_tensors, folder_tensors
 from helpers.models import tiny_llama
@@ -33,14 +34,8 @@ def reference(model, scheme: str, tmp: Path, **kw) -> tuple[torch.nn.Module, Pat
     return q, out
 
 
-def mf(src: Path, out: Path, scheme: str, **kw) -> Path:
-    kw.setdefault("workers", 0)
-    kw.setdefault("progress", False)
-    return lowbit.quantize_checkpoint(src, out, scheme=scheme, **kw)
 
 
-def no_output(out: Path) -> bool:
-    return not out.exists() and not any(out.parent.glob(f".{out.name}*"))
 
 
 @pytest.fixture(scope="module")

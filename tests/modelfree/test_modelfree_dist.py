@@ -6,7 +6,6 @@ and the failure paths of each step are checked with a stand-in for the other ran
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any, Callable
 import pytest
 
 import lowbit
+from helpers.modelfree import digests, mf, no_output
 from helpers.models import tiny_llama
 from lowbit.dist import DistError, Group
 from lowbit.modelfree import RunOptions
@@ -27,19 +27,10 @@ SRC_ROOT = Path(lowbit.__file__).resolve().parents[1]  # the lowbit under test, 
 PARTS = 100_000  # source bytes per unit: every shard cut in parts, so ranks share shards
 
 
-def digests(folder: Path) -> dict[str, str]:
-    """sha256 of every file in ``folder`` (nothing else may be there)."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(folder).iterdir())}
 
 
-def mf(src: Path, out: Path, scheme: str, **kw) -> Path:
-    kw.setdefault("workers", 0)
-    kw.setdefault("progress", False)
-    return lowbit.quantize_checkpoint(src, out, scheme=scheme, **kw)
 
 
-def no_output(out: Path) -> bool:
-    return not out.exists() and not any(out.parent.glob(f".{out.name}*"))
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ def _same(a, b) -> None:
     ("nvfp4", "lowbit", {}),                                       # GPTQ (its default) + global scales
     ("w4a16", "compressed-tensors", {"weight_rounding": "gptq"}),
     ("w8a8-fp8", "fake", {"layer_inputs": "float"}),
+    ("nvfp4", "lowbit", {"reconstruct_iters": 4}),                 # block reconstruction (float targets carried)
 ])
 def test_streamed_equals_in_memory(llama_src, tmp_path, scheme, fmt, kw):
     a = in_memory(llama_src, tmp_path / "mem", scheme, fmt, TOKENS, **kw)
@@ -51,10 +52,11 @@ def test_streamed_moe_equals_in_memory(tmp_path, family):
     _same(a, b)
 
 
-def test_kill_then_resume_gives_the_same_bytes(llama_src, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kw", [{}, {"reconstruct_iters": 4}])
+def test_kill_then_resume_gives_the_same_bytes(llama_src, tmp_path, monkeypatch, kw):
     from lowbit.streamed.output import StreamOutput
 
-    whole = lowbit.quantize_checkpoint(llama_src, tmp_path / "whole", "nvfp4", calibration=TOKENS)
+    whole = lowbit.quantize_checkpoint(llama_src, tmp_path / "whole", "nvfp4", calibration=TOKENS, **kw)
     real = StreamOutput.write_layer
 
     def dies_after_two(self, i, *a, **k):
@@ -65,12 +67,12 @@ def test_kill_then_resume_gives_the_same_bytes(llama_src, tmp_path, monkeypatch)
     monkeypatch.setattr(StreamOutput, "write_layer", dies_after_two)
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
-        lowbit.quantize_checkpoint(llama_src, out, "nvfp4", calibration=TOKENS)
+        lowbit.quantize_checkpoint(llama_src, out, "nvfp4", calibration=TOKENS, **kw)
     assert not out.exists() and (tmp_path / ".resumed.lowbit-tmp" / ".lowbit-stream" / "progress.json").is_file()
     monkeypatch.setattr(StreamOutput, "write_layer", real)
     seen = []
     monkeypatch.setattr(StreamOutput, "write_layer", lambda self, i, *a, **k: (seen.append(i), real(self, i, *a, **k)))
-    lowbit.quantize_checkpoint(llama_src, out, "nvfp4", calibration=TOKENS)
+    lowbit.quantize_checkpoint(llama_src, out, "nvfp4", calibration=TOKENS, **kw)
     assert seen == [2]  # layers 0 and 1 were not computed again
     for f in sorted(whole.iterdir()):
         assert (out / f.name).read_bytes() == f.read_bytes(), f.name

@@ -3,7 +3,6 @@ one process: statistics and Hessians are combined exactly, GPTQ solves spread ov
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.modelfree import digests
 from helpers.models import tiny_llama
 from helpers.moe_models import tiny_moe
 from helpers.streamed import write_folder
@@ -38,10 +38,6 @@ def _run(args: list[str], ranks: int) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
 
 
-def _hashes(folder: Path) -> dict[str, str]:
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())}
-
-
 @pytest.mark.subprocess
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
 def test_two_ranks_write_what_one_process_writes(tmp_path, family):
@@ -53,7 +49,7 @@ def test_two_ranks_write_what_one_process_writes(tmp_path, family):
     _run([str(src), str(tmp_path / "two"), *jobs], 2)
     for job in jobs:
         name = job.split(":")[0]
-        one, two = _hashes(tmp_path / "one" / name), _hashes(tmp_path / "two" / name)
+        one, two = digests(tmp_path / "one" / name), digests(tmp_path / "two" / name)
         assert one == two, name
         assert len([n for n in one if n.endswith(".safetensors")]) == 4 if family == "llama" else 3
 
@@ -84,4 +80,4 @@ def test_sigkill_then_resume_gives_the_same_bytes(tmp_path):
     done = json.loads(progress.read_text())["done"]
     assert 2 <= done < 12 and not (tmp_path / "cut" / "nvfp4").exists()
     _run([str(src), str(tmp_path / "cut"), "nvfp4:lowbit"], 1)
-    assert _hashes(tmp_path / "cut" / "nvfp4") == _hashes(tmp_path / "whole" / "nvfp4")
+    assert digests(tmp_path / "cut" / "nvfp4") == digests(tmp_path / "whole" / "nvfp4")

@@ -198,6 +198,9 @@ CALIBRATION_PRESETS: dict[str, dict] = {
     # tokens did not help reliably; most of its time is GPTQ's fixed cost (Hessian
     # factorizations, block updates), not the tokens (bench/RESULTS.md, "gptq-fast").
     "gptq-fast": {"weight_rounding": "gptq", "layer_inputs": "float", "num_samples": 4, "seq_len": 128},
+    # GPTQ, then block-output reconstruction (lowbit.algorithms.reconstruct) of every decoder
+    # layer toward the float model's outputs: the most accurate, several times the calibration time
+    "best": {"weight_rounding": "gptq", "layer_inputs": "quantized", "reconstruct_iters": 100},
 }
 
 

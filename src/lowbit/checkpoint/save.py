@@ -237,11 +237,18 @@ def save(model: nn.Module, out_dir: str | Path, format: Format | str = Format.LO
     with CheckpointWriter(out_dir, overwrite=overwrite, max_shard_bytes=max_shard_size,
                           weights_stem=get_layout(fmt).weights_stem) as w:
         w.add_tensors(tensors)
-        w.write_json("config.json", config)
-        gen = getattr(model, "generation_config", None)
-        if gen is not None:
-            w.write_json("generation_config.json", json.loads(gen.to_json_string(use_diff=True)))
-        w.copy_aux_files(src)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(w.tmp))
+        write_side_files(w, model, config, src, tokenizer)
     return Path(out_dir)
+
+
+def write_side_files(w: CheckpointWriter, model: nn.Module, config: dict[str, Any], source: Path | None,
+                     tokenizer) -> None:
+    """Everything of a saved folder but the weights: config.json, the generation config, the
+    source folder's tokenizer and other auxiliary files, then ``tokenizer`` (when given) over them."""
+    w.write_json("config.json", config)
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        w.write_json("generation_config.json", json.loads(gen.to_json_string(use_diff=True)))
+    w.copy_aux_files(source)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(w.tmp))

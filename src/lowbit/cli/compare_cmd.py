@@ -90,6 +90,9 @@ def compare_cmd(
     weight_rounding: Optional[str] = typer.Option(
         None, "--weight-rounding",
         help="'rtn' or 'gptq' (GPTQ calibrates every scheme, weight-only and dynamic ones too)."),
+    reconstruct_iters: Optional[int] = typer.Option(
+        None, "--reconstruct-iters",
+        help="Block-output reconstruction steps per decoder layer after quantization (default 0: off)."),
     backend: str = typer.Option("auto", "--backend",
                                 help="Backend for quantized layers: 'auto' (as lowbit.load), 'reference', 'cpu-int8', "
                                      "'weight-cache'..."),
@@ -132,6 +135,10 @@ def compare_cmd(
     wr = parse_weight_rounding(weight_rounding)
     if wr is not None:
         calib_options["weight_rounding"] = wr.value
+    if reconstruct_iters is not None:
+        if reconstruct_iters < 0:
+            raise OptionError(f"--reconstruct-iters must be >= 0, got {reconstruct_iters}")
+        calib_options["reconstruct_iters"] = reconstruct_iters
     opts = CompareOptions(schemes=parse_list(schemes, "--schemes"), limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,

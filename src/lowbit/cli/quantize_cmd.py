@@ -53,6 +53,10 @@ def quantize_cmd(
         None, "--calib-preset",
         help="A named calibration budget, e.g. 'gptq-fast' (GPTQ on 4 x 128 tokens, float layer inputs: "
              "for INT8 weights); the options above override its fields."),
+    reconstruct_iters: Optional[int] = typer.Option(
+        None, "--reconstruct-iters",
+        help="Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
+             "directions to reproduce the float layer's output; scales unchanged; default 0: off)."),
     kv_cache: Optional[str] = typer.Option(
         None, "--kv-cache",
         help="'fp8': a calibrated FP8 (E4M3) KV cache as vLLM runs it (k_scale/v_scale per attention layer, "
@@ -98,7 +102,7 @@ def quantize_cmd(
     t0 = time.perf_counter()
     if model_free:
         if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None or preset is not None \
-                or kv is not None:
+                or kv is not None or reconstruct_iters:
             raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
                               "--layer-inputs/--calib-preset/--kv-cache, "
                               "or drop --model-free")
@@ -116,7 +120,7 @@ def quantize_cmd(
 
         folder = resolve_model_path(src)
         _check_output(folder, out, overwrite)
-        cfg = _config(calib_samples, calib_seq_len, wr, li, preset)
+        cfg = _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters)
         from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
 
         stream = not in_memory and kv is None and calibrates(sch, sq, cfg)
@@ -190,7 +194,7 @@ def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
     check_output_free(out, overwrite)
 
 
-def _config(calib_samples, calib_seq_len, wr, li, preset):
+def _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters=None):
     """The CalibrationConfig of the calibration options given (the others: its defaults)."""
     from lowbit.calibration import CalibrationConfig
 
@@ -203,6 +207,10 @@ def _config(calib_samples, calib_seq_len, wr, li, preset):
         kwargs["weight_rounding"] = wr
     if li is not None:
         kwargs["layer_inputs"] = li
+    if reconstruct_iters is not None:
+        if reconstruct_iters < 0:
+            raise OptionError(f"--reconstruct-iters must be >= 0, got {reconstruct_iters}")
+        kwargs["reconstruct_iters"] = reconstruct_iters
     return CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
 
 

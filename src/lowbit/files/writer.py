@@ -88,6 +88,15 @@ def write_failure(exc: OSError, out: Path, what: str = "") -> OutputError:
     return OutputError(f"cannot write {exc.filename} (output folder {out}): {reason}{what}")
 
 
+def resumable_failure(exc: OSError, out: Path, what: str) -> OutputError:
+    """``write_failure`` of a resumable run: when its temporary folder stays, the line says so
+    (``what``: the finished units it holds, e.g. "shards") and how to go on."""
+    tmp = out.parent / f".{out.name}.lowbit-tmp"
+    hint = (f"; the finished {what} stay in {tmp}: run the same command again to resume, or delete that "
+            f"folder") if tmp.exists() else ""
+    return write_failure(exc, out, hint)
+
+
 def copy_aux_files(src: str | Path | None, dst: str | Path) -> list[str]:
     """Copy tokenizer, generation and processor files (never weights or config.json)."""
     if src is None:

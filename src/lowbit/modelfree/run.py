@@ -55,7 +55,7 @@ from lowbit.dist import Group
 from lowbit.errors import FormatError, LowbitError, SchemeError
 from lowbit.files.outguard import check_not_source
 from lowbit.files.outlock import output_lock
-from lowbit.files.writer import write_failure
+from lowbit.files.writer import resumable_failure
 from lowbit.modelfree.plan import Plan, make_plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
@@ -216,10 +216,7 @@ def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ign
         if isinstance(e, LowbitError):
             raise
         # disk full, read-only: the finished units stay for a resumed run, and the message says so
-        tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
-        hint = (f"; the finished shards stay in {tmp}: run the same command again to resume, or delete that "
-                f"folder") if tmp.exists() else ""
-        raise write_failure(e, out_p, hint) from None
+        raise resumable_failure(e, out_p, "shards") from None
     finally:
         if pool is not None:
             pool.close(ok)

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 from lowbit.checkpoint.save import (
     check_shared, config_dict, float_linears, model_dtype, quantized_modules, quantized_tensors, warn_rounded,
+    write_side_files,
 )
 from lowbit.dist import Group
 from lowbit.files.writer import CheckpointWriter, write_json_atomic, write_safetensors_atomic
@@ -153,13 +154,7 @@ class StreamOutput:
         static = {checkpoint_names(mt, [n])[n]: v for n, v in self.progress["static"].items()}
         qcfg = self.layout.quantization_config_groups([(scheme, ["Linear"])], [disk[n] for n in ignore_linears],
                                                       static_scales=static if self.fmt is Format.FAKE else None)
-        w.write_json("config.json", config_dict(model, dtype, qcfg, False))
-        gen = getattr(model, "generation_config", None)
-        if gen is not None:
-            w.write_json("generation_config.json", json.loads(gen.to_json_string(use_diff=True)))
-        w.copy_aux_files(source)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(w.tmp))
+        write_side_files(w, model, config_dict(model, dtype, qcfg, False), source, tokenizer)
         import shutil
 
         shutil.rmtree(self.state)

@@ -91,14 +91,11 @@ def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, cfg, calibration, to
     except OSError as e:
         output.abort()
         from lowbit.errors import LowbitError
-        from lowbit.files.writer import write_failure
+        from lowbit.files.writer import resumable_failure
 
         if isinstance(e, LowbitError):
             raise
-        tmp = out.parent / f".{out.name}.lowbit-tmp"
-        hint = (f"; the finished layers stay in {tmp}: run the same command again to resume, or delete that "
-                f"folder") if tmp.exists() else ""
-        raise write_failure(e, out, hint) from None
+        raise resumable_failure(e, out, "layers") from None
     except BaseException:
         output.abort()  # the temporary folder stays: the same command resumes
         raise
