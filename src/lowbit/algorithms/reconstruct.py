@@ -135,7 +135,7 @@ class _SoftLinear(nn.Module):
 
 def _run(layer: nn.Module, calls, device) -> list[torch.Tensor]:
     """The layer's hidden-state output per call (args, kwargs), with autograd as the caller has it."""
-    from lowbit.calibration.hooks import move_call
+    from lowbit.calls import move_call
 
     outs = []
     for call in calls:

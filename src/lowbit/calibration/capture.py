@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from lowbit.calibration.hooks import move_call
+from lowbit.calls import move_call
 from lowbit.targets import NON_TEXT_COMPONENTS
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from lowbit.calls import move_call  # noqa: F401 (re-exported)
+
 
 class InMemory:
     device: torch.device | None = None
@@ -35,22 +37,3 @@ class InMemory:
         """``next_hidden``: what enters layer i + 1 (None after the last): one tensor per batch,
         then, with block reconstruction on quantized inputs, the float model's per batch; ``start``
         gives the same list back to a resumed run."""
-
-
-def move_call(call: tuple[tuple, dict], device: torch.device | None) -> tuple[tuple, dict]:
-    """A layer call's (args, kwargs) with every tensor in it (also inside tuples, e.g. RoPE's
-    (cos, sin)) on ``device`` (None: unchanged)."""
-    if device is None:
-        return call
-
-    def mv(v):
-        if isinstance(v, torch.Tensor):
-            return v.to(device)
-        if isinstance(v, tuple):
-            return tuple(mv(x) for x in v)
-        if isinstance(v, list):
-            return [mv(x) for x in v]
-        return v
-
-    args, kwargs = call
-    return tuple(mv(a) for a in args), {k: mv(v) for k, v in kwargs.items()}
