@@ -45,7 +45,7 @@ def build(root: Path, hidden: int, mlp: int, layers: int) -> Path:
     except Exception:  # noqa: BLE001
         builtin = None
     cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
-                      num_attention_heads=hidden // 128, num_key_value_heads=4, max_position_embeddings=2048,
+                      num_attention_heads=hidden // 128, num_key_value_heads=min(4, hidden // 128), max_position_embeddings=2048,
                       tie_word_embeddings=True, dtype=torch.bfloat16)
     torch.manual_seed(0)
     with torch.device("cpu"):

@@ -71,9 +71,10 @@ def main() -> None:
     gpu = None if a.cpu_dry_run else "cuda"
     kw = {"num_samples": 2 if a.cpu_dry_run else a.samples, "seq_len": 64 if a.cpu_dry_run else 512}
     for scheme, extra in (("w8a8-int8", {}), ("nvfp4", {})):
-        for device, layers, offload in ((gpu, a.layers, False), (gpu, a.layers, True), (None, a.cpu_layers, False)):
-            if device is None and gpu is None and offload:
-                continue
+        runs = [(gpu, a.layers, False), (gpu, a.layers, True), (None, a.cpu_layers, False)]
+        if gpu is None:  # the rehearsal: the CPU, with and without the offload path
+            runs = [(None, a.cpu_layers, False), ("cpu", a.cpu_layers, True)]
+        for device, layers, offload in runs:
             src = build(root, hidden, mlp, layers)
             rec = {"scheme": scheme, "device": device or "cpu", "layers": layers, "offload": offload}
             try:
