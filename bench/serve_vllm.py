@@ -5,12 +5,14 @@ for the built-in SmolLM2-135M.
 
 Two steps, two venvs (vLLM pins older transformers; see ../shared/README.md):
 
-    .venv/bin/python bench/serve_vllm.py make OUT [--schemes ...]   # lowbit: folders + its log-probs
+    .venv/bin/python bench/serve_vllm.py make OUT [--schemes ...] [--reuse]  # lowbit: folders + its log-probs
     .venv-vllm/bin/python bench/serve_vllm.py serve OUT [--only a,b] [--dtypes bfloat16]  # vLLM, a process each
 
 Prints one Markdown row per folder and dtype: lowbit's and vLLM's perplexity, the relative
-difference, the largest per-token |log p| difference and the load + scoring seconds, or vLLM's
-error (bench/RESULTS-serve.md holds the figures).
+difference, the largest per-token |log p| difference, lowbit's prediction of vLLM's numbers
+(``ServingNumerics.VLLM_CPU``, bf16 rows) and vLLM's difference from it, and the load + scoring
+seconds, or vLLM's error (bench/RESULTS-serve.md holds the figures). ``make --reuse`` keeps
+folders already written (only the log-probabilities are computed again).
 """
 
 from __future__ import annotations
@@ -32,10 +34,25 @@ SCHEMES = ("float", "w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8-dynamic", "w8a8-
 RUN_TIMEOUT_S = 150  # one load + scoring; the float path takes ~20 s
 
 
-def make(out: Path, schemes: list[str], tokens: int) -> None:
+def _logprobs(m, ids) -> list[float]:
     import torch
 
+    with torch.no_grad():
+        lp = torch.log_softmax(m(input_ids=ids).logits[0].double(), -1)
+    return lp[torch.arange(ids.shape[1] - 1), ids[0, 1:]].tolist()
+
+
+def _ppl(lp: list[float]) -> float:
+    return math.exp(-math.fsum(lp) / len(lp))
+
+
+def make(out: Path, schemes: list[str], tokens: int, reuse: bool = False) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
     import lowbit
+    from lowbit.errors import LowbitError
+    from lowbit.quant.serving import ServingNumerics
     from lowbit.models import load_model
     from lowbit.models.builtin import ensure_builtin
     from lowbit.textfiles import builtin_evaluation_text_path
@@ -50,6 +67,8 @@ def make(out: Path, schemes: list[str], tokens: int) -> None:
         d = out / scheme
         if scheme == "float":
             m = model
+        elif reuse and (d / "config.json").is_file():  # --reuse: the folder as written before
+            m = lowbit.load(d)
         else:
             m, _ = load_model(src)
             # lowbit.quantize's defaults: it calibrates (on the packaged text) only where the scheme needs it
@@ -62,9 +81,17 @@ def make(out: Path, schemes: list[str], tokens: int) -> None:
 
             for f in Path(src).iterdir():
                 shutil.copy(f, d / f.name)
-        lp = torch.log_softmax(m(input_ids=ids).logits[0].double(), -1)
-        ref["runs"][str(d)] = lp[torch.arange(ids.shape[1] - 1), ids[0, 1:]].tolist()
-        print(scheme, "ppl", math.exp(-sum(ref["runs"][str(d)]) / (ids.shape[1] - 1)), flush=True)
+        ref["runs"][str(d)] = _logprobs(m, ids)
+        print(scheme, "ppl", _ppl(ref["runs"][str(d)]), flush=True)
+        # what lowbit predicts vLLM-CPU computes (ServingNumerics.VLLM_CPU), where it has an emulation
+        try:
+            e = lowbit.load(d, numerics=ServingNumerics.VLLM_CPU) if scheme != "float" else \
+                AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+        except LowbitError as err:
+            print(scheme, "no emulation:", err, flush=True)
+            continue
+        ref.setdefault("emulated", {})[str(d)] = _logprobs(e, ids)
+        print(scheme, "vllm-cpu emulation ppl", _ppl(ref["emulated"][str(d)]), flush=True)
     (out / "lowbit.json").write_text(json.dumps(ref))
 
 
@@ -84,23 +111,28 @@ def serve_one(folder: str, dtype: str, ref: dict) -> dict:
     except Exception as e:  # vLLM's refusals are the finding
         return {"error": f"{type(e).__name__}: {str(e)[:160]}"}
     mine = ref["runs"][folder]
-    return {"ppl_vllm": math.exp(-sum(lp) / len(lp)), "ppl_lowbit": math.exp(-sum(mine) / len(mine)),
-            "max_abs_logprob_diff": max(abs(a - b) for a, b in zip(lp, mine)),
-            "load_s": round(t1 - t0, 1), "score_s": round(time.perf_counter() - t1, 1)}
+    r = {"ppl_vllm": _ppl(lp), "ppl_lowbit": _ppl(mine),
+         "max_abs_logprob_diff": max(abs(a - b) for a, b in zip(lp, mine)),
+         "load_s": round(t1 - t0, 1), "score_s": round(time.perf_counter() - t1, 1)}
+    emu = ref.get("emulated", {}).get(folder)
+    if emu is not None and dtype == "bfloat16":
+        r.update(ppl_emulated=_ppl(emu), max_abs_emulated_diff=max(abs(a - b) for a, b in zip(lp, emu)))
+    return r
 
 
 def main() -> None:
     step, out = sys.argv[1], Path(sys.argv[2])
     if step == "make":
         schemes = sys.argv[sys.argv.index("--schemes") + 1].split(",") if "--schemes" in sys.argv else list(SCHEMES)
-        make(out, schemes, 1000)
+        make(out, schemes, 1000, reuse="--reuse" in sys.argv)
     elif step == "one":
         ref = json.loads((out / "lowbit.json").read_text())
         print("RESULT " + json.dumps(serve_one(sys.argv[3], sys.argv[4], ref)))
     else:
         ref = json.loads((out / "lowbit.json").read_text())
-        print("| folder | dtype | lowbit ppl | vLLM ppl | diff | max abs log p diff | load s | score s |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| folder | dtype | lowbit ppl | vLLM ppl | diff | max abs log p diff | emulation ppl (vLLM vs it) | "
+              "max abs diff vs emulation | load s | score s |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
         dtypes = sys.argv[sys.argv.index("--dtypes") + 1].split(",") if "--dtypes" in sys.argv else ["float32", "bfloat16"]
         for folder in ref["runs"]:
@@ -116,11 +148,15 @@ def main() -> None:
                     r = {"error": f"no result within {RUN_TIMEOUT_S} s (load + 1000 scored tokens)"}
                 name = Path(folder).name
                 if "error" in r:
-                    print(f"| {name} | {dtype} | | | | {r['error']} | | |", flush=True)
+                    print(f"| {name} | {dtype} | | | | {r['error']} | | | | |", flush=True)
                 else:
                     d = 100 * (r["ppl_vllm"] / r["ppl_lowbit"] - 1)
+                    em = "| |"
+                    if "ppl_emulated" in r:
+                        em = (f"| {r['ppl_emulated']:.3f} ({100 * (r['ppl_vllm'] / r['ppl_emulated'] - 1):+.3f}%) | "
+                              f"{r['max_abs_emulated_diff']:.3g} |")
                     print(f"| {name} | {dtype} | {r['ppl_lowbit']:.3f} | {r['ppl_vllm']:.3f} | {d:+.3f}% | "
-                          f"{r['max_abs_logprob_diff']:.3g} | {r['load_s']} | {r['score_s']} |", flush=True)
+                          f"{r['max_abs_logprob_diff']:.3g} {em} {r['load_s']} | {r['score_s']} |", flush=True)
 
 
 if __name__ == "__main__":

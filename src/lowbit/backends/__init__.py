@@ -12,9 +12,12 @@ from __future__ import annotations
 from lowbit.backends import cpu_int8 as _cpu_int8
 from lowbit.backends import gpu_w8a8 as _gpu_w8a8
 from lowbit.backends import triton_mx as _triton_mx
+from lowbit.backends import vllm_cpu as _vllm_cpu
 from lowbit.backends import weight_cache as _weight_cache
 from lowbit.backends.reference import ReferenceBackend
 from lowbit.backends.registry import Backend, BackendRegistry, BackendSpec
+from lowbit.errors import LowbitError
+from lowbit.quant.serving import ServingNumerics
 
 BACKENDS: tuple[BackendSpec, ...] = (
     BackendSpec(
@@ -51,7 +54,16 @@ BACKENDS: tuple[BackendSpec, ...] = (
         priority=20, available=_gpu_w8a8.fp8_available,
         description="GPU w8a8-fp8 (sm_89+): Triton input quantization (bit-exact) + torch._scaled_mm",
     ),
+    BackendSpec(
+        name="vllm-cpu-int8", factory=_vllm_cpu.VllmCpuInt8Backend, devices=frozenset({"cpu"}),
+        supports_scheme=_vllm_cpu.supports_scheme, priority=0, auto=False,
+        description="w8a8-int8 as vLLM's CPU build serves it (x * 1/s codes, oneDNN scale order, bf16 out); "
+                    "set by numerics=ServingNumerics.VLLM_CPU",
+    ),
 )
+
+#: the backend that reproduces each engine's numerics, for the schemes it covers
+SERVING_BACKENDS = {ServingNumerics.VLLM_CPU: "vllm-cpu-int8"}
 
 REGISTRY = BackendRegistry(BACKENDS)
 
@@ -66,5 +78,23 @@ def use_backend(model, name: str = "auto") -> dict[str, int]:
     return REGISTRY.use(model, name)
 
 
+def use_numerics(model, numerics: ServingNumerics) -> dict[str, int]:
+    """Set the backend that reproduces ``numerics`` on every lowbit layer (LOWBIT: "auto").
+
+    Every quantized layer must be covered: a LowbitError names the first layer whose scheme has no
+    emulation of that engine (its numerics would otherwise be lowbit's, silently)."""
+    if numerics is ServingNumerics.LOWBIT:
+        return use_backend(model, "auto")
+    from lowbit.modules import FakeQuantLinear, QuantLinear
+
+    name = SERVING_BACKENDS[numerics]
+    spec = REGISTRY.get(name)
+    for mod in model.modules():
+        if isinstance(mod, FakeQuantLinear) or (isinstance(mod, QuantLinear) and not spec.accepts(mod)):
+            raise LowbitError(f"numerics {numerics.value!r}: no emulation of that engine for layer {mod.name!r} "
+                              f"(scheme {mod.scheme.name}); evaluate it with numerics 'lowbit'")
+    return use_backend(model, name)
+
+
 __all__ = ["BACKENDS", "REGISTRY", "Backend", "BackendSpec", "BackendRegistry", "ReferenceBackend",
-           "select_backend", "use_backend"]
+           "select_backend", "use_backend", "use_numerics", "SERVING_BACKENDS"]

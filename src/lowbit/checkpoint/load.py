@@ -27,13 +27,14 @@ import torch
 import torch.nn as nn
 
 from lowbit.modules.fake_linear import FakeQuantLinear
-from lowbit.errors import FormatError
+from lowbit.errors import FormatError, LowbitError
 from lowbit.formats import Format, parse_quantization_config
 from lowbit.files.folder import SafetensorsFolder, read_config
 from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, parse_dtype
 from lowbit.formats.kv_layout import read_kv_scales
 from lowbit.kvcache.attention import attach, attention_modules
 from lowbit.modules import QuantLinear
+from lowbit.quant.serving import ServingNumerics
 from lowbit.moe import checkpoint_names, model_names, split_experts
 from lowbit.targets import set_submodule
 
@@ -77,9 +78,25 @@ def model_view(model: nn.Module, folder: SafetensorsFolder | None, parsed: Parse
     return folder, parsed, checkpoint_names(mt, [n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
 
 
-def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None = None) -> nn.Module:
-    """Load a quantized checkpoint folder as a model with lowbit modules, backend set."""
+def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None = None,
+         numerics: ServingNumerics = ServingNumerics.LOWBIT) -> nn.Module:
+    """Load a quantized checkpoint folder as a model with lowbit modules, backend set.
+
+    ``numerics``: LOWBIT computes what the folder means (``backend``, in ``dtype`` or the config's);
+    an engine's (``ServingNumerics.VLLM_CPU``) runs the model in that engine's dtype with the backend
+    that reproduces its kernels (lowbit.backends.use_numerics): ``backend`` must stay "auto" and
+    ``dtype`` None or the engine's, and a layer the emulation does not cover is a LowbitError."""
     path = Path(path)
+    if not isinstance(numerics, ServingNumerics):
+        raise LowbitError(f"numerics must be a ServingNumerics ({', '.join(n.value for n in ServingNumerics)}), "
+                          f"got {numerics!r}")
+    if numerics is not ServingNumerics.LOWBIT:
+        if backend != "auto":
+            raise LowbitError(f"numerics {numerics.value!r} chooses the backend itself; backend {backend!r} "
+                              f"cannot be combined with it")
+        if dtype not in (None, numerics.model_dtype):
+            raise LowbitError(f"numerics {numerics.value!r} runs the model in {numerics.model_dtype}, not {dtype}")
+        dtype = numerics.model_dtype
     config = read_config(path)
     fmt, parsed = parse_quantization_config(config)
     folder = SafetensorsFolder(path)
@@ -137,9 +154,12 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
         attach(model, kv, parsed.kv_cache)  # evaluation QDQs K and V as vLLM's FP8 cache does
     model.lowbit_format = fmt  # where it came from (for inspection and re-saving)
     model.lowbit_source = parsed.source
-    from lowbit.backends import use_backend
+    from lowbit.backends import use_backend, use_numerics
 
-    use_backend(model, backend)
+    if numerics is ServingNumerics.LOWBIT:
+        use_backend(model, backend)
+    else:
+        use_numerics(model, numerics)
     return model
 
 

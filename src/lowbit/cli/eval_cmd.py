@@ -14,15 +14,17 @@ from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import OptionError, check_model_path, model_arg, parse_list, quiet_progress
 
 
-def _evaluate(path, text, limit, window, stride, lastword, progress, label, spread):
+def _evaluate(path, text, limit, window, stride, lastword, progress, label, spread, numerics=None):
     from lowbit.eval import lastword_accuracy, perplexity
     from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, measure_spread
     from lowbit.models import load_model
 
-    model, tok = load_model(model_arg(path))
+    model, tok = load_model(model_arg(path), numerics=numerics)
     ppl = perplexity(model, tok, text_file=text, window=window, stride=stride, limit=limit,
                      progress=progress, desc=f"{label}: perplexity")
     out = {"path": path, **ppl.to_dict()}
+    if numerics is not None:
+        out["numerics"] = numerics.value
     sp = measure_spread(model, tok, ppl.perplexity, seeds=DEFAULT_SPREAD_SEEDS if spread is None else spread,
                         text_file=text, window=window, stride=stride, limit=limit)
     if sp is not None:
@@ -32,6 +34,30 @@ def _evaluate(path, text, limit, window, stride, lastword, progress, label, spre
                                desc=f"{label}: last word")
         out["lastword"] = lw.to_dict()
     return out, model, tok
+
+
+def _evaluate_vllm(path, text, limit, window, stride, lastword, vllm_python):
+    """The same report through vLLM's prompt log-probabilities (lowbit.eval.engine, lowbit.engines)."""
+    from transformers import AutoTokenizer
+
+    from lowbit.engines import run_vllm
+    from lowbit.eval.engine import engine_report
+    from lowbit.models.builtin import resolve_model_path
+
+    folder = resolve_model_path(model_arg(path))
+    tok = AutoTokenizer.from_pretrained(folder)
+    times = {}
+
+    def score(prompts):
+        r = run_vllm(folder, score=prompts, python=vllm_python)
+        times.update(engine_load_s=r.load_s, engine_run_s=r.run_s)
+        return r.logprobs, r.greedy
+
+    ppl, lw = engine_report(score, tok, text_file=text, window=window, stride=stride, limit=limit, lastword=lastword)
+    out = {"path": path, **ppl.to_dict(), "engine": "vllm", **times}
+    if lw is not None:
+        out["lastword"] = lw.to_dict()
+    return out
 
 
 @app.command("eval")
@@ -50,6 +76,15 @@ def eval_cmd(
         None, "--spread",
         help="Perturbed perplexity evaluations of a model with quantized activations, to report the float-rounding "
              "noise of its perplexity (default 2, as lowbit compare; 0 skips)."),
+    numerics: str = typer.Option(
+        "lowbit", "--numerics",
+        help="Whose arithmetic: 'lowbit' (what the folder means) or 'vllm-cpu' (what vLLM's CPU build computes "
+             "serving it: bf16 model, its int8 rounding and scale order; w8a8-int8 folders and float ones)."),
+    engine: str = typer.Option(
+        "lowbit", "--engine",
+        help="Who computes the log-probabilities: 'lowbit' or 'vllm' (vLLM serving the folder in bf16, run by "
+             "its own Python: --vllm-python, else .venv-vllm/bin/python here or in a parent folder)."),
+    vllm_python: Optional[str] = typer.Option(None, "--vllm-python", help="Python of vLLM's venv (--engine vllm)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
@@ -61,14 +96,41 @@ def eval_cmd(
     check_model_path(path)
     if baseline is not None:
         check_model_path(baseline)
+    # after the path checks: a missing path fails before torch is imported (lowbit.quant.serving imports it)
+    from lowbit.quant.serving import ServingNumerics
+
+    try:
+        chosen = ServingNumerics(numerics)
+    except ValueError:
+        raise OptionError(f"--numerics must be one of {', '.join(n.value for n in ServingNumerics)}, "
+                          f"got {numerics!r}") from None
+    serving = None if chosen is ServingNumerics.LOWBIT else chosen
+    if engine not in ("lowbit", "vllm"):
+        raise OptionError(f"--engine must be 'lowbit' or 'vllm', got {engine!r}")
+    if engine == "vllm":
+        if serving is not None or tasks:
+            raise OptionError("--engine vllm computes vLLM's own numbers: --numerics and --tasks go with --engine lowbit")
+        from lowbit.engines import find_vllm_python
+
+        find_vllm_python(vllm_python)  # a clear error before anything is tokenized
+    elif vllm_python is not None:
+        raise OptionError("--vllm-python goes with --engine vllm")
     from lowbit.eval import read_paragraphs
 
     quiet_progress(progress)
     read_paragraphs(text)  # a bad --text fails before any model is loaded
-    result, model, tok = _evaluate(path, text, limit, window, stride, lastword, progress, "model", spread)
+    if engine == "vllm":
+        result = _evaluate_vllm(path, text, limit, window, stride, lastword, vllm_python)
+    else:
+        result, model, tok = _evaluate(path, text, limit, window, stride, lastword, progress, "model", spread,
+                                       serving)
     report = {"model": result}
     if baseline is not None:
-        base, _, _ = _evaluate(baseline, text, limit, window, stride, lastword, progress, "baseline", spread)
+        if engine == "vllm":
+            base = _evaluate_vllm(baseline, text, limit, window, stride, lastword, vllm_python)
+        else:
+            base, _, _ = _evaluate(baseline, text, limit, window, stride, lastword, progress, "baseline", spread,
+                                   serving)
         report["baseline"] = base
         report["ppl_change_pct"] = 100.0 * (result["perplexity"] / base["perplexity"] - 1.0)
         sds = [r["ppl_spread"]["sd"] for r in (result, base) if "ppl_spread" in r]

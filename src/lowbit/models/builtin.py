@@ -136,8 +136,12 @@ def resolve_model_path(path: str | os.PathLike | None, cache_dir: str | os.PathL
     return p
 
 
-def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None):
+def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
+               numerics=None):
     """Load ``(model, tokenizer)`` in float32, eval mode. ``None`` means the built-in model.
+
+    ``numerics`` (a lowbit.quant.serving.ServingNumerics; None is LOWBIT): an engine's numerics run
+    a float model in that engine's dtype, and a quantized one through ``lowbit.load(numerics=...)``.
 
     A quantized lowbit/compressed-tensors folder is loaded with ``lowbit.load`` when available; a
     float folder is checked first (lowbit.models.float_check: FormatError naming the file or
@@ -151,12 +155,13 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
     if is_quantized_folder(folder):
         from lowbit import load as lowbit_load
 
-        model = lowbit_load(folder)
+        model = lowbit_load(folder) if numerics is None else lowbit_load(folder, numerics=numerics)
     else:
         from lowbit.models.float_check import check_float_folder
 
         check_float_folder(folder)  # before transformers reads anything of it
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
+        dtype = (None if numerics is None else numerics.model_dtype) or torch.float32
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
     try:
         tok = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError) as e:  # transformers' errors for a missing or bad tokenizer

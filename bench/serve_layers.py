@@ -1,0 +1,96 @@
+"""Layer by layer: what vLLM's CPU int8 linears compute, against lowbit and an exact float64
+reading of the checkpoint (issue 21). Two steps, two venvs (as bench/serve_vllm.py):
+
+    .venv-vllm/bin/python bench/serve_layers.py capture FOLDER OUT.pt [--tokens 512]
+    .venv/bin/python      bench/serve_layers.py compare FOLDER OUT.pt
+
+``capture`` serves FOLDER in bfloat16, runs one prompt of the first ``--tokens`` tokens of the
+packaged evaluation text and records, for every quantized linear of the first decoder layers,
+its input (bf16), its output (bf16), the input scale vLLM holds after loading and the int8 codes
+vLLM's own quantization op (``torch.ops._C.static/dynamic_scaled_int8_quant``) gives that input.
+
+``compare`` reads the same layers from FOLDER and, on vLLM's captured input, computes:
+  - exact: the checkpoint's meaning in float64 (codes = clamp(rne(x / s)), exact int accumulator,
+    y = acc * s_x * s_w + b), and its bf16 rounding;
+  - lowbit: the cpu-int8 backend (float32, x / s), and the serving emulation
+    (lowbit.quant.serving, ServingNumerics.VLLM_CPU);
+and prints per layer: codes differing (vLLM op vs lowbit vs exact), and the max / rms relative
+difference of vLLM's output against each.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def capture(folder: str, out: str, tokens: int, first_layers: int) -> None:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    text = Path(sys.argv[0]).resolve().parents[1].joinpath("src/lowbit/data/evaluation.txt").read_text()
+    ids = AutoTokenizer.from_pretrained(folder)(text).input_ids[:tokens]
+    llm = LLM(model=folder, dtype="bfloat16", enforce_eager=True, max_model_len=tokens + 8, seed=0)
+    rec: dict = {"ids": ids, "layers": {}}
+
+    def install(model):
+        hooks = []
+        for name, mod in model.named_modules():
+            short = name.rsplit(".", 1)[-1]
+            if short not in LAYERS or ".layers." not in name:
+                continue
+            idx = int(name.split(".layers.")[1].split(".")[0])
+            if idx >= first_layers:
+                continue
+
+            def hook(m, args, output, name=name):
+                x = args[0].detach().clone()
+                y = (output[0] if isinstance(output, tuple) else output).detach().clone()
+                i_s = getattr(m, "input_scale", None)
+                r = {"x": x, "y": y, "input_scale": None if i_s is None else i_s.detach().float().clone(),
+                     "logical_widths": list(getattr(m, "logical_widths", []))}
+                x2 = x.reshape(-1, x.shape[-1]).contiguous()
+                q = torch.empty_like(x2, dtype=torch.int8)
+                if i_s is not None:
+                    torch.ops._C.static_scaled_int8_quant(q, x2, i_s.reshape(()).float().contiguous(), None)
+                else:
+                    s = torch.empty((x2.shape[0], 1), dtype=torch.float32)
+                    torch.ops._C.dynamic_scaled_int8_quant(q, x2, s, None)
+                    r["token_scale"] = s
+                r["codes"] = q
+                kernel = getattr(getattr(m, "scheme", None), "kernel", None)
+                r["kernel"] = type(kernel).__name__ + "." + getattr(getattr(kernel, "linear_method", None),
+                                                                     "__name__", "?")
+                rec["layers"].setdefault(name, r)
+            hooks.append(mod.register_forward_hook(hook))
+        return len(hooks)
+
+    print("hooked", llm.apply_model(install), flush=True)
+    o = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(prompt_logprobs=0, max_tokens=1))[0]
+    rec["logprobs"] = [p[t].logprob for p, t in zip(o.prompt_logprobs[1:], ids[1:])]
+    torch.save(rec, out)
+    print("captured", len(rec["layers"]), "layers ->", out, flush=True)
+
+
+def main() -> None:
+    step, folder, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    tokens = int(sys.argv[sys.argv.index("--tokens") + 1]) if "--tokens" in sys.argv else 512
+    first = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else 30
+    if step == "capture":
+        capture(folder, out, tokens, first)
+    else:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from serve_layers_compare import compare
+
+        compare(folder, out)
+
+
+if __name__ == "__main__":
+    main()

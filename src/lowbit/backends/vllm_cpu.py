@@ -1,0 +1,59 @@
+"""vllm-cpu-int8: w8a8-int8 (static and dynamic) computed as vLLM's CPU build serves it.
+
+Not an automatic backend: ``lowbit.load(path, numerics=ServingNumerics.VLLM_CPU)`` sets it (with
+the model in bfloat16), so that ``lowbit eval --numerics vllm-cpu`` reports what vLLM users get.
+The codes come from ``lowbit.quant.serving.quant_codes_vllm_cpu`` (x times the rounded
+reciprocal of the scale), the accumulators from the cpu-int8 route (exact int32,
+lowbit.backends.cpu_int8.int_matmul_exact) plus ``pair_saturation`` (oneDNN's saturating int16
+pair sums on AVX2, where ``lowbit.quant.serving.accumulation`` says the engine takes that path), the output from ``epilogue_vllm_cpu`` (oneDNN's scale order, bf16 output,
+truncated on the dynamic path). Every op is documented, with its vLLM source, in lowbit.quant.serving.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lowbit.backends.cache import ModuleCache
+from lowbit.backends.cpu_int8 import _decoded_weight, int_matmul_exact, supports_scheme
+from lowbit.backends.shared_input import SharedInput, input_key
+from lowbit.modules.inputs import input_args
+from lowbit.numerics import INT8
+from lowbit.quant.serving import (Accumulation, accumulation, epilogue_vllm_cpu, pair_saturation, quant_codes_vllm_cpu,
+                                  saturating_pairs)
+from lowbit.schemes import Dynamic
+
+__all__ = ["VllmCpuInt8Backend", "supports_scheme"]
+
+
+def _weights(module) -> dict:
+    """cpu-int8's decoded weight, plus the weight pairs whose vpmaddubsw sum can saturate."""
+    st = _decoded_weight(module)
+    st["pairs"] = saturating_pairs(INT8.decode(module.weight_codes))
+    return st
+
+
+class VllmCpuInt8Backend:
+    name = "vllm-cpu-int8"
+
+    def __init__(self) -> None:
+        self.shared = SharedInput()  # q/k/v and gate/up: one quantization of their common input
+        self.cache = ModuleCache()
+
+    def _inputs(self, module, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        args = input_args(module)
+        return quant_codes_vllm_cpu(x2, module.scheme.input_activations, args["scale"])
+
+    @torch.no_grad()
+    def forward(self, module, x: torch.Tensor) -> torch.Tensor:
+        st = self.cache.get(module, _weights)
+        x2 = x.reshape(-1, x.shape[-1])
+        vals, a_scale = self.shared.get(x, input_key(module, "vllm-cpu-int8"), lambda: self._inputs(module, x2))
+        acc = int_matmul_exact(vals, st["chunks"], st["bounds"]).to(torch.int32)
+        dynamic = module.scheme.input_activations.dynamic is Dynamic.DYNAMIC
+        if accumulation(dynamic, x.dtype) is Accumulation.PAIRS_INT16:
+            acc += pair_saturation(vals, st["pairs"], module.out_features)
+        y = epilogue_vllm_cpu(acc, a_scale, st["w_scale"], module.bias, x.dtype, dynamic=dynamic)
+        return y.reshape(*x.shape[:-1], module.out_features)
+
+    def release(self, module) -> None:
+        self.cache.release(module)

@@ -1,0 +1,113 @@
+"""Served as written (issue 21): vLLM's CPU build serves lowbit's w8a8-int8 folders (dynamic and
+static) with the numbers lowbit's serving emulation (ServingNumerics.VLLM_CPU) predicts.
+
+A tiny random Llama (2 layers, hidden 256, head 64: vLLM's CPU attention needs a head size it
+has kernels for), quantized, saved as compressed-tensors, served by vLLM in its own venv
+(lowbit.engines.run_vllm; skipped when there is none). Compared, on the same token ids:
+prompt log-probabilities and greedy continuations of vLLM, of lowbit's emulation and of lowbit's
+own float32 evaluation of the folder. The tolerances are the measured differences with a margin
+(bench/RESULTS-serve.md): the emulation reproduces vLLM's linears bit for bit, and what is left
+is bf16 rounding in the ops around them (attention, RMSNorm, SiLU), which the emulation runs
+in transformers' bf16 and vLLM in its own kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import lowbit
+from helpers.models import tiny_llama
+from lowbit.engines import EngineUnavailable, find_vllm_python, run_vllm
+from lowbit.quant.serving import ServingNumerics
+
+
+def _vllm_python():
+    try:
+        return find_vllm_python()
+    except EngineUnavailable:
+        return None
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess,
+              pytest.mark.skipif(_vllm_python() is None, reason="no .venv-vllm (../shared/README.md)")]
+
+CFG = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, max_position_embeddings=256)
+SEQ = 96
+N_GEN = 8
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, CFG["vocab_size"], (SEQ,), generator=g).tolist() for _ in range(3)]
+
+
+def _lowbit_logprobs(model, prompts) -> list[list[float]]:
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+            out.append(lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist())
+    return out
+
+
+def _greedy(model, prompts, n) -> list[list[int]]:
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            seq = list(ids)
+            for _ in range(n):
+                seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].float().argmax()))
+            out.append(seq[len(ids):])
+    return out
+
+
+def _ppl(lps) -> float:
+    flat = [x for lp in lps for x in lp]
+    return math.exp(-math.fsum(flat) / len(flat))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """{scheme: (vLLM reply, emulation log-probs, lowbit float32 log-probs, emulation greedy)}."""
+    prompts = _prompts()
+    calib = torch.randint(0, CFG["vocab_size"], (8, 64), generator=torch.Generator().manual_seed(5))
+    out = {}
+    for scheme in ("w8a8-int8-dynamic", "w8a8-int8"):
+        d = tmp_path_factory.mktemp(scheme)
+        q = lowbit.quantize(tiny_llama(seed=0, **CFG), scheme, calib, num_samples=8, seq_len=64)
+        lowbit.save(q, d, format="compressed-tensors", overwrite=True)
+        reply = run_vllm(d, score=prompts, generate=[p[:32] for p in prompts], max_tokens=N_GEN)
+        emu = lowbit.load(d, numerics=ServingNumerics.VLLM_CPU)
+        ref = lowbit.load(d)
+        out[scheme] = (reply, _lowbit_logprobs(emu, prompts), _lowbit_logprobs(ref, prompts),
+                       _greedy(emu, [p[:32] for p in prompts], N_GEN))
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-int8-dynamic", "w8a8-int8"])
+def test_vllm_matches_the_serving_emulation(served, scheme):
+    reply, emu, ref, _ = served[scheme]
+    d_emu = max(abs(a - b) for v, e in zip(reply.logprobs, emu) for a, b in zip(v, e))
+    ppl_v, ppl_e = _ppl(reply.logprobs), _ppl(emu)
+    print(f"{scheme}: ppl vLLM {ppl_v:.4f} emulation {ppl_e:.4f} lowbit {_ppl(ref):.4f}; max |dlogp| {d_emu:.3g}")
+    assert d_emu < 0.05
+    assert abs(ppl_v / ppl_e - 1) < 2e-3
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-int8-dynamic", "w8a8-int8"])
+def test_vllm_is_within_bf16_of_lowbit(served, scheme):
+    reply, _, ref, _ = served[scheme]
+    d_ref = max(abs(a - b) for v, e in zip(reply.logprobs, ref) for a, b in zip(v, e))
+    assert d_ref < 0.25
+    assert abs(_ppl(reply.logprobs) / _ppl(ref) - 1) < 1e-2
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-int8-dynamic", "w8a8-int8"])
+def test_greedy_generations_agree(served, scheme):
+    reply, _, _, greedy = served[scheme]
+    same = sum(a == b for v, e in zip(reply.generated, greedy) for a, b in zip(v, e))
+    assert same >= 0.9 * len(greedy) * N_GEN
