@@ -14,22 +14,16 @@ import math
 from typing import Callable, Sequence
 
 from lowbit.eval.lastword import LastWordExample, LastWordResult, encode_example, lastword_examples
-from lowbit.eval.perplexity import PerplexityResult, tokenize_with_bytes, window_plan
+from lowbit.eval.perplexity import PerplexityResult, windows_of
 from lowbit.eval.text import EvalDataError, read_paragraphs, read_text
-from lowbit.textstart import bos_to_prepend
 
 Scorer = Callable[[list[list[int]]], tuple[list[list[float]], list[list[bool]]]]
 
 
 def perplexity_prompts(tokenizer, text: str, window: int, stride: int | None, limit: int | None):
     """(prompts, [(first scored prompt position, n scored, bytes)], stride, bos) of lowbit's plan."""
-    bos = bos_to_prepend(tokenizer)
+    ids, nbytes, plan, stride, bos = windows_of(tokenizer, text, window, stride, limit)
     prefix = 0 if bos is None else 1
-    stride = window - prefix if stride is None else stride
-    ids, nbytes = tokenize_with_bytes(tokenizer, text)
-    plan = window_plan(len(ids), window, stride, limit, prefix=prefix)
-    if not plan:
-        raise EvalDataError(f"text too short for perplexity: {len(ids)} tokens")
     prompts, spans = [], []
     for begin, end, n in plan:
         prompts.append(([] if bos is None else [bos]) + ids[begin:end].tolist())

@@ -97,6 +97,20 @@ def window_plan(n_tokens: int, window: int, stride: int, limit: int | None, *,
     return plan
 
 
+def windows_of(tokenizer, text: str, window: int, stride: int | None, limit: int | None):
+    """(token ids, bytes per token, window plan, stride, BOS or None) of the evaluation of ``text``
+    (see the module docstring): the one plan lowbit's and an engine's scoring share. A text too
+    short for one window is an EvalDataError."""
+    bos = bos_to_prepend(tokenizer)
+    prefix = 0 if bos is None else 1
+    stride = window - prefix if stride is None else stride
+    ids, nbytes = tokenize_with_bytes(tokenizer, text)
+    plan = window_plan(len(ids), window, stride, limit, prefix=prefix)
+    if not plan:
+        raise EvalDataError(f"text too short for perplexity: {len(ids)} tokens")
+    return ids, nbytes, plan, stride, bos
+
+
 @torch.no_grad()
 def perplexity(model: nn.Module, tokenizer, text: str | None = None, *, text_file: str | os.PathLike | None = None,
                window: int = 512, stride: int | None = None, limit: int | None = None,
@@ -106,13 +120,8 @@ def perplexity(model: nn.Module, tokenizer, text: str | None = None, *, text_fil
     starts with the tokenizer's BOS when it adds one (see the module docstring)."""
     if text is None:
         text = read_text(text_file)
-    bos = bos_to_prepend(tokenizer)
+    ids, nbytes, plan, stride, bos = windows_of(tokenizer, text, window, stride, limit)
     prefix = 0 if bos is None else 1
-    stride = window - prefix if stride is None else stride
-    ids, nbytes = tokenize_with_bytes(tokenizer, text)
-    plan = window_plan(len(ids), window, stride, limit, prefix=prefix)
-    if not plan:
-        raise EvalDataError(f"text too short for perplexity: {len(ids)} tokens")
     nll, count, nb = 0.0, 0, 0
     bar = tqdm(total=sum(p[2] for p in plan), desc=desc, unit="tok", disable=not progress, leave=False)
     for begin, end, n in plan:
