@@ -113,6 +113,12 @@ def config_dict(model: nn.Module, dtype: torch.dtype, qcfg: dict[str, Any], unti
     return d
 
 
+def as_saved(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float tensor as the folder stores it, in ``dtype``; other tensors (integer buffers) as
+    they are."""
+    return t.detach().to(dtype) if t.dtype.is_floating_point and t.dtype != dtype else t.detach()
+
+
 def quantized_tensors(layers: dict[str, nn.Module], layout, dtype: torch.dtype
                       ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, float | None]], list[str]]:
     """The tensors ``layout`` writes for the quantized linears ``layers`` (model names -> QuantLinear
@@ -181,7 +187,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
             v = v.clone()
         elif key is not None:
             seen[key] = k
-        tensors[k] = v.detach().to(dtype) if v.dtype.is_floating_point and v.dtype != dtype else v.detach()
+        tensors[k] = as_saved(v, dtype)
 
     kv_cache = getattr(model, "lowbit_kv_cache", None)
     kv = kv_scales(model) if kv_cache is not None else {}

@@ -99,6 +99,13 @@ def parse_layer_inputs(value: str | None):
     return None if value is None else _enum_option(value, value, LayerInputs, "--layer-inputs")
 
 
+def parse_reconstruct_iters(value: int | None) -> int | None:
+    """--reconstruct-iters: None (not given) or a number of steps >= 0."""
+    if value is not None and value < 0:
+        raise OptionError(f"--reconstruct-iters must be >= 0, got {value}")
+    return value
+
+
 def parse_calib_preset(value: str | None) -> str | None:
     """--calib-preset: None (not given) or a name of lowbit.calibration.CALIBRATION_PRESETS."""
     from lowbit.calibration import CALIBRATION_PRESETS

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
-    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list, parse_smoothquant, parse_weight_rounding, quiet_progress,
+    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
+    parse_reconstruct_iters, parse_smoothquant, parse_weight_rounding, quiet_progress,
 )
 
 
@@ -135,9 +136,7 @@ def compare_cmd(
     wr = parse_weight_rounding(weight_rounding)
     if wr is not None:
         calib_options["weight_rounding"] = wr.value
-    if reconstruct_iters is not None:
-        if reconstruct_iters < 0:
-            raise OptionError(f"--reconstruct-iters must be >= 0, got {reconstruct_iters}")
+    if parse_reconstruct_iters(reconstruct_iters) is not None:
         calib_options["reconstruct_iters"] = reconstruct_iters
     opts = CompareOptions(schemes=parse_list(schemes, "--schemes"), limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,

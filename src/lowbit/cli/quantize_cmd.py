@@ -13,7 +13,7 @@ import typer
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
-    parse_smoothquant, parse_weight_rounding,
+    parse_reconstruct_iters, parse_smoothquant, parse_weight_rounding,
 )
 
 
@@ -97,6 +97,7 @@ def quantize_cmd(
     sq_choice = parse_smoothquant(smoothquant)
     sq = resolve_alpha(sq_choice, sch, static_only=False)
     wr = parse_weight_rounding(weight_rounding)
+    reconstruct_iters = parse_reconstruct_iters(reconstruct_iters)
     li = parse_layer_inputs(layer_inputs)
     preset = parse_calib_preset(calib_preset)
     t0 = time.perf_counter()
@@ -208,8 +209,6 @@ def _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters=None
     if li is not None:
         kwargs["layer_inputs"] = li
     if reconstruct_iters is not None:
-        if reconstruct_iters < 0:
-            raise OptionError(f"--reconstruct-iters must be >= 0, got {reconstruct_iters}")
         kwargs["reconstruct_iters"] = reconstruct_iters
     return CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
 

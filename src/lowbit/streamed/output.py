@@ -26,7 +26,7 @@ import torch.nn as nn
 from safetensors.torch import load_file
 
 from lowbit.checkpoint.save import (
-    check_shared, config_dict, float_linears, model_dtype, quantized_modules, quantized_tensors, warn_rounded,
+    as_saved, check_shared, config_dict, float_linears, model_dtype, quantized_modules, quantized_tensors, warn_rounded,
     write_side_files,
 )
 from lowbit.dist import Group
@@ -103,9 +103,9 @@ class StreamOutput:
         for k, v in layer.state_dict().items():
             full = f"{prefix}.{k}"
             if full.rpartition(".")[0] not in inner:
-                tensors[full] = v.detach().to(dtype) if v.dtype.is_floating_point and v.dtype != dtype else v.detach()
+                tensors[full] = as_saved(v, dtype)
         disk = checkpoint_names(mt, list(tensors))
-        if self.group.owner(i) == self.group.rank:
+        if self.group.owns(i):
             write_safetensors_atomic(self.tmp / self.shard_name(i), {disk[k]: v for k, v in tensors.items()})
         if next_hidden is not None:
             write_safetensors_atomic(self.state / f"inputs-rank{self.group.rank}.safetensors",
@@ -135,7 +135,7 @@ class StreamOutput:
                 continue
             if _is_tied_head(model, k):
                 continue
-            tensors[k] = v.detach().to(dtype) if v.dtype.is_floating_point and v.dtype != dtype else v.detach()
+            tensors[k] = as_saved(v, dtype)
         seen: set[int] = set()
         for n, p in model.named_parameters():
             if not n.startswith(layers_path + ".") and id(p) not in seen:
