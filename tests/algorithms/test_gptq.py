@@ -366,12 +366,16 @@ def test_calibration_preset_gptq_fast():
         (WeightRounding.GPTQ, LayerInputs.FLOAT, 4, 128)
     assert CalibrationConfig.preset("gptq-fast", num_samples=2, weight_rounding="rtn") == \
         CalibrationConfig(weight_rounding="rtn", layer_inputs="float", num_samples=2, seq_len=128)
-    with pytest.raises(CalibrationError, match="unknown calibration preset 'fast'; known: gptq-fast, best"):
-        CalibrationConfig.preset("fast")
-    assert list(CALIBRATION_PRESETS) == ["gptq-fast", "best"]
+    with pytest.raises(CalibrationError, match="unknown calibration preset 'fastest'; known: fast, default, gptq-fast, best"):
+        CalibrationConfig.preset("fastest")
+    assert list(CALIBRATION_PRESETS) == ["fast", "default", "gptq-fast", "best"]
     best = CalibrationConfig.preset("best")
     assert (best.weight_rounding, best.layer_inputs, best.reconstruct_iters) == \
-        (WeightRounding.GPTQ, LayerInputs.QUANTIZED, 100)
+        (WeightRounding.RTN, LayerInputs.QUANTIZED, 50)
+    assert CalibrationConfig.preset("default") == CalibrationConfig()
+    fast = CalibrationConfig.preset("fast")
+    assert (fast.weight_rounding, fast.layer_inputs, fast.num_samples, fast.seq_len) == \
+        (WeightRounding.RTN, LayerInputs.FLOAT, 4, 128)
     base = tiny_llama()
     a = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), preset="gptq-fast", seq_len=32)
     b = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), weight_rounding="gptq",

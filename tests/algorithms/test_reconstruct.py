@@ -74,3 +74,79 @@ def test_reconstruction_is_deterministic_and_refuses_zero_points():
         assert torch.equal(x, y), n
     with pytest.raises(LowbitError, match="symmetric"):
         lowbit.quantize(copy.deepcopy(ref), "w4a16-asym", calibration=TOKENS, reconstruct_iters=5)
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "w4a16"])   # UE4M3 block scales under a global scale; full-range fp32
+def test_reconstructed_scales_stay_in_the_scale_format(scheme):
+    """Whatever coefficients the steps reach, the scales handed back are values of the scale
+    format, within [0.5, 1] x the block's amax scale (or the given scale, when above it), signed as
+    the given ones; until a coefficient moves, the given scale and codes come back unchanged."""
+    from lowbit.algorithms.reconstruct import C_MIN, _Offsets
+    from lowbit.kernels import codes as kcodes
+    from lowbit.modules import QuantLinear
+    from lowbit.numerics import FormatName, get_format
+    from lowbit.quant.groups import group_view, reduce_groups
+    from lowbit.quant.scales import amax_divisor, divide, raw_block_scales
+
+    lin = torch.nn.Linear(64, 48, bias=False)
+    torch.nn.init.normal_(lin.weight, generator=torch.Generator().manual_seed(3))
+    w = lin.weight.detach().clone()
+    q = QuantLinear.from_linear(lin, lowbit.get_scheme(scheme), name="x")
+    spec = q.scheme.weights
+    off = _Offsets(q, w, scales=True)
+    codes0, scale0 = off.result()
+    assert torch.equal(codes0, q.weight_codes) and torch.equal(scale0, q.weight_scale)
+    with torch.no_grad():  # coefficients anywhere in their range
+        u = torch.rand(off.c.shape, generator=torch.Generator().manual_seed(4))
+        off.c.copy_(C_MIN + u * (off.c_hi - C_MIN))
+    _, s = off.result()
+    assert s.shape == q.weight_scale.shape and s.dtype == q.weight_scale.dtype
+    assert bool((s != q.weight_scale).any())
+    amax = reduce_groups(group_view(w.abs(), spec), spec, lambda t, d: t.amax(d))
+    if spec.scale_format is FormatName.FP32:
+        raw = divide(amax, amax_divisor(spec))
+        top = raw
+    else:
+        raw = raw_block_scales(amax, spec, q.weight_global_scale)
+        top = kcodes.qdq(get_format(spec.scale_format), raw)
+        assert torch.equal(kcodes.qdq(get_format(spec.scale_format), s), s)   # a value of UE4M3
+    assert bool((s.abs() <= torch.maximum(q.weight_scale.abs(), top)).all())
+    assert bool((s.abs() >= 0.5 * raw * 0.93).all())                          # UE4M3 rounds within 1/16
+    assert bool((torch.sign(s) == torch.sign(q.weight_scale)).all())        # full-range INT keeps its sign
+
+
+def test_reconstruction_with_scales_round_trips(tmp_path):
+    ref = tiny_llama(hidden_size=128, intermediate_size=256)
+    base = lowbit.quantize(copy.deepcopy(ref), "w4a16", calibration=TOKENS, weight_rounding="gptq")
+    rec = lowbit.quantize(copy.deepcopy(ref), "w4a16", calibration=TOKENS, weight_rounding="gptq",
+                          reconstruct_iters=20, reconstruct_scales=True)
+    report = rec.lowbit_calibration.reconstruct
+    assert all(r["mse_end"] <= r["mse_start"] for r in report.values()), report
+    assert sum(r["scales_changed"] for r in report.values()) > 0, report
+    moved = sum(int((b.weight_scale != a.weight_scale).sum()) for a, b in zip(base.modules(), rec.modules())
+                if hasattr(a, "weight_codes"))
+    assert moved == sum(r["scales_changed"] for r in report.values())
+    lowbit.save(rec, tmp_path / "q", format="compressed-tensors")
+    back = lowbit.load(tmp_path / "q")
+    with torch.no_grad():
+        assert torch.equal(rec(input_ids=TOKENS[:2]).logits, back(input_ids=TOKENS[:2]).logits)
+
+
+def test_reconstruct_scales_option_is_checked():
+    from lowbit.calibration import CalibrationConfig, CalibrationError
+
+    with pytest.raises(CalibrationError, match="reconstruct_scales"):
+        CalibrationConfig(reconstruct_scales="yes")
+
+
+def test_the_loss_weighs_each_token_relative_to_its_size():
+    from lowbit.algorithms.reconstruct import token_weights, weighted_se
+
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(2, 5, 16, generator=g)
+    target[:, 0] *= 100.0                     # an attention-sink token, 100x the others
+    out = target * 1.01                       # the same 1% relative error on every token
+    se = weighted_se(out, target, token_weights(target)).sum(-1)   # [2, 5]
+    assert torch.allclose(se, torch.full_like(se, 0.01 ** 2 * 16), rtol=1e-4)
+    # a zero target (padding) gets weight 1, not a division by zero
+    assert torch.equal(token_weights(torch.zeros(1, 2, 4)), torch.ones(1, 2, 1))

@@ -101,9 +101,9 @@ def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
     (["quantize", "builtin", "--scheme", "w4a16", "--model-free", "--weight-rounding", "gptq"],
      "--model-free takes no calibration"),
     (["compare", "--schemes", "w4a16", "--weight-rounding", "gtpq"], "--weight-rounding must be one of"),
-    (["compare", "--schemes", "w4a16", "--calib-preset", "gptq"], "--calib-preset must be one of gptq-fast, best"),
-    (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--calib-preset", "fast"],
-     "--calib-preset must be one of gptq-fast, best, got 'fast'"),
+    (["compare", "--schemes", "w4a16", "--calib-preset", "gptq"], "--calib-preset must be one of fast, default, gptq-fast, best"),
+    (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--calib-preset", "fastest"],
+     "--calib-preset must be one of fast, default, gptq-fast, best, got 'fastest'"),
     (["quantize", "builtin", "--scheme", "w8a8-int8-dynamic", "--model-free", "--calib-preset", "gptq-fast"],
      "--model-free takes no calibration"),
 ])

@@ -1,18 +1,25 @@
-"""Block-output reconstruction: choose each weight's rounding direction so that the quantized
-decoder layer reproduces the float layer's output on the calibration inputs.
+"""Block-output reconstruction: choose each weight's rounding direction (and optionally each
+block scale) so that the quantized decoder layer reproduces the float layer's output on the
+calibration inputs.
 
-What stays fixed: every scale (block scales, global scales, static input scales) as the
-quantizer chose them, so the result is codes and scales of the scheme's own format, exactly
-representable in every file format and backend. What moves: for each weight w with effective
-scale e, v = w / e lies between two neighbours lo <= v <= hi of the element grid; the code is
-the grid value nearest to v + V * (hi - lo), with one offset V in [-0.5, 0.5] per weight
-(auto-round's SignRound, on the format's own grid instead of a uniform one). V starts at 0 where
-the given codes (GPTQ's, or RTN's) are round-to-nearest's, and just past the midpoint toward the
-given neighbour elsewhere (GPTQ's choices, clamped to the two neighbours).
+What moves: for each weight w with effective scale e, v = w / e lies between two neighbours
+lo <= v <= hi of the element grid; the code is the grid value nearest to v + V * (hi - lo), with
+one offset V in [-0.5, 0.5] per weight (auto-round's SignRound, on the format's own grid and in
+units of the local grid step instead of absolute units). V starts at 0 where the given codes
+(RTN's, or GPTQ's) are round-to-nearest's, and just past the midpoint toward the given neighbour
+elsewhere (GPTQ's choices, clamped to the two neighbours). With ``scales``, each per-channel or
+per-group weight scale is also re-chosen: the scale format's value nearest c * (the block's amax
+scale), one coefficient c in [0.5, 1] per block (the given scale's own coefficient when that is
+above 1), straight-through in the backward; until c moves the given scale is kept exactly.
+What stays fixed: global scales, static input scales and E8M0 (MX) block scales. The result is
+codes and scales of the scheme's own format, exactly representable in every file format and
+backend.
 
 Objective: the mean squared error between the layer's output with the offsets (weights rounded
 in the forward pass, straight-through in the backward; activations quantized the same way for
-schemes with quantized inputs) and the float layer's output, over the calibration batches.
+schemes with quantized inputs) and the float layer's output, over the calibration batches, each
+token's error relative to the mean square of its target (``token_weights``: the next layer
+normalizes every token, and attention-sink tokens would otherwise dominate).
 Steps: ``iters`` signed-gradient steps of size ``lr`` (default 1 / iters, decaying linearly to
 0), one batch per step in turn. The codes of the best step seen (measured on the whole
 calibration set every ``eval_every`` steps, and at the start) are kept: the result is never
@@ -31,17 +38,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics import get_format
+from lowbit.kernels import codes
+from lowbit.numerics import FormatName, get_format
 from lowbit.quant import effective_scale, fake_quantize
-from lowbit.quant.groups import group_view, ungroup
+from lowbit.quant.groups import group_view, reduce_groups, ungroup
 from lowbit.quant.qtensor import QuantizedTensor
+from lowbit.quant.scales import amax_divisor, divide, raw_block_scales
+from lowbit.schemes.spec import Granularity
+
+
+C_MIN = 0.5  # the smallest block-scale coefficient: at most halve a block's amax scale
+C_LR = 1.0   # the coefficients' step relative to the offsets'
 
 
 @dataclass(frozen=True)
 class ReconstructOptions:
     iters: int = 200
     lr: float | None = None          # signed step in grid units; None: 1 / iters
-    eval_every: int = 25             # steps between full-set evaluations (the best is kept)
+    eval_every: int = 10             # steps between full-set evaluations (the best is kept)
+    scales: bool = False             # also tune each per-channel / per-group scale (see _Offsets.scale)
 
 
 @dataclass
@@ -49,6 +64,7 @@ class ReconstructReport:
     mse_start: float = 0.0           # layer output MSE with the given codes
     mse_end: float = 0.0             # with the codes kept
     changed: int = 0                 # weights whose code changed
+    scales_changed: int = 0          # block scales that changed
     weights: int = 0
     best_step: int = 0
     history: list[float] = field(default_factory=list)
@@ -69,49 +85,114 @@ def _expand(scale_like: torch.Tensor, spec, n: int, shape) -> torch.Tensor:
 
 
 class _Offsets:
-    """One linear's weights as grid offsets: the STE forward and the final codes."""
+    """One linear's weights as grid offsets (and, with ``scales``, block-scale coefficients): the
+    straight-through forward and the final codes and scales."""
 
-    def __init__(self, q, w: torch.Tensor) -> None:
+    def __init__(self, q, w: torch.Tensor, scales: bool) -> None:
         qt: QuantizedTensor = q.weight_qtensor()
         spec = qt.spec
         if qt.zero_point is not None or not spec.symmetric:
             raise QuantizationError(f"layer {q.name!r}: reconstruction supports symmetric weight formats only "
                                     f"({spec.describe()} has zero points)")
-        self.q, self.qt, self.fmt = q, qt, get_format(spec.format)
-        out_f, in_f = qt.codes.shape
-        eff = effective_scale(qt.scale, spec, qt.global_scale).to(torch.float32)
-        self.e = _expand(eff, spec, in_f, (out_f, in_f))
-        nz = self.e != 0
-        self.v = torch.where(nz, w.to(torch.float32) / torch.where(nz, self.e, 1.0), 0.0)
-        grid = _grid(self.fmt).to(self.v.device)
-        idx = torch.searchsorted(grid, self.v.clamp(grid[0], grid[-1])).clamp(1, grid.numel() - 1)
-        lo, hi = grid[idx - 1], grid[idx]
-        self.step = (hi - lo)
-        start = torch.where(nz, self.fmt.decode(qt.codes), 0.0)
-        rtn = self.fmt.decode(self.fmt.encode(self.v))
+        self.q, self.qt, self.spec, self.fmt = q, qt, spec, get_format(spec.format)
+        self.w = w.to(torch.float32)
+        self.grid = _grid(self.fmt).to(self.w.device)
+        self.s0 = qt.scale.to(torch.float32)
+        self.gs = None if qt.global_scale is None else qt.global_scale.to(torch.float32)
+        self.c = None
+        if scales and _tunable(spec):
+            amax = reduce_groups(group_view(self.w.abs(), spec), spec, lambda t, d: t.amax(d))
+            raw = _raw_scale(amax, spec, self.gs)                 # the stored scale of c = 1 (no rounding),
+            self.raw = torch.where(self.s0 < 0, -raw, raw)         # signed as the given one (full-range INT)
+            pos = self.raw > 0
+            self.c0 = torch.where(pos, self.s0 / torch.where(pos, self.raw, 1.0), 1.0)
+            self.c_hi = torch.clamp_min(self.c0, 1.0)
+            self.c = self.c0.clone().requires_grad_(True)
+        v, self.nz = self._values(self.s0)
+        lo, hi = self._neighbours(v)
+        start = torch.where(self.nz, self.fmt.decode(qt.codes), 0.0)
+        rtn = self.fmt.decode(self.fmt.encode(v))
         t = torch.minimum(torch.maximum(start, lo), hi)
         # where the given code is RTN's, start at v itself (SignRound's V = 0); elsewhere just past
         # the midpoint toward the given neighbour, so that a few steps can undo either choice
-        step = torch.where(self.step > 0, self.step, 1.0)
-        past = ((lo + hi) / 2 - self.v) / step + 0.05 * torch.sign(t - self.v)
-        V0 = torch.where(start == rtn, torch.zeros_like(self.v), past)
+        step = torch.where(hi > lo, hi - lo, 1.0)
+        past = ((lo + hi) / 2 - v) / step + 0.05 * torch.sign(t - v)
+        V0 = torch.where(start == rtn, torch.zeros_like(v), past)
         self.V = V0.clamp(-0.5, 0.5).requires_grad_(True)
-        self.nz = nz
+        if self.c is None:  # fixed scales: v and its grid step never change
+            self.v_fixed, self.step_fixed = v, hi - lo
 
-    def rounded(self) -> torch.Tensor:
-        """The grid values of v + V * step (round to nearest even on the format's grid)."""
-        x = (self.v + self.V.detach() * self.step)
-        return self.fmt.decode(self.fmt.encode(x))
+    def params(self) -> list[torch.Tensor]:
+        return [self.V] if self.c is None else [self.V, self.c]
+
+    def _values(self, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w / e per element, e != 0) for stored block scales ``scale``."""
+        n = self.w.shape[-1]
+        e = _expand(effective_scale(scale, self.spec, self.gs), self.spec, n, self.w.shape)
+        nz = e != 0
+        return torch.where(nz, self.w / torch.where(nz, e, 1.0), 0.0), nz
+
+    def _neighbours(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = self.grid
+        idx = torch.searchsorted(g, v.detach().clamp(g[0], g[-1])).clamp(1, g.numel() - 1)
+        return g[idx - 1], g[idx]
+
+    def scale(self) -> torch.Tensor:
+        """The stored block scales: the given ones until a coefficient moves, then the scale
+        format's value nearest c * (the amax scale); straight-through in the backward."""
+        if self.c is None:
+            return self.s0
+        c = self.c
+        raw = c * self.raw
+        with torch.no_grad():
+            val = torch.where(c.detach() != self.c0, _round_scale(raw.detach(), self.spec), self.s0)
+        return val + (raw - raw.detach())
+
+    def _x(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(v + V * step, the effective scale per element, its non-zero mask)."""
+        if self.c is None:
+            n = self.w.shape[-1]
+            e = _expand(effective_scale(self.s0, self.spec, self.gs), self.spec, n, self.w.shape)
+            return self.v_fixed + self.V * self.step_fixed, e, self.nz
+        s = self.scale()
+        n = self.w.shape[-1]
+        e = _expand(effective_scale(s, self.spec, self.gs), self.spec, n, self.w.shape)
+        nz = e.detach() != 0
+        v = torch.where(nz, self.w / torch.where(nz, e, 1.0), 0.0)
+        lo, hi = self._neighbours(v)
+        return v + self.V * (hi - lo), e, nz
 
     def weight(self) -> torch.Tensor:
         """The dequantized weight, rounded forward, straight-through backward."""
-        x = self.v + self.V * self.step
+        x, e, nz = self._x()
         r = self.fmt.decode(self.fmt.encode(x.detach()))
-        return torch.where(self.nz, (x + (r - x).detach()) * self.e, 0.0)
+        return torch.where(nz, (x + (r - x).detach()) * e, 0.0)
 
-    def codes(self) -> torch.Tensor:
-        c = self.fmt.encode(self.v + self.V.detach() * self.step)
-        return torch.where(self.nz, c, torch.zeros_like(c))
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes, stored scales) of the current offsets and coefficients."""
+        with torch.no_grad():
+            x, _, nz = self._x()
+            c = self.fmt.encode(x)
+            return torch.where(nz, c, torch.zeros_like(c)), self.scale().detach().clone()
+
+
+def _tunable(spec) -> bool:
+    """Whether the block-scale coefficients are tuned for ``spec``: per-channel or per-group
+    scales stored as fp32 or as a minifloat (E8M0's powers of two are left as chosen)."""
+    return spec.granularity in (Granularity.CHANNEL, Granularity.GROUP) and spec.scale_format is not FormatName.E8M0
+
+
+def _raw_scale(amax: torch.Tensor, spec, gs) -> torch.Tensor:
+    if spec.scale_format is FormatName.FP32:
+        return divide(amax, amax_divisor(spec))
+    return raw_block_scales(amax, spec, gs)
+
+
+def _round_scale(raw: torch.Tensor, spec) -> torch.Tensor:
+    """A stored scale of the spec's scale format from an unrounded one (fp32: the floor only)."""
+    if spec.scale_format is FormatName.FP32:
+        return raw if spec.scale_floor is None else torch.clamp_min(raw, spec.scale_floor)
+    return codes.qdq(get_format(spec.scale_format), raw)
 
 
 class _SoftLinear(nn.Module):
@@ -145,6 +226,19 @@ def _run(layer: nn.Module, calls, device) -> list[torch.Tensor]:
     return outs
 
 
+def token_weights(target: torch.Tensor) -> torch.Tensor:
+    """One weight per token of a layer output [..., hidden]: 1 / its mean square (the next layer
+    normalizes each token before using it, so a token's error matters relative to its size;
+    without this, attention-sink tokens with hidden states 100x the others take most of the loss)."""
+    ms = target.detach().float().pow(2).mean(-1, keepdim=True)
+    return torch.where(ms > 0, 1.0 / torch.where(ms > 0, ms, 1.0), 1.0)
+
+
+def weighted_se(out: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Squared errors weighted per token (``token_weights``)."""
+    return (out.float() - target.float()).pow(2) * w
+
+
 def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weights: dict[str, torch.Tensor],
                       inputs, options: ReconstructOptions, set_submodule, device=None) -> ReconstructReport:
     """Re-round the QuantLinears of ``layer`` named in ``float_weights`` (relative name -> the float
@@ -157,8 +251,8 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         return _run(m, calls, device)
 
     mods = {n: layer.get_submodule(n) for n in float_weights}
-    offs = {n: _Offsets(m, float_weights[n]) for n, m in mods.items() if isinstance(m, QuantLinear)}
-    rep = ReconstructReport(weights=sum(o.v.numel() for o in offs.values()))
+    offs = {n: _Offsets(m, float_weights[n], options.scales) for n, m in mods.items() if isinstance(m, QuantLinear)}
+    rep = ReconstructReport(weights=sum(o.w.numel() for o in offs.values()))
     if not offs or options.iters <= 0:
         return rep
     frozen = [(p, p.requires_grad) for p in layer.parameters()]
@@ -168,10 +262,12 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
     for n, s in soft.items():
         set_submodule(layer, n, s)
 
+    weights = [token_weights(t) for t in targets]
+
     def full_mse() -> float:
         with torch.no_grad():
             outs = run(layer, inputs)
-            return float(sum(F.mse_loss(o.float(), t.float(), reduction="sum") for o, t in zip(outs, targets))
+            return float(sum(weighted_se(o, t, w).sum() for o, t, w in zip(outs, targets, weights))
                          / sum(t.numel() for t in targets))
 
     try:
@@ -179,27 +275,31 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         best = full_mse()
         rep.mse_start = best
         rep.history.append(best)
-        best_V = {n: o.V.detach().clone() for n, o in offs.items()}
-        params = [o.V for o in offs.values()]
+        params = [p for o in offs.values() for p in o.params()]
+        best_p = [p.detach().clone() for p in params]
         with torch.enable_grad():
             for step in range(options.iters):
                 b = step % len(inputs)
                 out = run(layer, [inputs[b]])[0]
-                loss = F.mse_loss(out.float(), targets[b].float())
+                loss = weighted_se(out, targets[b], weights[b]).mean()
                 grads = torch.autograd.grad(loss, params)
                 lr = lr0 * (1.0 - step / options.iters)
                 with torch.no_grad():
-                    for V, g in zip(params, grads):
-                        V.sub_(lr * torch.sign(g)).clamp_(-0.5, 0.5)
+                    by_id = {id(p): g for p, g in zip(params, grads)}
+                    for o in offs.values():
+                        o.V.sub_(lr * torch.sign(by_id[id(o.V)])).clamp_(-0.5, 0.5)
+                        if o.c is not None:
+                            o.c.sub_(lr * C_LR * torch.sign(by_id[id(o.c)])).clamp_(min=C_MIN)
+                            torch.minimum(o.c, o.c_hi, out=o.c)
                 if (step + 1) % options.eval_every == 0 or step + 1 == options.iters:
                     m = full_mse()
                     rep.history.append(m)
                     if m < best:
                         best, rep.best_step = m, step + 1
-                        best_V = {n: o.V.detach().clone() for n, o in offs.items()}
+                        best_p = [p.detach().clone() for p in params]
         with torch.no_grad():
-            for n, o in offs.items():
-                o.V.copy_(best_V[n])
+            for p, b in zip(params, best_p):
+                p.copy_(b)
         rep.mse_end = best
     finally:
         for n, s in soft.items():
@@ -207,7 +307,10 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         for p, req in frozen:
             p.requires_grad_(req)
     for n, o in offs.items():
-        codes = o.codes().to(o.qt.codes.dtype)
-        rep.changed += int((codes != o.qt.codes).sum())
-        mods[n].weight_codes = codes
+        c, scale = o.result()
+        c = c.to(o.qt.codes.dtype)
+        rep.changed += int((c != o.qt.codes).sum())
+        rep.scales_changed += int((scale != o.s0).sum())
+        mods[n].weight_codes = c
+        mods[n].weight_scale = scale.to(o.qt.scale.dtype)
     return rep

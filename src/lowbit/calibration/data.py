@@ -104,6 +104,8 @@ class CalibrationConfig:
         weight's rounding direction to reproduce the float layer's output
         (``lowbit.algorithms.reconstruct``; scales unchanged, so files stay standard); 0: off.
     reconstruct_lr: the step, in grid units (default None: 1 / reconstruct_iters).
+    reconstruct_scales: reconstruction also re-chooses each per-channel / per-group weight scale
+        among the scale format's values (a coefficient 0.5-1 of the block's amax scale).
     """
 
     num_samples: int = 16
@@ -122,6 +124,7 @@ class CalibrationConfig:
     layer_inputs: LayerInputs | None = None
     reconstruct_iters: int = 0
     reconstruct_lr: float | None = None
+    reconstruct_scales: bool = False
 
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
@@ -148,6 +151,8 @@ class CalibrationConfig:
             raise CalibrationError(f"reconstruct_lr must be a positive number, got {self.reconstruct_lr!r}")
         if not isinstance(self.gptq_act_order, bool):
             raise CalibrationError(f"gptq_act_order must be True or False, got {self.gptq_act_order!r}")
+        if not isinstance(self.reconstruct_scales, bool):
+            raise CalibrationError(f"reconstruct_scales must be True or False, got {self.reconstruct_scales!r}")
 
     def _coerce(self, field: str, enum, optional: bool = True) -> None:
         """Field ``field`` as a member of ``enum`` (None stays None when ``optional``), or a
@@ -184,23 +189,31 @@ class CalibrationConfig:
 
         if self.reconstruct_iters <= 0:
             return None
-        return ReconstructOptions(iters=self.reconstruct_iters, lr=self.reconstruct_lr)
+        return ReconstructOptions(iters=self.reconstruct_iters, lr=self.reconstruct_lr, scales=self.reconstruct_scales)
 
     def gptq_options(self) -> GPTQOptions:
         return GPTQOptions(damping=float(self.gptq_damping), block_size=self.gptq_block_size,
                            act_order=self.gptq_act_order)
 
 
-# Named calibration budgets (CalibrationConfig.preset, lowbit.quantize(..., preset=), CLI --calib-preset).
+# Named calibration budgets (CalibrationConfig.preset, lowbit.quantize(..., preset=), CLI --calib-preset),
+# one per trade-off; measured on SmolLM2 in bench/RESULTS.md ("Calibration presets").
 CALIBRATION_PRESETS: dict[str, dict] = {
+    # round-to-nearest weights on 4 windows of 128 tokens, float layer inputs (one forward per
+    # layer): static scales only, seconds on a small model
+    "fast": {"weight_rounding": "rtn", "layer_inputs": "float", "num_samples": 4, "seq_len": 128},
+    # CalibrationConfig's own defaults, by name
+    "default": {},
     # GPTQ on a small budget, for INT8 weights: 4 windows of 128 tokens, float layer inputs (one
     # forward per layer). A per-channel INT8 grid leaves little error to compensate, and more
     # tokens did not help reliably; most of its time is GPTQ's fixed cost (Hessian
     # factorizations, block updates), not the tokens (bench/RESULTS.md, "gptq-fast").
     "gptq-fast": {"weight_rounding": "gptq", "layer_inputs": "float", "num_samples": 4, "seq_len": 128},
-    # GPTQ, then block-output reconstruction (lowbit.algorithms.reconstruct) of every decoder
-    # layer toward the float model's outputs: the most accurate, several times the calibration time
-    "best": {"weight_rounding": "gptq", "layer_inputs": "quantized", "reconstruct_iters": 100},
+    # block-output reconstruction (lowbit.algorithms.reconstruct) of every decoder layer toward
+    # the float model's outputs, from round-to-nearest codes, on the quantized layers' outputs:
+    # the most accurate. Starting from GPTQ's codes measured worse (SmolLM2 nvfp4, layers 0-1:
+    # +2.46% vs +1.47% from RTN), and so did also tuning the block scales (+2.47%).
+    "best": {"weight_rounding": "rtn", "layer_inputs": "quantized", "reconstruct_iters": 50},
 }
 
 

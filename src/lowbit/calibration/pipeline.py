@@ -316,7 +316,8 @@ class LayerwiseCalibrator:
         if recon is not None:
             r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on)
             self.report.reconstruct[prefix.rstrip(".")] = {"mse_start": r.mse_start, "mse_end": r.mse_end,
-                                                           "changed": r.changed, "weights": r.weights}
+                                                           "changed": r.changed, "weights": r.weights,
+                                                           "scales_changed": r.scales_changed, "history": r.history}
         return outs
 
     def _float_outputs(self, layer: nn.Module, inputs: Inputs) -> list[torch.Tensor]:

@@ -80,8 +80,9 @@ def compare_cmd(
                                                 help="Tokens per calibration window (default 512, as lowbit quantize and lowbit.quantize)."),
     calib_preset: Optional[str] = typer.Option(
         None, "--calib-preset",
-        help="A named calibration budget for every scheme, e.g. 'gptq-fast' (GPTQ on 4 x 128 tokens, float layer "
-             "inputs: for INT8 weights); --calib-samples, --calib-seq-len and --weight-rounding override it."),
+        help="A named calibration budget for every scheme: fast (RTN, 4 x 128 tokens), default, gptq-fast (GPTQ "
+             "on 4 x 128 tokens: for INT8 weights) or best (block-output reconstruction, 50 steps a layer); "
+             "--calib-samples, --calib-seq-len and --weight-rounding override it."),
     smoothquant: str = typer.Option("default", "--smoothquant",
                                     help="SmoothQuant for schemes with static per-tensor input scales (w8a8-int8, "
                                          "w8a8-fp8): 'default' (alpha 0.8 for INT8, 0.5 for FP8 inputs), an alpha "

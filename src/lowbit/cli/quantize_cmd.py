@@ -51,8 +51,9 @@ def quantize_cmd(
              "time; default with RTN weights)."),
     calib_preset: Optional[str] = typer.Option(
         None, "--calib-preset",
-        help="A named calibration budget, e.g. 'gptq-fast' (GPTQ on 4 x 128 tokens, float layer inputs: "
-             "for INT8 weights); the options above override its fields."),
+        help="A named calibration budget: fast (RTN, 4 x 128 tokens), default, gptq-fast (GPTQ on 4 x 128 "
+             "tokens: for INT8 weights) or best (block-output reconstruction, 50 steps a layer); the options "
+             "above override its fields."),
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
         help="Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
