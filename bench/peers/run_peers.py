@@ -216,7 +216,8 @@ def main() -> None:
                   "iters": a.iters if tool in ITERS_TOOLS else None}
         if a.reuse and out.exists():
             r = json.loads(out.read_text())
-            reused.append(out.stat().st_mtime)
+            if tool != "float":  # the reused float reference does not date the section
+                reused.append(out.stat().st_mtime)
         elif err is None:
             print(f"[{tool}] quantizing {a.scheme} ...", flush=True)
             cmd = [str(py), str(HERE / "worker.py"), "--tool", tool, "--model", str(model), "--scheme", a.scheme,
@@ -235,7 +236,7 @@ def main() -> None:
         print(f"[{tool}] {r.get('status')}: {r.get('error') or ''}", flush=True)
 
     if reused:  # date the section by when those results were measured
-        start = dt.datetime.fromtimestamp(min(reused), dt.timezone.utc)
+        start = min(start, dt.datetime.fromtimestamp(min(reused), dt.timezone.utc))
     base = next((r.get("float_ppl") for r in rows if r.get("float_ppl")), None)
     tuned = [label(r) for r in rows if r["tool"] in TUNED_TOOLS]
     same = f" {', '.join(tuned)}: calibrated on the same {CALIB_SAMPLES} x {CALIB_SEQ} token windows." if tuned else ""
