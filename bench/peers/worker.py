@@ -5,7 +5,13 @@ safetensors and the tool), so it must not import lowbit unless the tool is lowbi
 evaluation token ids come from the driver (run_peers.py) in a safetensors file, so every tool
 scores exactly the same windows with the same code (full logits: fine for a 49k vocabulary).
 
-    python worker.py --tool TOOL --model DIR --scheme SCHEME --ids ids.safetensors --window 512 --out r.json
+    python worker.py --tool TOOL --model DIR --scheme SCHEME --ids ids.safetensors --window 512 --out r.json \
+        [--calib-ids calib.safetensors] [--layers N] [--iters N] [--threads N]
+
+--layers N quantizes only decoder layers 0..N-1 in every tool (the others stay float); --iters is
+the tuning length of the tools that tune (auto-round-tuned, lowbit-best-iters). --calib-ids holds
+the calibration token windows [16, 256] the driver cut with lowbit's rule (evenly spaced windows
+of the whole calibration file): the tuned tools calibrate on exactly these tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import time
 import traceback
@@ -66,27 +73,120 @@ def perplexity(model, ids, window: int) -> tuple[float, int]:
     return math.exp(nll / n), n
 
 
+class Opts:
+    """What the driver asks of every tool besides the scheme: ``layers`` (quantize decoder layers
+    0..layers-1 only; None: all), ``iters`` (tuning steps of the tools that tune), ``calib_ids``
+    (the calibration token windows [n, seq_len], or None) and ``recipe`` (filled in by the tool:
+    the parameters it ran with, for the result JSON)."""
+
+    def __init__(self, layers=None, iters=200, calib_ids=None):
+        self.layers, self.iters, self.calib_ids = layers, iters, calib_ids
+        self.recipe = {}
+
+
+def decoder_layers(model):
+    """(name, ModuleList) of the repeated decoder blocks: the ModuleList holding the most Linears."""
+    import torch
+
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod):
+            n = sum(isinstance(m, torch.nn.Linear) for m in mod.modules())
+            if n and (best is None or n > best[0]):
+                best = (n, name, mod)
+    if best is None:
+        raise ValueError("no decoder layers (a ModuleList of blocks with Linears) found")
+    return best[1], best[2]
+
+
+def skipped_layers(model, opts) -> list[str]:
+    """Names of the decoder layers that stay float under ``opts.layers`` (none when it is None)."""
+    prefix, layers = decoder_layers(model)
+    if opts.layers is None:
+        return []
+    if not 1 <= opts.layers <= len(layers):
+        raise ValueError(f"--layers {opts.layers}: the model has {len(layers)} decoder layers")
+    return [f"{prefix}.{i}" for i in range(opts.layers, len(layers))]
+
+
+def skipped_linears(model, opts) -> list[str]:
+    """Full names of the Linears inside the decoder layers that stay float."""
+    import torch
+
+    out = []
+    for layer in skipped_layers(model, opts):
+        out += [f"{layer}.{n}" for n, m in model.get_submodule(layer).named_modules()
+                if isinstance(m, torch.nn.Linear)]
+    return out
+
+
+def linear_kinds(model) -> dict[str, int]:
+    """How many of the decoder layers' projections (names ending in ``_proj``) are of each module
+    type after quantization: a check that a tool replaced (or wrapped) what it says it did."""
+    from collections import Counter
+
+    return dict(Counter(type(m).__name__ for n, m in model.named_modules() if n.rsplit(".", 1)[-1].endswith("_proj")))
+
+
+def calib_windows(opts):
+    """The calibration token windows [n, seq_len] from the driver (--calib-ids)."""
+    from safetensors.torch import load_file
+
+    if opts.calib_ids is None:
+        raise ValueError("this tool calibrates on the driver's token windows: pass --calib-ids")
+    return load_file(opts.calib_ids)["ids"]
+
+
 # ----------------------------------------------------------------------------- tools
-def q_lowbit(model, tok, scheme, calib, **options):
+def q_float(model, tok, scheme, calib, opts):
+    """No quantization: the float reference row (``run_peers.py --no-lowbit``)."""
+    import torch
+
+    return model, torch.__version__
+
+
+def q_lowbit(model, tok, scheme, calib, opts, **options):
     import lowbit
 
     from lowbit.report.compare import set_backends
 
     s = lowbit.get_scheme(scheme)
+    ignore = skipped_linears(model, opts)
     if s.needs_calibration:
-        lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256, **options)
+        lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256, ignore=ignore,
+                        **options)
     else:
-        lowbit.quantize(model, s)
+        lowbit.quantize(model, s, ignore=ignore)
     set_backends(model, "fast")
     return model, lowbit.__version__
 
 
-def q_lowbit_float(model, tok, scheme, calib):
+def q_lowbit_float(model, tok, scheme, calib, opts):
     """lowbit's defaults (GPTQ where that is the default) calibrated on float layer inputs."""
-    return q_lowbit(model, tok, scheme, calib, layer_inputs="float")
+    return q_lowbit(model, tok, scheme, calib, opts, layer_inputs="float")
 
 
-def q_lowbit_gptq(model, tok, scheme, calib):
+def q_lowbit_best(model, tok, scheme, calib, opts, **options):
+    """lowbit's "best" calibration preset (GPTQ, quantized layer inputs, block-output
+    reconstruction: lowbit.calibration.CALIBRATION_PRESETS) on 16 x 256 tokens of the same file;
+    lowbit cuts the same evenly spaced windows the driver hands the tuned peers (--calib-ids)."""
+    import lowbit
+
+    from lowbit.report.compare import set_backends
+
+    lowbit.quantize(model, lowbit.get_scheme(scheme), calibration=calib, tokenizer=tok, preset="best",
+                    num_samples=16, seq_len=256, ignore=skipped_linears(model, opts), **options)
+    opts.recipe = {"preset": "best", "num_samples": 16, "seq_len": 256, **options}
+    set_backends(model, "fast")
+    return model, lowbit.__version__
+
+
+def q_lowbit_best_iters(model, tok, scheme, calib, opts):
+    """The "best" preset with ``--iters`` reconstruction steps per layer instead of its own."""
+    return q_lowbit_best(model, tok, scheme, calib, opts, reconstruct_iters=opts.iters)
+
+
+def q_lowbit_gptq(model, tok, scheme, calib, opts):
     """lowbit with GPTQ weight rounding (calibrated on the same text as the peers, 16 x 256)."""
     import lowbit
 
@@ -95,24 +195,25 @@ def q_lowbit_gptq(model, tok, scheme, calib):
 
     s = lowbit.get_scheme(scheme)
     lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256,
-                    weight_rounding="gptq", smoothquant=default_alpha(s))
+                    weight_rounding="gptq", smoothquant=default_alpha(s), ignore=skipped_linears(model, opts))
     set_backends(model, "fast")
     return model, lowbit.__version__
 
 
-def q_lowbit_gptq_fast(model, tok, scheme, calib):
+def q_lowbit_gptq_fast(model, tok, scheme, calib, opts):
     """lowbit's "gptq-fast" calibration preset (GPTQ on 4 x 128 tokens, float layer inputs:
     lowbit.calibration.CALIBRATION_PRESETS), on the same text as the peers."""
     import lowbit
 
     from lowbit.report.compare import set_backends
 
-    lowbit.quantize(model, lowbit.get_scheme(scheme), calibration=calib, tokenizer=tok, preset="gptq-fast")
+    lowbit.quantize(model, lowbit.get_scheme(scheme), calibration=calib, tokenizer=tok, preset="gptq-fast",
+                    ignore=skipped_linears(model, opts))
     set_backends(model, "fast")
     return model, lowbit.__version__
 
 
-def q_lowbit_rtn(model, tok, scheme, calib, layer_inputs="quantized"):
+def q_lowbit_rtn(model, tok, scheme, calib, opts, layer_inputs="quantized"):
     """lowbit with round-to-nearest weights (calibrated on the same text when the scheme needs it),
     layer by layer on the quantized layers' outputs (lowbit-rtn-float: on float activations,
     lowbit's default with RTN weights)."""
@@ -122,26 +223,38 @@ def q_lowbit_rtn(model, tok, scheme, calib, layer_inputs="quantized"):
     from lowbit.algorithms.smoothquant.defaults import default_alpha
 
     s = lowbit.get_scheme(scheme)
+    ignore = skipped_linears(model, opts)
     if s.needs_calibration:
         lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256,
-                        weight_rounding="rtn", smoothquant=default_alpha(s), layer_inputs=layer_inputs)
+                        weight_rounding="rtn", smoothquant=default_alpha(s), layer_inputs=layer_inputs,
+                        ignore=ignore)
     else:
-        lowbit.quantize(model, s)
+        lowbit.quantize(model, s, ignore=ignore)
     set_backends(model, "fast")
     return model, lowbit.__version__
 
 
-def q_lowbit_rtn_float(model, tok, scheme, calib):
+def q_lowbit_rtn_float(model, tok, scheme, calib, opts):
     """lowbit RTN calibrated on the float model's activations (layer_inputs="float": one float
     pass per layer, as llm-compressor's one-shot calibration observes)."""
-    return q_lowbit_rtn(model, tok, scheme, calib, layer_inputs="float")
+    return q_lowbit_rtn(model, tok, scheme, calib, opts, layer_inputs="float")
 
 
 AUTOROUND_SCHEMES = {"w4a16": "W4A16", "w8a16": "W8A16", "nvfp4": "NVFP4", "mxfp4": "MXFP4",
                      "w8a8-fp8": "FP8_STATIC", "nvfp4-e5m3": "NVFP4_E5M3", "w8a8-int8-dynamic": "INT8"}
 
 
-def q_autoround(model, tok, scheme, calib):
+def _autoround_blocks(model, opts):
+    """auto-round's block selection for ``opts.layers``: None (every block) or the names of
+    decoder layers 0..N-1 as its list of block lists (a string would be matched by re.search,
+    so "model.layers.1" would select 10-19 too)."""
+    if opts.layers is None:
+        return None
+    prefix, _ = decoder_layers(model)
+    return [[f"{prefix}.{i}" for i in range(opts.layers)]]
+
+
+def q_autoround(model, tok, scheme, calib, opts):
     import auto_round
     from auto_round import AutoRound
 
@@ -150,8 +263,38 @@ def q_autoround(model, tok, scheme, calib):
     # iters=0 alone selects auto-round's *optimized* RTN (a calibrated scale search, minutes per
     # layer here); disable_opt_rtn=True is plain round-to-nearest, like lowbit's RTN
     ar = AutoRound(model, tok, scheme=AUTOROUND_SCHEMES[scheme], iters=0, disable_opt_rtn=True, nsamples=16,
-                   seqlen=256, dataset=calib_texts(calib), device_map="cpu")
+                   seqlen=256, dataset=calib_texts(calib), device_map="cpu",
+                   to_quant_block_names=_autoround_blocks(model, opts))
     ar.quantize()
+    opts.recipe = {"algorithm": "RTN", "iters": 0, "disable_opt_rtn": True}
+    return ar.model, auto_round.__version__
+
+
+def q_autoround_tuned(model, tok, scheme, calib, opts):
+    """auto-round's own recipe: SignRound tuning of each block's rounding and min/max toward the
+    float block's outputs (``iters`` sign-gradient steps per block, its default lr 1/iters, batch
+    8 of the 16 calibration windows per step, quantized inputs from the previous blocks). With
+    iters > 0 auto-round builds a SignRoundConfig: ``disable_opt_rtn`` is an RTN option it would
+    ignore, so it is not passed. Calibration: the driver's 16 x 256 token windows, given as
+    [1, 256] tensors (a list of strings would be cut per string, dropping those under 256
+    tokens: 5 of the 64 paragraphs the RTN rows hand it survive)."""
+    import auto_round
+    from auto_round import AutoRound
+
+    if scheme not in AUTOROUND_SCHEMES:
+        raise ValueError(f"no auto-round preset mapped for {scheme}")
+    if opts.iters < 1:
+        raise ValueError("auto-round-tuned needs --iters >= 1 (iters 0 is the auto-round RTN tool)")
+    windows = calib_windows(opts)
+    ar = AutoRound(model, tok, scheme=AUTOROUND_SCHEMES[scheme], iters=opts.iters, nsamples=windows.shape[0],
+                   seqlen=windows.shape[1], dataset=[w[None] for w in windows], device_map="cpu",
+                   to_quant_block_names=_autoround_blocks(model, opts))
+    ar.quantize()
+    cfg = getattr(ar, "quantize_config", None)  # the SignRoundConfig it tuned with
+    opts.recipe = {"algorithm": "SignRound", "iters": opts.iters, "nsamples": int(windows.shape[0]),
+                   "seqlen": int(windows.shape[1]), "batch_size": 8,
+                   "config": type(cfg).__name__, "lr": getattr(cfg, "lr", None),
+                   "minmax_lr": getattr(cfg, "minmax_lr", None)}
     return ar.model, auto_round.__version__
 
 
@@ -159,7 +302,13 @@ LLMC_SCHEMES = {"w4a16": "W4A16", "w8a8-int8-dynamic": "W8A8", "w8a8-fp8-dynamic
                 "nvfp4": "NVFP4", "nvfp4a16": "NVFP4A16", "w8a16": "W8A16"}
 
 
-def q_llmcompressor(model, tok, scheme, calib):
+def _llmc_dataset(rows):
+    from datasets import Dataset
+
+    return Dataset.from_list([{"input_ids": list(r), "attention_mask": [1] * len(r)} for r in rows])
+
+
+def q_llmcompressor(model, tok, scheme, calib, opts):
     import llmcompressor
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
@@ -168,20 +317,51 @@ def q_llmcompressor(model, tok, scheme, calib):
         raise ValueError(f"no llm-compressor preset mapped for {scheme}")
     # it refuses hidden 576 with group 128 (576 % 128 != 0) unless told the runtime copes; lowbit
     # quantizes the ragged last group, so let llm-compressor do the same
-    recipe = QuantizationModifier(targets="Linear", scheme=LLMC_SCHEMES[scheme], ignore=["lm_head"],
-                                  bypass_divisibility_checks=True)
+    recipe = QuantizationModifier(targets="Linear", scheme=LLMC_SCHEMES[scheme],
+                                  ignore=["lm_head"] + skipped_linears(model, opts), bypass_divisibility_checks=True)
     kwargs = {}
     if scheme in ("nvfp4",):  # static input global scale: needs calibration data
-        from datasets import Dataset
-
         enc = [tok(t, truncation=True, max_length=256) for t in calib_texts(calib)[:16]]
-        kwargs = dict(dataset=Dataset.from_list([{"input_ids": e["input_ids"]} for e in enc]),
+        kwargs = dict(dataset=_llmc_dataset([e["input_ids"] for e in enc]),
                       num_calibration_samples=16, max_seq_length=256)
     oneshot(model=model, recipe=recipe, **kwargs)
+    opts.recipe = {"algorithm": "QuantizationModifier (RTN)"}
     return model, llmcompressor.__version__
 
 
-def q_torchao(model, tok, scheme, calib):
+SMOOTHQUANT_STRENGTH = 0.8  # llm-compressor's W8A8 INT8 examples (its SmoothQuantModifier default is 0.5)
+
+
+def q_llmcompressor_gptq(model, tok, scheme, calib, opts):
+    """llm-compressor's GPTQ recipe: GPTQModifier (its defaults: block 128, dampening 0.01, static
+    act order) on the driver's 16 x 256 token windows; for W8A8 INT8 SmoothQuantModifier(0.8)
+    first, as its examples do."""
+    import llmcompressor
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier
+
+    if scheme not in LLMC_SCHEMES:
+        raise ValueError(f"no llm-compressor preset mapped for {scheme}")
+    skip = skipped_linears(model, opts)
+    recipe = [GPTQModifier(targets="Linear", scheme=LLMC_SCHEMES[scheme], ignore=["lm_head"] + skip,
+                           bypass_divisibility_checks=True)]
+    opts.recipe = {"algorithm": "GPTQModifier"}
+    if scheme == "w8a8-int8-dynamic":
+        from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+
+        # ignore names the layers whose outputs get scaled (the norms; up_proj for down_proj)
+        keep_float = [f"{layer}.{n}" for layer in skipped_layers(model, opts)
+                      for n, _ in model.get_submodule(layer).named_modules() if n]
+        recipe.insert(0, SmoothQuantModifier(smoothing_strength=SMOOTHQUANT_STRENGTH, ignore=keep_float or None))
+        opts.recipe = {"algorithm": f"SmoothQuantModifier({SMOOTHQUANT_STRENGTH}) + GPTQModifier"}
+    windows = calib_windows(opts)
+    oneshot(model=model, recipe=recipe, dataset=_llmc_dataset(windows.tolist()),
+            num_calibration_samples=int(windows.shape[0]), max_seq_length=int(windows.shape[1]))
+    opts.recipe.update(num_calibration_samples=int(windows.shape[0]), max_seq_length=int(windows.shape[1]))
+    return model, llmcompressor.__version__
+
+
+def q_torchao(model, tok, scheme, calib, opts):
     import torch
     import torchao
     from torchao.quantization import quantize_
@@ -202,11 +382,19 @@ def q_torchao(model, tok, scheme, calib):
     else:
         raise ValueError(f"no torchao config mapped for {scheme}")
     lm_head = model.get_output_embeddings()
-    quantize_(model, cfg, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and m is not lm_head)
+    skip = set(skipped_linears(model, opts))
+    quantize_(model, cfg, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and m is not lm_head
+              and fqn not in skip)
     return model, torchao.__version__
 
 
-TOOLS = {"lowbit": q_lowbit, "lowbit-float": q_lowbit_float, "lowbit-gptq": q_lowbit_gptq, "lowbit-gptq-fast": q_lowbit_gptq_fast, "lowbit-rtn": q_lowbit_rtn, "lowbit-rtn-float": q_lowbit_rtn_float, "auto-round": q_autoround, "llmcompressor": q_llmcompressor, "torchao": q_torchao}
+TOOLS = {"float": q_float, "lowbit": q_lowbit, "lowbit-float": q_lowbit_float, "lowbit-gptq": q_lowbit_gptq,
+         "lowbit-gptq-fast": q_lowbit_gptq_fast, "lowbit-rtn": q_lowbit_rtn, "lowbit-rtn-float": q_lowbit_rtn_float,
+         "lowbit-best": q_lowbit_best, "lowbit-best-iters": q_lowbit_best_iters,
+         "auto-round": q_autoround, "auto-round-tuned": q_autoround_tuned,
+         "llmcompressor": q_llmcompressor, "llmcompressor-gptq": q_llmcompressor_gptq, "torchao": q_torchao}
+# the tools whose result depends on --iters
+ITERS_TOOLS = ("auto-round-tuned", "lowbit-best-iters")
 
 
 def calib_texts(path):
@@ -223,10 +411,15 @@ def main() -> None:
     ap.add_argument("--calib", required=True)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--float", action="store_true", help="also measure the float model")
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--layers", type=int, default=None, help="quantize decoder layers 0..N-1 only (default: all)")
+    ap.add_argument("--iters", type=int, default=200, help="tuning steps of auto-round-tuned / lowbit-best-iters")
+    ap.add_argument("--calib-ids", default=None, help="calibration token windows [n, seq_len] (safetensors 'ids')")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    out = {"tool": a.tool, "scheme": a.scheme}
+    opts = Opts(layers=a.layers, iters=a.iters, calib_ids=a.calib_ids)
+    out = {"tool": a.tool, "scheme": a.scheme, "layers": a.layers,
+           "iters": a.iters if a.tool in ITERS_TOOLS else None, "threads": a.threads or None}
     try:
         import torch
         from safetensors.torch import load_file
@@ -234,6 +427,7 @@ def main() -> None:
 
         if a.threads:
             torch.set_num_threads(a.threads)
+            torch.set_num_interop_threads(a.threads)
         ids = load_file(a.ids)["ids"]
         tok = AutoTokenizer.from_pretrained(a.model)
         model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
@@ -243,17 +437,26 @@ def main() -> None:
             out["float_ppl"], out["tokens"] = perplexity(model, ids, a.window)
             out["float_eval_s"] = time.perf_counter() - t0
         out["rss_before_mb"] = rss_mb()
+        out["loadavg_start"] = os.getloadavg()[0]
+        out["started_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         with PeakRSS() as mem:
             t0, c0 = time.perf_counter(), time.process_time()
-            model, version = TOOLS[a.tool](model, tok, a.scheme, a.calib)
+            model, version = TOOLS[a.tool](model, tok, a.scheme, a.calib, opts)
             out["quant_s"] = time.perf_counter() - t0
             out["quant_cpu_s"] = time.process_time() - c0  # all threads; robust to a shared machine
+        out["loadavg_end_quant"] = os.getloadavg()[0]
+        out["torch_threads_after"] = torch.get_num_threads()
+        out["recipe"] = opts.recipe
+        out["proj_modules"] = linear_kinds(model)
         out["peak_rss_mb"] = mem.peak
         out["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         out["version"] = version
         t0 = time.perf_counter()
         out["ppl"], out["tokens"] = perplexity(model, ids, a.window)
         out["eval_s"] = time.perf_counter() - t0
+        if a.tool == "float":
+            out["float_ppl"] = out["ppl"]
+        out["loadavg_end"] = os.getloadavg()[0]
         out["status"] = "ok"
     except BaseException as e:  # recorded, not raised: the driver reports every tool
         out["status"] = "error"
