@@ -157,7 +157,7 @@ def q_lowbit(model, tok, scheme, calib, opts, **options):
                         **options)
     else:
         lowbit.quantize(model, s, ignore=ignore)
-    set_backends(model, "fast")
+    set_backends(model, "auto")
     return model, lowbit.__version__
 
 
@@ -177,7 +177,7 @@ def q_lowbit_best(model, tok, scheme, calib, opts, **options):
     lowbit.quantize(model, lowbit.get_scheme(scheme), calibration=calib, tokenizer=tok, preset="best",
                     num_samples=16, seq_len=256, ignore=skipped_linears(model, opts), **options)
     opts.recipe = {"preset": "best", "num_samples": 16, "seq_len": 256, **options}
-    set_backends(model, "fast")
+    set_backends(model, "auto")
     return model, lowbit.__version__
 
 
@@ -196,7 +196,7 @@ def q_lowbit_gptq(model, tok, scheme, calib, opts):
     s = lowbit.get_scheme(scheme)
     lowbit.quantize(model, s, calibration=calib, tokenizer=tok, num_samples=16, seq_len=256,
                     weight_rounding="gptq", smoothquant=default_alpha(s), ignore=skipped_linears(model, opts))
-    set_backends(model, "fast")
+    set_backends(model, "auto")
     return model, lowbit.__version__
 
 
@@ -209,7 +209,7 @@ def q_lowbit_gptq_fast(model, tok, scheme, calib, opts):
 
     lowbit.quantize(model, lowbit.get_scheme(scheme), calibration=calib, tokenizer=tok, preset="gptq-fast",
                     ignore=skipped_linears(model, opts))
-    set_backends(model, "fast")
+    set_backends(model, "auto")
     return model, lowbit.__version__
 
 
@@ -230,7 +230,7 @@ def q_lowbit_rtn(model, tok, scheme, calib, opts, layer_inputs="quantized"):
                         ignore=ignore)
     else:
         lowbit.quantize(model, s, ignore=ignore)
-    set_backends(model, "fast")
+    set_backends(model, "auto")
     return model, lowbit.__version__
 
 
