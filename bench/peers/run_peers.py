@@ -74,24 +74,20 @@ def _num(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+FIXED_LABELS = {"auto-round": "auto-round RTN", "llmcompressor": "llmcompressor RTN", "torchao": "torchao RTN",
+                "float": "float (not quantized)"}
+
+
 def label(r: dict) -> str:
     """The tool as RESULTS.md names it: the recipe, and the tuning length where it has one."""
     tool, it = r.get("tool", "?"), r.get("iters")
-    if tool == "auto-round":
-        return "auto-round RTN"
     if tool == "auto-round-tuned":
         return f"auto-round tuned iters {it}"
-    if tool == "llmcompressor":
-        return "llmcompressor RTN"
-    if tool == "llmcompressor-gptq":
-        return "llmcompressor SmoothQuant 0.8 + GPTQ" if r.get("scheme") == "w8a8-int8-dynamic" else "llmcompressor GPTQ"
-    if tool == "torchao":
-        return "torchao RTN"
     if tool == "lowbit-best-iters":
         return f"lowbit best, reconstruct iters {it}"
-    if tool == "float":
-        return "float (not quantized)"
-    return tool
+    if tool == "llmcompressor-gptq":
+        return "llmcompressor SmoothQuant 0.8 + GPTQ" if r.get("scheme") == "w8a8-int8-dynamic" else "llmcompressor GPTQ"
+    return FIXED_LABELS.get(tool, tool)
 
 
 def result_name(tool: str, scheme: str, iters: int, layers: int | None) -> str:
