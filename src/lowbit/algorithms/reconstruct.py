@@ -48,7 +48,6 @@ from lowbit.schemes.spec import Granularity
 
 
 C_MIN = 0.5  # the smallest block-scale coefficient: at most halve a block's amax scale
-C_LR = 1.0   # the coefficients' step relative to the offsets'
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class _Offsets:
         if qt.zero_point is not None or not spec.symmetric:
             raise QuantizationError(f"layer {q.name!r}: reconstruction supports symmetric weight formats only "
                                     f"({spec.describe()} has zero points)")
-        self.q, self.qt, self.spec, self.fmt = q, qt, spec, get_format(spec.format)
+        self.qt, self.spec, self.fmt = qt, spec, get_format(spec.format)
         self.w = w.to(torch.float32)
         self.grid = _grid(self.fmt).to(self.w.device)
         self.s0 = qt.scale.to(torch.float32)
@@ -108,7 +107,7 @@ class _Offsets:
             self.c0 = torch.where(pos, self.s0 / torch.where(pos, self.raw, 1.0), 1.0)
             self.c_hi = torch.clamp_min(self.c0, 1.0)
             self.c = self.c0.clone().requires_grad_(True)
-        v, self.nz = self._values(self.s0)
+        v, e, self.nz = self._values(self.s0)
         lo, hi = self._neighbours(v)
         start = torch.where(self.nz, self.fmt.decode(qt.codes), 0.0)
         rtn = self.fmt.decode(self.fmt.encode(v))
@@ -119,18 +118,18 @@ class _Offsets:
         past = ((lo + hi) / 2 - v) / step + 0.05 * torch.sign(t - v)
         V0 = torch.where(start == rtn, torch.zeros_like(v), past)
         self.V = V0.clamp(-0.5, 0.5).requires_grad_(True)
-        if self.c is None:  # fixed scales: v and its grid step never change
-            self.v_fixed, self.step_fixed = v, hi - lo
+        if self.c is None:  # fixed scales: v, its grid step and e never change
+            self.v_fixed, self.step_fixed, self.e_fixed = v, hi - lo, e
 
     def params(self) -> list[torch.Tensor]:
         return [self.V] if self.c is None else [self.V, self.c]
 
-    def _values(self, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(w / e per element, e != 0) for stored block scales ``scale``."""
+    def _values(self, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(w / e, e, e != 0), per element, for stored block scales ``scale`` (differentiable in it)."""
         n = self.w.shape[-1]
         e = _expand(effective_scale(scale, self.spec, self.gs), self.spec, n, self.w.shape)
-        nz = e != 0
-        return torch.where(nz, self.w / torch.where(nz, e, 1.0), 0.0), nz
+        nz = e.detach() != 0
+        return torch.where(nz, self.w / torch.where(nz, e, 1.0), 0.0), e, nz
 
     def _neighbours(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g = self.grid
@@ -151,14 +150,8 @@ class _Offsets:
     def _x(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(v + V * step, the effective scale per element, its non-zero mask)."""
         if self.c is None:
-            n = self.w.shape[-1]
-            e = _expand(effective_scale(self.s0, self.spec, self.gs), self.spec, n, self.w.shape)
-            return self.v_fixed + self.V * self.step_fixed, e, self.nz
-        s = self.scale()
-        n = self.w.shape[-1]
-        e = _expand(effective_scale(s, self.spec, self.gs), self.spec, n, self.w.shape)
-        nz = e.detach() != 0
-        v = torch.where(nz, self.w / torch.where(nz, e, 1.0), 0.0)
+            return self.v_fixed + self.V * self.step_fixed, self.e_fixed, self.nz
+        v, e, nz = self._values(self.scale())
         lo, hi = self._neighbours(v)
         return v + self.V * (hi - lo), e, nz
 
@@ -289,7 +282,7 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                     for o in offs.values():
                         o.V.sub_(lr * torch.sign(by_id[id(o.V)])).clamp_(-0.5, 0.5)
                         if o.c is not None:
-                            o.c.sub_(lr * C_LR * torch.sign(by_id[id(o.c)])).clamp_(min=C_MIN)
+                            o.c.sub_(lr * torch.sign(by_id[id(o.c)])).clamp_(min=C_MIN)
                             torch.minimum(o.c, o.c_hi, out=o.c)
                 if (step + 1) % options.eval_every == 0 or step + 1 == options.iters:
                     m = full_mse()
