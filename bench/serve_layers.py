@@ -1,4 +1,4 @@
-"""Layer by layer: what vLLM's CPU int8 linears compute, against lowbit and an exact float64
+"""Layer by layer: what vLLM's CPU int8 and FP8 linears compute, against lowbit and an exact float64
 reading of the checkpoint (issue 21). Two steps, two venvs (as bench/serve_vllm.py):
 
     .venv-vllm/bin/python bench/serve_layers.py capture FOLDER OUT.pt [--tokens 512]
@@ -7,7 +7,8 @@ reading of the checkpoint (issue 21). Two steps, two venvs (as bench/serve_vllm.
 ``capture`` serves FOLDER in bfloat16, runs one prompt of the first ``--tokens`` tokens of the
 packaged evaluation text and records, for every quantized linear of the first decoder layers,
 its input (bf16), its output (bf16), the input scale vLLM holds after loading and the int8 codes
-vLLM's own quantization op (``torch.ops._C.static/dynamic_scaled_int8_quant``) gives that input.
+vLLM's own quantization op (``torch.ops._C.static/dynamic_scaled_int8_quant``; for FP8 layers the
+kernel's ``QuantFP8``) gives that input.
 
 ``compare`` reads the same layers from FOLDER and, on vLLM's captured input, computes:
   - exact: the checkpoint's meaning in float64 (codes = clamp(rne(x / s)), exact int accumulator,
@@ -57,6 +58,13 @@ def capture(folder: str, out: str, tokens: int, first_layers: int) -> None:
                 r = {"x": x, "y": y, "input_scale": None if i_s is None else i_s.detach().float().clone(),
                      "logical_widths": list(getattr(m, "logical_widths", []))}
                 x2 = x.reshape(-1, x.shape[-1]).contiguous()
+                fp8 = getattr(getattr(m, "scheme", None), "fp8_linear", None)
+                if fp8 is not None:  # FP8: the values and scales of the kernel's own QuantFP8 op
+                    q8, s8 = fp8.quant_fp8(x2, None, None)
+                    r["codes"], r["token_scale"] = q8[: x2.shape[0]].float(), s8[: x2.shape[0]].float()
+                    r["kernel"] = type(fp8).__name__
+                    rec["layers"].setdefault(name, r)
+                    return
                 q = torch.empty_like(x2, dtype=torch.int8)
                 if i_s is not None:
                     torch.ops._C.static_scaled_int8_quant(q, x2, i_s.reshape(()).float().contiguous(), None)
@@ -88,8 +96,9 @@ def main() -> None:
     else:
         sys.path.insert(0, str(Path(__file__).parent))
         from serve_layers_compare import compare
+        from serve_layers_fp8 import compare_fp8, is_fp8
 
-        compare(folder, out)
+        (compare_fp8 if is_fp8(folder) else compare)(folder, out)
 
 
 if __name__ == "__main__":

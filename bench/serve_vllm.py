@@ -6,7 +6,7 @@ for the built-in SmolLM2-135M.
 Two steps, two venvs (vLLM pins older transformers; see ../shared/README.md):
 
     .venv/bin/python bench/serve_vllm.py make OUT [--schemes ...] [--reuse]  # lowbit: folders + its log-probs
-    .venv-vllm/bin/python bench/serve_vllm.py serve OUT [--only a,b] [--dtypes bfloat16]  # vLLM, a process each
+    .venv-vllm/bin/python bench/serve_vllm.py serve OUT [--only a,b] [--dtypes bfloat16] [--timeout 150]  # vLLM
 
 Prints one Markdown row per folder and dtype: lowbit's and vLLM's perplexity, the relative
 difference, the largest per-token |log p| difference, lowbit's prediction of vLLM's numbers
@@ -31,7 +31,7 @@ SCHEMES = ("float", "w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8-dynamic", "w8a8-
            "nvfp4a16", "mxfp4", "mxfp8")
 
 
-RUN_TIMEOUT_S = 150  # one load + scoring; the float path takes ~20 s
+RUN_TIMEOUT_S = 150  # one load + scoring; the float path takes ~20 s (--timeout: FP8 and static INT8 are slower)
 
 
 def _logprobs(m, ids) -> list[float]:
@@ -135,17 +135,18 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|---|")
         only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
         dtypes = sys.argv[sys.argv.index("--dtypes") + 1].split(",") if "--dtypes" in sys.argv else ["float32", "bfloat16"]
+        limit = int(sys.argv[sys.argv.index("--timeout") + 1]) if "--timeout" in sys.argv else RUN_TIMEOUT_S
         for folder in ref["runs"]:
             if only is not None and Path(folder).name not in only:
                 continue
             for dtype in dtypes:
                 try:
                     p = subprocess.run([sys.executable, __file__, "one", str(out), folder, dtype],
-                                       capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+                                       capture_output=True, text=True, timeout=limit)
                     r = next((json.loads(x[7:]) for x in p.stdout.splitlines() if x.startswith("RESULT ")),
                              {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:160]})
                 except subprocess.TimeoutExpired:
-                    r = {"error": f"no result within {RUN_TIMEOUT_S} s (load + 1000 scored tokens)"}
+                    r = {"error": f"no result within {limit} s (load + 1000 scored tokens)"}
                 name = Path(folder).name
                 if "error" in r:
                     print(f"| {name} | {dtype} | | | | {r['error']} | | | | |", flush=True)

@@ -60,10 +60,16 @@ BACKENDS: tuple[BackendSpec, ...] = (
         description="w8a8-int8 as vLLM's CPU build serves it (x * 1/s codes, oneDNN scale order, bf16 out); "
                     "set by numerics=ServingNumerics.VLLM_CPU",
     ),
+    BackendSpec(
+        name="vllm-cpu-fp8", factory=_vllm_cpu.VllmCpuFp8Backend, devices=frozenset({"cpu"}),
+        supports_scheme=_vllm_cpu.supports_fp8_dynamic, priority=0, auto=False,
+        description="w8a8-fp8-dynamic as vLLM's CPU build serves it (x * 1/s values, float32 GEMM, bf16 out); "
+                    "set by numerics=ServingNumerics.VLLM_CPU",
+    ),
 )
 
 #: the backend that reproduces each engine's numerics, for the schemes it covers
-SERVING_BACKENDS = {ServingNumerics.VLLM_CPU: "vllm-cpu-int8"}
+SERVING_BACKENDS = {ServingNumerics.VLLM_CPU: ("vllm-cpu-int8", "vllm-cpu-fp8")}
 
 REGISTRY = BackendRegistry(BACKENDS)
 
@@ -87,13 +93,13 @@ def use_numerics(model, numerics: ServingNumerics) -> dict[str, int]:
         return use_backend(model, "auto")
     from lowbit.modules import FakeQuantLinear, QuantLinear
 
-    name = SERVING_BACKENDS[numerics]
-    spec = REGISTRY.get(name)
+    names = SERVING_BACKENDS[numerics]
     for mod in model.modules():
-        if isinstance(mod, FakeQuantLinear) or (isinstance(mod, QuantLinear) and not spec.accepts(mod)):
+        if isinstance(mod, FakeQuantLinear) or (
+                isinstance(mod, QuantLinear) and not any(REGISTRY.get(n).accepts(mod) for n in names)):
             raise LowbitError(f"numerics {numerics.value!r}: no emulation of that engine for layer {mod.name!r} "
                               f"(scheme {mod.scheme.name}); evaluate it with numerics 'lowbit'")
-    return use_backend(model, name)
+    return REGISTRY.use(model, names)
 
 
 __all__ = ["BACKENDS", "REGISTRY", "Backend", "BackendSpec", "BackendRegistry", "ReferenceBackend",

@@ -78,8 +78,9 @@ class BackendRegistry:
     def select(self, module) -> Backend:
         return self.best(module).instance()
 
-    def use(self, model: nn.Module, name: str = "auto") -> dict[str, int]:
+    def use(self, model: nn.Module, name: str | tuple[str, ...] = "auto") -> dict[str, int]:
         """Set ``name`` (or the best automatic choice) on every QuantLinear; returns counts per backend.
+        A tuple of names gives each layer the first of them that supports it (an error if none does).
 
         All the layers of ``model`` that get one backend share one instance of it, so that its
         per-model state (the quantized input sibling linears share) is shared among them."""
@@ -95,6 +96,11 @@ class BackendRegistry:
                 old.release(mod)
             if name == "auto":
                 spec = self.best(mod)
+            elif isinstance(name, tuple):
+                spec = next((self.get(n) for n in name if self.get(n).accepts(mod)), None)
+                if spec is None:
+                    raise LowbitError(f"none of the backends {', '.join(name)} supports layer {mod.name!r} "
+                                      f"(scheme {mod.scheme.name})")
             else:
                 spec = self.get(name)
                 if not spec.accepts(mod):

@@ -1,4 +1,5 @@
-"""vllm-cpu-int8: w8a8-int8 (static and dynamic) computed as vLLM's CPU build serves it.
+"""vllm-cpu-int8 and vllm-cpu-fp8: w8a8-int8 (static and dynamic) and w8a8-fp8-dynamic computed as
+vLLM's CPU build serves them.
 
 Not an automatic backend: ``lowbit.load(path, numerics=ServingNumerics.VLLM_CPU)`` sets it (with
 the model in bfloat16), so that ``lowbit eval --numerics vllm-cpu`` reports what vLLM users get.
@@ -6,7 +7,9 @@ The codes come from ``lowbit.quant.serving.quant_codes_vllm_cpu`` (x times the r
 reciprocal of the scale), the accumulators from the cpu-int8 route (exact int32,
 lowbit.backends.cpu_int8.int_matmul_exact) plus ``pair_saturation`` (oneDNN's saturating int16
 pair sums on AVX2, where ``lowbit.quant.serving.accumulation`` says the engine takes that path), the output from ``epilogue_vllm_cpu`` (oneDNN's scale order, bf16 output,
-truncated on the dynamic path). Every op is documented, with its vLLM source, in lowbit.quant.serving.
+truncated on the dynamic path). vllm-cpu-fp8: per-token values from ``quant_values_vllm_cpu_fp8``,
+the float32 GEMM of the E4M3 values, ``epilogue_vllm_cpu_fp8``. Every op is documented, with its vLLM
+source, in lowbit.quant.serving.
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ from lowbit.backends.cache import ModuleCache
 from lowbit.backends.cpu_int8 import _decoded_weight, int_matmul_exact, supports_scheme
 from lowbit.backends.shared_input import SharedInput, input_key
 from lowbit.modules.inputs import input_args
-from lowbit.numerics import INT8
-from lowbit.quant.serving import (Accumulation, accumulation, epilogue_vllm_cpu, pair_saturation, quant_codes_vllm_cpu,
-                                  saturating_pairs)
-from lowbit.schemes import Dynamic
+from lowbit.numerics import E4M3, INT8, FormatName
+from lowbit.quant.serving import (Accumulation, accumulation, epilogue_vllm_cpu, epilogue_vllm_cpu_fp8, pair_saturation,
+                                  quant_codes_vllm_cpu, quant_values_vllm_cpu_fp8, saturating_pairs)
+from lowbit.schemes import Dynamic, Granularity, Scheme
 
-__all__ = ["VllmCpuInt8Backend", "supports_scheme"]
+__all__ = ["VllmCpuInt8Backend", "VllmCpuFp8Backend", "supports_scheme", "supports_fp8_dynamic"]
 
 
 def _weights(module) -> dict:
@@ -53,6 +56,41 @@ class VllmCpuInt8Backend:
         if accumulation(dynamic, x.dtype) is Accumulation.PAIRS_INT16:
             acc += pair_saturation(vals, st["pairs"], module.out_features)
         y = epilogue_vllm_cpu(acc, a_scale, st["w_scale"], module.bias, x.dtype, dynamic=dynamic)
+        return y.reshape(*x.shape[:-1], module.out_features)
+
+    def release(self, module) -> None:
+        self.cache.release(module)
+
+
+def supports_fp8_dynamic(s: Scheme) -> bool:
+    """E4M3 per-channel weights (float32 scales) with dynamic per-token E4M3 inputs: what vLLM-CPU's
+    channel-wise torch FP8 kernel runs."""
+    w, a = s.weights, s.input_activations
+    return (a is not None and w.format is FormatName.E4M3 and w.granularity is Granularity.CHANNEL and w.symmetric
+            and w.scale_format is FormatName.FP32 and a.format is FormatName.E4M3 and a.symmetric
+            and a.granularity is Granularity.TOKEN and a.dynamic is Dynamic.DYNAMIC and a.scale_floor is None)
+
+
+def _fp8_weights(module) -> dict:
+    return {"w_vals": E4M3.decode(module.weight_codes).contiguous(),
+            "w_scale": module.weight_scale.to(torch.float32).reshape(-1)}
+
+
+class VllmCpuFp8Backend:
+    name = "vllm-cpu-fp8"
+
+    def __init__(self) -> None:
+        self.shared = SharedInput()  # q/k/v and gate/up: one quantization of their common input
+        self.cache = ModuleCache()
+
+    @torch.no_grad()
+    def forward(self, module, x: torch.Tensor) -> torch.Tensor:
+        st = self.cache.get(module, _fp8_weights)
+        x2 = x.reshape(-1, x.shape[-1])
+        vals, a_scale = self.shared.get(x, input_key(module, "vllm-cpu-fp8"),
+                                        lambda: quant_values_vllm_cpu_fp8(x2, module.scheme.input_activations))
+        y = torch.nn.functional.linear(vals, st["w_vals"])
+        y = epilogue_vllm_cpu_fp8(y, a_scale, st["w_scale"], module.bias, x.dtype)
         return y.reshape(*x.shape[:-1], module.out_features)
 
     def release(self, module) -> None:

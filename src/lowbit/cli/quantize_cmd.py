@@ -140,6 +140,13 @@ def quantize_cmd(
                                     allow_unquantized, kv)
     summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
                "seconds": time.perf_counter() - t0, "size_bytes": _weight_bytes(out), **extra}
+    from lowbit.formats.base import Format
+
+    if fmt == Format.COMPRESSED_TENSORS.value:  # the written folder: what engines serve it (measured)
+        from lowbit.formats.ct_serving import engine_support
+
+        summary["serving"] = [{"engine": v.engine, "serving": v.serving.value, "detail": v.detail}
+                              for v in engine_support(out, sch)]
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -164,6 +171,9 @@ def quantize_cmd(
             if summary.get("streamed") else ""
         console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
                       f"in {summary['seconds']:.1f} s{ranks}{streamed}", highlight=False)
+        for v in summary.get("serving", ()):
+            console.print(f"serving, {v['engine']}: {v['serving']}" + (f" ({v['detail']})" if v["detail"] else ""),
+                          highlight=False)
 
 
 def _model_free(folder: Path, out: Path, scheme: str, fmt: str, workers: int, ignore: list[str] | None,

