@@ -2,12 +2,14 @@
 
     .venv/bin/python bench/bench_recipes.py --scheme nvfp4 --preset best [--layers 4] [--threads 1]
     .venv/bin/python bench/bench_recipes.py --scheme nvfp4 --options '{"weight_rounding": "rtn"}'
+    .venv/bin/python bench/bench_recipes.py --model FOLDER --scheme float   # the float ppl of another model
 
 The evaluation ids are bench/peers/run_peers.py's (lowbit's built-in evaluation text, --limit
 tokens in 512-token windows) and the perplexity is bench/peers/worker.py's, so a row here sits
 beside the peers' rows of bench/RESULTS.md. Calibration: the built-in calibration file, 16 x 256
-tokens unless the preset or --options say otherwise (lowbit's evenly spaced windows, the same ones
-run_peers.py hands the tuned peers). ``--layers N`` quantizes decoder layers 0..N-1 only, as
+tokens (lowbit's evenly spaced windows, the same ones run_peers.py hands the tuned peers) unless
+the preset sets its own budget (``fast``: 4 x 128) or --options say otherwise; the JSON line
+prints the options used. ``--layers N`` quantizes decoder layers 0..N-1 only, as
 run_peers.py --layers does. Prints one JSON line: quantization wall and CPU seconds, perplexity,
 its change against --float-ppl, and the per-layer reconstruction report when there is one.
 """
@@ -27,12 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from worker import perplexity  # noqa: E402  (bench/peers/worker.py: the peers' scoring)
 
 import lowbit  # noqa: E402
+from lowbit.calibration.data import CALIBRATION_PRESETS  # noqa: E402
 from lowbit.eval.text import default_calibration_text_path, read_text  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scheme", default="nvfp4")
+    ap.add_argument("--scheme", default="nvfp4", help="a lowbit scheme, or 'float' (no quantization)")
+    ap.add_argument("--model", default=None, help="a float model folder (default: the built-in SmolLM2-135M)")
     ap.add_argument("--preset", default=None, help="a lowbit calibration preset (fast, default, gptq-fast, best)")
     ap.add_argument("--options", default="{}", help="lowbit.quantize calibration options as JSON (override the preset)")
     ap.add_argument("--layers", type=int, default=None, help="quantize decoder layers 0..N-1 only")
@@ -42,23 +46,33 @@ def main() -> None:
     ap.add_argument("--float-ppl", type=float, default=45.905, help="the float model's perplexity on these ids")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    model, tok = lowbit.load_model()
+    model, tok = lowbit.load_model(a.model)
     ids = tok(read_text(), add_special_tokens=False, return_tensors="pt").input_ids[0]
     ids = ids[: -(-a.limit // (a.window - 1)) * a.window].contiguous()
     ignore = []
     if a.layers is not None:
         ignore = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
                   and n.startswith("model.layers.") and int(n.split(".")[2]) >= a.layers]
-    opts = {"num_samples": 16, "seq_len": 256} if a.preset is None else {}
+    # the peers' 16 x 256 calibration tokens, unless the preset sets its own budget (fast: 4 x 128)
+    own = CALIBRATION_PRESETS.get(a.preset, {}) if a.preset is not None else {}
+    opts = {k: v for k, v in (("num_samples", 16), ("seq_len", 256)) if k not in own}
     opts.update(json.loads(a.options))
     load = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
-    lowbit.quantize(model, a.scheme, calibration=str(default_calibration_text_path()), tokenizer=tok,
-                    ignore=ignore, preset=a.preset, progress=False, **opts)
+    if a.scheme != "float":
+        lowbit.quantize(model, a.scheme, calibration=str(default_calibration_text_path()), tokenizer=tok,
+                        ignore=ignore, preset=a.preset, progress=False, **opts)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     rec = getattr(getattr(model, "lowbit_calibration", None), "reconstruct", {})
-    lowbit.use_backend(model, "auto")
-    ppl, n = perplexity(model, ids, a.window)
+    if a.scheme != "float":
+        lowbit.use_backend(model, "auto")
+    if a.model is None:
+        ppl, n = perplexity(model, ids, a.window)
+    else:  # another model: lowbit's own evaluation (its BOS per window; Gemma needs it)
+        from lowbit.eval import perplexity as lowbit_perplexity
+
+        r = lowbit_perplexity(model, tok, window=a.window, limit=a.limit, progress=False)
+        ppl, n = r.perplexity, r.tokens_scored
     print(json.dumps({"scheme": a.scheme, "preset": a.preset, "options": opts, "layers": a.layers, "threads": a.threads,
                       "load_at_start": round(load, 2), "quant_wall_s": round(wall, 1), "quant_cpu_s": round(cpu, 1),
                       "ppl": round(ppl, 3), "change": f"{100 * (ppl / a.float_ppl - 1):+.2f}%", "tokens": n,
