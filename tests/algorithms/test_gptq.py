@@ -371,7 +371,7 @@ def test_calibration_preset_gptq_fast():
     assert list(CALIBRATION_PRESETS) == ["fast", "default", "gptq-fast", "best"]
     best = CalibrationConfig.preset("best")
     assert (best.weight_rounding, best.layer_inputs, best.reconstruct_iters) == \
-        (WeightRounding.RTN, LayerInputs.QUANTIZED, 50)
+        (WeightRounding.GPTQ, LayerInputs.QUANTIZED, 50)
     assert CalibrationConfig.preset("default") == CalibrationConfig()
     fast = CalibrationConfig.preset("fast")
     assert (fast.weight_rounding, fast.layer_inputs, fast.num_samples, fast.seq_len) == \

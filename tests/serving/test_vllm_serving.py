@@ -1,5 +1,6 @@
 """Served as written (issue 21): vLLM's CPU build serves lowbit's w8a8-int8 folders (dynamic and
-static) with the numbers lowbit's serving emulation (ServingNumerics.VLLM_CPU) predicts.
+static) and w8a8-fp8-dynamic folders with the numbers lowbit's serving emulation
+(ServingNumerics.VLLM_CPU) predicts.
 
 A tiny random Llama (2 layers, hidden 256, head 64: vLLM's CPU attention needs a head size it
 has kernels for), quantized, saved as compressed-tensors, served by vLLM in its own venv
@@ -37,6 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.subprocess,
 CFG = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
            num_key_value_heads=2, max_position_embeddings=256)
 SEQ = 96
+SCHEMES = ("w8a8-int8-dynamic", "w8a8-int8", "w8a8-fp8-dynamic")
 N_GEN = 8
 
 
@@ -76,7 +78,7 @@ def served(tmp_path_factory):
     prompts = _prompts()
     calib = torch.randint(0, CFG["vocab_size"], (8, 64), generator=torch.Generator().manual_seed(5))
     out = {}
-    for scheme in ("w8a8-int8-dynamic", "w8a8-int8"):
+    for scheme in SCHEMES:
         d = tmp_path_factory.mktemp(scheme)
         q = lowbit.quantize(tiny_llama(seed=0, **CFG), scheme, calib, num_samples=8, seq_len=64)
         lowbit.save(q, d, format="compressed-tensors", overwrite=True)
@@ -88,7 +90,7 @@ def served(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("scheme", ["w8a8-int8-dynamic", "w8a8-int8"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_vllm_matches_the_serving_emulation(served, scheme):
     reply, emu, ref, _ = served[scheme]
     d_emu = max(abs(a - b) for v, e in zip(reply.logprobs, emu) for a, b in zip(v, e))
@@ -98,7 +100,7 @@ def test_vllm_matches_the_serving_emulation(served, scheme):
     assert abs(ppl_v / ppl_e - 1) < 2e-3
 
 
-@pytest.mark.parametrize("scheme", ["w8a8-int8-dynamic", "w8a8-int8"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_vllm_is_within_bf16_of_lowbit(served, scheme):
     reply, _, ref, _ = served[scheme]
     d_ref = max(abs(a - b) for v, e in zip(reply.logprobs, ref) for a, b in zip(v, e))
@@ -106,7 +108,7 @@ def test_vllm_is_within_bf16_of_lowbit(served, scheme):
     assert abs(_ppl(reply.logprobs) / _ppl(ref) - 1) < 1e-2
 
 
-@pytest.mark.parametrize("scheme", ["w8a8-int8-dynamic", "w8a8-int8"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_greedy_generations_agree(served, scheme):
     reply, _, _, greedy = served[scheme]
     same = sum(a == b for v, e in zip(reply.generated, greedy) for a, b in zip(v, e))

@@ -81,7 +81,7 @@ def compare_cmd(
     calib_preset: Optional[str] = typer.Option(
         None, "--calib-preset",
         help="A named calibration budget for every scheme: fast (RTN, 4 x 128 tokens), default, gptq-fast (GPTQ "
-             "on 4 x 128 tokens: for INT8 weights) or best (block-output reconstruction, 50 steps a layer); "
+             "on 4 x 128 tokens: for INT8 weights) or best (GPTQ, then block-output reconstruction, 50 steps a layer); "
              "--calib-samples, --calib-seq-len and --weight-rounding override it."),
     smoothquant: str = typer.Option("default", "--smoothquant",
                                     help="SmoothQuant for schemes with static per-tensor input scales (w8a8-int8, "

@@ -52,7 +52,7 @@ def quantize_cmd(
     calib_preset: Optional[str] = typer.Option(
         None, "--calib-preset",
         help="A named calibration budget: fast (RTN, 4 x 128 tokens), default, gptq-fast (GPTQ on 4 x 128 "
-             "tokens: for INT8 weights) or best (block-output reconstruction, 50 steps a layer); the options "
+             "tokens: for INT8 weights) or best (GPTQ, then block-output reconstruction, 50 steps a layer); the options "
              "above override its fields."),
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
