@@ -60,3 +60,17 @@ def test_bad_rotation_options_are_one_line_errors(capsys, tmp_path, args, names)
     code, _, err = run(capsys, "quantize", src, "--scheme", "w8a16", *args, "-o", tmp_path / "out")
     assert_one_error(code, err, *names)
     assert not (tmp_path / "out").exists()
+
+
+def test_compare_report_says_rotated_and_skips_the_float_input_sqnr(tmp_path):
+    from lowbit.report import run_compare
+    from helpers.models import tiny_llama
+
+    text = tmp_path / "eval.txt"
+    text.write_text(TEXT)
+    opts = CompareOptions(schemes=["w8a16"], limit=60, window=32, lastword=0, text_file=str(text),
+                          calib_options={"rotation": "hadamard"}, sqnr_tokens=16, spread=0, progress=False)
+    row = run_compare(tiny_llama(), byte_tokenizer(), opts=opts)["schemes"][0]
+    assert row["status"] == "ok", row.get("error")
+    assert row["rotation"].startswith("rotated (hadamard)") and row["layers"] == {}
+    assert "the rotation changed each layer's input" in row["sqnr_note"]

@@ -207,11 +207,15 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
                 row["size_bytes"] = _dir_bytes(dest)
                 row["size_source"] = f"disk ({opts.save_format})"
                 row["checkpoint"] = str(dest)
-            # SmoothQuant rescales layer inputs and weights (exactly, as a whole), so a smoothed
-            # layer cannot be fed the float model's input: per-layer SQNR only without it
-            layers = layer_sqnr(model, qmodel, sqnr_ids) if sq is None else {}
-            if sq is not None:
-                row["sqnr_note"] = "per-layer SQNR not measured: SmoothQuant changed each layer's input"
+            rotated = getattr(qmodel, "lowbit_rotation", None)
+            row["rotation"] = rotated.describe() if rotated is not None else None
+            # SmoothQuant rescales layer inputs and weights (exactly, as a whole), and a rotation
+            # rotates them, so such a layer cannot be fed the float model's input: per-layer SQNR
+            # only without either
+            layers = layer_sqnr(model, qmodel, sqnr_ids) if sq is None and rotated is None else {}
+            if sq is not None or rotated is not None:
+                why = "SmoothQuant" if sq is not None else "the rotation"
+                row["sqnr_note"] = f"per-layer SQNR not measured: {why} changed each layer's input"
             row["layers"] = {k: _finite(v) for k, v in layers.items()}
             finite = {k: v for k, v in layers.items() if math.isfinite(v)}
             worst = sorted(finite, key=finite.get)[:5]

@@ -19,6 +19,7 @@ rotate refuse).
 from __future__ import annotations
 
 import math
+from enum import Enum
 from functools import lru_cache
 
 import torch
@@ -32,12 +33,17 @@ def _is_prime(q: int) -> bool:
     return all(q % d for d in range(2, math.isqrt(q) + 1))
 
 
-def _paley_base(k: int) -> str | None:
-    """How an order k (not a power of 2) is built by Paley's constructions: "paley1", "paley2" or None."""
+class Paley(Enum):
+    I = 1   # order q + 1, q prime, q = 3 (mod 4)
+    II = 2  # order 2(q + 1), q prime, q = 1 (mod 4)
+
+
+def _paley_base(k: int) -> Paley | None:
+    """Which of Paley's constructions builds order k, or None."""
     if k % 4 == 0 and _is_prime(k - 1) and (k - 1) % 4 == 3:
-        return "paley1"
+        return Paley.I
     if k % 4 == 0 and _is_prime(k // 2 - 1) and (k // 2 - 1) % 4 == 1:
-        return "paley2"
+        return Paley.II
     return None
 
 
@@ -114,7 +120,7 @@ def _hadamard64(n: int) -> torch.Tensor:
     k, p = found
     base = torch.ones(1, 1, dtype=torch.float64)
     if k > 1:
-        base = _paley1(k - 1) if _paley_base(k) == "paley1" else _paley2(k // 2 - 1)
+        base = _paley1(k - 1) if _paley_base(k) is Paley.I else _paley2(k // 2 - 1)
     return torch.kron(base, _sylvester(p)) / math.sqrt(n)
 
 
