@@ -74,3 +74,8 @@ def test_compare_report_says_rotated_and_skips_the_float_input_sqnr(tmp_path):
     assert row["status"] == "ok", row.get("error")
     assert row["rotation"].startswith("rotated (hadamard)") and row["layers"] == {}
     assert "the rotation changed each layer's input" in row["sqnr_note"]
+
+
+def test_compare_takes_the_same_rotation_values(capsys):
+    code, _, err = run(capsys, "compare", "--schemes", "w8a16", "--rotation", "givens")
+    assert_one_error(code, err, "--rotation must be one of none, hadamard, got 'givens'")
