@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from lowbit.errors import QuantizationError
+
 
 def _back(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return x.to(like.dtype).contiguous()
@@ -24,7 +26,7 @@ def _back(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def fold_gain(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """W diag(g): a norm's per-channel gain g [in] folded into the weight W [out, in] reading it."""
     if g.dim() != 1 or w.shape[-1] != g.numel():
-        raise ValueError(f"gain of shape {tuple(g.shape)} does not match a weight of {w.shape[-1]} input columns")
+        raise QuantizationError(f"gain of shape {tuple(g.shape)} does not match a weight of {w.shape[-1]} input columns")
     return _back(w.double() * g.double().reshape(1, -1), w)
 
 
@@ -46,7 +48,7 @@ def rotate_bias(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def _per_head(n: int, h: torch.Tensor, what: str) -> int:
     d = h.shape[0]
     if n % d:
-        raise ValueError(f"{what}: {n} is not a whole number of heads of size {d}")
+        raise QuantizationError(f"{what}: {n} is not a whole number of heads of size {d}")
     return n // d
 
 
