@@ -34,16 +34,16 @@ def _is_prime(q: int) -> bool:
 
 
 class Paley(Enum):
-    I = 1   # order q + 1, q prime, q = 3 (mod 4)
-    II = 2  # order 2(q + 1), q prime, q = 1 (mod 4)
+    ONE = 1  # Paley I: order q + 1, q prime, q = 3 (mod 4)
+    TWO = 2  # Paley II: order 2(q + 1), q prime, q = 1 (mod 4)
 
 
 def _paley_base(k: int) -> Paley | None:
     """Which of Paley's constructions builds order k, or None."""
     if k % 4 == 0 and _is_prime(k - 1) and (k - 1) % 4 == 3:
-        return Paley.I
+        return Paley.ONE
     if k % 4 == 0 and _is_prime(k // 2 - 1) and (k // 2 - 1) % 4 == 1:
-        return Paley.II
+        return Paley.TWO
     return None
 
 
@@ -120,7 +120,7 @@ def _hadamard64(n: int) -> torch.Tensor:
     k, p = found
     base = torch.ones(1, 1, dtype=torch.float64)
     if k > 1:
-        base = _paley1(k - 1) if _paley_base(k) is Paley.I else _paley2(k // 2 - 1)
+        base = _paley1(k - 1) if _paley_base(k) is Paley.ONE else _paley2(k // 2 - 1)
     return torch.kron(base, _sylvester(p)) / math.sqrt(n)
 
 

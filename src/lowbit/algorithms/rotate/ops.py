@@ -26,7 +26,8 @@ def _back(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def fold_gain(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """W diag(g): a norm's per-channel gain g [in] folded into the weight W [out, in] reading it."""
     if g.dim() != 1 or w.shape[-1] != g.numel():
-        raise QuantizationError(f"gain of shape {tuple(g.shape)} does not match a weight of {w.shape[-1]} input columns")
+        raise QuantizationError(f"gain of shape {tuple(g.shape)} does not match a weight of {w.shape[-1]} "
+                                f"input columns")
     return _back(w.double() * g.double().reshape(1, -1), w)
 
 
