@@ -20,6 +20,7 @@ from lowbit.kvcache import DEFAULT_KV_CACHE, check_kv_cache
 from lowbit.modules import QuantLinear
 from lowbit.moe import split_experts
 from lowbit.algorithms import WeightRounding
+from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.targets import quantizable_linears, set_submodule, unquantizable_targets
@@ -101,6 +102,9 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         (per-layer search) or "none" (no smoothing; None means the same).
     config / calibration_options: a ``lowbit.calibration.CalibrationConfig`` or its fields
         (num_samples, seq_len, batch_size, observer, sink_positions, smooth_down_proj...).
+        ``rotation="hadamard"`` first fuses Hadamard rotations into the float weights
+        (``lowbit.algorithms.rotate.rotate_model``; with or without calibration data, before
+        SmoothQuant); what it did is left on ``model.lowbit_rotation`` (a ``RotationReport``).
     allow_unquantized: weight matrices the scheme targets that lowbit cannot quantize (fused MoE
         experts, non-Linear projections) are an error by default; True keeps them in float with a
         warning listing them (they are left on ``model.lowbit_unquantized``).
@@ -155,14 +159,19 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
                                     f"(pass calibration=...)")
         if kv_cache is not None:
             raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
+        _rotate(model, cfg)
         return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left)
     if not calibrates(scheme, smoothquant, cfg):
-        quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
+        tokens = None
         if kv_cache is not None:
             tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+        _rotate(model, cfg)
+        quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
+        if kv_cache is not None:
             _calibrate_kv(model, tokens, kv_cache, cfg)
         return _unquantized(model, left)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+    _rotate(model, cfg)  # the float model, before SmoothQuant and calibration
     names = quantizable_linears(model, ignore, include_lm_head)
     was_training = model.training
     model.eval()
@@ -184,9 +193,12 @@ def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, pr
 
     _refuse_quantized(model)
     check_kv_model(model, kv_cache)
+    cfg = calibration_config(config, preset, options)
+    if cfg.rotation is not DEFAULT_ROTATION:
+        raise QuantizationError(f"rotation={cfg.rotation.value!r} rotates weights before quantizing them: pass a "
+                                f"weight scheme (scheme=None quantizes only the KV cache)")
     if calibration is None:
         raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
-    cfg = calibration_config(config, preset, options)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     _calibrate_kv(model, tokens, kv_cache, cfg)
     model.lowbit_unquantized = []
@@ -206,6 +218,14 @@ def calibration_config(config, preset: str | None, options: dict):
         return CalibrationConfig.preset(preset, **options) if preset is not None else CalibrationConfig(**options)
     except TypeError as e:
         raise QuantizationError(f"unknown calibration option: {e}") from None
+
+
+def _rotate(model: nn.Module, cfg) -> None:
+    """Fuse ``cfg.rotation`` into the float model (nothing for Rotation.NONE); the report goes on
+    ``model.lowbit_rotation`` (None when not rotated)."""
+    from lowbit.algorithms.rotate import rotate_model
+
+    model.lowbit_rotation = rotate_model(model, cfg.rotation)
 
 
 def _calibrate_kv(model: nn.Module, tokens, kv_cache: str, cfg) -> None:

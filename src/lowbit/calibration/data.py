@@ -29,6 +29,7 @@ import torch
 from lowbit.calibration.observers import ActivationObserver
 from lowbit.errors import LowbitError
 from lowbit.algorithms.gptq import GPTQOptions, WeightRounding
+from lowbit.algorithms.rotate.options import DEFAULT_ROTATION, Rotation
 from lowbit.schemes import Scheme
 from lowbit.textstart import bos_to_prepend, prepend
 from lowbit.textfiles import builtin_calibration_text_path
@@ -106,6 +107,12 @@ class CalibrationConfig:
     reconstruct_lr: the step, in grid units (default None: 1 / reconstruct_iters).
     reconstruct_scales: reconstruction also re-chooses each per-channel / per-group weight scale
         among the scale format's values (a coefficient 0.5-1 of the block's amax scale).
+    rotation: "none" or "hadamard": Hadamard rotations fused into the float model's weights once,
+        before SmoothQuant and calibration (``lowbit.algorithms.rotate``: R1 on the residual
+        stream, R2 per attention head; exact in float, saved as an ordinary checkpoint with an
+        untied lm_head). Applies with and without calibration data; SmoothQuant may follow it (it
+        folds into the rotated weights as into any others). Default "none" (bench/RESULTS.md,
+        "Hadamard rotation (fused R1/R2)").
     """
 
     num_samples: int = 16
@@ -125,6 +132,7 @@ class CalibrationConfig:
     reconstruct_iters: int = 0
     reconstruct_lr: float | None = None
     reconstruct_scales: bool = False
+    rotation: Rotation = DEFAULT_ROTATION
 
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
@@ -142,6 +150,7 @@ class CalibrationConfig:
                 or self.gptq_block_size < 1:
             raise CalibrationError(f"gptq_block_size must be a positive integer, got {self.gptq_block_size!r}")
         self._coerce("layer_inputs", LayerInputs)
+        self._coerce("rotation", Rotation, optional=False)
         if isinstance(self.reconstruct_iters, bool) or not isinstance(self.reconstruct_iters, int) \
                 or self.reconstruct_iters < 0:
             raise CalibrationError(f"reconstruct_iters must be an integer >= 0, got {self.reconstruct_iters!r}")

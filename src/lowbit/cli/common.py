@@ -99,6 +99,18 @@ def parse_layer_inputs(value: str | None):
     return None if value is None else _enum_option(value, value, LayerInputs, "--layer-inputs")
 
 
+def parse_rotation(value: str | None):
+    """--rotation: None (not given) or a lowbit.algorithms.rotate.Rotation."""
+    from lowbit.algorithms.rotate.options import Rotation
+
+    return None if value is None else _enum_option(value.lower(), value, Rotation, "--rotation")
+
+
+ROTATION_HELP = ("Hadamard rotations fused into the float weights before quantizing: 'hadamard' (residual stream "
+                 "R1 + per-head R2; exact in float, the checkpoint is an ordinary one with an untied lm_head; "
+                 "needs the whole model in memory) or 'none' (the default).")
+
+
 def parse_reconstruct_iters(value: int | None) -> int | None:
     """--reconstruct-iters: None (not given) or a number of steps >= 0."""
     if value is not None and value < 0:

@@ -11,7 +11,7 @@ from rich.table import Table
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
-    parse_reconstruct_iters, parse_smoothquant, parse_weight_rounding, quiet_progress,
+    parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, quiet_progress, ROTATION_HELP,
 )
 
 
@@ -95,6 +95,7 @@ def compare_cmd(
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
         help="Block-output reconstruction steps per decoder layer after quantization (default 0: off)."),
+    rotation: Optional[str] = typer.Option(None, "--rotation", help=ROTATION_HELP),
     backend: str = typer.Option("auto", "--backend",
                                 help="Backend for quantized layers: 'auto' (as lowbit.load), 'reference', 'cpu-int8', "
                                      "'weight-cache'..."),
@@ -139,6 +140,9 @@ def compare_cmd(
         calib_options["weight_rounding"] = wr.value
     if parse_reconstruct_iters(reconstruct_iters) is not None:
         calib_options["reconstruct_iters"] = reconstruct_iters
+    rot = parse_rotation(rotation)
+    if rot is not None:
+        calib_options["rotation"] = rot.value
     opts = CompareOptions(schemes=parse_list(schemes, "--schemes"), limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,

@@ -3,6 +3,7 @@ or, with ``--model-free``, quantize the safetensors shards directly without buil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import typer
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
-    parse_reconstruct_iters, parse_smoothquant, parse_weight_rounding,
+    parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, ROTATION_HELP,
 )
 
 
@@ -58,6 +59,7 @@ def quantize_cmd(
         None, "--reconstruct-iters",
         help="Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
              "directions to reproduce the float layer's output; scales unchanged; default 0: off)."),
+    rotation: Optional[str] = typer.Option(None, "--rotation", help=ROTATION_HELP),
     kv_cache: Optional[str] = typer.Option(
         None, "--kv-cache",
         help="'fp8': a calibrated FP8 (E4M3) KV cache as vLLM runs it (k_scale/v_scale per attention layer, "
@@ -101,8 +103,12 @@ def quantize_cmd(
     reconstruct_iters = parse_reconstruct_iters(reconstruct_iters)
     li = parse_layer_inputs(layer_inputs)
     preset = parse_calib_preset(calib_preset)
+    rot = parse_rotation(rotation)
     t0 = time.perf_counter()
     if model_free:
+        if rot is not None:
+            raise OptionError("--model-free cannot rotate: a fused rotation rewrites the embeddings, every layer and "
+                              "lm_head together on the loaded model; drop --rotation or drop --model-free")
         if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None or preset is not None \
                 or kv is not None or reconstruct_iters:
             raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
@@ -122,10 +128,14 @@ def quantize_cmd(
 
         folder = resolve_model_path(src)
         _check_output(folder, out, overwrite)
-        cfg = _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters)
+        cfg = _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters, rot)
         from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
 
-        stream = not in_memory and kv is None and calibrates(sch, sq, cfg)
+        # a rotation rewrites the embeddings, every layer and lm_head together: the whole model is loaded
+        stream = not in_memory and kv is None and rot is None and calibrates(sch, sq, cfg)
+        if (device is not None or offload_activations) and rot is not None:
+            raise OptionError("--rotation loads the whole model in memory on the CPU: drop --device/"
+                              "--offload-activations or drop --rotation")
         if (device is not None or offload_activations) and not stream:
             raise OptionError(f"--device/--offload-activations apply to model-free and streamed quantization, and "
                               f"{sch.name} without calibration options is neither: add --model-free")
@@ -162,6 +172,8 @@ def quantize_cmd(
             console.print(f"quantized {q['linears']} linears{moe} ({q['weight_parameters'] / 1e6:.1f}M weights; "
                           f"{q['float_parameters'] / 1e6:.1f}M parameters stay float: embeddings, norms, routers"
                           f"{kept})", highlight=False)
+        if q is not None and q.get("rotation"):
+            console.print(q["rotation"], highlight=False)
         if summary.get("kv_cache"):
             ks = summary["kv_scales"] or {}
             console.print(f"KV cache {summary['kv_cache']}: k_scale/v_scale on {len(ks)} attention layers",
@@ -206,11 +218,11 @@ def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
     check_output_free(out, overwrite)
 
 
-def _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters=None):
+def _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters=None, rotation=None):
     """The CalibrationConfig of the calibration options given (the others: its defaults)."""
     from lowbit.calibration import CalibrationConfig
 
-    kwargs = {}
+    kwargs = {} if rotation is None else {"rotation": rotation}
     if calib_samples is not None:
         kwargs["num_samples"] = calib_samples
     if calib_seq_len is not None:
@@ -262,7 +274,7 @@ def _calibrated(lowbit, folder, out, sch, fmt, calib, cfg, sq_choice, sq, ignore
 
     qmodel, tok = load_model(folder)
     needs = calibrates(sch, sq, cfg) or kv is not None
-    if not needs and (calib is not None or cfg != type(cfg)()):
+    if not needs and (calib is not None or dataclasses.replace(cfg, rotation=type(cfg)().rotation) != type(cfg)()):
         err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
     if needs:
         err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
@@ -271,7 +283,7 @@ def _calibrated(lowbit, folder, out, sch, fmt, calib, cfg, sq_choice, sq, ignore
                                  kv_cache=kv)
     else:
         qmodel = lowbit.quantize(qmodel, sch, smoothquant=sq_choice, ignore=list(ignore or ()),
-                                 allow_unquantized=allow_unquantized)
+                                 allow_unquantized=allow_unquantized, rotation=cfg.rotation)
     t_quant = time.perf_counter() - t0
     lowbit.save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
     return {"quant_seconds": t_quant, "smoothquant": sq, "quantized": quantized_summary(qmodel), "kv_cache": kv,

@@ -102,7 +102,8 @@ def quantize_with_options(model, scheme_name: str, tokenizer, opts: CompareOptio
     sq = resolve_alpha(opts.smoothquant, scheme, static_only=True)
     options = {**opts.calib_options, "num_samples": opts.calib_samples, "seq_len": opts.calib_seq_len}
     if not calibrates(scheme, sq, CalibrationConfig(**options)) and opts.kv_cache is None:
-        return lowbit.quantize(model, scheme, smoothquant=OFF), False, None
+        rotation = CalibrationConfig(**options).rotation
+        return lowbit.quantize(model, scheme, smoothquant=OFF, rotation=rotation), False, None
     calib = opts.calib if opts.calib is not None else "builtin"
     q = lowbit.quantize(model, scheme, calibration=calib, tokenizer=tokenizer, smoothquant=OFF if sq is None else sq,
                         progress=opts.progress, kv_cache=opts.kv_cache, **options)
@@ -206,11 +207,15 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
                 row["size_bytes"] = _dir_bytes(dest)
                 row["size_source"] = f"disk ({opts.save_format})"
                 row["checkpoint"] = str(dest)
-            # SmoothQuant rescales layer inputs and weights (exactly, as a whole), so a smoothed
-            # layer cannot be fed the float model's input: per-layer SQNR only without it
-            layers = layer_sqnr(model, qmodel, sqnr_ids) if sq is None else {}
-            if sq is not None:
-                row["sqnr_note"] = "per-layer SQNR not measured: SmoothQuant changed each layer's input"
+            rotated = getattr(qmodel, "lowbit_rotation", None)
+            row["rotation"] = rotated.describe() if rotated is not None else None
+            # SmoothQuant rescales layer inputs and weights (exactly, as a whole), and a rotation
+            # rotates them, so such a layer cannot be fed the float model's input: per-layer SQNR
+            # only without either
+            layers = layer_sqnr(model, qmodel, sqnr_ids) if sq is None and rotated is None else {}
+            if sq is not None or rotated is not None:
+                why = "SmoothQuant" if sq is not None else "the rotation"
+                row["sqnr_note"] = f"per-layer SQNR not measured: {why} changed each layer's input"
             row["layers"] = {k: _finite(v) for k, v in layers.items()}
             finite = {k: v for k, v in layers.items() if math.isfinite(v)}
             worst = sorted(finite, key=finite.get)[:5]

@@ -22,7 +22,8 @@ def quantized_summary(model) -> dict:
     return {"linears": len(layers), "weight_parameters": q_params, "float_parameters": float_params,
             "moe_blocks": len(blocks), "experts": experts, "expert_linears": in_experts,
             "expert_input_scale_spread": expert_scale_spread(blocks),
-            "unquantized_targets": list(getattr(model, "lowbit_unquantized", []))}
+            "unquantized_targets": list(getattr(model, "lowbit_unquantized", [])),
+            "rotation": rotation.describe() if (rotation := getattr(model, "lowbit_rotation", None)) else None}
 
 
 def expert_scale_spread(blocks: dict) -> dict[str, float]:
@@ -49,7 +50,8 @@ def merge_summaries(parts: list[dict], float_parameters: int, unquantized: list[
     """One summary of a model quantized in parts (decoder layers, each summarised alone): counts
     added, spreads the largest; ``float_parameters`` of the parts outside them added."""
     out = {"linears": 0, "weight_parameters": 0, "float_parameters": float_parameters, "moe_blocks": 0, "experts": 0,
-           "expert_linears": 0, "expert_input_scale_spread": {}, "unquantized_targets": list(unquantized)}
+           "expert_linears": 0, "expert_input_scale_spread": {}, "unquantized_targets": list(unquantized),
+           "rotation": None}  # a streamed run never rotates (lowbit.streamed.api)
     for p in parts:
         for k in ("linears", "weight_parameters", "float_parameters", "moe_blocks", "experts", "expert_linears"):
             out[k] += p[k]

@@ -26,6 +26,7 @@ from typing import Iterable
 import torch
 
 from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
+from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
 from lowbit.errors import OptionRef, QuantizationError
 from lowbit.schemes import Scheme, get_scheme
 
@@ -93,6 +94,10 @@ def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokeniz
     except ValueError as e:
         raise QuantizationError(str(e)) from None
     cfg = calibration_config(config, preset, calibration_options)
+    if cfg.rotation is not DEFAULT_ROTATION:
+        raise QuantizationError(f"rotation={cfg.rotation.value!r} rewrites the embeddings, every layer and lm_head "
+                                f"together, which a run streamed one layer at a time (or model-free) cannot do: "
+                                f"quantize in memory (lowbit.quantize, then lowbit.save)")
     if calibration is None or not calibrates(scheme, sq, cfg):
         # model-free: it refuses schemes that need calibration, naming the dynamic alternatives
         if calibration is None and not scheme.needs_calibration and calibrates(scheme, sq, cfg):
