@@ -5,16 +5,13 @@ lm_head, and computes lowbit's logits. Tolerances: tests/formats/test_formats_ct
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import lowbit
-from helpers.ct_client import CLIENT
-from helpers.models import tiny_llama
+from helpers.ct_client import assert_close_logits, client_logits
+from helpers.formats_support import tiny_llama_as
 
 pytest.importorskip("compressed_tensors")
 
@@ -27,23 +24,12 @@ CASES = {
 }
 
 
-def _model(dtype, overrides):
-    model = tiny_llama(**overrides)
-    if dtype != torch.float32:  # as transformers builds a bf16 model: rotary buffers stay float32
-        rot = model.model.rotary_emb
-        keep = {n: b.clone() for n, b in rot.named_buffers()}
-        model.to(dtype)
-        for n, b in keep.items():
-            setattr(rot, n, b)
-    return model
-
-
 @pytest.mark.subprocess
 def test_transformers_loads_rotated_compressed_tensors_folders(tmp_path):
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(5))
     refs, folders = {}, {}
     for name, (dtype, overrides, _) in CASES.items():
-        q = lowbit.quantize(_model(dtype, overrides), name, calibration=CALIB, rotation="hadamard", progress=False)
+        q = lowbit.quantize(tiny_llama_as(dtype, **overrides), name, calibration=CALIB, rotation="hadamard", progress=False)
         assert q.lowbit_rotation.untied
         lowbit.use_backend(q, "reference")
         with torch.no_grad():
@@ -52,13 +38,4 @@ def test_transformers_loads_rotated_compressed_tensors_folders(tmp_path):
         cfg = json.loads((tmp_path / name / "config.json").read_text())
         assert cfg["tie_word_embeddings"] is False and not cfg["quantization_config"]["transform_config"]
         folders[name] = (str(tmp_path / name), str(dtype).removeprefix("torch."))
-    save_file({"ids": ids}, str(tmp_path / "ids.safetensors"))
-    jobs = {"ids": str(tmp_path / "ids.safetensors"), "out": str(tmp_path / "logits.safetensors"), "folders": folders}
-    p = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(jobs)], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    got = load_file(str(tmp_path / "logits.safetensors"))
-    for name, (_, _, rel) in CASES.items():
-        diff = (got[name] - refs[name]).abs().max().item()
-        scale = refs[name].abs().max().item()
-        print(f"{name}: max |diff| {diff:.4g}, max |logit| {scale:.4g}")
-        assert diff <= rel * scale, (name, diff, scale)
+    assert_close_logits(client_logits(tmp_path, ids, folders), refs, CASES)

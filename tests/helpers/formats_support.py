@@ -20,16 +20,22 @@ def quant_layers(model) -> dict[str, torch.nn.Module]:
     return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
 
 
-def quantized_model(scheme: str | Scheme, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides):
-    """tiny_llama quantized by RTN; static input scales set per fused group (shared by q/k/v and
-    gate/up, different between groups), as calibration would."""
+def tiny_llama_as(dtype: torch.dtype, seed: int = 0, **overrides):
+    """tiny_llama in ``dtype``, as transformers builds it in that dtype (rotary buffers stay float32)."""
     model = tiny_llama(seed=seed, **overrides)
-    if dtype != torch.float32:  # as transformers builds a bf16 model: rotary buffers stay float32
+    if dtype != torch.float32:
         rot = model.model.rotary_emb
         keep = {n: b.clone() for n, b in rot.named_buffers()}
         model.to(dtype)
         for n, b in keep.items():
             setattr(rot, n, b)
+    return model
+
+
+def quantized_model(scheme: str | Scheme, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides):
+    """tiny_llama quantized by RTN; static input scales set per fused group (shared by q/k/v and
+    gate/up, different between groups), as calibration would."""
+    model = tiny_llama_as(dtype, seed=seed, **overrides)
     s = get_scheme(scheme)
     quantize_rtn(model, s)
     a = s.input_activations
