@@ -332,21 +332,33 @@ def q_llmcompressor(model, tok, scheme, calib, opts):
 SMOOTHQUANT_STRENGTH = 0.8  # llm-compressor's W8A8 INT8 examples (its SmoothQuantModifier default is 0.5)
 
 
+def _llmc_int8_static_groups() -> dict:
+    """lowbit's w8a8-int8 in llm-compressor's terms: INT8 per-channel symmetric weights, one static
+    symmetric INT8 scale per layer input (compressed-tensors has no preset name for it)."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    return {"group_0": QuantizationScheme(
+        targets=["Linear"],
+        weights=QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False),
+        input_activations=QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=True, dynamic=False))}
+
+
 def q_llmcompressor_gptq(model, tok, scheme, calib, opts):
     """llm-compressor's GPTQ recipe: GPTQModifier (its defaults: block 128, dampening 0.01, static
-    act order) on the driver's 16 x 256 token windows; for W8A8 INT8 SmoothQuantModifier(0.8)
-    first, as its examples do."""
+    act order) on the driver's 16 x 256 token windows; for W8A8 INT8 (dynamic, and static with a
+    per-tensor input scale from its observer) SmoothQuantModifier(0.8) first, as its examples do."""
     import llmcompressor
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier
 
-    if scheme not in LLMC_SCHEMES:
+    if scheme not in LLMC_SCHEMES and scheme != "w8a8-int8":
         raise ValueError(f"no llm-compressor preset mapped for {scheme}")
     skip = skipped_linears(model, opts)
-    recipe = [GPTQModifier(targets="Linear", scheme=LLMC_SCHEMES[scheme], ignore=["lm_head"] + skip,
-                           bypass_divisibility_checks=True)]
+    how = {"config_groups": _llmc_int8_static_groups()} if scheme == "w8a8-int8" else \
+        {"targets": "Linear", "scheme": LLMC_SCHEMES[scheme]}
+    recipe = [GPTQModifier(**how, ignore=["lm_head"] + skip, bypass_divisibility_checks=True)]
     opts.recipe = {"algorithm": "GPTQModifier"}
-    if scheme == "w8a8-int8-dynamic":
+    if scheme in ("w8a8-int8-dynamic", "w8a8-int8"):
         from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 
         # ignore names the layers whose outputs get scaled (the norms; up_proj for down_proj)
