@@ -35,11 +35,11 @@ RESULTS = HERE.parent / "RESULTS.md"
 PEERS = {"auto-round": "auto-round==0.16.1", "llmcompressor": "llmcompressor==0.14.0.1", "torchao": "torchao"}
 # worker tool -> the venv (PEERS key) it runs in
 PEER_VENV = {"auto-round": "auto-round", "auto-round-tuned": "auto-round", "llmcompressor": "llmcompressor",
-             "llmcompressor-gptq": "llmcompressor", "torchao": "torchao"}
+             "llmcompressor-gptq": "llmcompressor", "llmcompressor-gptq-down": "llmcompressor", "torchao": "torchao"}
 ITERS_TOOLS = ("auto-round-tuned", "lowbit-best-iters")  # as worker.ITERS_TOOLS
 CALIB_SAMPLES, CALIB_SEQ = 16, 256
 # the tools that calibrate on those windows (calib-ids.safetensors; lowbit-best cuts the same ones)
-TUNED_TOOLS = ("auto-round-tuned", "llmcompressor-gptq", "lowbit-best", "lowbit-best-iters")
+TUNED_TOOLS = ("auto-round-tuned", "llmcompressor-gptq", "llmcompressor-gptq-down", "lowbit-best", "lowbit-best-iters")
 
 
 def sh(cmd: list[str], log: Path, timeout: float | None = None, env: dict | None = None) -> int:
@@ -86,7 +86,10 @@ def label(r: dict) -> str:
     if tool == "lowbit-best-iters":
         return f"lowbit best, reconstruct iters {it}"
     if tool == "llmcompressor-gptq":
-        return "llmcompressor SmoothQuant 0.8 + GPTQ" if r.get("scheme") == "w8a8-int8-dynamic" else "llmcompressor GPTQ"
+        return "llmcompressor SmoothQuant 0.8 + GPTQ" if r.get("scheme") in ("w8a8-int8-dynamic", "w8a8-int8") \
+            else "llmcompressor GPTQ"
+    if tool == "llmcompressor-gptq-down":
+        return "llmcompressor SmoothQuant 0.8 (+ down_proj <- up_proj) + GPTQ"
     return FIXED_LABELS.get(tool, tool)
 
 

@@ -343,7 +343,7 @@ def _llmc_int8_static_groups() -> dict:
         input_activations=QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=True, dynamic=False))}
 
 
-def q_llmcompressor_gptq(model, tok, scheme, calib, opts):
+def q_llmcompressor_gptq(model, tok, scheme, calib, opts, smooth_down=False):
     """llm-compressor's GPTQ recipe: GPTQModifier (its defaults: block 128, dampening 0.01, static
     act order) on the driver's 16 x 256 token windows; for W8A8 INT8 (dynamic, and static with a
     per-tensor input scale from its observer) SmoothQuantModifier(0.8) first, as its examples do."""
@@ -364,13 +364,30 @@ def q_llmcompressor_gptq(model, tok, scheme, calib, opts):
         # ignore names the layers whose outputs get scaled (the norms; up_proj for down_proj)
         keep_float = [f"{layer}.{n}" for layer in skipped_layers(model, opts)
                       for n, _ in model.get_submodule(layer).named_modules() if n]
-        recipe.insert(0, SmoothQuantModifier(smoothing_strength=SMOOTHQUANT_STRENGTH, ignore=keep_float or None))
-        opts.recipe = {"algorithm": f"SmoothQuantModifier({SMOOTHQUANT_STRENGTH}) + GPTQModifier"}
+        maps = {}
+        if scheme == "w8a8-int8" and smooth_down:
+            # its default Llama mappings (q/k/v <- input norm, gate/up <- post-attention norm) plus
+            # down_proj <- up_proj, as lowbit smooths by default: the static down_proj input holds
+            # SmolLM2's largest outliers
+            maps = {"mappings": [[["re:.*q_proj", "re:.*k_proj", "re:.*v_proj"], "re:.*input_layernorm"],
+                                 [["re:.*gate_proj", "re:.*up_proj"], "re:.*post_attention_layernorm"],
+                                 [["re:.*down_proj"], "re:.*up_proj"]]}
+        recipe.insert(0, SmoothQuantModifier(smoothing_strength=SMOOTHQUANT_STRENGTH, ignore=keep_float or None,
+                                             **maps))
+        opts.recipe = {"algorithm": f"SmoothQuantModifier({SMOOTHQUANT_STRENGTH}"
+                                    f"{', + down_proj <- up_proj' if maps else ''}) + GPTQModifier"}
     windows = calib_windows(opts)
     oneshot(model=model, recipe=recipe, dataset=_llmc_dataset(windows.tolist()),
             num_calibration_samples=int(windows.shape[0]), max_seq_length=int(windows.shape[1]))
     opts.recipe.update(num_calibration_samples=int(windows.shape[0]), max_seq_length=int(windows.shape[1]))
     return model, llmcompressor.__version__
+
+
+def q_llmcompressor_gptq_down(model, tok, scheme, calib, opts):
+    """llmcompressor-gptq with down_proj <- up_proj added to its SmoothQuant mappings (w8a8-int8)."""
+    if scheme != "w8a8-int8":
+        raise ValueError("llmcompressor-gptq-down is the static w8a8-int8 recipe")
+    return q_llmcompressor_gptq(model, tok, scheme, calib, opts, smooth_down=True)
 
 
 def q_torchao(model, tok, scheme, calib, opts):
@@ -404,7 +421,8 @@ TOOLS = {"float": q_float, "lowbit": q_lowbit, "lowbit-float": q_lowbit_float, "
          "lowbit-gptq-fast": q_lowbit_gptq_fast, "lowbit-rtn": q_lowbit_rtn, "lowbit-rtn-float": q_lowbit_rtn_float,
          "lowbit-best": q_lowbit_best, "lowbit-best-iters": q_lowbit_best_iters,
          "auto-round": q_autoround, "auto-round-tuned": q_autoround_tuned,
-         "llmcompressor": q_llmcompressor, "llmcompressor-gptq": q_llmcompressor_gptq, "torchao": q_torchao}
+         "llmcompressor": q_llmcompressor, "llmcompressor-gptq": q_llmcompressor_gptq,
+         "llmcompressor-gptq-down": q_llmcompressor_gptq_down, "torchao": q_torchao}
 # the tools whose result depends on --iters
 ITERS_TOOLS = ("auto-round-tuned", "lowbit-best-iters")
 
