@@ -232,21 +232,58 @@ def weighted_se(out: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> tor
     return (out.float() - target.float()).pow(2) * w
 
 
+class _Batches:
+    """The calibration batches over the ranks of ``group`` (lowbit.dist.Group; None: one process):
+    each rank holds a contiguous share, in rank order, so global batch b is where one process has
+    its batch b. One step's gradient is computed by the batch's owner and broadcast, and the
+    whole-set error is summed in global batch order, so every rank makes the same choices as one
+    process does, bit for bit."""
+
+    def __init__(self, n_local: int, group) -> None:
+        self.group = group if group is not None and group.distributed else None
+        self.rank = 0 if self.group is None else self.group.rank
+        self.counts = [n_local] if self.group is None else self.group.gather_objects(n_local)
+        self.first = sum(self.counts[:self.rank])
+        self.total = sum(self.counts)
+
+    def owner(self, b: int) -> int:
+        end = 0
+        for r, c in enumerate(self.counts):
+            end += c
+            if b < end:
+                return r
+        raise IndexError(b)
+
+    def gather(self, values: list) -> list:
+        """Every rank's list, concatenated in global batch order."""
+        return values if self.group is None else [v for part in self.group.gather_objects(values) for v in part]
+
+    def broadcast_(self, tensors: list[torch.Tensor], src: int) -> None:
+        if self.group is not None:
+            for t in tensors:
+                self.group.broadcast_(t, src)
+
+
 def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weights: dict[str, torch.Tensor],
-                      inputs, options: ReconstructOptions, set_submodule, device=None) -> ReconstructReport:
+                      inputs, options: ReconstructOptions, set_submodule, device=None,
+                      group=None) -> ReconstructReport:
     """Re-round the QuantLinears of ``layer`` named in ``float_weights`` (relative name -> the float
     weight they were quantized from) to minimise the MSE of ``layer``'s outputs on ``inputs`` (the
     calibration batches, as (args, kwargs); run on ``device`` when given) against ``targets`` (one
-    tensor per batch); their codes are replaced in place."""
+    tensor per batch); their codes are replaced in place. ``group`` (lowbit.dist.Group): the ranks
+    that each hold a contiguous share of the batches; every rank gets the codes one process holding
+    all the batches would get."""
     from lowbit.modules import QuantLinear
 
     def run(m, calls):
         return _run(m, calls, device)
 
+    batches = _Batches(len(inputs), group)
+
     mods = {n: layer.get_submodule(n) for n in float_weights}
     offs = {n: _Offsets(m, float_weights[n], options.scales) for n, m in mods.items() if isinstance(m, QuantLinear)}
     rep = ReconstructReport(weights=sum(o.w.numel() for o in offs.values()))
-    if not offs or options.iters <= 0:
+    if not offs or options.iters <= 0 or batches.total == 0:
         return rep
     frozen = [(p, p.requires_grad) for p in layer.parameters()]
     for p, _ in frozen:
@@ -256,12 +293,16 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         set_submodule(layer, n, s)
 
     weights = [token_weights(t) for t in targets]
+    numel = sum(batches.gather([sum(t.numel() for t in targets)]))
 
     def full_mse() -> float:
         with torch.no_grad():
             outs = run(layer, inputs)
-            return float(sum(weighted_se(o, t, w).sum() for o, t, w in zip(outs, targets, weights))
-                         / sum(t.numel() for t in targets))
+            parts = batches.gather([float(weighted_se(o, t, w).sum()) for o, t, w in zip(outs, targets, weights)])
+            total = torch.zeros((), dtype=torch.float32)
+            for p in parts:  # float32, in batch order
+                total = total + torch.tensor(p, dtype=torch.float32)
+            return float(total / numel)
 
     try:
         lr0 = options.lr if options.lr is not None else 1.0 / options.iters
@@ -272,10 +313,16 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         best_p = [p.detach().clone() for p in params]
         with torch.enable_grad():
             for step in range(options.iters):
-                b = step % len(inputs)
-                out = run(layer, [inputs[b]])[0]
-                loss = weighted_se(out, targets[b], weights[b]).mean()
-                grads = torch.autograd.grad(loss, params)
+                b = step % batches.total
+                src = batches.owner(b)
+                if src == batches.rank:
+                    j = b - batches.first
+                    out = run(layer, [inputs[j]])[0]
+                    loss = weighted_se(out, targets[j], weights[j]).mean()
+                    grads = [g.contiguous() for g in torch.autograd.grad(loss, params)]
+                else:
+                    grads = [torch.zeros_like(p) for p in params]
+                batches.broadcast_(grads, src)
                 lr = lr0 * (1.0 - step / options.iters)
                 with torch.no_grad():
                     by_id = {id(p): g for p, g in zip(params, grads)}

@@ -314,7 +314,7 @@ class LayerwiseCalibrator:
         if self._layer_device is not None:
             layer.to(self._layer_device)  # GPTQ's results come from the CPU
         if recon is not None:
-            r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on)
+            r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on, self.group)
             self.report.reconstruct[prefix.rstrip(".")] = {"mse_start": r.mse_start, "mse_end": r.mse_end,
                                                            "changed": r.changed, "weights": r.weights,
                                                            "scales_changed": r.scales_changed, "history": r.history}

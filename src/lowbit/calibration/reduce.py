@@ -26,9 +26,6 @@ def check_distributable(group: Group, cfg, smoothquant) -> None:
     if str(cfg.observer) != "max":
         raise DistError(f"observer={cfg.observer!s} keeps sample rows, which are not combined across ranks yet: "
                         f"use observer='max' (the default) or run one process")
-    if cfg.reconstruct_iters:
-        raise DistError("reconstruct_iters optimises on every calibration batch, which ranks do not share yet: "
-                        "run one process")
     if smoothquant == "auto":
         raise DistError("smoothquant='auto' searches on sample rows, which are not combined across ranks yet: "
                         "give an alpha, or run one process")
