@@ -184,7 +184,8 @@ def test_cli_under_torchrun_same_bytes_one_summary(sharded, tmp_path):
                         "--model-free", "-o", str(tmp_path / "two")], cwd=tmp_path)
     assert digests(tmp_path / "two") == ref
     text = " ".join(r.stdout.split())  # (rich wraps long lines)
-    assert text.count("wrote ") == 1 and text.endswith("on 2 ranks"), r.stdout  # rank 0 alone prints the summary
+    wrote = text.split(" serving, ")[0]  # the engines' verdicts follow the summary line
+    assert text.count("wrote ") == 1 and wrote.endswith("on 2 ranks"), r.stdout  # rank 0 alone prints the summary
 
 
 # ---------------------------------------------------------------------------- rank 1 stood in for

@@ -319,7 +319,9 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                     j = b - batches.first
                     out = run(layer, [inputs[j]])[0]
                     loss = weighted_se(out, targets[j], weights[j]).mean()
-                    grads = [g.contiguous() for g in torch.autograd.grad(loss, params)]
+                    # an expert no token of this batch reaches has no gradient: it stays where it is
+                    grads = [torch.zeros_like(p) if g is None else g.contiguous()
+                             for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))]
                 else:
                     grads = [torch.zeros_like(p) for p in params]
                 batches.broadcast_(grads, src)
