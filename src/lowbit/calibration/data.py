@@ -236,7 +236,7 @@ CALIBRATION_PRESETS: dict[str, dict] = {
     # block-output reconstruction (lowbit.algorithms.reconstruct) of every decoder layer toward
     # the float model's outputs, from GPTQ's codes, on the quantized layers' outputs: the most
     # accurate. One start for every scheme: on the full SmolLM2 (16 x 256 tokens) GPTQ's codes
-    # gave w4a16 +5.94% against +9.46% from RTN codes, and nvfp4 +17.50% against +17.25%
+    # gave w4a16 +9.34% against +9.46% from RTN codes, and nvfp4 +17.50% against +17.25%
     # (bench/RESULTS.md). Also tuning the block scales measured worse (nvfp4 layers 0-1).
     "best": {"weight_rounding": "gptq", "layer_inputs": "quantized", "reconstruct_iters": 50},
 }
