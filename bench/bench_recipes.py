@@ -54,7 +54,7 @@ def main() -> None:
         ignore = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
                   and n.startswith("model.layers.") and int(n.split(".")[2]) >= a.layers]
     # the peers' 16 x 256 calibration tokens, unless the preset sets its own budget (fast: 4 x 128)
-    own = CALIBRATION_PRESETS.get(a.preset, {}) if a.preset is not None else {}
+    own = CALIBRATION_PRESETS.get(a.preset, {})
     opts = {k: v for k, v in (("num_samples", 16), ("seq_len", 256)) if k not in own}
     opts.update(json.loads(a.options))
     load = os.getloadavg()[0]

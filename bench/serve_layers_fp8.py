@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from lowbit.numerics import E4M3, FormatName
+from lowbit.quant import quantize
 from lowbit.quant.serving import epilogue_vllm_cpu_fp8, quant_values_vllm_cpu_fp8
 from lowbit.schemes import Dynamic, Granularity, QuantSpec
 from serve_layers_compare import _layer, _rel, _tensors
@@ -43,9 +44,8 @@ def compare_fp8(folder: str, capture: str) -> None:
         ev, es = quant_values_vllm_cpu_fp8(x, TOKEN)
         ey = torch.nn.functional.linear(ev, wv)
         ey_out = epilogue_vllm_cpu_fp8(ey, es, w_s, bias, torch.bfloat16)
-        x32 = x.to(torch.float32)
-        ls = x32.abs().amax(-1, keepdim=True) / E4M3.max_finite
-        lv = E4M3.qdq(x32 / torch.where(ls == 0, torch.ones_like(ls), ls))
+        lq = quantize(x.to(torch.float32), TOKEN, name=name)  # lowbit's meaning: e4m3(x / s)
+        lv, ls = E4M3.decode(lq.codes), lq.scale
         ly = torch.nn.functional.linear(lv * ls, wv * w_s.reshape(-1, 1)) + (0 if bias is None else bias.float())
         x64 = x.double()
         s64 = x64.abs().amax(-1, keepdim=True) / E4M3.max_finite

@@ -21,8 +21,8 @@ from lowbit.backends.cpu_int8 import _decoded_weight, int_matmul_exact, supports
 from lowbit.backends.shared_input import SharedInput, input_key
 from lowbit.modules.inputs import input_args
 from lowbit.numerics import E4M3, INT8, FormatName
-from lowbit.quant.serving import (Accumulation, accumulation, epilogue_vllm_cpu, epilogue_vllm_cpu_fp8, pair_saturation,
-                                  quant_codes_vllm_cpu, quant_values_vllm_cpu_fp8, saturating_pairs)
+from lowbit.quant.serving import (Accumulation, accumulation, epilogue_vllm_cpu, epilogue_vllm_cpu_fp8, is_fp8_token_spec,
+                                  pair_saturation, quant_codes_vllm_cpu, quant_values_vllm_cpu_fp8, saturating_pairs)
 from lowbit.schemes import Dynamic, Granularity, Scheme
 
 __all__ = ["VllmCpuInt8Backend", "VllmCpuFp8Backend", "supports_scheme", "supports_fp8_dynamic"]
@@ -65,10 +65,9 @@ class VllmCpuInt8Backend:
 def supports_fp8_dynamic(s: Scheme) -> bool:
     """E4M3 per-channel weights (float32 scales) with dynamic per-token E4M3 inputs: what vLLM-CPU's
     channel-wise torch FP8 kernel runs."""
-    w, a = s.weights, s.input_activations
-    return (a is not None and w.format is FormatName.E4M3 and w.granularity is Granularity.CHANNEL and w.symmetric
-            and w.scale_format is FormatName.FP32 and a.format is FormatName.E4M3 and a.symmetric
-            and a.granularity is Granularity.TOKEN and a.dynamic is Dynamic.DYNAMIC and a.scale_floor is None)
+    w = s.weights
+    return (w.format is FormatName.E4M3 and w.granularity is Granularity.CHANNEL and w.symmetric
+            and w.scale_format is FormatName.FP32 and is_fp8_token_spec(s.input_activations))
 
 
 def _fp8_weights(module) -> dict:

@@ -152,11 +152,12 @@ def quantize_cmd(
                "seconds": time.perf_counter() - t0, "size_bytes": _weight_bytes(out), **extra}
     from lowbit.formats.base import Format
 
+    verdicts = []
     if fmt == Format.COMPRESSED_TENSORS.value:  # the written folder: what engines serve it (measured)
         from lowbit.formats.ct_serving import engine_support
 
-        summary["serving"] = [{"engine": v.engine, "serving": v.serving.value, "detail": v.detail}
-                              for v in engine_support(out, sch)]
+        verdicts = engine_support(out, sch)
+        summary["serving"] = [{"engine": v.engine, "serving": v.serving.value, "detail": v.detail} for v in verdicts]
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -183,9 +184,8 @@ def quantize_cmd(
             if summary.get("streamed") else ""
         console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
                       f"in {summary['seconds']:.1f} s{ranks}{streamed}", highlight=False)
-        for v in summary.get("serving", ()):
-            console.print(f"serving, {v['engine']}: {v['serving']}" + (f" ({v['detail']})" if v["detail"] else ""),
-                          highlight=False)
+        for v in verdicts:
+            console.print(f"serving, {v.line()}", highlight=False)
 
 
 def _model_free(folder: Path, out: Path, scheme: str, fmt: str, workers: int, ignore: list[str] | None,

@@ -198,9 +198,15 @@ def pair_saturation(q: torch.Tensor, pairs: tuple, n_out: int, chunk: int = 4096
     return out
 
 
+def is_fp8_token_spec(spec: QuantSpec | None) -> bool:
+    """Whether ``spec`` is the input vLLM-CPU's channel-wise FP8 kernel quantizes: symmetric E4M3,
+    dynamic per token, no scale floor."""
+    return (spec is not None and spec.format is FormatName.E4M3 and spec.symmetric
+            and spec.granularity is Granularity.TOKEN and spec.dynamic is Dynamic.DYNAMIC and spec.scale_floor is None)
+
+
 def _check_fp8_token_spec(spec: QuantSpec) -> None:
-    if not (spec.format is FormatName.E4M3 and spec.symmetric and spec.granularity is Granularity.TOKEN
-            and spec.dynamic is Dynamic.DYNAMIC and spec.scale_floor is None):
+    if not is_fp8_token_spec(spec):
         raise ValueError(f"vLLM-CPU fp8 numerics need a dynamic per-token E4M3 input spec, not {spec.describe()}")
 
 

@@ -101,9 +101,9 @@ def quantize_with_options(model, scheme_name: str, tokenizer, opts: CompareOptio
     scheme = get_scheme(scheme_name)
     sq = resolve_alpha(opts.smoothquant, scheme, static_only=True)
     options = {**opts.calib_options, "num_samples": opts.calib_samples, "seq_len": opts.calib_seq_len}
-    if not calibrates(scheme, sq, CalibrationConfig(**options)) and opts.kv_cache is None:
-        rotation = CalibrationConfig(**options).rotation
-        return lowbit.quantize(model, scheme, smoothquant=OFF, rotation=rotation), False, None
+    cfg = CalibrationConfig(**options)
+    if not calibrates(scheme, sq, cfg) and opts.kv_cache is None:
+        return lowbit.quantize(model, scheme, smoothquant=OFF, rotation=cfg.rotation), False, None
     calib = opts.calib if opts.calib is not None else "builtin"
     q = lowbit.quantize(model, scheme, calibration=calib, tokenizer=tokenizer, smoothquant=OFF if sq is None else sq,
                         progress=opts.progress, kv_cache=opts.kv_cache, **options)
