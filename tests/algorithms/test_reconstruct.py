@@ -150,3 +150,19 @@ def test_the_loss_weighs_each_token_relative_to_its_size():
     assert torch.allclose(se, torch.full_like(se, 0.01 ** 2 * 16), rtol=1e-4)
     # a zero target (padding) gets weight 1, not a division by zero
     assert torch.equal(token_weights(torch.zeros(1, 2, 4)), torch.ones(1, 2, 1))
+
+
+def test_default_step_is_capped_so_few_steps_do_not_overshoot():
+    from lowbit.algorithms.reconstruct import MAX_DEFAULT_LR, default_lr
+
+    assert MAX_DEFAULT_LR == 0.02
+    assert default_lr(20) == 0.02 and default_lr(50) == 0.02 and default_lr(200) == 0.005
+    ref = tiny_llama(hidden_size=128, intermediate_size=256)
+    a = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS, reconstruct_iters=10)
+    b = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS, reconstruct_iters=10,
+                        reconstruct_lr=0.02)
+    c = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS, reconstruct_iters=10,
+                        reconstruct_lr=0.1)
+    codes = lambda m: {n: x for n, x in m.named_buffers() if n.endswith("weight_codes")}  # noqa: E731
+    assert_same_tensors(codes(a), codes(b))            # the default is the capped step, not 1 / 10
+    assert any(not torch.equal(x, y) for x, y in zip(codes(a).values(), codes(c).values()))

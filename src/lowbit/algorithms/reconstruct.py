@@ -20,10 +20,10 @@ in the forward pass, straight-through in the backward; activations quantized the
 schemes with quantized inputs) and the float layer's output, over the calibration batches, each
 token's error relative to the mean square of its target (``token_weights``: the next layer
 normalizes every token, and attention-sink tokens would otherwise dominate).
-Steps: ``iters`` signed-gradient steps of size ``lr`` (default 1 / iters, decaying linearly to
-0), one batch per step in turn. The codes of the best step seen (measured on the whole
-calibration set every ``eval_every`` steps, and at the start) are kept: the result is never
-worse than the codes it started from on the calibration data. Deterministic: no sampling.
+Steps: ``iters`` signed-gradient steps of size ``lr`` (default ``default_lr(iters)`` =
+min(1 / iters, 0.02), decaying linearly to 0), one batch per step in turn. The codes of the best
+step seen (measured on the whole calibration set every ``eval_every`` steps, and at the start)
+are kept: the result is never worse than the codes it started from on the calibration data. Deterministic: no sampling.
 Memory: one layer's float copy, the offsets and the targets (one layer output per batch).
 
 Symmetric element formats only (INT, FP4/FP6/FP8); asymmetric INT specs (zero points) are refused.
@@ -49,11 +49,23 @@ from lowbit.schemes.spec import Granularity
 
 C_MIN = 0.5  # the smallest block-scale coefficient: at most halve a block's amax scale
 
+# The largest default first step, in grid units. With 1 / iters alone, 20 steps start at 0.05 and
+# overshoot: Gemma-3-270M nvfp4, GPTQ + 20 steps, +30.04% ppl at 0.05 against +16.74% at 0.02
+# (GPTQ alone +18.89%); SmolLM2 +19.86% at 0.05, +19.39% at 0.02 (bench/RESULTS.md).
+MAX_DEFAULT_LR = 0.02
+
+
+def default_lr(iters: int) -> float:
+    """The first step when none is given: min(1 / iters, MAX_DEFAULT_LR), so that from 50 steps on
+    the offsets can still travel a whole grid step (the sum of the linearly decaying steps is
+    about iters * lr / 2), and fewer steps move less rather than overshooting."""
+    return min(1.0 / iters, MAX_DEFAULT_LR)
+
 
 @dataclass(frozen=True)
 class ReconstructOptions:
     iters: int = 200
-    lr: float | None = None          # signed step in grid units; None: 1 / iters
+    lr: float | None = None          # signed step in grid units; None: default_lr(iters)
     eval_every: int = 10             # steps between full-set evaluations (the best is kept)
     scales: bool = False             # also tune each per-channel / per-group scale (see _Offsets.scale)
 
@@ -305,7 +317,7 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
             return float(total / numel)
 
     try:
-        lr0 = options.lr if options.lr is not None else 1.0 / options.iters
+        lr0 = options.lr if options.lr is not None else default_lr(options.iters)
         best = full_mse()
         rep.mse_start = best
         rep.history.append(best)

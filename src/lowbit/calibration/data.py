@@ -104,7 +104,8 @@ class CalibrationConfig:
     reconstruct_iters: after each layer is quantized, signed-gradient steps that re-choose each
         weight's rounding direction to reproduce the float layer's output
         (``lowbit.algorithms.reconstruct``; scales unchanged, so files stay standard); 0: off.
-    reconstruct_lr: the step, in grid units (default None: 1 / reconstruct_iters).
+    reconstruct_lr: the first step, in grid units (default None:
+        ``lowbit.algorithms.reconstruct.default_lr``: min(1 / reconstruct_iters, 0.02)).
     reconstruct_scales: reconstruction also re-chooses each per-channel / per-group weight scale
         among the scale format's values (a coefficient 0.5-1 of the block's amax scale).
     rotation: "none" or "hadamard": Hadamard rotations fused into the float model's weights once,
