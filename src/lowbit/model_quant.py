@@ -77,10 +77,10 @@ def _refuse_quantized(model: nn.Module) -> None:
 def calibrates(scheme: Scheme, smoothquant, cfg) -> bool:
     """Whether quantizing ``scheme`` runs calibration: static activation scales, SmoothQuant (an
     alpha resolved by ``resolve_alpha``, or "auto"), GPTQ weights (``cfg.rounding_for``) or block
-    reconstruction (``cfg.reconstruct_iters``). The one
+    reconstruction (``cfg.reconstruct_iters_for``). The one
     rule ``quantize``, ``lowbit quantize`` and ``compare`` follow."""
     return scheme.needs_calibration or smoothquant is not None or cfg.rounding_for(scheme) is WeightRounding.GPTQ \
-        or cfg.reconstruct_iters > 0
+        or cfg.reconstruct_iters_for(scheme) > 0
 
 
 def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *, smoothquant=DEFAULT,

@@ -365,7 +365,7 @@ def test_calibration_preset_gptq_fast():
     assert (cfg.weight_rounding, cfg.layer_inputs, cfg.num_samples, cfg.seq_len) == \
         (WeightRounding.GPTQ, LayerInputs.FLOAT, 4, 128)
     assert CalibrationConfig.preset("gptq-fast", num_samples=2, weight_rounding="rtn") == \
-        CalibrationConfig(weight_rounding="rtn", layer_inputs="float", num_samples=2, seq_len=128)
+        CalibrationConfig(weight_rounding="rtn", layer_inputs="float", num_samples=2, seq_len=128, reconstruct_iters=0)
     with pytest.raises(CalibrationError, match="unknown calibration preset 'fastest'; known: fast, default, gptq-fast, best"):
         CalibrationConfig.preset("fastest")
     assert list(CALIBRATION_PRESETS) == ["fast", "default", "gptq-fast", "best"]

@@ -31,7 +31,7 @@ def _layer_mse(model, ref, tokens) -> float:
 ])
 def test_reconstruction_lowers_each_layers_output_error(scheme, kw):
     ref = tiny_llama(hidden_size=128, intermediate_size=256)
-    base = lowbit.quantize(copy.deepcopy(ref), scheme, calibration=TOKENS, **kw)
+    base = lowbit.quantize(copy.deepcopy(ref), scheme, calibration=TOKENS, reconstruct_iters=0, **kw)
     rec = lowbit.quantize(copy.deepcopy(ref), scheme, calibration=TOKENS, reconstruct_iters=30, **kw)
     report = rec.lowbit_calibration.reconstruct
     assert sorted(report) == ["model.layers.0", "model.layers.1"]
@@ -166,3 +166,23 @@ def test_default_step_is_capped_so_few_steps_do_not_overshoot():
     codes = lambda m: {n: x for n, x in m.named_buffers() if n.endswith("weight_codes")}  # noqa: E731
     assert_same_tensors(codes(a), codes(b))            # the default is the capped step, not 1 / 10
     assert any(not torch.equal(x, y) for x, y in zip(codes(a).values(), codes(c).values()))
+
+
+def test_nvfp4_reconstructs_20_steps_after_gptq_by_default_and_nothing_else_does():
+    from lowbit.calibration.data import CalibrationConfig, default_reconstruct_iters
+    from lowbit.algorithms.gptq import WeightRounding
+    from lowbit.schemes.presets import get_scheme
+
+    gptq, rtn = WeightRounding.GPTQ, WeightRounding.RTN
+    assert default_reconstruct_iters(get_scheme("nvfp4"), gptq) == 20
+    assert default_reconstruct_iters(get_scheme("nvfp4"), rtn) == 0
+    for name in ("w4a16", "w4a16-asym", "w8a8-int8", "w8a8-int8-dynamic", "mxfp4", "w8a8-fp8-dynamic"):
+        assert default_reconstruct_iters(get_scheme(name), gptq) == 0, name
+    assert CalibrationConfig.preset("fast").reconstruct_iters_for(get_scheme("nvfp4")) == 0
+    assert CalibrationConfig.preset("best").reconstruct_iters_for(get_scheme("nvfp4")) == 50
+    ref = tiny_llama(hidden_size=128, intermediate_size=256)
+    q = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS)
+    steps = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS, reconstruct_iters=20)
+    for (n, x), (_, y) in zip(q.named_buffers(), steps.named_buffers()):
+        assert torch.equal(x, y), n
+    assert sorted(q.lowbit_calibration.reconstruct) == ["model.layers.0", "model.layers.1"]

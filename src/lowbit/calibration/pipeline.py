@@ -235,7 +235,8 @@ class LayerwiseCalibrator:
             # block reconstruction on quantized layer inputs aims at the float model's outputs:
             # the float model's hidden states are carried along (the float inputs otherwise are them)
             self._float_hidden = None
-            if self.cfg.reconstruct_iters and self.cfg.inputs_for(self.scheme) is LayerInputs.QUANTIZED:
+            quantized_inputs = self.cfg.inputs_for(self.scheme) is LayerInputs.QUANTIZED
+            if self.cfg.reconstruct_iters_for(self.scheme) and quantized_inputs:
                 self._float_hidden = [hidden_of(c) for c in inputs]
             if saved is not None:  # a resumed run: the hidden states entering layer `first`
                 n = len(inputs)
@@ -303,7 +304,7 @@ class LayerwiseCalibrator:
                     head = rep.get(g[0], g[0])
                     if head in fresh:
                         stats[g[0]] = fresh[head]
-        recon = self.cfg.reconstruct_options()
+        recon = self.cfg.reconstruct_options(self.scheme)
         if recon is not None:  # the float layer's weights and outputs, before quantization
             floats = {rel[n]: layer.get_submodule(rel[n]).weight.detach() for n in lnames}
             if self._float_hidden is not None:  # the float layer on the float model's hidden states

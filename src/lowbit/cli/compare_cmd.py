@@ -94,7 +94,8 @@ def compare_cmd(
         help="'rtn' or 'gptq' (GPTQ calibrates every scheme, weight-only and dynamic ones too)."),
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
-        help="Block-output reconstruction steps per decoder layer after quantization (default 0: off)."),
+        help="Block-output reconstruction steps per decoder layer after quantization (default: 20 after "
+             "GPTQ for nvfp4, else 0: off)."),
     rotation: Optional[str] = typer.Option(None, "--rotation", help=ROTATION_HELP),
     backend: str = typer.Option("auto", "--backend",
                                 help="Backend for quantized layers: 'auto' (as lowbit.load), 'reference', 'cpu-int8', "

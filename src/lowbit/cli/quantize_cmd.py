@@ -58,7 +58,8 @@ def quantize_cmd(
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
         help="Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
-             "directions to reproduce the float layer's output; scales unchanged; default 0: off)."),
+             "directions to reproduce the float layer's output; scales unchanged; default: 20 after GPTQ for nvfp4, "
+             "else 0: off)."),
     rotation: Optional[str] = typer.Option(None, "--rotation", help=ROTATION_HELP),
     kv_cache: Optional[str] = typer.Option(
         None, "--kv-cache",
