@@ -21,7 +21,6 @@ difference of vLLM's output against each.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -29,16 +28,11 @@ LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def capture(folder: str, out: str, tokens: int, first_layers: int) -> None:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
-    text = Path(sys.argv[0]).resolve().parents[1].joinpath("src/lowbit/data/evaluation.txt").read_text()
-    ids = AutoTokenizer.from_pretrained(folder)(text).input_ids[:tokens]
-    llm = LLM(model=folder, dtype="bfloat16", enforce_eager=True, max_model_len=tokens + 8, seed=0)
+    from serve_common import prompt_logprobs, served_prompt
+
+    llm, ids = served_prompt(folder, tokens)
     rec: dict = {"ids": ids, "layers": {}}
 
     def install(model):
@@ -81,8 +75,7 @@ def capture(folder: str, out: str, tokens: int, first_layers: int) -> None:
         return len(hooks)
 
     print("hooked", llm.apply_model(install), flush=True)
-    o = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(prompt_logprobs=0, max_tokens=1))[0]
-    rec["logprobs"] = [p[t].logprob for p, t in zip(o.prompt_logprobs[1:], ids[1:])]
+    rec["logprobs"] = prompt_logprobs(llm, ids)
     torch.save(rec, out)
     print("captured", len(rec["layers"]), "layers ->", out, flush=True)
 

@@ -10,8 +10,9 @@ Two steps, two venvs (vLLM pins older transformers; see ../shared/README.md):
 
 Prints one Markdown row per folder and dtype: lowbit's and vLLM's perplexity, the relative
 difference, the largest per-token |log p| difference, lowbit's prediction of vLLM's numbers
-(``ServingNumerics.VLLM_CPU``, bf16 rows) and vLLM's difference from it, and the load + scoring
-seconds, or vLLM's error (bench/RESULTS-serve.md holds the figures). ``make --reuse`` keeps
+(``ServingNumerics.VLLM_CPU``, bf16 rows) and vLLM's difference from it, the greedy agreement
+(4 prompts of 64 tokens of the same text, 32 new tokens each: the share of positions where vLLM's
+token is lowbit's / the emulation's), and the load + scoring seconds, or vLLM's error (bench/RESULTS-serve.md holds the figures). ``make --reuse`` keeps
 folders already written (only the log-probabilities are computed again).
 """
 
@@ -42,6 +43,27 @@ def _logprobs(m, ids) -> list[float]:
     return lp[torch.arange(ids.shape[1] - 1), ids[0, 1:]].tolist()
 
 
+GREEDY_PROMPTS, GREEDY_LEN, GREEDY_TOKENS = 4, 64, 32  # greedy continuations: 4 prompts of 64 tokens, 32 new
+
+
+def _greedy_prompts(ids: list[int]) -> list[list[int]]:
+    return [ids[i * 200: i * 200 + GREEDY_LEN] for i in range(GREEDY_PROMPTS)]
+
+
+def _greedy(m, prompts) -> list[list[int]]:
+    import torch
+
+    with torch.no_grad():
+        return [m.generate(torch.tensor([p]), max_new_tokens=GREEDY_TOKENS, do_sample=False,
+                           min_new_tokens=GREEDY_TOKENS)[0, len(p):].tolist() for p in prompts]
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """The share of generated positions where two greedy continuations hold the same token."""
+    pairs = [(x, y) for u, v in zip(a, b) for x, y in zip(u, v)]
+    return sum(x == y for x, y in pairs) / len(pairs)
+
+
 def _ppl(lp: list[float]) -> float:
     return math.exp(-math.fsum(lp) / len(lp))
 
@@ -55,6 +77,7 @@ def make(out: Path, schemes: list[str], tokens: int, reuse: bool = False) -> Non
     from lowbit.quant.serving import ServingNumerics
     from lowbit.models import load_model
     from lowbit.models.builtin import ensure_builtin
+    from lowbit.modules.engine_layers import use_engine_model_ops
     from lowbit.textfiles import builtin_evaluation_text_path
 
     torch.set_grad_enabled(False)
@@ -82,15 +105,20 @@ def make(out: Path, schemes: list[str], tokens: int, reuse: bool = False) -> Non
             for f in Path(src).iterdir():
                 shutil.copy(f, d / f.name)
         ref["runs"][str(d)] = _logprobs(m, ids)
+        ref.setdefault("greedy", {})[str(d)] = _greedy(m, _greedy_prompts(ref["ids"]))
         print(scheme, "ppl", _ppl(ref["runs"][str(d)]), flush=True)
         # what lowbit predicts vLLM-CPU computes (ServingNumerics.VLLM_CPU), where it has an emulation
         try:
-            e = lowbit.load(d, numerics=ServingNumerics.VLLM_CPU) if scheme != "float" else \
-                AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+            if scheme != "float":
+                e = lowbit.load(d, numerics=ServingNumerics.VLLM_CPU)
+            else:  # transformers' bf16 model with the engine's ops outside the linears
+                e = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+                use_engine_model_ops(e, ServingNumerics.VLLM_CPU)
         except LowbitError as err:
             print(scheme, "no emulation:", err, flush=True)
             continue
         ref.setdefault("emulated", {})[str(d)] = _logprobs(e, ids)
+        ref.setdefault("greedy_emulated", {})[str(d)] = _greedy(e, _greedy_prompts(ref["ids"]))
         print(scheme, "vllm-cpu emulation ppl", _ppl(ref["emulated"][str(d)]), flush=True)
     (out / "lowbit.json").write_text(json.dumps(ref))
 
@@ -108,15 +136,22 @@ def serve_one(folder: str, dtype: str, ref: dict) -> dict:
         t1 = time.perf_counter()
         o = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(prompt_logprobs=0, max_tokens=1))[0]
         lp = [p[t].logprob for p, t in zip(o.prompt_logprobs[1:], ids[1:])]
+        gen = [list(g.outputs[0].token_ids) for g in llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in _greedy_prompts(ids)],
+            SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, min_tokens=GREEDY_TOKENS))]
     except Exception as e:  # vLLM's refusals are the finding
         return {"error": f"{type(e).__name__}: {str(e)[:160]}"}
     mine = ref["runs"][folder]
     r = {"ppl_vllm": _ppl(lp), "ppl_lowbit": _ppl(mine),
          "max_abs_logprob_diff": max(abs(a - b) for a, b in zip(lp, mine)),
          "load_s": round(t1 - t0, 1), "score_s": round(time.perf_counter() - t1, 1)}
+    if folder in ref.get("greedy", {}):
+        r["greedy_vs_lowbit"] = _agreement(gen, ref["greedy"][folder])
     emu = ref.get("emulated", {}).get(folder)
     if emu is not None and dtype == "bfloat16":
         r.update(ppl_emulated=_ppl(emu), max_abs_emulated_diff=max(abs(a - b) for a, b in zip(lp, emu)))
+        if folder in ref.get("greedy_emulated", {}):
+            r["greedy_vs_emulated"] = _agreement(gen, ref["greedy_emulated"][folder])
     return r
 
 
@@ -131,8 +166,8 @@ def main() -> None:
     else:
         ref = json.loads((out / "lowbit.json").read_text())
         print("| folder | dtype | lowbit ppl | vLLM ppl | diff | max abs log p diff | emulation ppl (vLLM vs it) | "
-              "max abs diff vs emulation | load s | score s |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "max abs diff vs emulation | greedy = lowbit / = emulation | load s | score s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
         dtypes = sys.argv[sys.argv.index("--dtypes") + 1].split(",") if "--dtypes" in sys.argv else ["float32", "bfloat16"]
         limit = int(sys.argv[sys.argv.index("--timeout") + 1]) if "--timeout" in sys.argv else RUN_TIMEOUT_S
@@ -149,15 +184,16 @@ def main() -> None:
                     r = {"error": f"no result within {limit} s (load + 1000 scored tokens)"}
                 name = Path(folder).name
                 if "error" in r:
-                    print(f"| {name} | {dtype} | | | | {r['error']} | | | | |", flush=True)
+                    print(f"| {name} | {dtype} | | | | {r['error']} | | | | | |", flush=True)
                 else:
                     d = 100 * (r["ppl_vllm"] / r["ppl_lowbit"] - 1)
                     em = "| |"
                     if "ppl_emulated" in r:
                         em = (f"| {r['ppl_emulated']:.3f} ({100 * (r['ppl_vllm'] / r['ppl_emulated'] - 1):+.3f}%) | "
                               f"{r['max_abs_emulated_diff']:.3g} |")
+                    gr = " / ".join(f"{100 * r[k]:.1f}%" if k in r else "-" for k in ("greedy_vs_lowbit", "greedy_vs_emulated"))
                     print(f"| {name} | {dtype} | {r['ppl_lowbit']:.3f} | {r['ppl_vllm']:.3f} | {d:+.3f}% | "
-                          f"{r['max_abs_logprob_diff']:.3g} {em} {r['load_s']} | {r['score_s']} |", flush=True)
+                          f"{r['max_abs_logprob_diff']:.3g} {em} {gr} | {r['load_s']} | {r['score_s']} |", flush=True)
 
 
 if __name__ == "__main__":

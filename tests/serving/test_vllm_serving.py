@@ -6,10 +6,10 @@ A tiny random Llama (2 layers, hidden 256, head 64: vLLM's CPU attention needs a
 has kernels for), quantized, saved as compressed-tensors, served by vLLM in its own venv
 (lowbit.engines.run_vllm; skipped when there is none). Compared, on the same token ids:
 prompt log-probabilities and greedy continuations of vLLM, of lowbit's emulation and of lowbit's
-own float32 evaluation of the folder. The tolerances are the measured differences with a margin
-(bench/RESULTS-serve.md): the emulation reproduces vLLM's linears bit for bit, and what is left
-is bf16 rounding in the ops around them (attention, RMSNorm, SiLU), which the emulation runs
-in transformers' bf16 and vLLM in its own kernels.
+own float32 evaluation of the folder. The emulation reproduces vLLM's linears and the ops around
+them (RMSNorm with the residual add, RoPE, attention, SiLU·mul) bit for bit (bench/RESULTS-serve.md),
+so its log-probabilities differ from vLLM's only by the final float32 log-softmax (measured on
+SmolLM2: 4e-5) and its greedy continuations are vLLM's.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def test_vllm_matches_the_serving_emulation(served, scheme):
     d_emu = max(abs(a - b) for v, e in zip(reply.logprobs, emu) for a, b in zip(v, e))
     ppl_v, ppl_e = _ppl(reply.logprobs), _ppl(emu)
     print(f"{scheme}: ppl vLLM {ppl_v:.4f} emulation {ppl_e:.4f} lowbit {_ppl(ref):.4f}; max |dlogp| {d_emu:.3g}")
-    assert d_emu < 0.05
-    assert abs(ppl_v / ppl_e - 1) < 2e-3
+    assert d_emu < 1e-3
+    assert abs(ppl_v / ppl_e - 1) < 1e-4
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -111,5 +111,4 @@ def test_vllm_is_within_bf16_of_lowbit(served, scheme):
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_greedy_generations_agree(served, scheme):
     reply, _, _, greedy = served[scheme]
-    same = sum(a == b for v, e in zip(reply.generated, greedy) for a, b in zip(v, e))
-    assert same >= 0.9 * len(greedy) * N_GEN
+    assert [list(v) for v in reply.generated] == [list(e) for e in greedy]

@@ -84,8 +84,11 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
 
     ``numerics``: LOWBIT computes what the folder means (``backend``, in ``dtype`` or the config's);
     an engine's (``ServingNumerics.VLLM_CPU``) runs the model in that engine's dtype with the backend
-    that reproduces its kernels (lowbit.backends.use_numerics): ``backend`` must stay "auto" and
-    ``dtype`` None or the engine's, and a layer the emulation does not cover is a LowbitError."""
+    that reproduces its kernels (lowbit.backends.use_numerics) and, for the model types
+    lowbit.modules.engine_layers covers, the engine's arithmetic outside the linears too (norms,
+    residual adds, RoPE, attention; another model warns that only its linears are the engine's):
+    ``backend`` must stay "auto" and ``dtype`` None or the engine's, and a layer the emulation does
+    not cover is a LowbitError."""
     path = Path(path)
     if not isinstance(numerics, ServingNumerics):
         raise LowbitError(f"numerics must be a ServingNumerics ({', '.join(n.value for n in ServingNumerics)}), "
@@ -160,6 +163,12 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
         use_backend(model, backend)
     else:
         use_numerics(model, numerics)
+        from lowbit.modules.engine_layers import use_engine_model_ops
+
+        why = use_engine_model_ops(model, numerics)
+        if why is not None:
+            warnings.warn(f"numerics {numerics.value!r}: the ops outside the linears stay transformers' bf16 ones "
+                          f"for {why}; only the linears reproduce the engine", stacklevel=2)
     return model
 
 

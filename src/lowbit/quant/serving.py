@@ -25,8 +25,10 @@ W8A8 INT8, symmetric inputs, per-channel weights, served in bfloat16:
   from the exact accumulator: ``Accumulation.PAIRS_INT16``); the static path (per-tensor source
   scale, bf16 destination) gets oneDNN's reference int8 matmul, exact (``Accumulation.EXACT``)
   and slow;
-- output, static: ``bf16(acc * float32(s_x * s_w) + bf16 bias)`` (oneDNN's per-tensor source
-  and per-channel weight scales, its bf16 destination); dynamic: oneDNN gives
+- output, static: ``bf16((acc * s_x) * s_w + bf16 bias)`` in float32 (oneDNN's per-tensor source
+  scale applied first, then the per-channel weight scale; its bf16 destination: 100% of the
+  captured static outputs, where the product of the two scales first left 62 of 13.3M one bf16
+  step off); dynamic: oneDNN gives
   ``float32(acc * s_w)`` and vLLM's epilogue (``dynamic_quant_epilogue``) ``that * s_x + bias``,
   converted to bf16 by **truncation** (vLLM's FP32Vec16 -> BF16Vec16 on CPUs without AVX512-BF16
   drops the low 16 bits: round toward zero, not to nearest); ``epilogue_vllm_cpu``.
@@ -141,7 +143,7 @@ def epilogue_vllm_cpu(acc: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.T
 
     acc [M, N] (int32, or float32 holding exact integers), a_scale [1] or [M, 1], w_scale [N]
     (per output channel), bias [N] in the served dtype or None; returns [M, N] in ``out_dtype``.
-    static: ``out(acc * float32(s_x * s_w) + bias)``; dynamic: ``out(float32(acc * s_w) * s_x + bias)``,
+    static: ``out((acc * s_x) * s_w + bias)``; dynamic: ``out(float32(acc * s_w) * s_x + bias)``,
     ``out`` rounding to nearest, except dynamic -> bf16, which truncates (``bf16_truncate``).
     ``acc`` is the engine's accumulator (exact + ``pair_saturation`` for vLLM-CPU on AVX2).
     """
@@ -151,7 +153,7 @@ def epilogue_vllm_cpu(acc: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.T
     if dynamic:
         y = (a * ws) * a_scale.to(torch.float32).reshape(-1, 1)
     else:
-        y = a * (a_scale.to(torch.float32).reshape(1, 1) * ws)
+        y = (a * a_scale.to(torch.float32).reshape(1, 1)) * ws
     if b is not None:
         y = y + b
     if dynamic and out_dtype == torch.bfloat16:
