@@ -107,3 +107,18 @@ def test_silu_and_mul_rounds_silu_then_the_product():
     y = so.silu_and_mul(x)
     assert torch.equal(y, (F.silu(x[:, :48]).float().to(BF).float() * x[:, 48:].float()).to(BF))
     assert not torch.equal(y, (F.silu(x[:, :48].float()) * x[:, 48:].float()).to(BF))
+
+
+def test_attention_scores_sum_in_order_so_a_row_does_not_depend_on_the_others():
+    g = torch.Generator().manual_seed(9)
+    q = (torch.randn(9, 40, 64, generator=g) * 2).to(BF).float() * 0.125
+    k = (torch.randn(9, 40, 64, generator=g) * 2).to(BF).float()
+    s = so.attention_scores(q, k)
+    assert torch.equal(so.attention_scores(q[:, -1:], k), s[:, -1:])   # one decoded query = its prompt row
+    seq = torch.zeros(9, 40, 40)
+    for j in range(64):
+        seq = seq + q[:, :, j, None] * k[:, None, :, j]
+    assert torch.equal(s, seq)
+    # a blocked matmul's rows depend on how many come together: why it is not used
+    mm = q @ k.transpose(1, 2)
+    assert not torch.equal((q[:, -3:] @ k.transpose(1, 2)), mm[:, -3:])

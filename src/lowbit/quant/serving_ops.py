@@ -66,11 +66,22 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return bf16_truncate(xf * c + rot * s)
 
 
+def attention_scores(qf: torch.Tensor, kf: torch.Tensor) -> torch.Tensor:
+    """float32 scores [heads, n, m] of qf [heads, n, d] and kf [heads, m, d]: each q.k summed over d
+    in order, one multiply and one add per term (the kernel's tile GEMM), so a row's scores do not
+    depend on how many other queries come with it (a blocked matmul's do: decoding one token would
+    then differ from the same row of the prompt)."""
+    s = torch.zeros(qf.shape[0], qf.shape[1], kf.shape[1])
+    for j in range(qf.shape[2]):
+        s = s + qf[:, :, j:j + 1] * kf[:, None, :, j]
+    return s
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
               mask: torch.Tensor | None = None) -> torch.Tensor:
     """vLLM-CPU's attention (its VEC kernel) of q [n, heads, d] over k and v [m, kv_heads, d]
     (grouped heads), in float32: q times ``scale`` (a power of two for head sizes 4^k), scores
-    q.k, softmax against the row maximum with correctly rounded exp, the row sum taken as
+    q.k summed over the head dimension in order, softmax against the row maximum with correctly rounded exp, the row sum taken as
     16 lane sums (key j in lane j mod 16, in key order), lanes 0-7 and 8-15 each added in order
     and the two added (AVX2's FP32Vec16 reduce_sum), the weighted sum of v accumulated key by key
     in order, times 1 / sum, truncated to bf16 [n, heads, d]. ``mask``:
@@ -82,7 +93,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     qf = q.float().transpose(0, 1) * scale
     kf = k.float().transpose(0, 1).repeat_interleave(rep, 0)
     vf = v.float().transpose(0, 1).repeat_interleave(rep, 0)
-    s = qf @ kf.transpose(1, 2)                                   # [heads, n, m]
+    s = attention_scores(qf, kf)                                   # [heads, n, m]
     if mask is None:
         if n != m:
             raise ValueError(f"causal attention needs as many queries as keys, got {n} and {m}")
