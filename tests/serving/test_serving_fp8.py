@@ -128,3 +128,25 @@ def test_load_fp8_dynamic_with_vllm_numerics(fp8_folders, token_ids):
 def test_fp8_static_has_no_vllm_cpu_emulation(fp8_folders):
     with pytest.raises(LowbitError, match=r"numerics 'vllm-cpu': no emulation .* \(scheme w8a8-fp8\)"):
         lowbit.load(fp8_folders["w8a8-fp8"], numerics=ServingNumerics.VLLM_CPU)
+
+
+def test_fp8_gemm_pads_the_tokens_as_vllm_does(tmp_path):
+    """vLLM pads the tokens to >= 17 rows before torch._scaled_mm (get_output_padding), whose sums
+    depend on the row count: a decoded row must give what it gives among 17 rows, not alone."""
+    from helpers.models import tiny_llama
+    from lowbit.backends.vllm_cpu import FP8_TOKEN_PADDING
+
+    q = lowbit.quantize(tiny_llama(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                                   num_key_value_heads=3, num_hidden_layers=1), "w8a8-fp8-dynamic")
+    lowbit.save(q, tmp_path / "q", format="compressed-tensors")
+    m = [x for x in lowbit.load(tmp_path / "q", numerics=ServingNumerics.VLLM_CPU).modules()
+         if isinstance(x, lowbit.modules.QuantLinear)][-1]                  # down_proj: 1536 inputs
+    x = torch.randn(FP8_TOKEN_PADDING, m.in_features, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(m(x[:1]), m(x)[:1])
+    # why the padding matters: the float32 GEMM of one row alone sums otherwise than among 17
+    a8, _ = vllm_quant_fp8(x)
+    w8 = E4M3.decode(m.weight_codes).to(torch.float8_e4m3fn)
+    one = torch.ones(1)
+    gemm = lambda a: torch._scaled_mm(a, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)  # noqa: E731
+    assert not torch.equal(gemm(a8[:1].contiguous()), gemm(a8)[:1])

@@ -71,8 +71,12 @@ def supports_fp8_dynamic(s: Scheme) -> bool:
 
 
 def _fp8_weights(module) -> dict:
-    return {"w_vals": E4M3.decode(module.weight_codes).contiguous(),
+    return {"w8": E4M3.decode(module.weight_codes).to(torch.float8_e4m3fn).contiguous(),
             "w_scale": module.weight_scale.to(torch.float32).reshape(-1)}
+
+
+_ONE = torch.ones(1, dtype=torch.float32)
+FP8_TOKEN_PADDING = 17  # vLLM 0.32 TorchFP8ScaledMMLinearKernel.get_output_padding (eager mode)
 
 
 class VllmCpuFp8Backend:
@@ -88,7 +92,12 @@ class VllmCpuFp8Backend:
         x2 = x.reshape(-1, x.shape[-1])
         vals, a_scale = self.shared.get(x, input_key(module, "vllm-cpu-fp8"),
                                         lambda: quant_values_vllm_cpu_fp8(x2, module.scheme.input_activations))
-        y = torch.nn.functional.linear(vals, st["w_vals"])
+        # the GEMM vLLM calls: torch._scaled_mm with unit scales on the tokens padded with zero rows to
+        # at least FP8_TOKEN_PADDING (its get_output_padding), whose summation order depends on the row
+        # count (one decoded row alone: 1389 of 1536 outputs differ from the same row among 17)
+        m = vals.shape[0]
+        a8 = torch.nn.functional.pad(vals, (0, 0, 0, max(0, FP8_TOKEN_PADDING - m))).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(a8, st["w8"].t(), scale_a=_ONE, scale_b=_ONE, out_dtype=torch.float32)[:m]
         y = epilogue_vllm_cpu_fp8(y, a_scale, st["w_scale"], module.bias, x.dtype)
         return y.reshape(*x.shape[:-1], module.out_features)
 

