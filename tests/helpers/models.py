@@ -33,3 +33,20 @@ def tiny_llama(seed: int = 0, outliers: bool = True, **overrides):
                 layer.input_layernorm.weight[[3, 17]] = 12.0
                 layer.post_attention_layernorm.weight[[5]] = 8.0
     return model
+
+
+def tiny_qwen3(seed: int = 0, **overrides):
+    """A 2-layer random Qwen3 (hidden 128, head size 32, per-head q/k norms), fixed seed."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+               tie_word_embeddings=True)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(Qwen3Config(**cfg)).eval()
+    with torch.no_grad():  # norms away from 1, so a q/k norm left out changes the output
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 2.0)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 2.0)
+    return model

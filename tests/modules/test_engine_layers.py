@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lowbit
-from helpers.models import tiny_llama
+from helpers.models import tiny_llama, tiny_qwen3
 from helpers.moe_models import tiny_moe
 from lowbit.quant import serving_ops as so
 from lowbit.modules.engine_layers import EngineDecoderLayer, EngineFinalNorm, use_engine_model_ops
@@ -55,6 +55,53 @@ def test_the_layers_compose_the_engine_ops_on_the_models_own_weights():
         ref = hf(input_ids=ids).logits[0]
     assert not torch.equal(got, ref)
     assert ((got.float() - ref.float()).norm() / ref.float().norm()) < 0.05
+
+
+def test_qwen3_layers_norm_each_heads_q_and_k_before_rope():
+    hf = tiny_qwen3().to(torch.bfloat16)
+    eng = copy.deepcopy(hf)
+    assert use_engine_model_ops(eng, VLLM) is None
+    ids = IDS[:1]
+    base = hf.model
+    with torch.no_grad():
+        s = base.embed_tokens(ids)[0].float()
+        cos, sin = so.rope_cos_sin(torch.arange(ids.shape[1]), 32, hf.config.rope_parameters["rope_theta"])
+        for layer in base.layers:
+            at, eps = layer.self_attn, layer.input_layernorm.variance_epsilon
+            residual = s.to(torch.bfloat16)
+            h = so.rms_norm(s, layer.input_layernorm.weight, eps)
+            q = so.rms_norm(at.q_proj(h).view(-1, 4, 32), at.q_norm.weight, at.q_norm.variance_epsilon)
+            k = so.rms_norm(at.k_proj(h).view(-1, 2, 32), at.k_norm.weight, at.k_norm.variance_epsilon)
+            q, k = so.rope(q, cos[:, None], sin[:, None]), so.rope(k, cos[:, None], sin[:, None])
+            a = at.o_proj(so.attention(q, k, at.v_proj(h).view(-1, 2, 32), 32 ** -0.5).reshape(ids.shape[1], -1))
+            h, residual = so.add_rms_norm(a, residual, layer.post_attention_layernorm.weight, eps)
+            s = layer.mlp(h).float() + residual.float()
+        want = hf.lm_head(so.rms_norm(s, base.norm.weight, base.norm.variance_epsilon))
+        got = eng(input_ids=ids).logits[0]
+        ref = hf(input_ids=ids).logits[0]
+    assert torch.equal(got, want)
+    assert ((got.float() - ref.float()).norm() / ref.float().norm()) < 0.05
+
+
+def test_a_sliding_window_limits_what_each_position_sees():
+    # window 6 (keys i-5 .. i), 2 layers: position i depends on tokens i-10 .. i only
+    hf = tiny_qwen3(use_sliding_window=True, sliding_window=6, max_window_layers=0,
+                    layer_types=["sliding_attention"] * 2).to(torch.bfloat16)
+    eng = copy.deepcopy(hf)
+    assert use_engine_model_ops(eng, VLLM) is None
+    assert [m.self_attn.window for m in eng.model.layers] == [6, 6]
+    other = IDS[:1].clone()
+    other[0, 0] = (other[0, 0] + 1) % 256
+    with torch.no_grad():
+        a, b = eng(input_ids=IDS[:1]).logits[0], eng(input_ids=other).logits[0]
+        ref = hf(input_ids=IDS[:1]).logits[0]
+    assert torch.equal(a[11:], b[11:]) and not torch.equal(a[:11], b[:11])
+    assert ((a.float() - ref.float()).norm() / ref.float().norm()) < 0.05
+    full = copy.deepcopy(tiny_qwen3().to(torch.bfloat16))     # the same weights without the window
+    use_engine_model_ops(full, VLLM)
+    with torch.no_grad():
+        f = full(input_ids=IDS[:1]).logits[0]
+    assert torch.equal(f[:6], a[:6]) and not torch.equal(f[11:], a[11:])
 
 
 def test_decoding_with_the_cache_gives_the_full_forwards_logits():

@@ -14,10 +14,14 @@ rounds, as vLLM-CPU does:
 - the MLP and the linears are the model's own modules (the linears' emulation is the backend's).
 
 Covered: the model types in ``ENGINE_MODEL_TYPES`` (decoder layers of transformers' Llama layout:
-input_layernorm, self_attn with q/k/v/o_proj, post_attention_layernorm, mlp) with head sizes that
-are multiples of 32 (vLLM-CPU's VEC attention kernel; it takes VEC16 for other multiples of 16).
-Another model, one with a quantized KV cache or another head size keeps transformers' bf16
-modules: the function returns the reason, and ``lowbit.load`` warns with it.
+input_layernorm, self_attn with q/k/v/o_proj, post_attention_layernorm, mlp; Qwen3's per-head
+q_norm / k_norm before RoPE, as vLLM's Qwen3Attention applies its RMSNorm to q and k viewed per
+head: composed of the measured ops, not yet compared with vLLM on a Qwen3 folder) with head sizes that are multiples of 32 (vLLM-CPU's VEC attention kernel; it takes VEC16
+for other multiples of 16). A sliding window (Mistral's ``config.sliding_window``, a Qwen layer's
+``self_attn.sliding_window``) is honoured in the mask; bit equality with vLLM was measured on
+sequences inside the window. Another model, one with a quantized KV cache or another head size
+keeps transformers' bf16 modules: the function returns the reason, and ``lowbit.load`` warns
+with it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from lowbit.quant import serving_ops as so
 from lowbit.quant.serving import ServingNumerics
 
 #: transformers model types whose decoder layers these modules reproduce
-ENGINE_MODEL_TYPES = ("llama", "mistral", "qwen2")
+ENGINE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 class EngineAttention(nn.Module):
@@ -40,16 +44,22 @@ class EngineAttention(nn.Module):
     (position_ids, attention_mask, cache); a 4-D boolean or additive mask is honoured, none means
     causal."""
 
-    def __init__(self, inner: nn.Module, rope_theta: float) -> None:
+    def __init__(self, inner: nn.Module, rope_theta: float, window: int | None = None) -> None:
         super().__init__()
+        self.window = window                                # keys j > i - window seen by query i (None: all)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = inner.q_proj, inner.k_proj, inner.v_proj, inner.o_proj
         self.head_dim, self.scaling, self.layer_idx = inner.head_dim, inner.scaling, inner.layer_idx
         self.rope_theta = float(rope_theta)
+        # Qwen3: RMSNorm of each head's q and k before RoPE (None on the Llama layout)
+        self.q_norm, self.k_norm = getattr(inner, "q_norm", None), getattr(inner, "k_norm", None)
+
+    def _head_norm(self, x: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
+        return x if norm is None else so.rms_norm(x, norm.weight, _eps(norm))
 
     def forward(self, hidden_states, position_ids=None, attention_mask=None, cache=None, **kwargs):
         b, n, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(b, n, -1, self.head_dim)
-        k = self.k_proj(hidden_states).view(b, n, -1, self.head_dim)
+        q = self._head_norm(self.q_proj(hidden_states).view(b, n, -1, self.head_dim), self.q_norm)
+        k = self._head_norm(self.k_proj(hidden_states).view(b, n, -1, self.head_dim), self.k_norm)
         v = self.v_proj(hidden_states).view(b, n, -1, self.head_dim)
         pos = position_ids if position_ids is not None else torch.arange(n)[None]
         tables = [so.rope_cos_sin(pos[min(i, pos.shape[0] - 1)], self.head_dim, self.rope_theta) for i in range(b)]
@@ -60,9 +70,13 @@ class EngineAttention(nn.Module):
         mask = None
         if attention_mask is not None and attention_mask.dim() == 4:
             mask = attention_mask
-        elif k.shape[1] != n:                              # decoding against a cache: query i sees keys <= offset + i
-            offset = k.shape[1] - n
-            mask = (torch.arange(k.shape[1])[None, :] <= (torch.arange(n)[:, None] + offset))[None, None]
+        elif k.shape[1] != n or (self.window is not None and k.shape[1] > self.window):
+            offset = k.shape[1] - n                        # decoding against a cache: query i is position offset + i
+            i, j = torch.arange(n)[:, None] + offset, torch.arange(k.shape[1])[None, :]
+            seen = j <= i
+            if self.window is not None:
+                seen = seen & (j > i - self.window)
+            mask = seen[None, None]
         outs = [so.attention(q[i], k[i], v[i], self.scaling, mask=None if mask is None else mask[min(i, mask.shape[0] - 1)])
                 for i in range(b)]
         return self.o_proj(torch.stack(outs).reshape(b, n, -1)), None
@@ -77,10 +91,10 @@ def _rope(x: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]]) -> t
 class EngineDecoderLayer(nn.Module):
     """A decoder layer whose input and output are the float32 residual sum (see the module doc)."""
 
-    def __init__(self, inner: nn.Module, rope_theta: float) -> None:
+    def __init__(self, inner: nn.Module, rope_theta: float, window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm, self.post_attention_layernorm = inner.input_layernorm, inner.post_attention_layernorm
-        self.self_attn, self.mlp = EngineAttention(inner.self_attn, rope_theta), inner.mlp
+        self.self_attn, self.mlp = EngineAttention(inner.self_attn, rope_theta, window), inner.mlp
         self.eps, self.post_eps = _eps(inner.input_layernorm), _eps(inner.post_attention_layernorm)
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
@@ -135,7 +149,10 @@ def use_engine_model_ops(model: nn.Module, numerics: ServingNumerics) -> str | N
     for i, layer in enumerate(layers):
         if isinstance(layer, EngineDecoderLayer):
             continue
-        layers[i] = EngineDecoderLayer(layer, theta)
+        window = getattr(layer.self_attn, "sliding_window", None)
+        if mt == "mistral":                                # Mistral's window is the config's, for every layer
+            window = getattr(model.config, "sliding_window", None)
+        layers[i] = EngineDecoderLayer(layer, theta, window)
     if not isinstance(base.norm, EngineFinalNorm):
         base.norm = EngineFinalNorm(base.norm)
     return None
