@@ -168,7 +168,7 @@ def test_default_step_is_capped_so_few_steps_do_not_overshoot():
     assert any(not torch.equal(x, y) for x, y in zip(codes(a).values(), codes(c).values()))
 
 
-def test_nvfp4_reconstructs_20_steps_after_gptq_by_default_and_nothing_else_does():
+def test_4bit_weights_reconstruct_20_steps_after_gptq_by_default_and_nothing_else_does():
     from lowbit.calibration.data import CalibrationConfig, default_reconstruct_iters
     from lowbit.algorithms.gptq import WeightRounding
     from lowbit.schemes.presets import get_scheme
@@ -176,7 +176,10 @@ def test_nvfp4_reconstructs_20_steps_after_gptq_by_default_and_nothing_else_does
     gptq, rtn = WeightRounding.GPTQ, WeightRounding.RTN
     assert default_reconstruct_iters(get_scheme("nvfp4"), gptq) == 20
     assert default_reconstruct_iters(get_scheme("nvfp4"), rtn) == 0
-    for name in ("w4a16", "w4a16-asym", "w8a8-int8", "w8a8-int8-dynamic", "mxfp4", "w8a8-fp8-dynamic"):
+    assert default_reconstruct_iters(get_scheme("w4a16"), gptq) == 20
+    assert default_reconstruct_iters(get_scheme("w4a16"), rtn) == 0
+    assert CalibrationConfig().reconstruct_iters_for(get_scheme("w4a16")) == 0   # RTN unless GPTQ is asked for
+    for name in ("w4a16-asym", "w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8-dynamic"):
         assert default_reconstruct_iters(get_scheme(name), gptq) == 0, name
     assert CalibrationConfig.preset("fast").reconstruct_iters_for(get_scheme("nvfp4")) == 0
     assert CalibrationConfig.preset("best").reconstruct_iters_for(get_scheme("nvfp4")) == 50
@@ -186,3 +189,10 @@ def test_nvfp4_reconstructs_20_steps_after_gptq_by_default_and_nothing_else_does
     for (n, x), (_, y) in zip(q.named_buffers(), steps.named_buffers()):
         assert torch.equal(x, y), n
     assert sorted(q.lowbit_calibration.reconstruct) == ["model.layers.0", "model.layers.1"]
+
+
+def test_the_cli_help_states_the_default_number_of_steps():
+    from lowbit.calibration.data import DEFAULT_RECONSTRUCT_ITERS
+    from lowbit.cli.common import RECONSTRUCT_ITERS_HELP
+
+    assert f"default: {DEFAULT_RECONSTRUCT_ITERS} after GPTQ" in RECONSTRUCT_ITERS_HELP

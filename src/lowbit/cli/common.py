@@ -111,6 +111,12 @@ ROTATION_HELP = ("Hadamard rotations fused into the float weights before quantiz
                  "needs the whole model in memory) or 'none' (the default).")
 
 
+# the number is lowbit.calibration.data.DEFAULT_RECONSTRUCT_ITERS (not imported here: torch); a test pins it
+RECONSTRUCT_ITERS_HELP = ("Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
+                          "directions to reproduce the float layer's output; scales unchanged; default: 20 after GPTQ "
+                          "on 4-bit weights (nvfp4; w4a16 with --weight-rounding gptq), else 0: off).")
+
+
 def parse_reconstruct_iters(value: int | None) -> int | None:
     """--reconstruct-iters: None (not given) or a number of steps >= 0."""
     if value is not None and value < 0:

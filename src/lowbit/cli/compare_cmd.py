@@ -11,7 +11,7 @@ from rich.table import Table
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
-    parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, quiet_progress, ROTATION_HELP,
+    parse_reconstruct_iters, RECONSTRUCT_ITERS_HELP, parse_rotation, parse_smoothquant, parse_weight_rounding, quiet_progress, ROTATION_HELP,
 )
 
 
@@ -94,8 +94,7 @@ def compare_cmd(
         help="'rtn' or 'gptq' (GPTQ calibrates every scheme, weight-only and dynamic ones too)."),
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
-        help="Block-output reconstruction steps per decoder layer after quantization (default: 20 after "
-             "GPTQ for nvfp4, else 0: off)."),
+        help=RECONSTRUCT_ITERS_HELP),
     rotation: Optional[str] = typer.Option(None, "--rotation", help=ROTATION_HELP),
     backend: str = typer.Option("auto", "--backend",
                                 help="Backend for quantized layers: 'auto' (as lowbit.load), 'reference', 'cpu-int8', "

@@ -14,7 +14,7 @@ import typer
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
-    parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, ROTATION_HELP,
+    parse_reconstruct_iters, RECONSTRUCT_ITERS_HELP, parse_rotation, parse_smoothquant, parse_weight_rounding, ROTATION_HELP,
 )
 
 
@@ -57,9 +57,7 @@ def quantize_cmd(
              "above override its fields."),
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
-        help="Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
-             "directions to reproduce the float layer's output; scales unchanged; default: 20 after GPTQ for nvfp4, "
-             "else 0: off)."),
+        help=RECONSTRUCT_ITERS_HELP),
     rotation: Optional[str] = typer.Option(None, "--rotation", help=ROTATION_HELP),
     kv_cache: Optional[str] = typer.Option(
         None, "--kv-cache",
