@@ -24,16 +24,14 @@ def _bf16_llama():
     return tiny_llama(hidden_size=128, intermediate_size=256).to(torch.bfloat16)   # head size 32
 
 
-def test_the_layers_compose_the_engine_ops_on_the_models_own_weights():
-    hf = _bf16_llama()
-    eng = copy.deepcopy(hf)
-    assert use_engine_model_ops(eng, VLLM) is None
-    assert all(isinstance(m, EngineDecoderLayer) for m in eng.model.layers)
-    assert isinstance(eng.model.norm, EngineFinalNorm)
-    assert eng.model.layers[0].mlp is not hf.model.layers[0].mlp and \
-        eng.model.layers[0].self_attn.q_proj.weight.data_ptr() != hf.model.layers[0].self_attn.q_proj.weight.data_ptr()
-    # by hand, one sequence, from the embeddings: the residual carried as the float32 sum
-    ids = IDS[:1]
+def _by_hand(hf, ids):
+    """The engine's logits for one sequence ``ids`` [1, n], composed from serving_ops on ``hf``'s own
+    modules (4 query heads, 2 KV heads of 32; a layer's q_norm / k_norm, when it has them, on each
+    head before RoPE): the residual carried as the float32 sum."""
+    def heads(x, n_heads, norm):
+        x = x.view(-1, n_heads, 32)
+        return x if norm is None else so.rms_norm(x, norm.weight, norm.variance_epsilon)
+
     base = hf.model
     with torch.no_grad():
         s = base.embed_tokens(ids)[0].float()
@@ -42,12 +40,26 @@ def test_the_layers_compose_the_engine_ops_on_the_models_own_weights():
             at, eps = layer.self_attn, layer.input_layernorm.variance_epsilon
             residual = s.to(torch.bfloat16)
             h = so.rms_norm(s, layer.input_layernorm.weight, eps)
-            q = so.rope(at.q_proj(h).view(-1, 4, 32), cos[:, None], sin[:, None])
-            k = so.rope(at.k_proj(h).view(-1, 2, 32), cos[:, None], sin[:, None])
+            q = so.rope(heads(at.q_proj(h), 4, getattr(at, "q_norm", None)), cos[:, None], sin[:, None])
+            k = so.rope(heads(at.k_proj(h), 2, getattr(at, "k_norm", None)), cos[:, None], sin[:, None])
             a = at.o_proj(so.attention(q, k, at.v_proj(h).view(-1, 2, 32), 32 ** -0.5).reshape(ids.shape[1], -1))
             h, residual = so.add_rms_norm(a, residual, layer.post_attention_layernorm.weight, eps)
             s = layer.mlp(h).float() + residual.float()
-        want = hf.lm_head(so.rms_norm(s, base.norm.weight, base.norm.variance_epsilon))
+        return hf.lm_head(so.rms_norm(s, base.norm.weight, base.norm.variance_epsilon))
+
+
+def test_the_layers_compose_the_engine_ops_on_the_models_own_weights():
+    hf = _bf16_llama()
+    eng = copy.deepcopy(hf)
+    assert use_engine_model_ops(eng, VLLM) is None
+    assert all(isinstance(m, EngineDecoderLayer) for m in eng.model.layers)
+    assert isinstance(eng.model.norm, EngineFinalNorm)
+    assert eng.model.layers[0].mlp is not hf.model.layers[0].mlp and \
+        eng.model.layers[0].self_attn.q_proj.weight.data_ptr() != hf.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    # by hand, one sequence, from the embeddings
+    ids = IDS[:1]
+    want = _by_hand(hf, ids)
+    with torch.no_grad():
         got = eng(input_ids=ids).logits[0]
     assert torch.equal(got, want)
     # and it is not transformers' bf16 arithmetic, but close to it
@@ -62,21 +74,9 @@ def test_qwen3_layers_norm_each_heads_q_and_k_before_rope():
     eng = copy.deepcopy(hf)
     assert use_engine_model_ops(eng, VLLM) is None
     ids = IDS[:1]
-    base = hf.model
+    want = _by_hand(hf, ids)
+    assert all(hasattr(m.self_attn, "q_norm") for m in hf.model.layers)
     with torch.no_grad():
-        s = base.embed_tokens(ids)[0].float()
-        cos, sin = so.rope_cos_sin(torch.arange(ids.shape[1]), 32, hf.config.rope_parameters["rope_theta"])
-        for layer in base.layers:
-            at, eps = layer.self_attn, layer.input_layernorm.variance_epsilon
-            residual = s.to(torch.bfloat16)
-            h = so.rms_norm(s, layer.input_layernorm.weight, eps)
-            q = so.rms_norm(at.q_proj(h).view(-1, 4, 32), at.q_norm.weight, at.q_norm.variance_epsilon)
-            k = so.rms_norm(at.k_proj(h).view(-1, 2, 32), at.k_norm.weight, at.k_norm.variance_epsilon)
-            q, k = so.rope(q, cos[:, None], sin[:, None]), so.rope(k, cos[:, None], sin[:, None])
-            a = at.o_proj(so.attention(q, k, at.v_proj(h).view(-1, 2, 32), 32 ** -0.5).reshape(ids.shape[1], -1))
-            h, residual = so.add_rms_norm(a, residual, layer.post_attention_layernorm.weight, eps)
-            s = layer.mlp(h).float() + residual.float()
-        want = hf.lm_head(so.rms_norm(s, base.norm.weight, base.norm.variance_epsilon))
         got = eng(input_ids=ids).logits[0]
         ref = hf(input_ids=ids).logits[0]
     assert torch.equal(got, want)

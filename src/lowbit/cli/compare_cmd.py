@@ -11,7 +11,8 @@ from rich.table import Table
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
-    parse_reconstruct_iters, RECONSTRUCT_ITERS_HELP, parse_rotation, parse_smoothquant, parse_weight_rounding, quiet_progress, ROTATION_HELP,
+    parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, quiet_progress,
+    RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
 )
 
 

