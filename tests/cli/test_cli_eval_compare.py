@@ -203,6 +203,27 @@ def test_quantize_weight_rounding_gptq_calibrates_a_weight_only_scheme(capsys, t
     assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
 
 
+def test_quantize_gptq_act_order_is_the_python_option(capsys, tiny_dir, text_file, tmp_path):
+    """--gptq-act-order changes GPTQ's codes (not its scales) exactly as gptq_act_order=True does in
+    lowbit.quantize, and is refused by --model-free."""
+    mods = {}
+    for key, extra in (("in-order", []), ("act-order", ["--gptq-act-order"])):
+        code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w4a16", "--output", tmp_path / key, "--calib",
+                           text_file, "--calib-samples", 2, "--calib-seq-len", 64, "--weight-rounding", "gptq",
+                           "--reconstruct-iters", 0, *extra, "--json")
+        assert code == 0, err
+        mods[key] = lowbit.load(tmp_path / key).get_submodule("model.layers.0.mlp.down_proj")
+    assert torch.equal(mods["in-order"].weight_scale, mods["act-order"].weight_scale)
+    assert not torch.equal(mods["in-order"].weight_codes, mods["act-order"].weight_codes)
+    model, tok = lowbit.load_model(tiny_dir)
+    q = lowbit.quantize(model, "w4a16", calibration=str(text_file), tokenizer=tok, num_samples=2, seq_len=64,
+                        weight_rounding="gptq", reconstruct_iters=0, gptq_act_order=True, progress=False)
+    assert torch.equal(q.get_submodule("model.layers.0.mlp.down_proj").weight_codes, mods["act-order"].weight_codes)
+    code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w4a16", "--output", tmp_path / "mf",
+                       "--model-free", "--gptq-act-order")
+    assert code == 2 and "--gptq-act-order" in err
+
+
 def test_quantize_calib_preset_gptq_fast_equals_its_options(capsys, tiny_dir, text_file, tmp_path):
     """--calib-preset gptq-fast calibrates a dynamic scheme with GPTQ, exactly as its fields given
     one by one; an explicit option overrides the preset's."""
