@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import warnings
@@ -28,48 +27,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from helpers.models import tiny_llama, tiny_qwen3  # noqa: E402
+from helpers.served import (MODELS, calibration_ids, greedy, logprobs, max_abs_diff,  # noqa: E402
+                            perplexity, prompts)
 
 import lowbit  # noqa: E402
-from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.engines import EngineError, run_vllm  # noqa: E402
+from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.quant.serving import ServingNumerics  # noqa: E402
 from lowbit.schemes import PRESETS  # noqa: E402
 
-CFG = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-           num_key_value_heads=2, max_position_embeddings=256)
-MODELS = {"llama": lambda: tiny_llama(seed=0, **CFG), "qwen3": lambda: tiny_qwen3(seed=0, head_dim=64, **CFG)}
-SEQ, N_PROMPTS, N_GEN = 96, 3, 8
-
-
-def _prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(3)
-    return [torch.randint(0, CFG["vocab_size"], (SEQ,), generator=g).tolist() for _ in range(N_PROMPTS)]
-
-
-def _logprobs(model, prompts) -> list[list[float]]:
-    out = []
-    with torch.no_grad():
-        for ids in prompts:
-            lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].double(), -1)
-            out.append(lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist())
-    return out
-
-
-def _greedy(model, prompts) -> list[list[int]]:
-    out = []
-    with torch.no_grad():
-        for ids in prompts:
-            seq = list(ids)
-            for _ in range(N_GEN):
-                seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].float().argmax()))
-            out.append(seq[len(ids):])
-    return out
-
-
-def _ppl(lps) -> float:
-    flat = [x for lp in lps for x in lp]
-    return math.exp(-math.fsum(flat) / len(flat))
+N_GEN = 8
 
 
 def _agree(a, b) -> float:
@@ -78,14 +45,13 @@ def _agree(a, b) -> float:
 
 
 def run_scheme(model_name: str, scheme: str, root: Path) -> dict:
-    prompts = _prompts()
-    gen = [p[:32] for p in prompts]
+    ps = prompts()
+    gen = [p[:32] for p in ps]
     row: dict = {"model": model_name, "scheme": scheme}
     folder = root / f"{model_name}-{scheme}"
     model = MODELS[model_name]()
     if scheme != "float":
-        calib = torch.randint(0, CFG["vocab_size"], (8, 64), generator=torch.Generator().manual_seed(5))
-        model = lowbit.quantize(model, scheme, calib, num_samples=8, seq_len=64, progress=False)
+        model = lowbit.quantize(model, scheme, calibration_ids(), num_samples=8, seq_len=64, progress=False)
     try:
         if scheme == "float":
             model.save_pretrained(folder)
@@ -94,15 +60,15 @@ def run_scheme(model_name: str, scheme: str, root: Path) -> dict:
     except LowbitError as e:
         return {**row, "status": "not written", "error": str(e)}
     ref = model if scheme == "float" else lowbit.load(folder)
-    row["lowbit_ppl"] = _ppl(_logprobs(ref, prompts))
+    ref_lp = logprobs(ref, ps)
+    row["lowbit_ppl"] = perplexity(ref_lp)
     try:
-        reply = run_vllm(folder, score=prompts, generate=gen, max_tokens=N_GEN, timeout_s=900)
+        reply = run_vllm(folder, score=ps, generate=gen, max_tokens=N_GEN, timeout_s=900)
     except EngineError as e:
         return {**row, "status": "refused", "error": str(e).split(" (folder ")[0][:400]}
-    row.update(status="runs", vllm_ppl=_ppl(reply.logprobs), load_s=reply.load_s, run_s=reply.run_s,
-               max_dlogp_lowbit=max(abs(a - b) for v, e in zip(reply.logprobs, _logprobs(ref, prompts))
-                                    for a, b in zip(v, e)),
-               greedy_vs_lowbit=_agree(reply.generated, _greedy(ref, gen)))
+    row.update(status="runs", vllm_ppl=perplexity(reply.logprobs), load_s=reply.load_s, run_s=reply.run_s,
+               max_dlogp_lowbit=max_abs_diff(reply.logprobs, ref_lp),
+               greedy_vs_lowbit=_agree(reply.generated, greedy(ref, gen, N_GEN)))
     if scheme == "float":
         return row
     try:
@@ -110,10 +76,9 @@ def run_scheme(model_name: str, scheme: str, root: Path) -> dict:
             warnings.simplefilter("always")
             emu = lowbit.load(folder, numerics=ServingNumerics.VLLM_CPU)
         row["emulation_warnings"] = sorted({str(w.message)[:200] for w in caught if "lowbit" in str(w.message)})
-        e_lp = _logprobs(emu, prompts)
-        row.update(emulation_ppl=_ppl(e_lp),
-                   max_dlogp_emulation=max(abs(a - b) for v, e in zip(reply.logprobs, e_lp) for a, b in zip(v, e)),
-                   greedy_vs_emulation=_agree(reply.generated, _greedy(emu, gen)))
+        e_lp = logprobs(emu, ps)
+        row.update(emulation_ppl=perplexity(e_lp), max_dlogp_emulation=max_abs_diff(reply.logprobs, e_lp),
+                   greedy_vs_emulation=_agree(reply.generated, greedy(emu, gen, N_GEN)))
     except LowbitError as e:
         row["emulation"] = str(e)[:200]
     return row
