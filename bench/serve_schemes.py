@@ -7,12 +7,13 @@ A tiny random model whose every linear side is a multiple of 128 (so the group-1
 ``lowbit.quantize`` with each scheme's defaults (calibration on random ids where a scheme needs
 it), saved as compressed-tensors and served by vLLM in its own venv (``lowbit.engines.run_vllm``).
 Per scheme: vLLM's perplexity on 3 random prompts of 96 tokens against lowbit's own float32
-evaluation of the same folder and, where lowbit emulates vLLM-CPU's arithmetic
-(``ServingNumerics.VLLM_CPU``), against the emulation; greedy agreement over 8 new tokens per
+evaluation of the same folder and, where lowbit emulates vLLM-CPU's arithmetic (``--numerics``:
+vllm-cpu for AVX2 hosts, vllm-cpu-avx512 for AVX-512 + VNNI ones), against the emulation; greedy
+agreement over 8 new tokens per
 prompt; vLLM's load and run seconds; or vLLM's error in one line. The verdicts lowbit prints after
 ``lowbit quantize --format compressed-tensors`` (``lowbit.formats.ct_serving``) come from these rows.
 
-    .venv/bin/python bench/serve_schemes.py [--model llama|qwen3] [--schemes a,b] [--json OUT]
+    .venv/bin/python bench/serve_schemes.py [--model llama|qwen3] [--schemes a,b] [--numerics N] [--json OUT]
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _agree(a, b) -> float:
     return sum(x == y for x, y in pairs) / len(pairs)
 
 
-def run_scheme(model_name: str, scheme: str, root: Path) -> dict:
+def run_scheme(model_name: str, scheme: str, root: Path,
+               numerics: ServingNumerics = ServingNumerics.VLLM_CPU) -> dict:
     ps = prompts()
     gen = [p[:32] for p in ps]
     row: dict = {"model": model_name, "scheme": scheme}
@@ -74,7 +76,7 @@ def run_scheme(model_name: str, scheme: str, root: Path) -> dict:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            emu = lowbit.load(folder, numerics=ServingNumerics.VLLM_CPU)
+            emu = lowbit.load(folder, numerics=numerics)
         row["emulation_warnings"] = sorted({str(w.message)[:200] for w in caught if "lowbit" in str(w.message)})
         e_lp = logprobs(emu, ps)
         row.update(emulation_ppl=perplexity(e_lp), max_dlogp_emulation=max_abs_diff(reply.logprobs, e_lp),
@@ -89,12 +91,14 @@ def main() -> None:
     ap.add_argument("--model", choices=sorted(MODELS), default="llama")
     ap.add_argument("--schemes", default="float," + ",".join(PRESETS))
     ap.add_argument("--json", default=None, help="also write the rows to this file")
+    ap.add_argument("--numerics", default="vllm-cpu", help="the emulation compared: vllm-cpu (AVX2 hosts) or "
+                                                              "vllm-cpu-avx512 (AVX-512 + VNNI hosts)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for scheme in a.schemes.split(","):
-            row = run_scheme(a.model, scheme, Path(tmp))
+            row = run_scheme(a.model, scheme, Path(tmp), ServingNumerics(a.numerics))
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.json:

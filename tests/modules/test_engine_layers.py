@@ -104,9 +104,10 @@ def test_a_sliding_window_limits_what_each_position_sees():
     assert torch.equal(f[:6], a[:6]) and not torch.equal(f[11:], a[11:])
 
 
-def test_decoding_with_the_cache_gives_the_full_forwards_logits():
+@pytest.mark.parametrize("numerics", [VLLM, ServingNumerics.VLLM_CPU_AVX512])
+def test_decoding_with_the_cache_gives_the_full_forwards_logits(numerics):
     eng = _bf16_llama()
-    use_engine_model_ops(eng, VLLM)
+    use_engine_model_ops(eng, numerics)
     with torch.no_grad():
         full = eng(input_ids=IDS).logits
         first = eng(input_ids=IDS[:, :20], use_cache=True)

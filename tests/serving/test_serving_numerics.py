@@ -17,8 +17,8 @@ from lowbit.eval import lastword_accuracy, perplexity, score_positions
 from lowbit.eval.engine import engine_report
 from lowbit.numerics import FormatName
 from lowbit.quant import int_values
-from lowbit.quant.serving import (Accumulation, ServingNumerics, accumulation, bf16_truncate, epilogue_vllm_cpu,
-                                  pair_saturation, quant_codes_vllm_cpu, saturating_pairs)
+from lowbit.quant.serving import (Accumulation, CpuIsa, ServingNumerics, accumulation, bf16_truncate,
+                                  epilogue_vllm_cpu, pair_saturation, quant_codes_vllm_cpu, saturating_pairs, to_bf16)
 from lowbit.schemes import Dynamic, Granularity, QuantSpec
 
 STATIC = QuantSpec(FormatName.INT8, Granularity.TENSOR, dynamic=Dynamic.STATIC)
@@ -86,6 +86,36 @@ def test_vpmaddubsw_pair_saturation():
     assert accumulation(False, torch.bfloat16) is Accumulation.EXACT
 
 
+def test_an_avx512_vnni_host_sums_exactly_and_rounds_bf16_to_nearest():
+    """ServingNumerics.VLLM_CPU_AVX512: vLLM-CPU on AVX-512 + VNNI (bit for bit against vLLM on such a
+    host: bench/RESULTS-serve.md): exact int8 sums on every path, bf16 stores rounded to nearest,
+    AVX-512's lane-sum tree."""
+    from lowbit.quant.serving_ops import lane_sum, rope
+
+    avx2, avx512 = CpuIsa.AVX2, CpuIsa.AVX512_VNNI
+    assert ServingNumerics.VLLM_CPU.isa is avx2 and ServingNumerics.VLLM_CPU_AVX512.isa is avx512
+    assert ServingNumerics.LOWBIT.isa is None and ServingNumerics.VLLM_CPU_AVX512.model_dtype == torch.bfloat16
+    assert accumulation(True, torch.bfloat16, avx512) is Accumulation.EXACT
+    assert accumulation(False, torch.float32, avx512) is Accumulation.EXACT
+    x = torch.tensor([1.0 + 2 ** -8 + 2 ** -10, -(1.0 + 2 ** -8 + 2 ** -10)])
+    assert to_bf16(x, avx512).tolist() == [1.0078125, -1.0078125] and to_bf16(x, avx2).tolist() == [1.0, -1.0]
+    acc, sx, sw = torch.tensor([[12345, -777]]), torch.tensor([[0.0123]]), torch.tensor([0.0031, 0.7])
+    y32 = (acc.float() * sw) * sx
+    assert torch.equal(epilogue_vllm_cpu(acc, sx, sw, None, torch.bfloat16, dynamic=True, isa=avx512),
+                       y32.to(torch.bfloat16))
+    # 16 lanes whose sum depends on the order: AVX2 adds each 8-lane half in order, AVX-512 a tree
+    lanes = torch.tensor([1e8, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -1e8, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    a = lanes[:8] + lanes[8:]
+    b = a[:4] + a[4:]
+    tree = (b[0] + b[2]) + (b[1] + b[3])
+    assert float(lane_sum(lanes, avx512)) == float(tree) == 14.0
+    assert float(lane_sum(lanes, avx2)) == 0.0       # each 1 added to +-1e8 alone is lost (its ulp is 8)
+    # RoPE of [1, -1.5 * 2^-7] at cos = sin = 1: 1 + 1.5 * 2^-7, a tie between two bf16 values
+    q = torch.tensor([[[1.0, -1.5 * 2 ** -7]]], dtype=torch.bfloat16)
+    one = torch.ones(1, 2)
+    assert rope(q, one, one, avx2)[0, 0, 0].item() == 1.0078125 and rope(q, one, one, avx512)[0, 0, 0].item() == 1.015625
+
+
 @pytest.fixture(scope="module")
 def int8_folders(tmp_path_factory):
     calib = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
@@ -107,6 +137,9 @@ def test_load_with_vllm_numerics(int8_folders, scheme, token_ids):
     ref = lowbit.load(int8_folders[scheme])
     names = {m.backend.name for m in emu.modules() if isinstance(m, lowbit.modules.QuantLinear)}
     assert names == {"vllm-cpu-int8"} and next(emu.parameters()).dtype == torch.bfloat16
+    emu512 = lowbit.load(int8_folders[scheme], numerics=ServingNumerics.VLLM_CPU_AVX512)
+    assert {m.backend.name for m in emu512.modules() if isinstance(m, lowbit.modules.QuantLinear)} == \
+        {"vllm-cpu-avx512-int8"}
     with torch.no_grad():
         a = torch.log_softmax(emu(input_ids=token_ids).logits.float(), -1)
         b = torch.log_softmax(ref(input_ids=token_ids).logits.float(), -1)

@@ -58,18 +58,25 @@ BACKENDS: tuple[BackendSpec, ...] = (
         name="vllm-cpu-int8", factory=_vllm_cpu.VllmCpuInt8Backend, devices=frozenset({"cpu"}),
         supports_scheme=_vllm_cpu.supports_scheme, priority=0, auto=False,
         description="w8a8-int8 as vLLM's CPU build serves it (x * 1/s codes, oneDNN scale order, bf16 out); "
-                    "set by numerics=ServingNumerics.VLLM_CPU",
+                    "set by numerics=ServingNumerics.VLLM_CPU (AVX2 hosts)",
+    ),
+    BackendSpec(
+        name="vllm-cpu-avx512-int8", factory=_vllm_cpu.VllmCpuInt8Avx512Backend, devices=frozenset({"cpu"}),
+        supports_scheme=_vllm_cpu.supports_scheme, priority=0, auto=False,
+        description="w8a8-int8 as vLLM's CPU build serves it on an AVX-512 + VNNI host (exact int8 sums, bf16 "
+                    "rounded to nearest); set by numerics=ServingNumerics.VLLM_CPU_AVX512",
     ),
     BackendSpec(
         name="vllm-cpu-fp8", factory=_vllm_cpu.VllmCpuFp8Backend, devices=frozenset({"cpu"}),
         supports_scheme=_vllm_cpu.supports_fp8_dynamic, priority=0, auto=False,
         description="w8a8-fp8-dynamic as vLLM's CPU build serves it (x * 1/s values, float32 GEMM, bf16 out); "
-                    "set by numerics=ServingNumerics.VLLM_CPU",
+                    "set by numerics=ServingNumerics.VLLM_CPU and VLLM_CPU_AVX512",
     ),
 )
 
 #: the backend that reproduces each engine's numerics, for the schemes it covers
-SERVING_BACKENDS = {ServingNumerics.VLLM_CPU: ("vllm-cpu-int8", "vllm-cpu-fp8")}
+SERVING_BACKENDS = {ServingNumerics.VLLM_CPU: ("vllm-cpu-int8", "vllm-cpu-fp8"),
+                    ServingNumerics.VLLM_CPU_AVX512: ("vllm-cpu-avx512-int8", "vllm-cpu-fp8")}
 
 REGISTRY = BackendRegistry(BACKENDS)
 

@@ -21,11 +21,12 @@ from lowbit.backends.cpu_int8 import _decoded_weight, int_matmul_exact, supports
 from lowbit.backends.shared_input import SharedInput, input_key
 from lowbit.modules.inputs import input_args
 from lowbit.numerics import E4M3, INT8, FormatName
-from lowbit.quant.serving import (Accumulation, accumulation, epilogue_vllm_cpu, epilogue_vllm_cpu_fp8, is_fp8_token_spec,
+from lowbit.quant.serving import (Accumulation, CpuIsa, accumulation, epilogue_vllm_cpu, epilogue_vllm_cpu_fp8, is_fp8_token_spec,
                                   pair_saturation, quant_codes_vllm_cpu, quant_values_vllm_cpu_fp8, saturating_pairs)
 from lowbit.schemes import Dynamic, Granularity, Scheme
 
-__all__ = ["VllmCpuInt8Backend", "VllmCpuFp8Backend", "supports_scheme", "supports_fp8_dynamic"]
+__all__ = ["VllmCpuInt8Backend", "VllmCpuInt8Avx512Backend", "VllmCpuFp8Backend", "supports_scheme",
+           "supports_fp8_dynamic"]
 
 
 def _weights(module) -> dict:
@@ -36,9 +37,13 @@ def _weights(module) -> dict:
 
 
 class VllmCpuInt8Backend:
+    """``isa``: the host instruction set whose kernels are reproduced (AVX2: saturating int16 pair
+    sums on the dynamic path, truncating bf16 stores; AVX-512 + VNNI: exact sums, bf16 to nearest)."""
+
     name = "vllm-cpu-int8"
 
-    def __init__(self) -> None:
+    def __init__(self, isa: CpuIsa = CpuIsa.AVX2) -> None:
+        self.isa = isa
         self.shared = SharedInput()  # q/k/v and gate/up: one quantization of their common input
         self.cache = ModuleCache()
 
@@ -53,13 +58,20 @@ class VllmCpuInt8Backend:
         vals, a_scale = self.shared.get(x, input_key(module, "vllm-cpu-int8"), lambda: self._inputs(module, x2))
         acc = int_matmul_exact(vals, st["chunks"], st["bounds"]).to(torch.int32)
         dynamic = module.scheme.input_activations.dynamic is Dynamic.DYNAMIC
-        if accumulation(dynamic, x.dtype) is Accumulation.PAIRS_INT16:
+        if accumulation(dynamic, x.dtype, self.isa) is Accumulation.PAIRS_INT16:
             acc += pair_saturation(vals, st["pairs"], module.out_features)
-        y = epilogue_vllm_cpu(acc, a_scale, st["w_scale"], module.bias, x.dtype, dynamic=dynamic)
+        y = epilogue_vllm_cpu(acc, a_scale, st["w_scale"], module.bias, x.dtype, dynamic=dynamic, isa=self.isa)
         return y.reshape(*x.shape[:-1], module.out_features)
 
     def release(self, module) -> None:
         self.cache.release(module)
+
+
+class VllmCpuInt8Avx512Backend(VllmCpuInt8Backend):
+    name = "vllm-cpu-avx512-int8"
+
+    def __init__(self) -> None:
+        super().__init__(CpuIsa.AVX512_VNNI)
 
 
 def supports_fp8_dynamic(s: Scheme) -> bool:

@@ -78,8 +78,9 @@ def eval_cmd(
              "noise of its perplexity (default 2, as lowbit compare; 0 skips)."),
     numerics: str = typer.Option(
         "lowbit", "--numerics",
-        help="Whose arithmetic: 'lowbit' (what the folder means) or 'vllm-cpu' (what vLLM's CPU build computes "
-             "serving it: bf16 model, its int8 rounding and scale order; w8a8-int8 folders and float ones)."),
+        help="Whose arithmetic: 'lowbit' (what the folder means), 'vllm-cpu' (what vLLM's CPU build computes "
+             "serving it on an AVX2 host: bf16 model, its int8 rounding and scale order; w8a8-int8, "
+             "w8a8-fp8-dynamic and float folders) or 'vllm-cpu-avx512' (the same on an AVX-512 + VNNI host)."),
     engine: str = typer.Option(
         "lowbit", "--engine",
         help="Who computes the log-probabilities: 'lowbit' or 'vllm' (vLLM serving the folder in bf16, run by "

