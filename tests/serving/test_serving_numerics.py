@@ -116,6 +116,23 @@ def test_an_avx512_vnni_host_sums_exactly_and_rounds_bf16_to_nearest():
     assert rope(q, one, one, avx2)[0, 0, 0].item() == 1.0078125 and rope(q, one, one, avx512)[0, 0, 0].item() == 1.015625
 
 
+def test_the_host_kind_from_its_cpu_flags(tmp_path):
+    from lowbit.hostcpu import cpu_flags
+    from lowbit.quant.serving import host_isa
+
+    avx2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
+    assert host_isa(avx2) is CpuIsa.AVX2
+    assert host_isa(avx2 | {"avx512f", "avx512_vnni"}) is CpuIsa.AVX512_VNNI
+    assert host_isa(avx2 | {"avx512f"}) is None                      # AVX-512 without VNNI: not captured
+    assert host_isa(avx2 | {"avx_vnni"}) is None
+    assert host_isa(avx2 | {"avx512f", "avx512_vnni", "amx_tile"}) is None
+    assert host_isa(frozenset()) is None
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(str(f)) == {"fpu", "avx2", "avx512f", "avx512_vnni"}
+    assert cpu_flags(str(tmp_path / "none")) == frozenset()
+
+
 @pytest.fixture(scope="module")
 def int8_folders(tmp_path_factory):
     calib = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
@@ -145,6 +162,24 @@ def test_load_with_vllm_numerics(int8_folders, scheme, token_ids):
         b = torch.log_softmax(ref(input_ids=token_ids).logits.float(), -1)
     d = (a - b).abs().max().item()
     assert 1e-4 < d < 0.2  # bf16 and vLLM's rounding: close to, not equal to, the float32 meaning
+
+
+def test_numerics_of_another_kind_of_host_are_kept_and_said(int8_folders, monkeypatch):
+    import sys
+    import warnings
+
+    load_mod = sys.modules["lowbit.checkpoint.load"]   # the package's `load` attribute is the function
+
+    monkeypatch.setattr(load_mod, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    with pytest.warns(UserWarning, match=r"'vllm-cpu' are vLLM-CPU's on AVX2 hosts; this host is AVX512, where "
+                                         r"vLLM computes 'vllm-cpu-avx512'"):
+        m = lowbit.load(int8_folders["w8a8-int8-dynamic"], numerics=ServingNumerics.VLLM_CPU)
+    assert {x.backend.name for x in m.modules() if isinstance(x, lowbit.modules.QuantLinear)} == {"vllm-cpu-int8"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lowbit.load(int8_folders["w8a8-int8-dynamic"], numerics=ServingNumerics.VLLM_CPU_AVX512)
+        monkeypatch.setattr(load_mod, "cpu_flags", lambda: frozenset())   # an unknown host: nothing to say
+        lowbit.load(int8_folders["w8a8-int8-dynamic"], numerics=ServingNumerics.VLLM_CPU)
 
 
 def test_numerics_refuses_what_it_does_not_emulate(int8_folders):

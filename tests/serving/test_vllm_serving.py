@@ -20,7 +20,8 @@ import pytest
 import lowbit
 from helpers.served import MODELS, calibration_ids, greedy, logprobs, max_abs_diff, perplexity, prompts
 from lowbit.engines import EngineUnavailable, find_vllm_python, run_vllm
-from lowbit.quant.serving import ServingNumerics
+from lowbit.hostcpu import cpu_flags
+from lowbit.quant.serving import ServingNumerics, host_isa
 
 
 def _vllm_python():
@@ -34,28 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.subprocess,
               pytest.mark.skipif(_vllm_python() is None, reason="no .venv-vllm (../shared/README.md)")]
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
-def _host_numerics():
-    """The emulation of this host's vLLM-CPU kernels: AVX2 without VNNI / AVX-512, or AVX-512 with VNNI;
-    None for hosts whose kernels were never captured (AMX, AVX-VNNI, AVX-512 without VNNI)."""
-    flags = _cpu_flags()
-    if "amx_tile" in flags:
-        return None
-    if {"avx512f", "avx512_vnni"} <= flags:
-        return ServingNumerics.VLLM_CPU_AVX512
-    if "avx2" in flags and not flags & {"avx512f", "avx512_vnni", "avx_vnni"}:
-        return ServingNumerics.VLLM_CPU
-    return None
-
-
-HOST_NUMERICS = _host_numerics()
+HOST_NUMERICS = next((n for n in ServingNumerics if n.isa is not None and n.isa is host_isa(cpu_flags())),
+                     None)  # the emulation of this host's vLLM-CPU kernels, if lowbit has one
 bit_exact_host = pytest.mark.skipif(HOST_NUMERICS is None, reason="no lowbit emulation of this host's vLLM-CPU "
                                                                   "kernels (AMX, AVX-VNNI or AVX-512 without VNNI)")
 

@@ -34,7 +34,8 @@ from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, pars
 from lowbit.formats.kv_layout import read_kv_scales
 from lowbit.kvcache.attention import attach, attention_modules
 from lowbit.modules import QuantLinear
-from lowbit.quant.serving import ServingNumerics
+from lowbit.hostcpu import cpu_flags
+from lowbit.quant.serving import ServingNumerics, host_isa
 from lowbit.moe import checkpoint_names, model_names, split_experts
 from lowbit.targets import set_submodule
 
@@ -78,6 +79,18 @@ def model_view(model: nn.Module, folder: SafetensorsFolder | None, parsed: Parse
     return folder, parsed, checkpoint_names(mt, [n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
 
 
+def _say_if_another_host(numerics: ServingNumerics) -> None:
+    """A warning when ``numerics`` are an engine's on another kind of host than this one (they stay
+    the numerics asked for: the model may be served elsewhere)."""
+    here = host_isa(cpu_flags())
+    if numerics.isa is None or here is None or here is numerics.isa:
+        return
+    match = next(n for n in ServingNumerics if n.isa is here)
+    warnings.warn(f"lowbit: numerics {numerics.value!r} are vLLM-CPU's on {numerics.isa.value.upper()} hosts; "
+                  f"this host is {here.value.upper()}, where vLLM computes {match.value!r} "
+                  f"(bench/RESULTS-serve.md)", stacklevel=3)
+
+
 def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None = None,
          numerics: ServingNumerics = ServingNumerics.LOWBIT) -> nn.Module:
     """Load a quantized checkpoint folder as a model with lowbit modules, backend set.
@@ -100,6 +113,7 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
         if dtype not in (None, numerics.model_dtype):
             raise LowbitError(f"numerics {numerics.value!r} runs the model in {numerics.model_dtype}, not {dtype}")
         dtype = numerics.model_dtype
+        _say_if_another_host(numerics)
     config = read_config(path)
     fmt, parsed = parse_quantization_config(config)
     folder = SafetensorsFolder(path)

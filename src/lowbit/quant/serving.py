@@ -115,6 +115,18 @@ class ServingNumerics(str, Enum):
         return {ServingNumerics.VLLM_CPU: CpuIsa.AVX2, ServingNumerics.VLLM_CPU_AVX512: CpuIsa.AVX512_VNNI}.get(self)
 
 
+def host_isa(flags: frozenset[str]) -> CpuIsa | None:
+    """Which ``CpuIsa`` a host with these CPU feature flags (``/proc/cpuinfo``) is: None for hosts
+    whose vLLM-CPU kernels lowbit has not captured (AMX, AVX-VNNI, AVX-512 without VNNI, no AVX2)."""
+    if "amx_tile" in flags:
+        return None
+    if {"avx512f", "avx512_vnni"} <= flags:
+        return CpuIsa.AVX512_VNNI
+    if "avx2" in flags and not flags & {"avx512f", "avx512_vnni", "avx_vnni"}:
+        return CpuIsa.AVX2
+    return None
+
+
 def accumulation(dynamic: bool, out_dtype: torch.dtype, isa: CpuIsa = CpuIsa.AVX2) -> Accumulation:
     """How vLLM-CPU (oneDNN) accumulates an int8 linear. AVX2 without VNNI: the dynamic path and any
     float32 destination take the AVX2 JIT GEMM (saturating int16 pairs); static with a bf16/fp16
