@@ -36,13 +36,9 @@ from lowbit.engines import EngineError, run_vllm  # noqa: E402
 from lowbit.errors import LowbitError  # noqa: E402
 from lowbit.quant.serving import ServingNumerics  # noqa: E402
 from lowbit.schemes import PRESETS  # noqa: E402
+from serve_vllm import _agreement  # noqa: E402  (bench/serve_vllm.py: the greedy agreement of its table)
 
 N_GEN = 8
-
-
-def _agree(a, b) -> float:
-    pairs = [(x, y) for u, v in zip(a, b) for x, y in zip(u, v)]
-    return sum(x == y for x, y in pairs) / len(pairs)
 
 
 def run_scheme(model_name: str, scheme: str, root: Path,
@@ -70,7 +66,7 @@ def run_scheme(model_name: str, scheme: str, root: Path,
         return {**row, "status": "refused", "error": str(e).split(" (folder ")[0][:400]}
     row.update(status="runs", vllm_ppl=perplexity(reply.logprobs), load_s=reply.load_s, run_s=reply.run_s,
                max_dlogp_lowbit=max_abs_diff(reply.logprobs, ref_lp),
-               greedy_vs_lowbit=_agree(reply.generated, greedy(ref, gen, N_GEN)))
+               greedy_vs_lowbit=_agreement(reply.generated, greedy(ref, gen, N_GEN)))
     if scheme == "float":
         return row
     try:
@@ -80,7 +76,7 @@ def run_scheme(model_name: str, scheme: str, root: Path,
         row["emulation_warnings"] = sorted({str(w.message)[:200] for w in caught if "lowbit" in str(w.message)})
         e_lp = logprobs(emu, ps)
         row.update(emulation_ppl=perplexity(e_lp), max_dlogp_emulation=max_abs_diff(reply.logprobs, e_lp),
-                   greedy_vs_emulation=_agree(reply.generated, greedy(emu, gen, N_GEN)))
+                   greedy_vs_emulation=_agreement(reply.generated, greedy(emu, gen, N_GEN)))
     except LowbitError as e:
         row["emulation"] = str(e)[:200]
     return row

@@ -35,8 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.subprocess,
               pytest.mark.skipif(_vllm_python() is None, reason="no .venv-vllm (../shared/README.md)")]
 
 
-HOST_NUMERICS = next((n for n in ServingNumerics if n.isa is not None and n.isa is host_isa(cpu_flags())),
-                     None)  # the emulation of this host's vLLM-CPU kernels, if lowbit has one
+HOST_NUMERICS = ServingNumerics.for_host(host_isa(cpu_flags()))  # this host's vLLM-CPU kernels, if lowbit has them
 bit_exact_host = pytest.mark.skipif(HOST_NUMERICS is None, reason="no lowbit emulation of this host's vLLM-CPU "
                                                                   "kernels (AMX, AVX-VNNI or AVX-512 without VNNI)")
 

@@ -85,9 +85,8 @@ def _say_if_another_host(numerics: ServingNumerics) -> None:
     here = host_isa(cpu_flags())
     if numerics.isa is None or here is None or here is numerics.isa:
         return
-    match = next(n for n in ServingNumerics if n.isa is here)
     warnings.warn(f"lowbit: numerics {numerics.value!r} are vLLM-CPU's on {numerics.isa.value.upper()} hosts; "
-                  f"this host is {here.value.upper()}, where vLLM computes {match.value!r} "
+                  f"this host is {here.value.upper()}, where vLLM computes {ServingNumerics.for_host(here).value!r} "
                   f"(bench/RESULTS-serve.md)", stacklevel=3)
 
 

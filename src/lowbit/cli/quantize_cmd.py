@@ -14,9 +14,8 @@ import typer
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
-    parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, RECONSTRUCT_ITERS_HELP,
-    GPTQ_ACT_ORDER_HELP,
-    ROTATION_HELP,
+    parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding,
+    GPTQ_ACT_ORDER_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
 )
 
 

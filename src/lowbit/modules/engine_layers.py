@@ -16,7 +16,7 @@ rounds, as vLLM-CPU does:
 Covered: the model types in ``ENGINE_MODEL_TYPES`` (decoder layers of transformers' Llama layout:
 input_layernorm, self_attn with q/k/v/o_proj, post_attention_layernorm, mlp; Qwen3's per-head
 q_norm / k_norm before RoPE, as vLLM's Qwen3Attention applies its RMSNorm to q and k viewed per
-head: composed of the measured ops, not yet compared with vLLM on a Qwen3 folder) with head
+head: bit for bit with vLLM on a tiny Qwen3 folder, bench/RESULTS-serve.md) with head
 sizes that are multiples of 32 (vLLM-CPU's VEC attention kernel; it takes VEC16 for other
 multiples of 16). A sliding window (Mistral's ``config.sliding_window``, a Qwen layer's
 ``self_attn.sliding_window``) is honoured in the mask; bit equality with vLLM was measured on
@@ -48,7 +48,8 @@ class EngineAttention(nn.Module):
     def __init__(self, inner: nn.Module, rope_theta: float, window: int | None = None,
                  isa: CpuIsa = CpuIsa.AVX2) -> None:
         super().__init__()
-        self.window, self.isa = window, isa                                # keys j > i - window seen by query i (None: all)
+        self.window = window                                # keys j > i - window seen by query i (None: all)
+        self.isa = isa                                      # the host kind whose RoPE and attention these are
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = inner.q_proj, inner.k_proj, inner.v_proj, inner.o_proj
         self.head_dim, self.scaling, self.layer_idx = inner.head_dim, inner.scaling, inner.layer_idx
         self.rope_theta = float(rope_theta)

@@ -114,6 +114,11 @@ class ServingNumerics(str, Enum):
         """The host instruction set whose vLLM-CPU kernels these numerics are (None: LOWBIT)."""
         return {ServingNumerics.VLLM_CPU: CpuIsa.AVX2, ServingNumerics.VLLM_CPU_AVX512: CpuIsa.AVX512_VNNI}.get(self)
 
+    @classmethod
+    def for_host(cls, isa: CpuIsa | None) -> "ServingNumerics | None":
+        """The vLLM-CPU numerics of a host of kind ``isa`` (``host_isa``); None for an unknown host."""
+        return None if isa is None else next(n for n in cls if n.isa is isa)
+
 
 def host_isa(flags: frozenset[str]) -> CpuIsa | None:
     """Which ``CpuIsa`` a host with these CPU feature flags (``/proc/cpuinfo``) is: None for hosts

@@ -15,9 +15,10 @@ modules (measured op by op on captured tensors: bench/serve_model_ops.py, bench/
   captured outputs; with AVX-512 rounded to nearest, 100% too); transformers rounds each product
   and the sum to nearest in bf16;
 - ``attention``: float32 throughout on bf16 inputs, vLLM's CPU VEC kernel's summation orders
-  (lane-wise softmax sums reduced as two 8-lane halves on AVX2, by AVX-512's reduction tree there;
-  key-ordered weighted sum), the output **truncated** to bf16 on AVX2, rounded to nearest with
-  AVX-512 (100% of captured outputs bit-equal); transformers' bf16 sdpa gives 46.6%;
+  on AVX2 (lane-wise softmax sums reduced as two 8-lane halves, key-ordered weighted sum), the
+  output **truncated** to bf16 (100% of captured outputs bit-equal); with AVX-512, torch's float32
+  attention rounded once to nearest (100% over 128 tokens, 99.994% over 512); transformers' bf16
+  sdpa gives 46.6%;
 - ``silu_and_mul``: silu(gate) rounded to bf16, times up, rounded (vLLM's native SiluAndMul on
   x86: as transformers).
 
@@ -68,19 +69,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, isa: CpuIsa = Cp
     return to_bf16(xf * c + rot * s, isa)
 
 
-def lane_sum(acc: torch.Tensor, isa: CpuIsa) -> torch.Tensor:
-    """The sum of 16 float32 lanes [..., 16] as FP32Vec16.reduce_sum adds them: on AVX2 (two 8-lane
-    registers) each half in lane order, then the two halves; with AVX-512 ``_mm512_reduce_add_ps``'s
-    tree (lane i + lane i+8, then i + i+4, i + i+2, i + i+1)."""
-    if isa is CpuIsa.AVX2:
-        low, high = acc[..., 0], acc[..., 8]
-        for lane in range(1, 8):
-            low, high = low + acc[..., lane], high + acc[..., 8 + lane]
-        return low + high
-    a = acc[..., :8] + acc[..., 8:]
-    b = a[..., :4] + a[..., 4:]
-    c = b[..., :2] + b[..., 2:]
-    return c[..., 0] + c[..., 1]
+def lane_sum(acc: torch.Tensor) -> torch.Tensor:
+    """The sum of 16 float32 lanes [..., 16] as AVX2's FP32Vec16.reduce_sum adds them: two 8-lane
+    registers, each summed in lane order, then the two added."""
+    low, high = acc[..., 0], acc[..., 8]
+    for lane in range(1, 8):
+        low, high = low + acc[..., lane], high + acc[..., 8 + lane]
+    return low + high
 
 
 def attention_scores(qf: torch.Tensor, kf: torch.Tensor) -> torch.Tensor:
@@ -101,16 +96,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     q.k summed over the head dimension in order (``attention_scores``), softmax against the row
     maximum with correctly rounded exp, the row sum taken as 16 lane sums (key j in lane j mod 16,
     in key order), the lanes added by ``lane_sum``, the weighted sum of v accumulated key by key in
-    order, times 1 / sum, converted to bf16 by ``to_bf16`` [n, heads, d]. ``mask``: None is causal
-    (n == m), else boolean (True: attend) or additive, broadcastable to [heads, n, m]. ``isa``: the
-    host's vector instructions (every captured output of 30 layers bit-equal on AVX2:
-    bench/RESULTS-serve.md). With AVX-512 the kernel's sums are not derived op by op: torch's
-    float32 ``scaled_dot_product_attention`` rounded once to nearest gives every captured output
-    of SmolLM2's 30 layers over 128 tokens bit for bit there, and is used (the derived AVX2 order
-    with AVX-512's lane tree and rounding: 99.995%); over 512 tokens 99.994%, every differing row
-    at a position past 190."""
+    order, times 1 / sum, truncated to bf16 [n, heads, d]. ``mask``: None is causal (n == m), else
+    boolean (True: attend) or additive, broadcastable to [heads, n, m]. ``isa``: the host's vector
+    instructions (every captured output of 30 layers bit-equal on AVX2: bench/RESULTS-serve.md).
+    With AVX-512 the kernel's sums are not derived op by op: torch's float32
+    ``scaled_dot_product_attention`` rounded once to nearest gives every captured output of
+    SmolLM2's 30 layers over 128 tokens bit for bit there, and is used (the AVX2 order above with
+    ``_mm512_reduce_add_ps``'s lane tree and rounding to nearest: 99.995%); over 512 tokens
+    99.994%, every differing row at a position past 190."""
     n, heads, d = q.shape
     m = k.shape[0]
+    if mask is None and n != m:
+        raise ValueError(f"causal attention needs as many queries as keys, got {n} and {m}")
     rep = heads // k.shape[1]
     kf = k.float().transpose(0, 1).repeat_interleave(rep, 0)
     vf = v.float().transpose(0, 1).repeat_interleave(rep, 0)
@@ -119,8 +116,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     qf = q.float().transpose(0, 1) * scale
     s = attention_scores(qf, kf)                                   # [heads, n, m]
     if mask is None:
-        if n != m:
-            raise ValueError(f"causal attention needs as many queries as keys, got {n} and {m}")
         s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool).tril(), float("-inf"))
     elif mask.dtype == torch.bool:
         s = s.masked_fill(~mask, float("-inf"))
@@ -132,7 +127,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     acc = lanes[:, :, 0]
     for j in range(1, lanes.shape[2]):
         acc = acc + lanes[:, :, j]
-    total = lane_sum(acc, isa)
+    total = lane_sum(acc)
     out = torch.zeros(heads, n, d)
     for j in range(m):
         out = out + p[:, :, j:j + 1] * vf[:, None, j, :]
@@ -141,11 +136,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 def _sdpa_f32(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, scale: float,
               mask: torch.Tensor | None) -> torch.Tensor:
-    """torch's float32 attention [heads, n, d] with ``attention``'s mask rules."""
-    n, m = qf.shape[1], kf.shape[1]
+    """torch's float32 attention [heads, n, d] with ``attention``'s mask rules (None: causal)."""
     if mask is None:
-        if n != m:
-            raise ValueError(f"causal attention needs as many queries as keys, got {n} and {m}")
         return F.scaled_dot_product_attention(qf[None], kf[None], vf[None], is_causal=True, scale=scale)[0]
     am = mask if mask.dtype == torch.bool else mask.float()
     return F.scaled_dot_product_attention(qf[None], kf[None], vf[None], attn_mask=am, scale=scale)[0]
