@@ -224,6 +224,35 @@ def test_quantize_gptq_act_order_is_the_python_option(capsys, tiny_dir, text_fil
     assert code == 2 and "--gptq-act-order" in err
 
 
+def test_quantize_gptq_scale_search_is_the_python_option(capsys, tiny_dir, text_file, tmp_path):
+    """--gptq-scale-search is on by default for w4a16 (GPTQ's scales searched), --no-gptq-scale-search
+    keeps RTN's full-range scales, each exactly as lowbit.quantize's gptq_scale_search; refused by
+    --model-free."""
+    from lowbit.quant import quantize
+    from lowbit.quant.mse_scales import searching
+    from lowbit.schemes import PRESETS
+
+    mods = {}
+    for key, extra in (("default", []), ("off", ["--no-gptq-scale-search"])):
+        code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w4a16", "--output", tmp_path / key, "--calib",
+                           text_file, "--calib-samples", 2, "--calib-seq-len", 64, "--weight-rounding", "gptq",
+                           "--reconstruct-iters", 0, *extra, "--json")
+        assert code == 0, err
+        mods[key] = lowbit.load(tmp_path / key).get_submodule("model.layers.0.mlp.down_proj")
+    model, tok = lowbit.load_model(tiny_dir)
+    w = model.get_submodule("model.layers.0.mlp.down_proj").weight.detach()
+    spec = PRESETS["w4a16"].weights
+    assert torch.equal(mods["default"].weight_scale, quantize(w, searching(spec)).scale)
+    assert torch.equal(mods["off"].weight_scale, quantize(w, spec).scale)
+    assert mods["default"].scheme.weights == spec  # the scheme and its observer are unchanged
+    q = lowbit.quantize(model, "w4a16", calibration=str(text_file), tokenizer=tok, num_samples=2, seq_len=64,
+                        weight_rounding="gptq", reconstruct_iters=0, gptq_scale_search=False, progress=False)
+    assert torch.equal(q.get_submodule("model.layers.0.mlp.down_proj").weight_codes, mods["off"].weight_codes)
+    code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w4a16", "--output", tmp_path / "mf",
+                       "--model-free", "--no-gptq-scale-search")
+    assert code == 2 and "--gptq-scale-search" in err
+
+
 def test_quantize_calib_preset_gptq_fast_equals_its_options(capsys, tiny_dir, text_file, tmp_path):
     """--calib-preset gptq-fast calibrates a dynamic scheme with GPTQ, exactly as its fields given
     one by one; an explicit option overrides the preset's."""

@@ -293,7 +293,7 @@ def test_weight_and_activation_observers_are_two_types():
     for rule in ("full-range", "half-step"):  # weight rules are no activation observer
         with pytest.raises(CalibrationError, match="unknown observer .* known: max, percentile, mse"):
             CalibrationConfig(observer=rule)
-    assert {o.value for o in WeightObserver} == {"max", "mse", "full-range", "half-step"}
+    assert {o.value for o in WeightObserver} == {"max", "mse", "full-range", "full-range-mse", "half-step"}
 
 
 @pytest.mark.parametrize("observer", [MAX, MSE])

@@ -8,7 +8,8 @@ columns not yet quantized, weighted by the inverse Hessian of the layer's square
 
 The scales are NOT re-fitted: they are computed up front by ``lowbit.quant.quantize(W, spec)``
 (whatever scale rule the spec defines; NVFP4's global scale as given, so that fused siblings
-keep sharing it) and stay fixed, so the result is a ``QuantizedTensor`` of exactly the structure
+keep sharing it; with ``scale_search``, the spec's rule searched by the MSE rule,
+``lowbit.quant.mse_scales.searching``) and stay fixed, so the result is a ``QuantizedTensor`` of exactly the structure
 round-to-nearest produces and every backend and file format takes it unchanged. Its codes are
 ``quantize(Q, spec, scale=..., global_scale=...)`` of the GPTQ-rounded weights Q.
 
@@ -34,6 +35,7 @@ import torch
 from lowbit.errors import QuantizationError
 from lowbit.numerics import get_format
 from lowbit.algorithms.gptq_solve import solve_columns
+from lowbit.quant.mse_scales import searching
 from lowbit.quant.qtensor import QuantizedTensor
 from lowbit.quant.scaling import effective_scale, quantize
 from lowbit.schemes import Granularity, QuantSpec
@@ -54,6 +56,9 @@ class GPTQOptions:
     """damping: fraction of the mean Hessian diagonal added to the diagonal.
     block_size: columns per lazy batch update (numerics barely depend on it; speed does).
     act_order: visit columns by decreasing Hessian diagonal (scales stay the up-front ones).
+    scale_search: the up-front scales are those of the spec's rule searched for the smallest
+    squared weight error per group (``lowbit.quant.mse_scales.searching``: full-range ->
+    full-range-mse, max -> mse); the spec itself, and so every file, is unchanged.
     max_batch_bytes: the memory one column loop may hold (float32 weights of its groups plus their
     distinct inverse-Hessian factors); groups of one width are batched up to it (at least one).
     MoE experts that share one Hessian share its factor."""
@@ -61,6 +66,7 @@ class GPTQOptions:
     damping: float = 0.01
     block_size: int = 128
     act_order: bool = False
+    scale_search: bool = False
     max_batch_bytes: int = 1 << 30  # groups solved together: their float32 weights and distinct factors
 
     def __post_init__(self) -> None:
@@ -153,7 +159,8 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, spec: QuantSpec, *, global_s
     ``HessianSum.upper()``, will do).
 
     Returns the QuantizedTensor RTN would produce with the same scales (``quantize(W, spec,
-    global_scale=global_scale)``'s scale / global scale), with GPTQ codes.
+    global_scale=global_scale)``'s scale / global scale; with ``options.scale_search``, those of
+    ``quantize(W, searching(spec), ...)``), with GPTQ codes, under ``spec``.
     """
     return gptq_quantize_shared([W], H, spec, global_scales=[global_scale], options=options, names=[name])[0]
 
@@ -182,12 +189,14 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
         for i, (W, n) in enumerate(zip(Ws, ns)):
             _check(W, H, spec, n, first=i == 0)
     out: list[list[QuantizedTensor]] = [[] for _ in groups]
+    scale_spec = searching(spec) if options.scale_search else spec
     for ks in gptq_batches(groups, Hs, options):  # one batch at a time: its inverse Hessian factors are alive together
         parts, perms, rtns, scales = [], [], {}, []
         factors: dict[int, tuple] = {}  # id(H) -> its factor: groups given one Hessian share it
         for k in ks:
             Ws = [W.detach().to(torch.float32) for W in groups[k]]
-            rtns[k] = [quantize(W, spec, global_scale=g, name=n) for W, g, n in zip(Ws, global_scales[k], names[k])]
+            rtns[k] = [quantize(W, scale_spec, global_scale=g, name=n)
+                       for W, g, n in zip(Ws, global_scales[k], names[k])]
             W, u, perm = _prepare_part(torch.cat(Ws), Hs[k], options, names[k][0], factors)
             for r in rtns[k]:
                 eff_t, div_t = _column_scales(r, W.shape[1])

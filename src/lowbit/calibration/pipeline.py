@@ -110,7 +110,7 @@ class LayerwiseCalibrator:
         self.report = CalibrationReport(scheme.name, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
                                         smoothquant, family if self.maps else None,
                                         weight_rounding=rounding.value,
-                                        gptq=dataclasses.asdict(cfg.gptq_options()) if self.gptq else None,
+                                        gptq=dataclasses.asdict(cfg.gptq_options(scheme)) if self.gptq else None,
                                         layer_inputs=cfg.inputs_for(scheme).value)
 
     # ------------------------------------------------------------------ helpers
@@ -205,7 +205,7 @@ class LayerwiseCalibrator:
             qts = solve_spread(self.group, [[m.weight for m in lins.values()] for lins, _, _, _ in solve],
                                [st for _, _, _, st in solve], self.scheme.weights,
                                global_scales=[[gs.get(n) for n in lins] for lins, gs, _, _ in solve],
-                               options=self.cfg.gptq_options(),
+                               options=self.cfg.gptq_options(self.scheme),
                                names=[[f"{n}.weight" for n in lins] for lins, _, _, _ in solve])
         for (lins, _, sc, _), group_qts in zip(solve, qts):
             for (n, lin), qt in zip(lins.items(), group_qts):

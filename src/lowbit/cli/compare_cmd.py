@@ -12,7 +12,7 @@ from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
     parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, quiet_progress,
-    GPTQ_ACT_ORDER_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
+    GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
 )
 
 
@@ -97,6 +97,8 @@ def compare_cmd(
         None, "--reconstruct-iters",
         help=RECONSTRUCT_ITERS_HELP),
     gptq_act_order: bool = typer.Option(False, "--gptq-act-order", help=GPTQ_ACT_ORDER_HELP),
+    gptq_scale_search: Optional[bool] = typer.Option(None, "--gptq-scale-search/--no-gptq-scale-search",
+                                                     help=GPTQ_SCALE_SEARCH_HELP),
     rotation: Optional[str] = typer.Option(None, "--rotation", help=ROTATION_HELP),
     backend: str = typer.Option("auto", "--backend",
                                 help="Backend for quantized layers: 'auto' (as lowbit.load), 'reference', 'cpu-int8', "
@@ -144,6 +146,8 @@ def compare_cmd(
         calib_options["reconstruct_iters"] = reconstruct_iters
     if gptq_act_order:
         calib_options["gptq_act_order"] = True
+    if gptq_scale_search is not None:
+        calib_options["gptq_scale_search"] = gptq_scale_search
     rot = parse_rotation(rotation)
     if rot is not None:
         calib_options["rotation"] = rot.value

@@ -15,7 +15,7 @@ from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
     parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding,
-    GPTQ_ACT_ORDER_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
+    GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
 )
 
 
@@ -60,6 +60,8 @@ def quantize_cmd(
         None, "--reconstruct-iters",
         help=RECONSTRUCT_ITERS_HELP),
     gptq_act_order: bool = typer.Option(False, "--gptq-act-order", help=GPTQ_ACT_ORDER_HELP),
+    gptq_scale_search: Optional[bool] = typer.Option(None, "--gptq-scale-search/--no-gptq-scale-search",
+                                                     help=GPTQ_SCALE_SEARCH_HELP),
     rotation: Optional[str] = typer.Option(None, "--rotation", help=ROTATION_HELP),
     kv_cache: Optional[str] = typer.Option(
         None, "--kv-cache",
@@ -111,10 +113,10 @@ def quantize_cmd(
             raise OptionError("--model-free cannot rotate: a fused rotation rewrites the embeddings, every layer and "
                               "lm_head together on the loaded model; drop --rotation or drop --model-free")
         if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None or preset is not None \
-                or kv is not None or reconstruct_iters or gptq_act_order:
+                or kv is not None or reconstruct_iters or gptq_act_order or gptq_scale_search is not None:
             raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
-                              "--layer-inputs/--calib-preset/--kv-cache/--reconstruct-iters/--gptq-act-order, "
-                              "or drop --model-free")
+                              "--layer-inputs/--calib-preset/--kv-cache/--reconstruct-iters/--gptq-act-order/"
+                              "--gptq-scale-search, or drop --model-free")
         from lowbit.models import resolve_model_path
 
         folder = resolve_model_path(src)
@@ -129,7 +131,8 @@ def quantize_cmd(
 
         folder = resolve_model_path(src)
         _check_output(folder, out, overwrite)
-        cfg = _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters, rot, gptq_act_order)
+        cfg = _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters, rot, gptq_act_order,
+                      gptq_scale_search)
         from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
 
         # a rotation rewrites the embeddings, every layer and lm_head together: the whole model is loaded
@@ -219,13 +222,16 @@ def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
     check_output_free(out, overwrite)
 
 
-def _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters=None, rotation=None, act_order=False):
+def _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters=None, rotation=None, act_order=False,
+            scale_search=None):
     """The CalibrationConfig of the calibration options given (the others: its defaults)."""
     from lowbit.calibration import CalibrationConfig
 
     kwargs = {} if rotation is None else {"rotation": rotation}
     if act_order:
         kwargs["gptq_act_order"] = True
+    if scale_search is not None:
+        kwargs["gptq_scale_search"] = scale_search
     if calib_samples is not None:
         kwargs["num_samples"] = calib_samples
     if calib_seq_len is not None:

@@ -36,13 +36,13 @@ ARGS_KEYS = ("num_bits", "type", "symmetric", "group_size", "strategy", "block_s
              "actorder", "scale_dtype", "zp_dtype", "observer", "observer_kwargs")
 
 # compressed-tensors' weight observer names. Reading: llm-compressor's MSE observers give "mse",
-# lowbit's own names ("full-range", "half-step") themselves, every other name (minmax,
+# lowbit's own names ("full-range", "full-range-mse", "half-step") themselves, every other name (minmax,
 # static/memoryless variants, none) gives "max", the scales in the file being what they are; the
 # observer only says how lowbit would quantize the weights again. (compressed-tensors' minmax
 # rule for symmetric INT is amax / ((qmax - qmin) / 2), lowbit's half-step; files written by
 # llm-compressor read as max, as lowbit's w8a8-int8 preset quantizes.)
 _CT_WEIGHT_OBSERVER = {WeightObserver.MAX: "minmax", WeightObserver.MSE: "mse", WeightObserver.FULL_RANGE: "full-range",
-                       WeightObserver.HALF_STEP: "half-step"}
+                       WeightObserver.FULL_RANGE_MSE: "full-range-mse", WeightObserver.HALF_STEP: "half-step"}
 _MSE_OBSERVERS = frozenset({"mse", "memoryless_mse", "static_mse"})
 
 _SCALE_DTYPE = {FormatName.UE4M3: "torch.float8_e4m3fn", FormatName.E8M0: "torch.uint8"}
@@ -51,7 +51,8 @@ _SCALE_DTYPE = {FormatName.UE4M3: "torch.float8_e4m3fn", FormatName.E8M0: "torch
 def _read_weight_observer(name: Any) -> WeightObserver:
     if name in _MSE_OBSERVERS:
         return WeightObserver.MSE
-    if name in (_CT_WEIGHT_OBSERVER[WeightObserver.FULL_RANGE], _CT_WEIGHT_OBSERVER[WeightObserver.HALF_STEP]):
+    if name in (_CT_WEIGHT_OBSERVER[WeightObserver.FULL_RANGE], _CT_WEIGHT_OBSERVER[WeightObserver.FULL_RANGE_MSE],
+                _CT_WEIGHT_OBSERVER[WeightObserver.HALF_STEP]):
         return WeightObserver(name)
     return WeightObserver.MAX
 
@@ -158,7 +159,7 @@ def args_to_spec(args: Mapping[str, Any], ct_format: str | None, where: str, is_
     """A QuantSpec from a compressed-tensors ARGS dict, filling the schema's defaults explicitly:
     num_bits 8, type int, symmetric true, group_size null, strategy inferred from group_size
     (null: tensor, -1: channel, > 0: group), dynamic false, scale_dtype by format; the weight
-    observer as described at _CT_WEIGHT_OBSERVER above (mse, full-range, half-step, else max);
+    observer as described at _CT_WEIGHT_OBSERVER above (mse, full-range, full-range-mse, half-step, else max);
     input activations always read as max."""
     if not isinstance(args, Mapping):
         raise FormatError(f"{where}: quantization args must be a mapping, got {args!r}")

@@ -11,7 +11,9 @@ Candidates, by scale format:
 - FP32 scales (INT or FP elements), symmetric: scale_r = (amax * r) / elem_max for r in
   ``RATIOS`` (1.0 first); for INTn, from r = qmax / (qmax + 1) down, a negative extreme
   can use the code -2^(n-1) (the clamp saturates there). Asymmetric INT: the range
-  (min * r, max * r) through the asymmetric rule.
+  (min * r, max * r) through the asymmetric rule. The ``full-range-mse`` observer (symmetric
+  INT): the full-range rule's signed scale (extreme / qmin) times r, so every candidate keeps
+  the extreme's side on the code qmin (clipped there for r < 1).
 - UE4M3 / UE5M3 block scales (with or without the NVFP4 global scale, which stays
   amax-based): the max rule's code c, then c-1, c-2, c-3 (never below the smallest positive
   code) and c+1 (never above the largest finite code), ``CODE_STEPS``.
@@ -27,6 +29,7 @@ few float32 copies of the tensor), so it is deterministic and bounded.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator
 
 import torch
@@ -35,13 +38,27 @@ from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.quant.groups import reduce_groups
 from lowbit.kernels.rounding import round_nearest_, supports
 from lowbit.quant.scales import asymmetric_from_range, effective_scale, group_range, scales_from_amax
-from lowbit.schemes import QuantSpec
+from lowbit.schemes import Dynamic, QuantSpec, WeightObserver
 
 RATIOS: tuple[float, ...] = tuple(round(1.0 - 0.02 * i, 2) for i in range(16))  # 1.00, 0.98, ... 0.70
 CODE_STEPS: tuple[int, ...] = (0, -1, -2, -3, 1)
 E8M0_STEPS: tuple[int, ...] = (0, 1)
 
 Candidate = tuple[torch.Tensor, "torch.Tensor | None"]
+
+# the observer that searches around each rule (rules not listed have no searched variant)
+_SEARCHING = {WeightObserver.MAX: WeightObserver.MSE, WeightObserver.FULL_RANGE: WeightObserver.FULL_RANGE_MSE}
+
+
+def searching(spec: QuantSpec) -> QuantSpec:
+    """``spec`` with the observer that searches around its rule (max -> mse, full-range ->
+    full-range-mse); a spec that already searches, whose rule has no searched variant
+    (half-step), whose scales are not chosen from the weights (dynamic) or that floors its
+    scales is returned as it is."""
+    obs = _SEARCHING.get(spec.observer)
+    if obs is None or spec.dynamic is not Dynamic.STATIC or spec.scale_floor is not None:
+        return spec
+    return dataclasses.replace(spec, observer=obs)
 
 
 def search_scales(
@@ -98,17 +115,20 @@ def group_error(
 
 
 def _candidates(v: torch.Tensor, spec: QuantSpec, scale: torch.Tensor) -> Iterator[Candidate]:
-    """The candidates after the max rule's scale, one at a time."""
+    """The candidates after the first one (the observer's rule, ``scale``), one at a time."""
     sf = spec.scale_format
     if sf is FormatName.FP32:
         fmt = get_format(spec.format)
-        if spec.symmetric:
+        full_range = spec.observer is WeightObserver.FULL_RANGE_MSE
+        if spec.symmetric and not full_range:
             a = reduce_groups(v.abs(), spec, lambda t, d: t.amax(d))
-        else:
+        elif not spec.symmetric:
             lo, hi = group_range(v, spec)
         for r in RATIOS[1:]:
             rt = torch.tensor([r], dtype=torch.float32, device=v.device)
-            if spec.symmetric:
+            if full_range:  # ``scale``: the full-range rule's, signed
+                yield scale * rt, None
+            elif spec.symmetric:
                 yield scales_from_amax(a * rt, spec), None
             else:
                 assert isinstance(fmt, IntFormat)

@@ -50,6 +50,9 @@ class WeightObserver(str, Enum):
         negative code, scale = extreme / qmin (negative when the extreme is positive), so all
         2^bits codes are used (INT4: step amax/8 instead of amax/7; auto-round's symmetric
         INT4 rule).
+    FULL_RANGE_MSE: the same formats: FULL_RANGE's scale times r, for the r in 1.00, 0.98, ... 0.70
+        with the smallest squared quantize-dequantize error of the group (lowbit.quant.mse_scales;
+        r = 1 kept on ties): the signed extreme may clip at qmin for a finer step elsewhere.
     HALF_STEP: symmetric INT weights only: scale = amax / ((qmax - qmin) / 2) = amax / (qmax + 1/2)
         (INT8: amax / 127.5; the symmetric rule of compressed-tensors and torchao). -amax lands
         on qmin exactly and +amax is clipped to qmax by half a step, so the worst-case error
@@ -59,6 +62,7 @@ class WeightObserver(str, Enum):
     MAX = "max"
     MSE = "mse"
     FULL_RANGE = "full-range"
+    FULL_RANGE_MSE = "full-range-mse"
     HALF_STEP = "half-step"
 
     def __str__(self) -> str:
@@ -80,7 +84,8 @@ class QuantSpec:
     observer: how scales computed from the tensor itself are chosen (weights): MAX, the
         extreme-value rule, or MSE, a per-group search for the smallest squared error
         (lowbit.quant.mse_scales), or FULL_RANGE (symmetric fp32-scaled INT only: scale = signed
-        extreme / qmin) or HALF_STEP (the same formats: scale = amax / (qmax + 1/2); see
+        extreme / qmin), FULL_RANGE_MSE (the same formats: FULL_RANGE's scale searched down by
+        the MSE rule) or HALF_STEP (the same formats: scale = amax / (qmax + 1/2); see
         WeightObserver). The NVFP4 global scale stays amax-based. Dynamic specs and the
         input activations of a scheme keep MAX (static activation scales are chosen by
         ``CalibrationConfig.observer``).
@@ -142,7 +147,8 @@ class QuantSpec:
             raise SchemeError("dynamic 'local' means dynamic block scales under a static global scale")
         if self.dynamic is Dynamic.STATIC and self.granularity is Granularity.TOKEN:
             raise SchemeError("per-token scales are necessarily dynamic")
-        if self.observer in (WeightObserver.FULL_RANGE, WeightObserver.HALF_STEP) and not (
+        if self.observer in (WeightObserver.FULL_RANGE, WeightObserver.FULL_RANGE_MSE,
+                             WeightObserver.HALF_STEP) and not (
                 self.is_integer and self.symmetric and self.scale_format is FormatName.FP32):
             raise SchemeError(f"observer {self.observer.value!r} is a rule for symmetric INT formats with fp32 scales, "
                               f"not {self.format.value} / {self.scale_format.value} scales"
