@@ -203,25 +203,42 @@ def test_quantize_weight_rounding_gptq_calibrates_a_weight_only_scheme(capsys, t
     assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
 
 
-def test_quantize_gptq_act_order_is_the_python_option(capsys, tiny_dir, text_file, tmp_path):
-    """--gptq-act-order changes GPTQ's codes (not its scales) exactly as gptq_act_order=True does in
-    lowbit.quantize, and is refused by --model-free."""
+def _gptq_down_projs(capsys, tiny_dir, text_file, tmp_path, runs: dict) -> dict:
+    """Layer 0's down_proj of ``lowbit quantize --scheme w4a16`` with GPTQ and no reconstruction,
+    per run name, each with its extra options."""
     mods = {}
-    for key, extra in (("in-order", []), ("act-order", ["--gptq-act-order"])):
+    for key, extra in runs.items():
         code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w4a16", "--output", tmp_path / key, "--calib",
                            text_file, "--calib-samples", 2, "--calib-seq-len", 64, "--weight-rounding", "gptq",
                            "--reconstruct-iters", 0, *extra, "--json")
         assert code == 0, err
         mods[key] = lowbit.load(tmp_path / key).get_submodule("model.layers.0.mlp.down_proj")
-    assert torch.equal(mods["in-order"].weight_scale, mods["act-order"].weight_scale)
-    assert not torch.equal(mods["in-order"].weight_codes, mods["act-order"].weight_codes)
+    return mods
+
+
+def _python_down_proj(tiny_dir, text_file, **options):
+    """Layer 0's down_proj of lowbit.quantize(w4a16) with the CLI runs' calibration and ``options``."""
     model, tok = lowbit.load_model(tiny_dir)
     q = lowbit.quantize(model, "w4a16", calibration=str(text_file), tokenizer=tok, num_samples=2, seq_len=64,
-                        weight_rounding="gptq", reconstruct_iters=0, gptq_act_order=True, progress=False)
-    assert torch.equal(q.get_submodule("model.layers.0.mlp.down_proj").weight_codes, mods["act-order"].weight_codes)
+                        weight_rounding="gptq", reconstruct_iters=0, progress=False, **options)
+    return q.get_submodule("model.layers.0.mlp.down_proj")
+
+
+def _refused_with_model_free(capsys, tiny_dir, tmp_path, flag: str) -> None:
     code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w4a16", "--output", tmp_path / "mf",
-                       "--model-free", "--gptq-act-order")
-    assert code == 2 and "--gptq-act-order" in err
+                       "--model-free", flag)
+    assert code == 2 and flag.replace("--no-", "--") in err
+
+
+def test_quantize_gptq_act_order_is_the_python_option(capsys, tiny_dir, text_file, tmp_path):
+    """--gptq-act-order changes GPTQ's codes (not its scales) exactly as gptq_act_order=True does in
+    lowbit.quantize, and is refused by --model-free."""
+    mods = _gptq_down_projs(capsys, tiny_dir, text_file, tmp_path, {"in-order": [], "act-order": ["--gptq-act-order"]})
+    assert torch.equal(mods["in-order"].weight_scale, mods["act-order"].weight_scale)
+    assert not torch.equal(mods["in-order"].weight_codes, mods["act-order"].weight_codes)
+    assert torch.equal(_python_down_proj(tiny_dir, text_file, gptq_act_order=True).weight_codes,
+                       mods["act-order"].weight_codes)
+    _refused_with_model_free(capsys, tiny_dir, tmp_path, "--gptq-act-order")
 
 
 def test_quantize_gptq_scale_search_is_the_python_option(capsys, tiny_dir, text_file, tmp_path):
@@ -232,25 +249,15 @@ def test_quantize_gptq_scale_search_is_the_python_option(capsys, tiny_dir, text_
     from lowbit.quant.mse_scales import searching
     from lowbit.schemes import PRESETS
 
-    mods = {}
-    for key, extra in (("default", []), ("off", ["--no-gptq-scale-search"])):
-        code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w4a16", "--output", tmp_path / key, "--calib",
-                           text_file, "--calib-samples", 2, "--calib-seq-len", 64, "--weight-rounding", "gptq",
-                           "--reconstruct-iters", 0, *extra, "--json")
-        assert code == 0, err
-        mods[key] = lowbit.load(tmp_path / key).get_submodule("model.layers.0.mlp.down_proj")
-    model, tok = lowbit.load_model(tiny_dir)
-    w = model.get_submodule("model.layers.0.mlp.down_proj").weight.detach()
+    mods = _gptq_down_projs(capsys, tiny_dir, text_file, tmp_path, {"default": [], "off": ["--no-gptq-scale-search"]})
+    w = lowbit.load_model(tiny_dir)[0].get_submodule("model.layers.0.mlp.down_proj").weight.detach()
     spec = PRESETS["w4a16"].weights
     assert torch.equal(mods["default"].weight_scale, quantize(w, searching(spec)).scale)
     assert torch.equal(mods["off"].weight_scale, quantize(w, spec).scale)
     assert mods["default"].scheme.weights == spec  # the scheme and its observer are unchanged
-    q = lowbit.quantize(model, "w4a16", calibration=str(text_file), tokenizer=tok, num_samples=2, seq_len=64,
-                        weight_rounding="gptq", reconstruct_iters=0, gptq_scale_search=False, progress=False)
-    assert torch.equal(q.get_submodule("model.layers.0.mlp.down_proj").weight_codes, mods["off"].weight_codes)
-    code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w4a16", "--output", tmp_path / "mf",
-                       "--model-free", "--no-gptq-scale-search")
-    assert code == 2 and "--gptq-scale-search" in err
+    assert torch.equal(_python_down_proj(tiny_dir, text_file, gptq_scale_search=False).weight_codes,
+                       mods["off"].weight_codes)
+    _refused_with_model_free(capsys, tiny_dir, tmp_path, "--no-gptq-scale-search")
 
 
 def test_quantize_calib_preset_gptq_fast_equals_its_options(capsys, tiny_dir, text_file, tmp_path):
