@@ -98,9 +98,10 @@ class CalibrationConfig:
         per group around the scheme's rule (full-range -> full-range-mse, max -> mse; the
         scheme, its observer and the file layout are unchanged). Default (None):
         ``default_gptq_scale_search(scheme)``: on for symmetric INT weights of 4 bits or fewer
-        (w4a16, w4a8-int8, w4a8-fp8), off otherwise. SmolLM2 w4a16, GPTQ + 20 reconstruction
-        steps on 16 x 256 tokens: +7.48% -> +6.02% (bench/RESULTS.md); for RTN alone the same
-        search is worse (+29.18% -> +32.55%), so the schemes' own observer stays full-range.
+        (w4a16, w4a8-int8, w4a8-fp8), off otherwise. GPTQ + 20 reconstruction steps on 16 x 256
+        tokens: SmolLM2 w4a16 +7.48% -> +6.02%, Gemma-3-270M w4a16 +21.47% -> +12.74%, SmolLM2
+        w4a8-int8 +9.61% -> +8.91% (bench/RESULTS.md); for RTN alone the same search is worse
+        (SmolLM2 +29.18% -> +32.55%), so the schemes' own observer stays full-range.
     layer_inputs: "quantized": each layer sees the outputs of the already quantized layers
         before it (two passes per layer: observe, then run the quantized layer); "float": the
         float model's activations, one float pass per layer (the observe pass gives the next
