@@ -294,6 +294,8 @@ def test_weight_and_activation_observers_are_two_types():
         with pytest.raises(CalibrationError, match="unknown observer .* known: max, percentile, mse"):
             CalibrationConfig(observer=rule)
     assert {o.value for o in WeightObserver} == {"max", "mse", "full-range", "full-range-mse", "half-step"}
+    # the searching observers and the rule each searches around (scaling, mse_scales.searching)
+    assert {o.value: o.rule.value for o in WeightObserver if o.searches} == {"mse": "max", "full-range-mse": "full-range"}
 
 
 @pytest.mark.parametrize("observer", [MAX, MSE])

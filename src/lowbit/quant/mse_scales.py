@@ -46,16 +46,12 @@ E8M0_STEPS: tuple[int, ...] = (0, 1)
 
 Candidate = tuple[torch.Tensor, "torch.Tensor | None"]
 
-# the observer that searches around each rule (rules not listed have no searched variant)
-_SEARCHING = {WeightObserver.MAX: WeightObserver.MSE, WeightObserver.FULL_RANGE: WeightObserver.FULL_RANGE_MSE}
-
-
 def searching(spec: QuantSpec) -> QuantSpec:
     """``spec`` with the observer that searches around its rule (max -> mse, full-range ->
     full-range-mse); a spec that already searches, whose rule has no searched variant
     (half-step), whose scales are not chosen from the weights (dynamic) or that floors its
     scales is returned as it is."""
-    obs = _SEARCHING.get(spec.observer)
+    obs = next((o for o in WeightObserver if o.searches and o.rule is spec.observer), None)
     if obs is None or spec.dynamic is not Dynamic.STATIC or spec.scale_floor is not None:
         return spec
     return dataclasses.replace(spec, observer=obs)
@@ -119,7 +115,7 @@ def _candidates(v: torch.Tensor, spec: QuantSpec, scale: torch.Tensor) -> Iterat
     sf = spec.scale_format
     if sf is FormatName.FP32:
         fmt = get_format(spec.format)
-        full_range = spec.observer is WeightObserver.FULL_RANGE_MSE
+        full_range = spec.observer.rule is WeightObserver.FULL_RANGE
         if spec.symmetric and not full_range:
             a = reduce_groups(v.abs(), spec, lambda t, d: t.amax(d))
         elif not spec.symmetric:

@@ -119,11 +119,11 @@ def _prepare(x, spec, scale, global_scale, name) -> _Prepared:
     if scale is None:
         if not spec.symmetric:
             scale, zp = asymmetric_from_range(*group_range(v, spec), fmt)
-        elif spec.observer in (WeightObserver.FULL_RANGE, WeightObserver.FULL_RANGE_MSE):
+        elif spec.observer.rule is WeightObserver.FULL_RANGE:
             scale = full_range_scales(v, spec)
         else:
             scale = scales_from_amax(reduce_groups(v.abs(), spec, lambda t, d: t.amax(d)), spec, global_scale)
-        if spec.observer in (WeightObserver.MSE, WeightObserver.FULL_RANGE_MSE):
+        if spec.observer.searches:
             scale, zp = search_scales(v, spec, scale, zp, global_scale)
     else:
         scale = scale.to(torch.float32)

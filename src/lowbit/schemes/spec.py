@@ -68,6 +68,19 @@ class WeightObserver(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def rule(self) -> "WeightObserver":
+        """The closed-form rule whose scale starts the group's scale: MSE searches around MAX,
+        FULL_RANGE_MSE around FULL_RANGE; every other observer is its own rule."""
+        return {WeightObserver.MSE: WeightObserver.MAX,
+                WeightObserver.FULL_RANGE_MSE: WeightObserver.FULL_RANGE}.get(self, self)
+
+    @property
+    def searches(self) -> bool:
+        """Whether the rule's scale is then searched for the smallest squared error
+        (lowbit.quant.mse_scales)."""
+        return self.rule is not self
+
 
 @dataclass(frozen=True)
 class QuantSpec:
@@ -147,8 +160,7 @@ class QuantSpec:
             raise SchemeError("dynamic 'local' means dynamic block scales under a static global scale")
         if self.dynamic is Dynamic.STATIC and self.granularity is Granularity.TOKEN:
             raise SchemeError("per-token scales are necessarily dynamic")
-        if self.observer in (WeightObserver.FULL_RANGE, WeightObserver.FULL_RANGE_MSE,
-                             WeightObserver.HALF_STEP) and not (
+        if self.observer.rule in (WeightObserver.FULL_RANGE, WeightObserver.HALF_STEP) and not (
                 self.is_integer and self.symmetric and self.scale_format is FormatName.FP32):
             raise SchemeError(f"observer {self.observer.value!r} is a rule for symmetric INT formats with fp32 scales, "
                               f"not {self.format.value} / {self.scale_format.value} scales"
