@@ -119,6 +119,5 @@ def test_attention_scores_sum_in_order_so_a_row_does_not_depend_on_the_others():
     for j in range(64):
         seq = seq + q[:, :, j, None] * k[:, None, :, j]
     assert torch.equal(s, seq)
-    # a blocked matmul's rows depend on how many come together: why it is not used
-    mm = q @ k.transpose(1, 2)
-    assert not torch.equal((q[:, -3:] @ k.transpose(1, 2)), mm[:, -3:])
+    # (why not a matmul: on some hosts a blocked matmul's rows depend on how many come together,
+    # e.g. the AMD EPYC hosts of 2026-12; not asserted: it is the host's BLAS, not lowbit)

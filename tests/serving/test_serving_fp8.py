@@ -144,9 +144,5 @@ def test_fp8_gemm_pads_the_tokens_as_vllm_does(tmp_path):
     x = torch.randn(FP8_TOKEN_PADDING, m.in_features, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(m(x[:1]), m(x)[:1])
-    # why the padding matters: the float32 GEMM of one row alone sums otherwise than among 17
-    a8, _ = vllm_quant_fp8(x)
-    w8 = E4M3.decode(m.weight_codes).to(torch.float8_e4m3fn)
-    one = torch.ones(1)
-    gemm = lambda a: torch._scaled_mm(a, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)  # noqa: E731
-    assert not torch.equal(gemm(a8[:1].contiguous()), gemm(a8)[:1])
+    # (why the padding matters: on some hosts, e.g. the AMD EPYC ones of 2026-12, torch._scaled_mm
+    # sums one row alone otherwise than among 17; not asserted: it is the host's GEMM, not lowbit)
