@@ -123,10 +123,13 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     memory: saving needs quantized layers).
 
     Without calibration, schemes that need none (weight-only, dynamic activations) are plain
-    round-to-nearest (``quantize_rtn``; model-free quantization reproduces it bit for bit),
-    and so they are with calibration but without SmoothQuant or GPTQ
-    (``weight_rounding="gptq"``: the calibration data then feeds GPTQ's Hessians). The
-    calibration report is left on ``model.lowbit_calibration``.
+    round-to-nearest (``quantize_rtn``; model-free quantization reproduces it bit for bit).
+    With calibration data, symmetric weights of 4 bits or fewer default to GPTQ + 20
+    reconstruction steps (the data feeds GPTQ's Hessians: ``default_weight_rounding``); the
+    others (w8a16, dynamic INT8/FP8, MXFP6/MXFP8, w4a16-asym) stay plain RTN
+    unless SmoothQuant or ``weight_rounding="gptq"`` is asked for, and ``weight_rounding="rtn"``
+    keeps any of them RTN. The calibration report
+    is left on ``model.lowbit_calibration``.
     """
     from lowbit.calibration import LayerwiseCalibrator, calibration_tokens
 

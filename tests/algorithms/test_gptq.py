@@ -340,14 +340,18 @@ def test_gptq_model_save_load_roundtrip(scheme, fmt, tmp_path):
 def test_option_validation():
     assert CalibrationConfig(weight_rounding="gptq").weight_rounding is WeightRounding.GPTQ
     assert CalibrationConfig(weight_rounding="rtn").weight_rounding is WeightRounding.RTN
-    # not asked: GPTQ for schemes calibrated anyway (static activations) with weights coarser
-    # than INT8, RTN for the others
-    assert CalibrationConfig().rounding_for(PRESETS["w8a8-int8"]) is WeightRounding.RTN
+    # not asked: GPTQ for weights of 4 bits or fewer (static activations or not) and for schemes
+    # calibrated anyway (static activations) with weights coarser than INT8, RTN for the others
     assert CalibrationConfig().weight_rounding is None
-    assert CalibrationConfig().rounding_for(PRESETS["w8a8-fp8"]) is WeightRounding.GPTQ
-    assert CalibrationConfig().rounding_for(PRESETS["nvfp4"]) is WeightRounding.GPTQ
-    assert CalibrationConfig().rounding_for(PRESETS["w4a16"]) is WeightRounding.RTN
+    gptq = {n for n, s in PRESETS.items() if CalibrationConfig().rounding_for(s) is WeightRounding.GPTQ}
+    assert gptq == {"w8a8-fp8", "nvfp4", "nvfp4a16", "nvfp4-e5m3", "mxfp4", "mxfp4-mxfp8",
+                    "w4a16", "w4a8-int8", "w4a8-fp8"}
+    # 20 reconstruction steps after it on the 4-bit formats
+    steps = {n: CalibrationConfig().reconstruct_iters_for(PRESETS[n]) for n in gptq}
+    assert steps == {**{n: 20 for n in gptq}, "w8a8-fp8": 0}
     assert CalibrationConfig(weight_rounding="rtn").rounding_for(PRESETS["w8a8-fp8"]) is WeightRounding.RTN
+    assert CalibrationConfig(weight_rounding="rtn").rounding_for(PRESETS["w4a16"]) is WeightRounding.RTN
+    assert CalibrationConfig(weight_rounding="rtn").reconstruct_iters_for(PRESETS["w4a16"]) == 0
     with pytest.raises(CalibrationError, match="unknown weight_rounding 'gptqq'; known: rtn, gptq"):
         CalibrationConfig(weight_rounding="gptqq")
     with pytest.raises(CalibrationError, match="gptq_damping"):
@@ -367,8 +371,8 @@ def test_option_validation():
 def test_lm_head_outside_the_layers_gets_gptq_too():
     base = tiny_llama()
     kw = dict(num_samples=8, seq_len=32, include_lm_head=True)
-    rtn = lowbit.quantize(copy.deepcopy(base), "w4a16", _calib(), **kw)
-    assert not hasattr(rtn, "lowbit_calibration")  # weight-only with calibration: plain RTN by default
+    rtn = lowbit.quantize(copy.deepcopy(base), "w4a16", _calib(), weight_rounding="rtn", **kw)
+    assert not hasattr(rtn, "lowbit_calibration")  # weight-only with calibration, RTN asked for: plain RTN
     gq = lowbit.quantize(copy.deepcopy(base), "w4a16", _calib(), weight_rounding="gptq", gptq_scale_search=False, **kw)
     a, b = _layers(rtn)["lm_head"], _layers(gq)["lm_head"]
     assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
@@ -391,6 +395,21 @@ def test_static_schemes_default_to_gptq_with_calibration():
     g = lowbit.quantize(copy.deepcopy(base), "w8a8-fp8", _calib(), num_samples=8, seq_len=32, weight_rounding="gptq")
     assert d.lowbit_calibration.weight_rounding == "gptq"
     assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), g.state_dict().values()))
+
+
+def test_four_bit_weight_only_schemes_default_to_gptq_with_calibration():
+    """Given calibration data, w4a16 (weight-only) is GPTQ + reconstruction, the same as asking for
+    GPTQ; without it, or with weight_rounding="rtn", plain RTN."""
+    base = tiny_llama()
+    kw = dict(num_samples=4, seq_len=32)
+    d = lowbit.quantize(copy.deepcopy(base), "w4a16", _calib(), **kw)
+    g = lowbit.quantize(copy.deepcopy(base), "w4a16", _calib(), weight_rounding="gptq", **kw)
+    r = lowbit.quantize(copy.deepcopy(base), "w4a16", _calib(), weight_rounding="rtn", **kw)
+    plain = lowbit.quantize(copy.deepcopy(base), "w4a16")
+    assert d.lowbit_calibration.weight_rounding == "gptq" and d.lowbit_calibration.reconstruct
+    assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), g.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(r.state_dict().values(), plain.state_dict().values()))
+    assert any(not torch.equal(a, b) for a, b in zip(d.state_dict().values(), r.state_dict().values()))
 
 
 def test_calibration_preset_gptq_fast():

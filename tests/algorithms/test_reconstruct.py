@@ -178,7 +178,8 @@ def test_4bit_weights_reconstruct_20_steps_after_gptq_by_default_and_nothing_els
     assert default_reconstruct_iters(get_scheme("nvfp4"), rtn) == 0
     assert default_reconstruct_iters(get_scheme("w4a16"), gptq) == 20
     assert default_reconstruct_iters(get_scheme("w4a16"), rtn) == 0
-    assert CalibrationConfig().reconstruct_iters_for(get_scheme("w4a16")) == 0   # RTN unless GPTQ is asked for
+    assert CalibrationConfig().reconstruct_iters_for(get_scheme("w4a16")) == 20  # GPTQ by default with calibration
+    assert CalibrationConfig(weight_rounding="rtn").reconstruct_iters_for(get_scheme("w4a16")) == 0
     for name in ("w4a16-asym", "w8a8-int8", "w8a8-int8-dynamic", "w8a8-fp8-dynamic"):
         assert default_reconstruct_iters(get_scheme(name), gptq) == 0, name
     assert CalibrationConfig.preset("fast").reconstruct_iters_for(get_scheme("nvfp4")) == 0

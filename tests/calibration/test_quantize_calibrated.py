@@ -48,10 +48,14 @@ def test_calibrated_logits_close(llama, token_ids, scheme):
     assert 0 < _rel(q, ref, token_ids) < BOUNDS[scheme]
 
 
-@pytest.mark.parametrize("scheme", ["w8a8-int8-dynamic", "w4a16", "nvfp4a16", "mxfp4"])
-def test_calibration_without_smoothing_is_rtn_bit_for_bit(llama, scheme):
+@pytest.mark.parametrize("scheme,options", [("w8a8-int8-dynamic", {}), ("w8a16", {}), ("w4a16-asym", {}),
+                                            ("w4a16", {"weight_rounding": "rtn"}),
+                                            ("nvfp4a16", {"weight_rounding": "rtn"}), ("mxfp4", {"weight_rounding": "rtn"})])
+def test_calibration_without_gptq_or_smoothing_is_rtn_bit_for_bit(llama, scheme, options):
+    """Calibration data alone leaves the schemes whose default is RTN (8-bit and asymmetric weights,
+    dynamic inputs) equal to plain RTN, and so it does for 4-bit ones with RTN asked for."""
     rtn = lowbit.quantize(copy.deepcopy(llama), scheme)
-    cal = lowbit.quantize(copy.deepcopy(llama), scheme, _calib())
+    cal = lowbit.quantize(copy.deepcopy(llama), scheme, _calib(), **options)
     a, b = rtn.state_dict(), cal.state_dict()
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)

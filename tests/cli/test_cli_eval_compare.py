@@ -145,7 +145,9 @@ def test_quantize_model_free_matches_in_memory(capsys, tiny_dir, text_file, tmp_
     code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "nvfp4-e5m3", "--model-free", "--workers", 1,
                        "--output", a, "--json")
     assert code == 0, err
-    code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "nvfp4-e5m3", "--output", b, "--json")
+    # in memory, RTN asked for (with calibration data a 4-bit scheme's default is GPTQ)
+    code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "nvfp4-e5m3", "--output", b, "--json",
+                       "--weight-rounding", "rtn", "--in-memory")
     assert code == 0, err
     res = []
     for d in (a, b):
@@ -201,6 +203,24 @@ def test_quantize_weight_rounding_gptq_calibrates_a_weight_only_scheme(capsys, t
     a = outs["rtn"].get_submodule("model.layers.0.mlp.down_proj")
     b = outs["gptq"].get_submodule("model.layers.0.mlp.down_proj")
     assert torch.equal(a.weight_scale, b.weight_scale) and not torch.equal(a.weight_codes, b.weight_codes)
+
+
+def test_quantize_w4a16_with_calibration_text_is_gptq_by_default(capsys, tiny_dir, text_file, tmp_path):
+    """`lowbit quantize --scheme w4a16` (not model-free) calibrates: GPTQ + reconstruction, the same
+    codes as lowbit.quantize with calibration data and no options; --weight-rounding rtn is plain RTN."""
+    code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w4a16", "--output", tmp_path / "d", "--calib",
+                       text_file, "--calib-samples", 2, "--calib-seq-len", 64, "--json")
+    assert code == 0, err
+    assert "calibrating on" in err
+    got = lowbit.load(tmp_path / "d").get_submodule("model.layers.0.mlp.down_proj")
+    model, tok = lowbit.load_model(tiny_dir)
+    q = lowbit.quantize(model, "w4a16", calibration=str(text_file), tokenizer=tok, num_samples=2, seq_len=64,
+                        progress=False)
+    assert q.lowbit_calibration.weight_rounding == "gptq" and q.lowbit_calibration.reconstruct
+    ref = q.get_submodule("model.layers.0.mlp.down_proj")
+    assert torch.equal(got.weight_codes, ref.weight_codes) and torch.equal(got.weight_scale, ref.weight_scale)
+    plain = lowbit.quantize(lowbit.load_model(tiny_dir)[0], "w4a16").get_submodule("model.layers.0.mlp.down_proj")
+    assert not torch.equal(got.weight_codes, plain.weight_codes)
 
 
 def _gptq_down_projs(capsys, tiny_dir, text_file, tmp_path, runs: dict) -> dict:

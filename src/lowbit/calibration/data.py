@@ -79,16 +79,23 @@ class CalibrationConfig:
         calibration inputs; scales are the RTN ones, so files stay standard). With "gptq",
         calibration also runs for weight-only and dynamic-activation schemes (it then only
         feeds the Hessians). Default (None): ``default_weight_rounding(scheme)``, decided on
-        SmolLM2-135M perplexity (bench/RESULTS-quantize.md, "GPTQ"):
-        - GPTQ for schemes with static activation scales whose weights are coarser than INT8
-          (w8a8-fp8, nvfp4): they are calibrated layer by layer anyway, the Hessians come from
-          the same pass, and GPTQ measured better for a few more minutes of calibration;
-        - RTN for w8a8-int8: its per-channel INT8 weight grid leaves little error to
-          compensate, and GPTQ measured worse with SmoothQuant 0.8;
-        - RTN for weight-only and dynamic-activation schemes, for which calibration data is
-          optional: passing it alone keeps them bit for bit equal to plain (and model-free)
-          RTN. Ask for "gptq" explicitly.
-        Without calibration data weights are always RTN ("gptq" is then an error).
+        SmolLM2-135M perplexity (bench/RESULTS.md, bench/RESULTS-quantize.md, "GPTQ"):
+        - GPTQ for symmetric weights of 4 bits or fewer (w4a16, w4a8-*, nvfp4*, mxfp4*), static
+          activation scales or not: given calibration data, GPTQ + 20 reconstruction steps is
+          what it is for (SmolLM2 w4a16: RTN +29.18%, GPTQ + 20 steps +6.02% to +8.60% by
+          host); w4a16-asym stays RTN (GPTQ takes no zero points);
+        - GPTQ for the other schemes with static activation scales whose weights are coarser
+          than INT8 (w8a8-fp8): they are calibrated layer by layer anyway, the Hessians come
+          from the same pass, and GPTQ measured better for a few more minutes of calibration;
+        - RTN for w8a8-int8: its per-channel INT8 grid leaves little error to compensate, and
+          GPTQ measured worse with SmoothQuant 0.8;
+        - RTN for the other weight-only and dynamic-activation schemes (8- and 6-bit weights,
+          w4a16-asym):
+          passing calibration data alone keeps them bit for bit equal to plain (and
+          model-free) RTN. Ask for "gptq" explicitly.
+        Without calibration data weights are always RTN ("gptq" is then an error), and
+        ``weight_rounding="rtn"`` with calibration data keeps 4-bit weight-only schemes equal
+        to model-free RTN.
     gptq_damping: fraction of the mean Hessian diagonal added to its diagonal (GPTQ's
         "percdamp"; raised tenfold automatically if the Hessian is still not positive definite).
     gptq_block_size: columns per lazy batch update of GPTQ (speed only).
@@ -114,9 +121,9 @@ class CalibrationConfig:
         weight's rounding direction to reproduce the float layer's output
         (``lowbit.algorithms.reconstruct``; scales unchanged, so files stay standard); 0: off.
         Default (None): ``default_reconstruct_iters(scheme, rounding)``: 20 steps after GPTQ on
-        symmetric weights of 4 bits or fewer (nvfp4, whose default is GPTQ; w4a16 with
-        ``weight_rounding="gptq"``: +21.16% -> +7.48% on SmolLM2, +6.02% with GPTQ's scale
-        search), 0 otherwise. nvfp4, 16 x 256 tokens, GPTQ alone
+        symmetric weights of 4 bits or fewer (nvfp4, w4a16, ...: their default rounding is
+        GPTQ; w4a16: +21.16% -> +7.48% on SmolLM2, +6.02% with GPTQ's scale search), 0
+        otherwise. nvfp4, 16 x 256 tokens, GPTQ alone
         vs + 20 steps: SmolLM2 +30.12% -> +19.39% (462 CPU-s, ~9x), Gemma-3-270M +18.89% ->
         +16.74% (bench/RESULTS.md).
     reconstruct_lr: the first step, in grid units (default None:
@@ -274,8 +281,8 @@ DEFAULT_RECONSTRUCT_ITERS = 20  # nvfp4 GPTQ alone -> + 20 steps: SmolLM2 +30.12
 
 def default_reconstruct_iters(scheme: Scheme, rounding: WeightRounding) -> int:
     """Reconstruction steps when none are asked for (see ``CalibrationConfig.reconstruct_iters``):
-    ``DEFAULT_RECONSTRUCT_ITERS`` after GPTQ on symmetric weights of 4 bits or fewer (nvfp4 by
-    default; w4a16 when GPTQ is asked for), else 0. w4a16, SmolLM2, 16 x 256 tokens: GPTQ +21.16%
+    ``DEFAULT_RECONSTRUCT_ITERS`` after GPTQ on symmetric weights of 4 bits or fewer (whose
+    default rounding is GPTQ given calibration data), else 0. w4a16, SmolLM2, 16 x 256 tokens: GPTQ +21.16%
     -> + 20 steps +7.48% in 281.7 CPU-s (auto-round tuned iters 200: +7.08% in 1198.4)."""
     w = scheme.weights
     coarse = w.bits <= 4 and w.symmetric
@@ -291,10 +298,13 @@ def default_gptq_scale_search(scheme: Scheme) -> bool:
 
 def default_weight_rounding(scheme: Scheme) -> WeightRounding:
     """Weight rounding when calibration data is given and none is asked for (see
-    ``CalibrationConfig.weight_rounding``). Without calibration data it is always RTN."""
+    ``CalibrationConfig.weight_rounding``): GPTQ for symmetric weights of 4 bits or fewer, and for
+    static-activation schemes with weights coarser than INT8; RTN otherwise (GPTQ takes no zero
+    points, so w4a16-asym stays RTN). Without calibration data it is always RTN."""
     w = scheme.weights
     int8_or_finer = w.is_integer and w.bits >= 8
-    return WeightRounding.GPTQ if scheme.needs_calibration and not int8_or_finer else WeightRounding.RTN
+    coarse = w.bits <= 4 and w.symmetric
+    return WeightRounding.GPTQ if coarse or (scheme.needs_calibration and not int8_or_finer) else WeightRounding.RTN
 
 
 def builtin_text_path() -> Path:

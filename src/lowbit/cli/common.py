@@ -114,7 +114,12 @@ ROTATION_HELP = ("Hadamard rotations fused into the float weights before quantiz
 # the number is lowbit.calibration.data.DEFAULT_RECONSTRUCT_ITERS (not imported here: torch); a test pins it
 RECONSTRUCT_ITERS_HELP = ("Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
                           "directions to reproduce the float layer's output; scales unchanged; default: 20 after GPTQ "
-                          "on 4-bit weights (nvfp4; w4a16 with --weight-rounding gptq), else 0: off).")
+                          "on symmetric 4-bit weights (nvfp4, w4a16, ...), else 0: off).")
+
+WEIGHT_ROUNDING_HELP = ("Weight rounding with calibration: 'rtn' (round to nearest) or 'gptq' (error-compensating; "
+                        "calibrates weight-only and dynamic schemes too). Default: GPTQ for symmetric weights of 4 bits or fewer "
+                        "(w4a16 +29% -> +6-9% on SmolLM2 with the 20 reconstruction steps) and for w8a8-fp8, RTN "
+                        "otherwise; --weight-rounding rtn keeps 4-bit weight-only schemes plain RTN.")
 
 GPTQ_ACT_ORDER_HELP = ("GPTQ rounds columns in decreasing order of their input energy (act-order) instead of in "
                        "order, wherever GPTQ rounds the weights (--weight-rounding gptq or the scheme's default). "

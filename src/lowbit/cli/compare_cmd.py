@@ -12,6 +12,7 @@ from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
     parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, quiet_progress,
+    WEIGHT_ROUNDING_HELP,
     GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
 )
 
@@ -92,7 +93,7 @@ def compare_cmd(
                                                  help="Leading positions per calibration window kept out of static scales."),
     weight_rounding: Optional[str] = typer.Option(
         None, "--weight-rounding",
-        help="'rtn' or 'gptq' (GPTQ calibrates every scheme, weight-only and dynamic ones too)."),
+        help=WEIGHT_ROUNDING_HELP),
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
         help=RECONSTRUCT_ITERS_HELP),

@@ -15,7 +15,7 @@ from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
     parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding,
-    GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
+    GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP, WEIGHT_ROUNDING_HELP,
 )
 
 
@@ -44,8 +44,7 @@ def quantize_cmd(
              "static per-tensor INT8 inputs (w8a8-int8), 0.5 for FP8 ones (w8a8-fp8), none for the others."),
     weight_rounding: Optional[str] = typer.Option(
         None, "--weight-rounding",
-        help="Weight rounding with calibration: 'rtn' (round to nearest) or 'gptq' (error-compensating; "
-             "calibrates weight-only and dynamic schemes too)."),
+        help=WEIGHT_ROUNDING_HELP),
     layer_inputs: Optional[str] = typer.Option(
         None, "--layer-inputs",
         help="What each layer is calibrated on: 'quantized' (the quantized layers' outputs; default with GPTQ) or "

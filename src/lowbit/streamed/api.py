@@ -26,6 +26,7 @@ from typing import Iterable
 import torch
 
 from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
+from lowbit.algorithms.gptq import WeightRounding
 from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
 from lowbit.errors import OptionRef, QuantizationError
 from lowbit.schemes import Scheme, get_scheme
@@ -100,7 +101,9 @@ def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokeniz
                                 f"quantize in memory (lowbit.quantize, then lowbit.save)")
     if calibration is None or not calibrates(scheme, sq, cfg):
         # model-free: it refuses schemes that need calibration, naming the dynamic alternatives
-        if calibration is None and not scheme.needs_calibration and calibrates(scheme, sq, cfg):
+        # (asked for: without calibration data the 4-bit schemes' default GPTQ is plain RTN)
+        if calibration is None and not scheme.needs_calibration and (
+                sq is not None or cfg.weight_rounding is WeightRounding.GPTQ):
             raise QuantizationError(f"{scheme.name} with SmoothQuant or GPTQ needs calibration data (pass "
                                     f"{{calibration}})", calibration=OptionRef("calibration", "builtin"))
         from lowbit.modelfree import quantize_checkpoint as model_free
