@@ -266,13 +266,15 @@ def test_quantize_gptq_scale_search_is_the_python_option(capsys, tiny_dir, text_
     keeps RTN's full-range scales, each exactly as lowbit.quantize's gptq_scale_search; refused by
     --model-free."""
     from lowbit.quant import quantize
-    from lowbit.quant.mse_scales import searching
     from lowbit.schemes import PRESETS
 
     mods = _gptq_down_projs(capsys, tiny_dir, text_file, tmp_path, {"default": [], "off": ["--no-gptq-scale-search"]})
     w = lowbit.load_model(tiny_dir)[0].get_submodule("model.layers.0.mlp.down_proj").weight.detach()
     spec = PRESETS["w4a16"].weights
-    assert torch.equal(mods["default"].weight_scale, quantize(w, searching(spec)).scale)
+    searched = _python_down_proj(tiny_dir, text_file)  # the default: scales searched on the Hessian
+    assert torch.equal(mods["default"].weight_scale, searched.weight_scale)
+    assert torch.equal(mods["default"].weight_codes, searched.weight_codes)
+    assert not torch.equal(mods["default"].weight_scale, quantize(w, spec).scale)
     assert torch.equal(mods["off"].weight_scale, quantize(w, spec).scale)
     assert mods["default"].scheme.weights == spec  # the scheme and its observer are unchanged
     assert torch.equal(_python_down_proj(tiny_dir, text_file, gptq_scale_search=False).weight_codes,

@@ -20,7 +20,8 @@ Candidates, by scale format:
 - E8M0 block scales (MX): the OCP floor exponent, then exponent + 1 (the floor rule
   saturates the top of the block; one binade up may do better), ``E8M0_STEPS``.
 
-The error of a candidate is sum((qdq(x / eff) * eff - x)^2) over the group, computed exactly
+The error of a candidate is sum((qdq(x / eff) * eff - x)^2) over the group (each square times
+a given per-element weight when the caller passes one: GPTQ weights by the Hessian diagonal), computed exactly
 as the quantizer does in float32; the squares are summed in float64 so that near-ties do not
 depend on how many rows are quantized at once (the model-free path quantizes row bands).
 The search is vectorized over all groups and evaluates one candidate at a time (memory: a
@@ -63,6 +64,7 @@ def search_scales(
     scale: torch.Tensor,
     zero_point: torch.Tensor | None,
     global_scale: torch.Tensor | None,
+    weights: torch.Tensor | None = None,
 ) -> Candidate:
     """The per-group (scale, zero_point) with the smallest squared error.
 
@@ -70,11 +72,14 @@ def search_scales(
     scale, zero_point: the max rule's scales (and asymmetric zero points) of ``v`` under
         ``spec``: the first candidate, kept on ties.
     global_scale: the NVFP4 divisor when the spec has one (unchanged by the search).
+    weights: None (plain squared error) or non-negative float32 weights broadcastable to ``v``,
+        one per element (GPTQ: each input column's Hessian diagonal, so that an error counts by
+        the energy of the input it multiplies); each squared error is multiplied by its weight.
     """
     best_s, best_zp = scale, zero_point
-    best_err = group_error(v, spec, scale, zero_point, global_scale)
+    best_err = group_error(v, spec, scale, zero_point, global_scale, weights)
     for s, zp in _candidates(v, spec, scale):
-        err = group_error(v, spec, s, zp, global_scale)
+        err = group_error(v, spec, s, zp, global_scale, weights)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_s = torch.where(better, s, best_s)
@@ -89,8 +94,10 @@ def group_error(
     scale: torch.Tensor,
     zero_point: torch.Tensor | None,
     global_scale: torch.Tensor | None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Squared quantize-dequantize error of each scale group of ``v`` (float64, scale shape)."""
+    """Squared quantize-dequantize error of each scale group of ``v`` (float64, scale shape),
+    each element's square times its entry of ``weights`` when given (see ``search_scales``)."""
     fmt = get_format(spec.format)
     eff = effective_scale(scale.to(torch.float32), spec, global_scale)
     divisor = torch.where(eff != 0, eff, torch.ones_like(eff)).unsqueeze(-1)
@@ -107,6 +114,8 @@ def group_error(
         t = fmt.qdq(t)
     t.mul_(eff.unsqueeze(-1)).sub_(v)  # a zero scale dequantizes to zero, as quantize does
     t.mul_(t)
+    if weights is not None:
+        t.mul_(weights)
     return reduce_groups(t, spec, lambda x, dim: x.sum(dim, dtype=torch.float64))
 
 
