@@ -28,6 +28,7 @@ reference GPTQ code):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
@@ -59,10 +60,12 @@ class GPTQOptions:
     block_size: columns per lazy batch update (numerics barely depend on it; speed does).
     act_order: visit columns by decreasing Hessian diagonal (scales stay the up-front ones).
     scale_search: the up-front scales are searched per group among the candidates of the spec's
-    searched rule (``lowbit.quant.mse_scales.searching``: full-range -> full-range-mse, max ->
-    mse) for the smallest squared weight error weighted by each input column's Hessian diagonal
-    (an error counts by the energy of the input it multiplies: SmolLM2 w4a16, GPTQ + 20 steps,
-    +8.60% unweighted, +6.03% weighted); the spec itself, and so every file, is unchanged.
+    searched rule (``lowbit.quant.mse_scales.searching``: full-range -> full-range-mse, max and
+    mse -> mse, started from the closed-form rule) for the smallest squared weight error
+    weighted by each input column's Hessian diagonal (an error counts by the energy of the input
+    it multiplies: SmolLM2 w4a16, GPTQ + 20 steps, +8.60% unweighted, +6.03% weighted); off, the
+    up-front scales are RTN's (``quantize(W, spec)``, the spec's own observer). The spec itself,
+    and so every file, is unchanged.
     max_batch_bytes: the memory one column loop may hold (float32 weights of its groups plus their
     distinct inverse-Hessian factors); groups of one width are batched up to it (at least one).
     MoE experts that share one Hessian share its factor."""
@@ -193,13 +196,13 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
         for i, (W, n) in enumerate(zip(Ws, ns)):
             _check(W, H, spec, n, first=i == 0)
     out: list[list[QuantizedTensor]] = [[] for _ in groups]
-    scale_spec = searching(spec) if options.scale_search else spec
     for ks in gptq_batches(groups, Hs, options):  # one batch at a time: its inverse Hessian factors are alive together
         parts, perms, rtns, scales = [], [], {}, []
         factors: dict[int, tuple] = {}  # id(H) -> its factor: groups given one Hessian share it
         for k in ks:
             Ws = [W.detach().to(torch.float32) for W in groups[k]]
-            rtns[k] = [_up_front(W, spec, scale_spec, g, n, Hs[k]) for W, g, n in zip(Ws, global_scales[k], names[k])]
+            rtns[k] = [_up_front(W, spec, options.scale_search, g, n, Hs[k])
+                       for W, g, n in zip(Ws, global_scales[k], names[k])]
             W, u, perm = _prepare_part(torch.cat(Ws), Hs[k], options, names[k][0], factors)
             for r in rtns[k]:
                 eff_t, div_t = _column_scales(r, W.shape[1])
@@ -227,14 +230,18 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
     return out
 
 
-def _up_front(W: torch.Tensor, spec: QuantSpec, scale_spec: QuantSpec, global_scale, name: str,
+def _up_front(W: torch.Tensor, spec: QuantSpec, search: bool, global_scale, name: str,
               H: torch.Tensor) -> QuantizedTensor:
-    """RTN of ``W`` on GPTQ's up-front scales: the rule's (``spec``), or with the scale search
-    (``scale_spec`` searches) the candidate per group with the smallest squared error weighted
-    by each input column's Hessian diagonal (the energy of the input it multiplies)."""
-    base = quantize(W, spec, global_scale=global_scale, name=name)
-    if scale_spec is spec:
-        return base
+    """RTN of ``W`` on GPTQ's up-front scales: RTN's own (``quantize(W, spec)``, whatever its
+    observer), or with ``search`` (where ``searching(spec)`` searches) the candidate of the
+    searched rule per group, started from the closed-form rule's scale (max for mse, full-range
+    for full-range-mse), with the smallest squared error weighted by each input column's Hessian
+    diagonal (the energy of the input it multiplies)."""
+    scale_spec = searching(spec) if search else spec
+    if not search or not scale_spec.observer.searches:
+        return quantize(W, spec, global_scale=global_scale, name=name)
+    base = quantize(W, dataclasses.replace(scale_spec, observer=scale_spec.observer.rule),
+                    global_scale=global_scale, name=name)
     v = group_view(W, spec, name)
     h = torch.diagonal(H).detach().to(torch.float32).clamp_min(0.0)
     wts = group_view(h.expand_as(W), spec, name)

@@ -30,7 +30,6 @@ from lowbit.calibration.observers import ActivationObserver
 from lowbit.errors import LowbitError
 from lowbit.algorithms.gptq import GPTQOptions, WeightRounding
 from lowbit.algorithms.rotate.options import DEFAULT_ROTATION, Rotation
-from lowbit.numerics import FormatName
 from lowbit.schemes import Scheme
 from lowbit.textstart import bos_to_prepend, prepend
 from lowbit.textfiles import builtin_calibration_text_path
@@ -102,15 +101,16 @@ class CalibrationConfig:
     gptq_act_order: quantize columns by decreasing Hessian diagonal (scales still computed up
         front, per group, so the files keep the standard layout).
     gptq_scale_search: GPTQ's up-front scales searched per group around the scheme's rule
-        (full-range -> full-range-mse's candidates, max -> mse's) for the smallest squared weight
-        error weighted by each input column's Hessian diagonal (the scheme, its observer and the
-        file layout are unchanged). Intel Xeon host, GPTQ + 20 steps, SmolLM2 w4a16: unweighted
-        +8.60%, weighted +6.03% (auto-round tuned iters 200 on that host: +6.91%). Default (None):
-        ``default_gptq_scale_search(scheme)``: on for symmetric INT weights of 4 bits or fewer
-        (w4a16, w4a8-int8, w4a8-fp8), off otherwise. The unweighted search, AMD EPYC host, GPTQ + 20
-        reconstruction steps on 16 x 256 tokens: SmolLM2 w4a16 +7.48% -> +6.02%, Gemma-3-270M w4a16 +21.47% -> +12.74%, SmolLM2
-        w4a8-int8 +9.61% -> +8.91% (bench/RESULTS.md); for RTN alone the same search is worse
-        (SmolLM2 +29.18% -> +32.55%), so the schemes' own observer stays full-range.
+        (full-range -> full-range-mse's candidates, max and mse -> mse's) for the smallest
+        squared weight error weighted by each input column's Hessian diagonal (the scheme, its
+        observer and the file layout are unchanged; off: RTN's own scales). Default (None):
+        ``default_gptq_scale_search(scheme)``: on for symmetric weights of 4 bits or fewer
+        (every scheme whose default rounding with calibration data is GPTQ + reconstruction),
+        off otherwise. SmolLM2, GPTQ + 20 steps, 16 x 256 tokens, Intel Xeon host
+        (bench/RESULTS.md): w4a16 +8.60% with the unweighted search -> +6.03% weighted (auto-round
+        tuned iters 200: +6.91%); nvfp4 (mse observer) +18.49% -> +16.44%, nvfp4a16 +5.43% ->
+        +3.59%, nvfp4-e5m3 +19.20% -> +16.30%. For RTN alone a search on the plain weight error
+        is worse on w4a16 (+29.18% -> +32.55%), so the INT schemes' own observer stays full-range.
     layer_inputs: "quantized": each layer sees the outputs of the already quantized layers
         before it (two passes per layer: observe, then run the quantized layer); "float": the
         float model's activations, one float pass per layer (the observe pass gives the next
@@ -293,9 +293,10 @@ def default_reconstruct_iters(scheme: Scheme, rounding: WeightRounding) -> int:
 
 def default_gptq_scale_search(scheme: Scheme) -> bool:
     """GPTQ's scale search when none is asked for (see ``CalibrationConfig.gptq_scale_search``):
-    on for symmetric fp32-scaled INT weights of 4 bits or fewer."""
+    on for symmetric weights of 4 bits or fewer, the ones GPTQ + reconstruction rounds by
+    default (``default_weight_rounding``)."""
     w = scheme.weights
-    return w.is_integer and w.symmetric and w.bits <= 4 and w.scale_format is FormatName.FP32
+    return w.symmetric and w.bits <= 4
 
 
 def default_weight_rounding(scheme: Scheme) -> WeightRounding:

@@ -126,9 +126,10 @@ GPTQ_ACT_ORDER_HELP = ("GPTQ rounds columns in decreasing order of their input e
                        "Helps when GPTQ is the last step on 4-bit weights (--reconstruct-iters 0: w4a16 +12.2% "
                        "instead of +21.2% ppl on SmolLM2), not before reconstruction or on INT8 weights "
                        "(bench/RESULTS.md); default: off.")
-GPTQ_SCALE_SEARCH_HELP = ("GPTQ's group scales searched for the smallest weight error around the scheme's rule "
-                          "(full-range -> full-range-mse, max -> mse); default: on for symmetric INT weights of "
-                          "4 bits or fewer (w4a16, w4a8-*), off otherwise. Files keep the standard layout.")
+GPTQ_SCALE_SEARCH_HELP = ("GPTQ's group scales searched around the scheme's rule (full-range -> full-range-mse, "
+                          "max and mse -> mse) for the smallest weight error weighted by each input's Hessian "
+                          "diagonal; off: RTN's scales. Default: on for symmetric weights of 4 bits or fewer "
+                          "(w4a16, w4a8-*, nvfp4*, mxfp4*), off otherwise. Files keep the standard layout.")
 
 
 def parse_reconstruct_iters(value: int | None) -> int | None:
