@@ -53,7 +53,8 @@ def main() -> None:
     if a.layers is not None:
         ignore = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
                   and n.startswith("model.layers.") and int(n.split(".")[2]) >= a.layers]
-    # the peers' 16 x 256 calibration tokens, unless the preset sets its own budget (fast: 4 x 128)
+    # the peers' 16 x 256 calibration tokens, unless the preset sets its own budget (fast: 4 x 128,
+    # best: 64 windows; pass --options '{"num_samples": 16}' for the peers' tokens)
     own = CALIBRATION_PRESETS.get(a.preset, {})
     opts = {k: v for k, v in (("num_samples", 16), ("seq_len", 256)) if k not in own}
     opts.update(json.loads(a.options))

@@ -470,12 +470,17 @@ def test_calibration_preset_gptq_fast():
         CalibrationConfig.preset("fastest")
     assert list(CALIBRATION_PRESETS) == ["fast", "default", "gptq-fast", "best"]
     best = CalibrationConfig.preset("best")
-    assert (best.weight_rounding, best.layer_inputs, best.reconstruct_iters) == \
-        (WeightRounding.GPTQ, LayerInputs.QUANTIZED, 50)
+    assert (best.weight_rounding, best.layer_inputs, best.reconstruct_iters, best.num_samples, best.seq_len) == \
+        (WeightRounding.GPTQ, LayerInputs.QUANTIZED, 50, 64, 512)
+    from lowbit.cli.common import CALIB_PRESET_HELP  # the CLI's words for the budgets, pinned to them
+
+    assert f"{best.reconstruct_iters} block-reconstruction steps a layer, on {best.num_samples} x {best.seq_len}" \
+        in CALIB_PRESET_HELP
     assert CalibrationConfig.preset("default") == CalibrationConfig()
     fast = CalibrationConfig.preset("fast")
     assert (fast.weight_rounding, fast.layer_inputs, fast.num_samples, fast.seq_len) == \
         (WeightRounding.RTN, LayerInputs.FLOAT, 4, 128)
+    assert f"fast (RTN, {fast.num_samples} x {fast.seq_len} tokens)" in CALIB_PRESET_HELP
     base = tiny_llama()
     a = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), preset="gptq-fast", seq_len=32)
     b = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), weight_rounding="gptq",

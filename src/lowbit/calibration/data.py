@@ -263,13 +263,12 @@ CALIBRATION_PRESETS: dict[str, dict] = {
     "gptq-fast": {"weight_rounding": "gptq", "layer_inputs": "float", "num_samples": 4, "seq_len": 128,
                   "reconstruct_iters": 0},
     # block-output reconstruction (lowbit.algorithms.reconstruct) of every decoder layer toward
-    # the float model's outputs, from GPTQ's codes, on the quantized layers' outputs: the most
-    # accurate. One start for every scheme: on the full SmolLM2 (16 x 256 tokens) GPTQ's codes
-    # gave w4a16 +9.34% against +9.46% from RTN codes, and nvfp4 +17.50% against +17.25%
-    # (bench/RESULTS.md); with GPTQ's scale search (the default for INT4 since 2026-12-02) w4a16
-    # `best` is +6.77% (auto-round tuned, iters 200: +7.08%). Also tuning the block scales
-    # measured worse (nvfp4 layers 0-1; w4a16 from RTN, +10.87%).
-    "best": {"weight_rounding": "gptq", "layer_inputs": "quantized", "reconstruct_iters": 50},
+    # the float model's outputs, from GPTQ's codes, on the quantized layers' outputs, 50 steps on
+    # 4x the default's calibration windows (64 x 512 tokens): the most accurate. Each step takes one
+    # batch, so the windows cost the forward passes, not the steps; on the default's 16 windows the
+    # extra steps overfit (SmolLM2, 16 x 256 tokens, Intel host: nvfp4 +17.31% against the default's
+    # +16.44%; with 64 x 256 +15.24%; bench/RESULTS.md, "`best` on 64 calibration windows").
+    "best": {"weight_rounding": "gptq", "layer_inputs": "quantized", "reconstruct_iters": 50, "num_samples": 64},
 }
 
 

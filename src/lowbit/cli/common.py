@@ -111,6 +111,12 @@ ROTATION_HELP = ("Hadamard rotations fused into the float weights before quantiz
                  "needs the whole model in memory) or 'none' (the default).")
 
 
+# the budgets are lowbit.calibration.CALIBRATION_PRESETS' (not imported here: torch); a test pins them
+CALIB_PRESET_HELP = ("A named calibration budget: fast (RTN, 4 x 128 tokens), default, gptq-fast (GPTQ on 4 x 128 "
+                     "tokens: for INT8 weights) or best (GPTQ, then 50 block-reconstruction steps a layer, on "
+                     "64 x 512 tokens); explicit calibration options override its fields.")
+
+
 # the number is lowbit.calibration.data.DEFAULT_RECONSTRUCT_ITERS (not imported here: torch); a test pins it
 RECONSTRUCT_ITERS_HELP = ("Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
                           "directions to reproduce the float layer's output; scales unchanged; default: 20 after GPTQ "

@@ -13,7 +13,7 @@ from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
     parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, quiet_progress,
     WEIGHT_ROUNDING_HELP,
-    GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
+    CALIB_PRESET_HELP, GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
 )
 
 
@@ -82,9 +82,7 @@ def compare_cmd(
                                                 help="Tokens per calibration window (default 512, as lowbit quantize and lowbit.quantize)."),
     calib_preset: Optional[str] = typer.Option(
         None, "--calib-preset",
-        help="A named calibration budget for every scheme: fast (RTN, 4 x 128 tokens), default, gptq-fast (GPTQ "
-             "on 4 x 128 tokens: for INT8 weights) or best (GPTQ, then block-output reconstruction, 50 steps a layer); "
-             "--calib-samples, --calib-seq-len and --weight-rounding override it."),
+        help=CALIB_PRESET_HELP),
     smoothquant: str = typer.Option("default", "--smoothquant",
                                     help="SmoothQuant for schemes with static per-tensor input scales (w8a8-int8, "
                                          "w8a8-fp8): 'default' (alpha 0.8 for INT8, 0.5 for FP8 inputs), an alpha "

@@ -15,7 +15,7 @@ from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
     parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding,
-    GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP, WEIGHT_ROUNDING_HELP,
+    CALIB_PRESET_HELP, GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP, WEIGHT_ROUNDING_HELP,
 )
 
 
@@ -52,9 +52,7 @@ def quantize_cmd(
              "time; default with RTN weights)."),
     calib_preset: Optional[str] = typer.Option(
         None, "--calib-preset",
-        help="A named calibration budget: fast (RTN, 4 x 128 tokens), default, gptq-fast (GPTQ on 4 x 128 "
-             "tokens: for INT8 weights) or best (GPTQ, then block-output reconstruction, 50 steps a layer); the options "
-             "above override its fields."),
+        help=CALIB_PRESET_HELP),
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
         help=RECONSTRUCT_ITERS_HELP),
