@@ -481,6 +481,7 @@ def test_calibration_preset_gptq_fast():
     assert (fast.weight_rounding, fast.layer_inputs, fast.num_samples, fast.seq_len) == \
         (WeightRounding.RTN, LayerInputs.FLOAT, 4, 128)
     assert f"fast (RTN, {fast.num_samples} x {fast.seq_len} tokens)" in CALIB_PRESET_HELP
+    assert f"gptq-fast (GPTQ on {cfg.num_samples} x {cfg.seq_len} tokens" in CALIB_PRESET_HELP
     base = tiny_llama()
     a = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), preset="gptq-fast", seq_len=32)
     b = lowbit.quantize(copy.deepcopy(base), "w8a8-int8-dynamic", _calib(), weight_rounding="gptq",
