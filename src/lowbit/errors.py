@@ -12,17 +12,19 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class OptionRef:
     """An option named in an error message, spelled as the Python API (``format='lowbit'``) or as
-    the CLI (``--format lowbit``) spells it. The CLI flag is ``--`` + the keyword with ``_`` as
-    ``-``; a True value is the bare flag."""
+    the CLI (``--format lowbit``) spells it. The CLI flag is ``--`` + the keyword (or ``flag``,
+    where the CLI names it otherwise: ``num_samples`` is ``--calib-samples``) with ``_`` as ``-``; a
+    True value is the bare flag."""
 
     name: str
     value: object = True
+    flag: str | None = None
 
     def python(self) -> str:
         return f"{self.name}={self.value!r}"
 
     def cli(self) -> str:
-        flag = "--" + self.name.replace("_", "-")
+        flag = "--" + (self.flag or self.name).replace("_", "-")
         return flag if self.value is True else f"{flag} {self.value}"
 
 

@@ -42,7 +42,7 @@ from lowbit.calibration.capture import (
     Inputs, capture_layer_inputs, find_decoder_layers, hidden_of, observe_layer, observing, run_layer, with_hidden,
 )
 from lowbit.dist import Group
-from lowbit.calibration.reduce import check_distributable, distinct, reduce_stats, solve_spread
+from lowbit.calibration.reduce import check_distributable, check_windows, distinct, reduce_stats, solve_spread
 from lowbit.calibration.hooks import InMemory, move_call
 from lowbit.calibration.data import CalibrationConfig, LayerInputs
 from lowbit.calibration.observers import make_observer
@@ -225,6 +225,7 @@ class LayerwiseCalibrator:
         hooks = hooks or InMemory()
         t0 = time.perf_counter()
         self.report.num_samples = int(tokens.shape[0])
+        check_windows(self.group, tokens.shape[0], self.cfg.seq_len)  # several ranks: this rank's windows
         found = find_decoder_layers(self.model, names)
         done: set[str] = set()
         if found is not None:
@@ -294,7 +295,8 @@ class LayerwiseCalibrator:
         for g in groups:
             stats[g[0]] = stats[rep.get(g[0], g[0])]  # the same object: one Hessian, one observer
         outs = self._observe_pass(layer, heads, inputs, stats, rel, outputs=outputs)
-        reduce_stats(self.group, distinct(stats))  # several ranks: what one process observes
+        # several ranks: what one process observes (a rank holding no batch observed on the layer's device)
+        reduce_stats(self.group, distinct(stats), next(layer.parameters()).device)
         if self.maps:
             stale = self._smooth(layer, rel, groups, stats)
             if stale:

@@ -1,7 +1,15 @@
 """Calibration statistics of several ranks combined into what one process computes, bit for bit.
 
-Each rank observes a contiguous share of the calibration batches (``Group.share``: rank 0 the
-first ones). Maxima are combined with an all-reduce (exact in any order). The GPTQ Hessian is a
+Each rank observes a contiguous share of the calibration batches, the batches one process runs
+(``Group.share`` over the batches: rank 0 the first ones), so a batch never spans two ranks and
+every number is computed from the same batches as in one process. With fewer batches than ranks
+(4 windows in batches of 4 on 2 ranks) the last ranks hold none: they observe nothing, add
+max's identity to the maxima and nothing to the Hessians, and still take their share of the GPTQ
+solves (and, in ``lowbit.streamed``, of the shards). A job given fewer windows than ranks is
+refused, with the same line on every rank: before any work when fewer are asked for
+(``check_distributable``), when the layers start when the data makes fewer (``check_windows``).
+
+Maxima are combined with an all-reduce (exact in any order). The GPTQ Hessian is a
 float64 sum whose value depends on the order of its additions, so it is passed along the ranks
 in batch order: rank 0 sums its batches as one process would, sends the sum to rank 1, which
 adds its own batches' products (kept until then: ``HessianSum(deferred=True)``) in order, and
@@ -18,9 +26,17 @@ import torch
 
 from lowbit.calibration.stats import GroupStats
 from lowbit.dist import DistError, Group
+from lowbit.errors import OptionRef
+
+
+def _samples(n: int) -> OptionRef:
+    return OptionRef("num_samples", n, flag="calib_samples")
 
 
 def check_distributable(group: Group, cfg, smoothquant) -> None:
+    """Refuse (DistError, the same line on every rank, before any collective) what the ranks
+    cannot compute as one process does: sample-keeping observers, the alpha search, and fewer
+    calibration windows asked for than ranks."""
     if not group.distributed:
         return
     if str(cfg.observer) != "max":
@@ -29,6 +45,23 @@ def check_distributable(group: Group, cfg, smoothquant) -> None:
     if smoothquant == "auto":
         raise DistError("smoothquant='auto' searches on sample rows, which are not combined across ranks yet: "
                         "give an alpha, or run one process")
+    if cfg.num_samples < group.world:
+        raise DistError(f"{{asked}} is fewer than the {group.world} ranks of this job: give at least {{least}} "
+                        f"(one calibration window per rank), or start fewer ranks",
+                        asked=_samples(cfg.num_samples), least=_samples(group.world))
+
+
+def check_windows(group: Group, n_local: int, seq_len: int) -> None:
+    """Refuse (DistError on every rank) a job whose calibration windows, all ranks' ``n_local``
+    together, are fewer than its ranks (a text too short for the windows asked for). Every rank
+    calls it at the same point (one gather)."""
+    if not group.distributed:
+        return
+    total = sum(group.gather_objects(int(n_local)))
+    if total < group.world:
+        raise DistError(f"the calibration data makes {total} window{'s' if total != 1 else ''}, fewer than the "
+                        f"{group.world} ranks of this job: give a text long enough for {group.world} windows (or "
+                        f"lower {{seq}}), or start fewer ranks", seq=OptionRef("seq_len", seq_len, flag="calib_seq_len"))
 
 
 def distinct(stats: dict[str, GroupStats]) -> list[GroupStats]:
@@ -39,25 +72,33 @@ def distinct(stats: dict[str, GroupStats]) -> list[GroupStats]:
     return list(seen.values())
 
 
-def _max(group: Group, obs) -> None:
-    if obs.channel_max is None:
-        raise DistError("a rank observed no calibration data for a layer input: give every rank at least one "
-                        "calibration batch (fewer ranks, or more samples)")
-    group.max_(obs.channel_max)
+def _fill_unobserved(group: Group, observers: list, device: torch.device) -> None:
+    """An observer this rank saw no data for (it holds no batch) starts from max's identity, -inf,
+    in the shape and dtype another rank observed, so the all-reduce gives the maxima of the ranks
+    that did observe. An input no rank observed stays unobserved on every rank, as in one process."""
+    mine = [None if o.channel_max is None else (tuple(o.channel_max.shape), o.channel_max.dtype) for o in observers]
+    seen = group.gather_objects(mine)
+    for k, o in enumerate(observers):
+        like = next((s[k] for s in seen if s[k] is not None), None)
+        if o.channel_max is None and like is not None:
+            o.channel_max = torch.full(like[0], float("-inf"), dtype=like[1], device=device)
 
 
-def reduce_stats(group: Group, stats: list[GroupStats]) -> None:
-    """Combine every rank's statistics in place (every rank calls this with the same list).
-    Afterwards every rank holds the combined maxima, and the last rank the combined Hessians."""
+def reduce_stats(group: Group, stats: list[GroupStats], device: torch.device | None = None) -> None:
+    """Combine every rank's statistics in place (every rank calls this with the same list; ``device``:
+    where this rank's statistics are, for a rank that observed none). Afterwards every rank holds
+    the combined maxima, and the last rank the combined Hessians."""
     if not group.distributed:
         return
-    for st in stats:
-        _max(group, st.all_pos)
-        _max(group, st.scale_chan)
+    observers = [o for st in stats for o in (st.all_pos, st.scale_chan)]
+    _fill_unobserved(group, observers, device or torch.device("cpu"))
+    for o in observers:
+        if o.channel_max is not None:  # the same on every rank (_fill_unobserved)
+            group.max_(o.channel_max)
     last = group.world - 1
     for st in stats:
         h = st.hessian_sum
-        if h is None:
+        if h is None or st.all_pos.channel_max is None:
             continue
         n = st.all_pos.channel_max.shape[0]
         prev = None
