@@ -4,6 +4,7 @@ leaves nothing half-written; the source is never overwritten."""
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from helpers.cli import assert_one_error, copy_folder, leftovers, run, tiny  # noqa: F401  (tiny: fixture)
+from helpers.full_disk import FullDisk
 
 TEXT = "\n".join(f"one two three four five six seven eight nine ten and the story of the {w} ended there."
                  for w in ("garden", "letter", "carriage", "evening", "sister", "window"))
@@ -178,3 +180,77 @@ def test_lowbit_save_refuses_the_folder_the_model_came_from(tiny, tmp_path):
     with pytest.raises(FormatError, match="would overwrite the source"):
         lowbit.save(q, src, overwrite=True)
     assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+
+
+# ---------------------------------------------------------------------------- refused writes
+REFUSALS = {errno.ENOSPC: "No space left on device", errno.EROFS: "Read-only file system",
+            errno.EACCES: "Permission denied"}
+CALIBRATED = ["--scheme", "w8a8-int8", "--calib-samples", 2, "--calib-seq-len", 16]
+# each entry point of `lowbit quantize`, and a file it writes (the weights: a Rust writer's error,
+# or pwrite's, that names no file; and text files)
+ENTRIES = {"streamed": (CALIBRATED, "lowbit-model-00001-of-00003.safetensors"),
+           "in-memory": ([*CALIBRATED, "--in-memory"], "auto-00000.safetensors"),
+           "model-free": (["--scheme", "w8a16", "--model-free"], "lowbit-model.safetensors")}
+REFUSED = [(entry, errno.ENOSPC) for entry in ENTRIES] + [("streamed", errno.EROFS), ("streamed", errno.EACCES),
+                                                           ("model-free", errno.EROFS)]
+
+
+@pytest.mark.parametrize("entry,code", REFUSED)
+def test_a_refused_write_is_one_error_line(capsys, monkeypatch, tiny, tmp_path, entry, code):
+    """A full disk, a read-only file system, no permission: one line naming the file, exit 2;
+    what resumes (streamed, model-free) keeps its temporary folder, names it, and the same command
+    completes once writes succeed; the in-memory path leaves nothing."""
+    args, site = ENTRIES[entry]
+    out = tmp_path / "out"
+    tmp = out.parent / f".{out.name}.lowbit-tmp"
+    disk = FullDisk(monkeypatch, fail_at=1, only=site if code == errno.ENOSPC else "config.json", error=code)
+    rc, _, err = run(capsys, "quantize", tiny, *args, "--output", out)
+    assert disk.refused
+    line = assert_one_error(rc, err, REFUSALS[code], f"cannot write {tmp / disk.sites[-1]}", str(out))
+    assert not out.exists()
+    if entry != "model-free":  # model-free fills its shards in place, under .partial names it resumes into
+        assert not list(out.parent.rglob("*.partial"))
+    if entry == "in-memory":
+        assert leftovers(out) == []
+        return
+    assert leftovers(out) == [tmp.name] and f"stay in {tmp}: run the same command again to resume" in line
+    disk.fail_at = None
+    rc, _, err = run(capsys, "quantize", tiny, *args, "--output", out)
+    assert rc == 0, err
+    assert leftovers(out) == ["out"]
+
+
+def test_lowbit_save_onto_a_full_disk_raises_one_line_and_leaves_nothing(monkeypatch, tiny, tmp_path):
+    import lowbit
+    from lowbit.errors import OutputError
+    from lowbit.models import load_model
+
+    model, tok = load_model(tiny)
+    q = lowbit.quantize(model, "w8a16")
+    out = tmp_path / "out"
+    for site in ("config.json", "tokenizer (save_pretrained)", "auto-00000.safetensors"):  # the weights, unnamed yet
+        disk = FullDisk(monkeypatch, fail_at=1, only=site)
+        with pytest.raises(OutputError) as e:
+            lowbit.save(q, out, tokenizer=tok, source_dir=tiny)
+        assert disk.refused
+        named = Path(disk.refused[0]).parent if site.startswith("tokenizer") else Path(disk.refused[0])
+        assert str(e.value) == (f"cannot write {str(named).removesuffix('.partial')} (output folder {out}): "
+                                f"No space left on device")
+        assert leftovers(out) == []
+        monkeypatch.undo()
+    lowbit.save(q, out, tokenizer=tok, source_dir=tiny)
+    assert leftovers(out) == ["out"]
+
+
+@pytest.mark.parametrize("site", ["report.json", "report.png"])
+def test_compare_onto_a_full_disk_is_one_error_line(capsys, monkeypatch, tiny, text_file, tmp_path, site):
+    out = tmp_path / "report"
+    disk = FullDisk(monkeypatch, fail_at=1, only=site)
+    code, _, err = run(capsys, "compare", tiny, "--schemes", "w8a16", "--text", text_file, "--limit", 20,
+                       "--lastword", 0, "-o", out, "--no-progress")
+    assert disk.refused
+    assert_one_error(code, err, f"cannot write {out / site} (output folder {out}): No space left on device")
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ([] if site == "report.json" else ["report.json"])  # each file whole or absent
+    if written:
+        json.loads((out / "report.json").read_text())

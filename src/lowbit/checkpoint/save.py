@@ -257,4 +257,4 @@ def write_side_files(w: CheckpointWriter, model: nn.Module, config: dict[str, An
         w.write_json("generation_config.json", json.loads(gen.to_json_string(use_diff=True)))
     w.copy_aux_files(source)
     if tokenizer is not None:
-        tokenizer.save_pretrained(str(w.tmp))
+        w.save_tokenizer(tokenizer)

@@ -7,6 +7,9 @@
   auxiliary tokenizer files; a temporary folder renamed at the end);
 - ``regions``: one safetensors file written region by region at planned offsets (model-free);
 - ``outlock`` / ``outguard``: the lock on an output folder and the check that it is not the source.
+- ``atomic`` / ``refused``: the one atomic write of a file, and the one handling of a write the
+  system refuses (disk full, read-only, no permission): an OSError naming the file, whichever
+  library wrote it, then one OutputError line (``write_failure``, ``resumable_failure``).
 
 Nothing here knows a quantization scheme or a layout (``lowbit.formats``) or a model.
 """

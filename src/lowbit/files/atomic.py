@@ -7,19 +7,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from lowbit.files.refused import writing
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """The one atomic write of a file: yields a temporary path beside ``path`` (its name plus
     ``.partial``) for the block to write, renamed to ``path`` when the block completes and removed
-    when it raises, so ``path`` is either as before or whole."""
+    when it raises, so ``path`` is either as before or whole. A write the system refuses (disk
+    full, read-only, no permission), by Python or by a Rust writer (safetensors, tokenizers),
+    leaves as an OSError naming ``path`` (lowbit.files.refused.writing)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with writing(path, tmp):
+            yield tmp
+            os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # a read-only file system: nothing was created to remove
+            pass
         raise
 
 

@@ -5,7 +5,8 @@ them in any order.
 
 The header's JSON is padded with spaces to a multiple of 8 bytes, as the safetensors format allows
 and its own writer does. Output is deterministic: entries in plan order, ``__metadata__`` first,
-no timestamps. The file lives under a temporary name until the caller renames it.
+no timestamps. The file lives under a temporary name until the caller renames it. A write the
+system refuses is an OSError naming the file (lowbit.files.refused.writing).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from lowbit.errors import LowbitError
 from lowbit.files.folder import DTYPE_NAMES
+from lowbit.files.refused import writing
 
 
 def header_bytes(entries: list[tuple[str, str, tuple[int, ...], int, int]], metadata: dict[str, str]) -> bytes:
@@ -63,7 +65,7 @@ def header_block(entries: list[tuple[str, str, tuple[int, ...], int, int]], meta
 
 def create_shard_file(path: Path, header: bytes, size: int) -> None:
     """``path`` with ``header`` at its start and zeros (a sparse hole) up to ``size`` bytes."""
-    with open(path, "wb") as f:
+    with writing(path), open(path, "wb") as f:
         f.write(header)
         f.truncate(size)
 
@@ -121,13 +123,14 @@ class RegionWriter:
         pos = self._claim(name, DTYPE_NAMES[t.dtype], tuple(t.shape), n)
         view = memoryview(t.reshape(-1).view(torch.uint8).numpy()) if n else memoryview(b"")
         done = 0
-        while done < n:
-            done += os.pwrite(self.f.fileno(), view[done:], pos + done)
+        with writing(self.path):
+            while done < n:
+                done += os.pwrite(self.f.fileno(), view[done:], pos + done)
 
     def add_raw(self, name: str, dtype: str, shape: tuple[int, ...], src: Path, src_offset: int, n: int) -> None:
         """A tensor copied byte for byte from another file (kernel-side, never in memory)."""
         pos = self._claim(name, dtype, shape, n)
-        with open(src, "rb") as fsrc:
+        with open(src, "rb") as fsrc, writing(self.path):
             _copy_range(fsrc, self.f, src_offset, pos, n)
 
     def finish(self) -> None:

@@ -28,7 +28,8 @@ and renamed when complete, so a shard in the temporary folder is always whole.
 The writer holds the output's lock (lowbit.files.outlock) from construction to close/abort, so a
 second writer of the same folder is refused at once (OutputError) instead of mixing files. A write
 the system refuses (disk full, read-only) inside the ``with`` block, or while closing, removes the
-temporary folder (unless resuming) and is raised as an OutputError naming the path.
+temporary folder (unless resuming) and is raised as an OutputError naming the path
+(lowbit.files.refused: every file written here names itself when refused).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from lowbit.errors import FormatError, LowbitError, OptionRef, OutputError
 from lowbit.files.folder import STANDARD_STEM, WEIGHT_STEMS, WeightFiles, read_header, weight_files
 from lowbit.files.atomic import atomic_path, write_text_atomic  # noqa: F401 (re-exported)
 from lowbit.files.outlock import output_lock
+from lowbit.files.refused import temporary_folder, write_failure, writing
 
 AUX_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
              "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "tokenizer.model", "spiece.model",
@@ -78,23 +80,6 @@ def write_safetensors_atomic(path: Path, tensors: Mapping[str, torch.Tensor],
     with atomic_path(path) as tmp:
         save_file(clean, str(tmp), metadata=dict(metadata or {"format": "pt"}))
     return sum(tensor_nbytes(t) for t in clean.values())
-
-
-def write_failure(exc: OSError, out: Path, what: str = "") -> OutputError:
-    """One line for a write the system refused: the path it names (else ``out``) and its reason."""
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    if exc.filename is None:
-        return OutputError(f"cannot write the output folder {out}: {reason}{what}")
-    return OutputError(f"cannot write {exc.filename} (output folder {out}): {reason}{what}")
-
-
-def resumable_failure(exc: OSError, out: Path, what: str) -> OutputError:
-    """``write_failure`` of a resumable run: when its temporary folder stays, the line says so
-    (``what``: the finished units it holds, e.g. "shards") and how to go on."""
-    tmp = out.parent / f".{out.name}.lowbit-tmp"
-    hint = (f"; the finished {what} stay in {tmp}: run the same command again to resume, or delete that "
-            f"folder") if tmp.exists() else ""
-    return write_failure(exc, out, hint)
 
 
 def copy_aux_files(src: str | Path | None, dst: str | Path) -> list[str]:
@@ -147,7 +132,7 @@ class CheckpointWriter:
         self.max_shard_bytes = int(max_shard_bytes)
         self.always_index = always_index
         self.resume = resume
-        self.tmp = self.out.parent / f".{self.out.name}.lowbit-tmp"
+        self.tmp = temporary_folder(self.out)
         if self.tmp.exists() and not resume:
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -214,8 +199,19 @@ class CheckpointWriter:
     def copy_aux_files(self, src: str | Path | None) -> list[str]:
         return copy_aux_files(src, self.tmp)
 
+    def save_tokenizer(self, tokenizer) -> None:
+        """``tokenizer.save_pretrained`` into the temporary folder; a write it cannot make is an
+        OSError naming that folder (its files are written by transformers and tokenizers, which
+        name none)."""
+        with writing(self.tmp):
+            tokenizer.save_pretrained(str(self.tmp))
+
     # ------------------------------------------------------------------ finish
-    def close(self) -> Path:
+    def close(self, remove: tuple[str, ...] = ()) -> Path:
+        """Write the index, check the folder and rename it to the output; returns the output.
+        ``remove``: entries of the temporary folder (a resumable run's own state) deleted once
+        every other file is written, just before the rename, so a refused write before then
+        leaves them for a resumed run."""
         if self._closed:
             return self.out
         self._flush()
@@ -246,6 +242,8 @@ class CheckpointWriter:
             if stray:  # e.g. left by a resumed run: a stock loader would read it instead of failing
                 raise FormatError(f"{str(self.tmp / stray[0])!r} does not belong in a folder whose weights are "
                                   f"{self.files.stem}* files")
+        for name in remove:
+            shutil.rmtree(self.tmp / name)
         self._finalize()
         self._closed = True
         self._release()

@@ -55,7 +55,7 @@ from lowbit.dist import Group
 from lowbit.errors import FormatError, LowbitError, SchemeError
 from lowbit.files.outguard import check_not_source
 from lowbit.files.outlock import output_lock
-from lowbit.files.writer import resumable_failure
+from lowbit.files.refused import resumable_failure
 from lowbit.modelfree.plan import Plan, make_plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint

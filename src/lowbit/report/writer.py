@@ -1,5 +1,6 @@
 """Write a compare report: ``report.json`` and ``report.png`` (matplotlib), each atomically
-(lowbit.files.writer.atomic_path)."""
+(lowbit.files.writer.atomic_path); a write the system refuses is an OutputError naming the file
+(lowbit.files.refused)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import math
 import os
 from pathlib import Path
 
+from lowbit.errors import LowbitError
+from lowbit.files.refused import write_failure
 from lowbit.files.writer import atomic_path, write_text_atomic
 
 
@@ -32,11 +35,19 @@ def report_json(report: dict) -> str:
 
 
 def write_report(report: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
+    """``report.json`` and ``report.png`` written into ``output_dir`` (made if missing); returns their
+    paths. A refused write (disk full, read-only, no permission) is an OutputError naming the file,
+    and leaves that file as it was (never half-written)."""
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     jpath, ppath = out / "report.json", out / "report.png"
-    write_text_atomic(jpath, report_json(report) + "\n")
-    plot_report(report, ppath)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(jpath, report_json(report) + "\n")
+        plot_report(report, ppath)
+    except OSError as e:
+        if isinstance(e, LowbitError):
+            raise
+        raise write_failure(e, out) from e
     return {"json": jpath, "png": ppath}
 
 

@@ -13,13 +13,21 @@ batches, float32, exact) and ``progress.json`` (layers done, what the summary an
 are written atomically to ``.lowbit-stream/`` in the temporary folder. A run with the same
 fingerprint (source, scheme, format, calibration tokens and options, ranks) continues from
 there, and writes the same bytes as an uninterrupted run; any other run starts afresh.
+
+Refused writes (disk full, read-only, no permission): every file goes through lowbit.files'
+atomic writes, which name it (lowbit.files.refused), and each step that writes is one every rank
+takes together (``_step``: lowbit.modelfree.ranks.together), so a write refused on any rank
+raises on every rank, none waiting for it: one OutputError line on the rank that failed (the
+file, the temporary folder that stays and that the same command resumes from), a RankFailed
+line quoting it on the others.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
@@ -30,8 +38,11 @@ from lowbit.checkpoint.save import (
     write_side_files,
 )
 from lowbit.dist import Group
+from lowbit.errors import LowbitError
+from lowbit.files.refused import resumable_failure, temporary_folder
 from lowbit.files.writer import CheckpointWriter, write_json_atomic, write_safetensors_atomic
 from lowbit.formats import Format, get_layout
+from lowbit.modelfree.ranks import together
 from lowbit.moe import checkpoint_names, router_names
 from lowbit.report.quantized import quantized_summary
 
@@ -47,16 +58,20 @@ class StreamOutput:
         self.out, self.fmt, self.layout = Path(out), fmt, get_layout(fmt)
         self.fp, self.n_layers, self.group = fingerprint, n_layers, group
         self.files = self.layout.weights_stem
-        self.tmp = self.out.parent / f".{self.out.name}.lowbit-tmp"
+        self.tmp = temporary_folder(self.out)
         self.writer: CheckpointWriter | None = None
         same = self._previous_fingerprint() == fingerprint
-        if group.is_main:
-            self.writer = CheckpointWriter(self.out, overwrite=overwrite, resume=same, always_index=True,
-                                           weights_stem=self.files)
-            self.state.mkdir(exist_ok=True)
-            write_json_atomic(self.state / "run.json", {"fingerprint": fingerprint})
-            self.names = self.writer.files
-        group.barrier()  # the temporary folder exists (and is clean unless resumed) for every rank
+        try:  # on return the temporary folder exists (and is clean unless resumed) for every rank
+            with self._step("preparing the output folder"):
+                if group.is_main:
+                    self.writer = CheckpointWriter(self.out, overwrite=overwrite, resume=same, always_index=True,
+                                                   weights_stem=self.files)
+                    self.state.mkdir(exist_ok=True)
+                    write_json_atomic(self.state / "run.json", {"fingerprint": fingerprint})
+                    self.names = self.writer.files
+        except BaseException:
+            self.abort()
+            raise
         if self.writer is None:
             from lowbit.files.folder import weight_files
 
@@ -75,6 +90,19 @@ class StreamOutput:
             return json.loads((self.tmp / STATE_DIR / "run.json").read_text()).get("fingerprint")
         except (OSError, ValueError, AttributeError):
             return None
+
+    @contextmanager
+    def _step(self, what: str) -> Iterator[None]:
+        """A step of the run that every rank takes together (``together``); a write it cannot make
+        is raised as ``resumable_failure`` (the file, and the temporary folder kept for a resumed
+        run), on the other ranks as a RankFailed quoting that line."""
+        with together(self.group, what):
+            try:
+                yield
+            except OSError as e:
+                if isinstance(e, LowbitError):
+                    raise
+                raise resumable_failure(e, self.out, "layers") from e
 
     def shard_name(self, i: int) -> str:
         return self.names.shard(i + 1, self.n_layers + 1)
@@ -105,20 +133,21 @@ class StreamOutput:
             if full.rpartition(".")[0] not in inner:
                 tensors[full] = as_saved(v, dtype)
         disk = checkpoint_names(mt, list(tensors))
-        if self.group.owns(i):
-            write_safetensors_atomic(self.tmp / self.shard_name(i), {disk[k]: v for k, v in tensors.items()})
-        if next_hidden is not None:
-            write_safetensors_atomic(self.state / f"inputs-rank{self.group.rank}.safetensors",
-                                     {str(b): h.detach().cpu().contiguous() for b, h in enumerate(next_hidden)})
         summary = quantized_summary(layer)
-        self.group.barrier()  # every rank's shard and inputs are on disk before the progress says so
+        with self._step(f"writing decoder layer {i}"):  # every rank's shard and inputs are on disk ...
+            if self.group.owns(i):
+                write_safetensors_atomic(self.tmp / self.shard_name(i), {disk[k]: v for k, v in tensors.items()})
+            if next_hidden is not None:
+                write_safetensors_atomic(self.state / f"inputs-rank{self.group.rank}.safetensors",
+                                         {str(b): h.detach().cpu().contiguous() for b, h in enumerate(next_hidden)})
         p = self.progress
         p["done"] = i + 1
         p["static"].update(static)
         p["lossy"] += lossy
         p["summaries"].append(summary)
-        if self.group.is_main:
-            write_json_atomic(self.state / "progress.json", p)
+        with self._step(f"writing the progress after decoder layer {i}"):  # ... before the progress says so
+            if self.group.is_main:
+                write_json_atomic(self.state / "progress.json", p)
 
     # ------------------------------------------------------------------ end
     def finish(self, model: nn.Module, layers_path: str, ignore_linears: list[str], tokenizer, source: Path,
@@ -143,10 +172,15 @@ class StreamOutput:
                 outside += p.numel()
         disk = checkpoint_names(mt, list(tensors) + ignore_linears)
         summaries = self.progress["summaries"]
-        self.group.barrier()
-        if not self.group.is_main:
-            self.group.barrier()  # rank 0 renames the folder
-            return _merged(summaries, outside)
+        with self._step("writing the last shard, the index and config.json"):  # rank 0 renames the folder
+            if self.group.is_main:
+                self._finish_main(model, dtype, mt, tensors, disk, ignore_linears, tokenizer, source, scheme)
+        return _merged(summaries, outside)
+
+    def _finish_main(self, model: nn.Module, dtype, mt, tensors: dict[str, torch.Tensor], disk: dict[str, str],
+                     ignore_linears: list[str], tokenizer, source: Path, scheme) -> None:
+        """Rank 0's end: the last shard, the index and the other files, the rename. The resume state
+        is deleted only once all of them are written, so a refused write here resumes at this step."""
         w = self.writer
         write_safetensors_atomic(self.tmp / self.shard_name(self.n_layers), {disk[k]: v for k, v in tensors.items()})
         for i in range(self.n_layers + 1):
@@ -155,12 +189,7 @@ class StreamOutput:
         qcfg = self.layout.quantization_config_groups([(scheme, ["Linear"])], [disk[n] for n in ignore_linears],
                                                       static_scales=static if self.fmt is Format.FAKE else None)
         write_side_files(w, model, config_dict(model, dtype, qcfg, False), source, tokenizer)
-        import shutil
-
-        shutil.rmtree(self.state)
-        w.close()
-        self.group.barrier()
-        return _merged(summaries, outside)
+        w.close(remove=(STATE_DIR,))
 
     def abort(self) -> None:
         """After an error: the temporary folder stays (a rerun resumes), the lock is released."""

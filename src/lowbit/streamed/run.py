@@ -80,22 +80,24 @@ def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, cfg, calibration, to
     if not resume and group.is_main:
         import shutil
 
-        shutil.rmtree(out.parent / f".{out.name}.lowbit-tmp", ignore_errors=True)
-    output = StreamOutput(out, fmt, fp, len(layers), group, overwrite=overwrite)
+        from lowbit.files.refused import temporary_folder
+
+        shutil.rmtree(temporary_folder(out), ignore_errors=True)
+    output = StreamOutput(out, fmt, fp, len(layers), group, overwrite=overwrite)  # refused writes: OutputError
     # a line per layer: asked for, or one per rank under torchrun (no terminal bar there)
     log = progress is True or (group.distributed and progress is not False)
     stream = LayerStream(skel, output, dev, offload, log=log)
     try:
         return _run(group, skel, model, output, stream, scheme, cfg, sq, tokens, names, path, tok, src, out, left,
                     progress)
-    except OSError as e:
+    except OSError as e:  # StreamOutput's writes raise OutputError already; any other write, the same line
         output.abort()
         from lowbit.errors import LowbitError
-        from lowbit.files.writer import resumable_failure
+        from lowbit.files.refused import resumable_failure
 
         if isinstance(e, LowbitError):
             raise
-        raise resumable_failure(e, out, "layers") from None
+        raise resumable_failure(e, out, "layers") from e
     except BaseException:
         output.abort()  # the temporary folder stays: the same command resumes
         raise
