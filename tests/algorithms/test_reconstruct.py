@@ -88,7 +88,7 @@ def test_reconstructed_scales_stay_in_the_scale_format(scheme):
     """Whatever coefficients the steps reach, the scales handed back are values of the scale
     format, within [0.5, 1] x the block's amax scale (or the given scale, when above it), signed as
     the given ones; until a coefficient moves, the given scale and codes come back unchanged."""
-    from lowbit.algorithms.reconstruct import C_MIN, _Offsets
+    from lowbit.algorithms.reconstruct_offsets import C_MIN, Offsets as _Offsets
     from lowbit.kernels import codes as kcodes
     from lowbit.modules import QuantLinear
     from lowbit.numerics import FormatName, get_format

@@ -25,30 +25,32 @@ min(1 / iters, 0.02), decaying linearly to 0), one batch per step in turn. The c
 step seen (measured on the whole calibration set every ``eval_every`` steps, and at the start)
 are kept: the result is never worse than the codes it started from on the calibration data.
 Deterministic: no sampling.
-Memory: one layer's float copy, the offsets and the targets (one layer output per batch).
+Memory: one layer's float copy, the offsets, the targets (one layer output per batch) and the
+outputs of the best evaluation (``ReconstructReport.outputs``: the layer's outputs with the codes
+kept, computed exactly as the reference backend computes them, so that a caller whose backends
+match the reference can take them as the next layer's inputs instead of running the layer again).
+
+Cost (``ReconstructReport``'s counters): ``iters`` forward + backward passes of one batch each,
+and ``iters // eval_every + 1`` (plus one when ``iters`` is not a multiple) forward passes over
+every batch. Sibling linears reading one input (q/k/v, gate/up) quantize it once per forward
+(``lowbit.backends.shared_input``), and the rounded weights of fixed scales are one autograd
+function (``lowbit.algorithms.reconstruct_offsets``), bit-identical to the plain expression.
 
 Symmetric element formats only (INT, FP4/FP6/FP8); asymmetric INT specs (zero points) are refused.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lowbit.errors import QuantizationError
-from lowbit.kernels import codes
-from lowbit.numerics import FormatName, get_format
-from lowbit.quant import effective_scale, fake_quantize
-from lowbit.quant.groups import group_view, reduce_groups, ungroup
-from lowbit.quant.qtensor import QuantizedTensor
-from lowbit.quant.scales import amax_divisor, divide, raw_block_scales
-from lowbit.schemes.spec import Granularity
-
-
-C_MIN = 0.5  # the smallest block-scale coefficient: at most halve a block's amax scale
+from lowbit.algorithms.reconstruct_offsets import C_MIN, Offsets
+from lowbit.backends.shared_input import SharedInput, input_key
+from lowbit.quant import fake_quantize
 
 # The largest default first step, in grid units. With 1 / iters alone, 20 steps start at 0.05 and
 # overshoot: Gemma-3-270M nvfp4, GPTQ + 20 steps, +30.04% ppl at 0.05 against +16.74% at 0.02
@@ -68,7 +70,7 @@ class ReconstructOptions:
     iters: int = 200
     lr: float | None = None          # signed step in grid units; None: default_lr(iters)
     eval_every: int = 10             # steps between full-set evaluations (the best is kept)
-    scales: bool = False             # also tune each per-channel / per-group scale (see _Offsets.scale)
+    scales: bool = False             # also tune each per-channel / per-group scale (see Offsets.scale)
 
 
 @dataclass
@@ -80,142 +82,38 @@ class ReconstructReport:
     weights: int = 0
     best_step: int = 0
     history: list[float] = field(default_factory=list)
+    steps: int = 0                   # forward + backward passes (one batch each) on this rank
+    evals: int = 0                   # whole-set evaluations
+    eval_calls: int = 0              # layer forward calls (one batch each) of the evaluations on this rank
+    step_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    # the layer's outputs per local batch with the codes kept (the best evaluation's), on the
+    # device the layer ran on; None when nothing ran. Not part of the serialized report.
+    outputs: list[torch.Tensor] | None = field(default=None, repr=False)
 
 
-def _grid(fmt) -> torch.Tensor:
-    """Every finite value of an element format, sorted, unique (float32)."""
-    n = 1 << fmt.bits
-    vals = fmt.decode(torch.arange(n, dtype=torch.int64).to(torch.uint8))
-    vals = vals[torch.isfinite(vals)]
-    return torch.unique(vals).sort().values
-
-
-def _expand(scale_like: torch.Tensor, spec, n: int, shape) -> torch.Tensor:
-    """A per-group quantity [..., G] as one value per element [..., n]."""
-    g = group_view(torch.zeros(shape, dtype=torch.float32), spec)
-    return ungroup(scale_like.unsqueeze(-1).expand_as(g), n)
-
-
-class _Offsets:
-    """One linear's weights as grid offsets (and, with ``scales``, block-scale coefficients): the
-    straight-through forward and the final codes and scales."""
-
-    def __init__(self, q, w: torch.Tensor, scales: bool) -> None:
-        qt: QuantizedTensor = q.weight_qtensor()
-        spec = qt.spec
-        if qt.zero_point is not None or not spec.symmetric:
-            raise QuantizationError(f"layer {q.name!r}: reconstruction supports symmetric weight formats only "
-                                    f"({spec.describe()} has zero points)")
-        self.qt, self.spec, self.fmt = qt, spec, get_format(spec.format)
-        self.w = w.to(torch.float32)
-        self.grid = _grid(self.fmt).to(self.w.device)
-        self.s0 = qt.scale.to(torch.float32)
-        self.gs = None if qt.global_scale is None else qt.global_scale.to(torch.float32)
-        self.c = None
-        if scales and _tunable(spec):
-            amax = reduce_groups(group_view(self.w.abs(), spec), spec, lambda t, d: t.amax(d))
-            raw = _raw_scale(amax, spec, self.gs)                 # the stored scale of c = 1 (no rounding),
-            self.raw = torch.where(self.s0 < 0, -raw, raw)         # signed as the given one (full-range INT)
-            pos = self.raw > 0
-            self.c0 = torch.where(pos, self.s0 / torch.where(pos, self.raw, 1.0), 1.0)
-            self.c_hi = torch.clamp_min(self.c0, 1.0)
-            self.c = self.c0.clone().requires_grad_(True)
-        v, e, self.nz = self._values(self.s0)
-        lo, hi = self._neighbours(v)
-        start = torch.where(self.nz, self.fmt.decode(qt.codes), 0.0)
-        rtn = self.fmt.decode(self.fmt.encode(v))
-        t = torch.minimum(torch.maximum(start, lo), hi)
-        # where the given code is RTN's, start at v itself (SignRound's V = 0); elsewhere just past
-        # the midpoint toward the given neighbour, so that a few steps can undo either choice
-        step = torch.where(hi > lo, hi - lo, 1.0)
-        past = ((lo + hi) / 2 - v) / step + 0.05 * torch.sign(t - v)
-        V0 = torch.where(start == rtn, torch.zeros_like(v), past)
-        self.V = V0.clamp(-0.5, 0.5).requires_grad_(True)
-        if self.c is None:  # fixed scales: v, its grid step and e never change
-            self.v_fixed, self.step_fixed, self.e_fixed = v, hi - lo, e
-
-    def params(self) -> list[torch.Tensor]:
-        return [self.V] if self.c is None else [self.V, self.c]
-
-    def _values(self, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(w / e, e, e != 0), per element, for stored block scales ``scale`` (differentiable in it)."""
-        n = self.w.shape[-1]
-        e = _expand(effective_scale(scale, self.spec, self.gs), self.spec, n, self.w.shape)
-        nz = e.detach() != 0
-        return torch.where(nz, self.w / torch.where(nz, e, 1.0), 0.0), e, nz
-
-    def _neighbours(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        g = self.grid
-        idx = torch.searchsorted(g, v.detach().clamp(g[0], g[-1])).clamp(1, g.numel() - 1)
-        return g[idx - 1], g[idx]
-
-    def scale(self) -> torch.Tensor:
-        """The stored block scales: the given ones until a coefficient moves, then the scale
-        format's value nearest c * (the amax scale); straight-through in the backward."""
-        if self.c is None:
-            return self.s0
-        c = self.c
-        raw = c * self.raw
-        with torch.no_grad():
-            val = torch.where(c.detach() != self.c0, _round_scale(raw.detach(), self.spec), self.s0)
-        return val + (raw - raw.detach())
-
-    def _x(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(v + V * step, the effective scale per element, its non-zero mask)."""
-        if self.c is None:
-            return self.v_fixed + self.V * self.step_fixed, self.e_fixed, self.nz
-        v, e, nz = self._values(self.scale())
-        lo, hi = self._neighbours(v)
-        return v + self.V * (hi - lo), e, nz
-
-    def weight(self) -> torch.Tensor:
-        """The dequantized weight, rounded forward, straight-through backward."""
-        x, e, nz = self._x()
-        r = self.fmt.decode(self.fmt.encode(x.detach()))
-        return torch.where(nz, (x + (r - x).detach()) * e, 0.0)
-
-    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(codes, stored scales) of the current offsets and coefficients."""
-        with torch.no_grad():
-            x, _, nz = self._x()
-            c = self.fmt.encode(x)
-            return torch.where(nz, c, torch.zeros_like(c)), self.scale().detach().clone()
-
-
-def _tunable(spec) -> bool:
-    """Whether the block-scale coefficients are tuned for ``spec``: per-channel or per-group
-    scales stored as fp32 or as a minifloat (E8M0's powers of two are left as chosen)."""
-    return spec.granularity in (Granularity.CHANNEL, Granularity.GROUP) and spec.scale_format is not FormatName.E8M0
-
-
-def _raw_scale(amax: torch.Tensor, spec, gs) -> torch.Tensor:
-    if spec.scale_format is FormatName.FP32:
-        return divide(amax, amax_divisor(spec))
-    return raw_block_scales(amax, spec, gs)
-
-
-def _round_scale(raw: torch.Tensor, spec) -> torch.Tensor:
-    """A stored scale of the spec's scale format from an unrounded one (fp32: the floor only)."""
-    if spec.scale_format is FormatName.FP32:
-        return raw if spec.scale_floor is None else torch.clamp_min(raw, spec.scale_floor)
-    return codes.qdq(get_format(spec.scale_format), raw)
+def _ste_input(q, x: torch.Tensor) -> torch.Tensor:
+    """x (float32) QDQ'd under ``q``'s input spec, straight-through in the backward."""
+    x32 = x.to(torch.float32)
+    with torch.no_grad():
+        xq = fake_quantize(x32, q.scheme.input_activations, scale=q.input_scale, global_scale=q.input_global_scale)
+    return x32 + (xq - x32).detach()
 
 
 class _SoftLinear(nn.Module):
-    """A QuantLinear's forward with its weight as offsets (activations QDQ'd straight-through)."""
+    """A QuantLinear's forward with its weight as offsets (activations QDQ'd straight-through;
+    siblings given one ``shared`` compute their common input's QDQ once)."""
 
-    def __init__(self, q, off: _Offsets) -> None:
+    def __init__(self, q, off: Offsets, shared: SharedInput) -> None:
         super().__init__()
-        self.q, self.off = q, off
+        self.q, self.off, self.shared = q, off, shared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.q
-        a = q.scheme.input_activations
-        x32 = x.to(torch.float32)
-        if a is not None:
-            with torch.no_grad():
-                xq = fake_quantize(x32, a, scale=q.input_scale, global_scale=q.input_global_scale)
-            x32 = x32 + (xq - x32).detach()
+        if q.scheme.input_activations is not None:
+            x32 = self.shared.get(x, input_key(q, "reconstruct-ste"), lambda: _ste_input(q, x))
+        else:
+            x32 = x.to(torch.float32)
         b = None if q.bias is None else q.bias.to(torch.float32)
         return F.linear(x32, self.off.weight(), b).to(x.dtype)
 
@@ -294,47 +192,57 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
     batches = _Batches(len(inputs), group)
 
     mods = {n: layer.get_submodule(n) for n in float_weights}
-    offs = {n: _Offsets(m, float_weights[n], options.scales) for n, m in mods.items() if isinstance(m, QuantLinear)}
+    offs = {n: Offsets(m, float_weights[n], options.scales) for n, m in mods.items() if isinstance(m, QuantLinear)}
     rep = ReconstructReport(weights=sum(o.w.numel() for o in offs.values()))
     if not offs or options.iters <= 0 or batches.total == 0:
         return rep
     frozen = [(p, p.requires_grad) for p in layer.parameters()]
     for p, _ in frozen:
         p.requires_grad_(False)
-    soft = {n: _SoftLinear(mods[n], o) for n, o in offs.items()}
+    shared = SharedInput()
+    soft = {n: _SoftLinear(mods[n], o, shared) for n, o in offs.items()}
     for n, s in soft.items():
         set_submodule(layer, n, s)
 
     weights = [token_weights(t) for t in targets]
     numel = sum(batches.gather([sum(t.numel() for t in targets)]))
 
-    def full_mse() -> float:
+    def full_mse() -> tuple[float, list[torch.Tensor]]:
+        t0 = time.perf_counter()
         with torch.no_grad():
             outs = run(layer, inputs)
+            shared.clear()
             parts = batches.gather([float(weighted_se(o, t, w).sum()) for o, t, w in zip(outs, targets, weights)])
             total = torch.zeros((), dtype=torch.float32)
             for p in parts:  # float32, in batch order
                 total = total + torch.tensor(p, dtype=torch.float32)
-            return float(total / numel)
+        rep.evals += 1
+        rep.eval_calls += len(inputs)
+        rep.eval_seconds += time.perf_counter() - t0
+        return float(total / numel), outs
 
     try:
         lr0 = options.lr if options.lr is not None else default_lr(options.iters)
-        best = full_mse()
+        best, best_outs = full_mse()
         rep.mse_start = best
         rep.history.append(best)
         params = [p for o in offs.values() for p in o.params()]
         best_p = [p.detach().clone() for p in params]
         with torch.enable_grad():
             for step in range(options.iters):
+                t0 = time.perf_counter()
                 b = step % batches.total
                 src = batches.owner(b)
                 if src == batches.rank:
                     j = b - batches.first
                     out = run(layer, [inputs[j]])[0]
+                    shared.clear()
                     loss = weighted_se(out, targets[j], weights[j]).mean()
                     # an expert no token of this batch reaches has no gradient: it stays where it is
                     grads = [torch.zeros_like(p) if g is None else g.contiguous()
                              for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))]
+                    del out, loss
+                    rep.steps += 1
                 else:
                     grads = [torch.zeros_like(p) for p in params]
                 batches.broadcast_(grads, src)
@@ -346,16 +254,19 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                         if o.c is not None:
                             o.c.sub_(lr * torch.sign(by_id[id(o.c)])).clamp_(min=C_MIN)
                             torch.minimum(o.c, o.c_hi, out=o.c)
+                rep.step_seconds += time.perf_counter() - t0
                 if (step + 1) % options.eval_every == 0 or step + 1 == options.iters:
-                    m = full_mse()
+                    m, outs = full_mse()
                     rep.history.append(m)
                     if m < best:
-                        best, rep.best_step = m, step + 1
+                        best, rep.best_step, best_outs = m, step + 1, outs
                         best_p = [p.detach().clone() for p in params]
+                    del outs
         with torch.no_grad():
             for p, b in zip(params, best_p):
                 p.copy_(b)
         rep.mse_end = best
+        rep.outputs = best_outs
     finally:
         for n, s in soft.items():
             set_submodule(layer, n, s.q)

@@ -22,7 +22,7 @@ from lowbit.quant.serving import ServingNumerics
 BACKENDS: tuple[BackendSpec, ...] = (
     BackendSpec(
         name="reference", factory=ReferenceBackend, devices=frozenset({"cpu", "cuda"}),
-        supports_scheme=lambda s: True, priority=0,
+        supports_scheme=lambda s: True, priority=0, matches_reference=True,
         description="exact emulation in float32 (QDQ input, dequantize weight, F.linear)",
     ),
     BackendSpec(
@@ -33,7 +33,7 @@ BACKENDS: tuple[BackendSpec, ...] = (
     ),
     BackendSpec(
         name="weight-cache", factory=_weight_cache.WeightCacheBackend, devices=frozenset({"cpu"}),
-        supports_scheme=_weight_cache.supports_scheme, priority=5,
+        supports_scheme=_weight_cache.supports_scheme, priority=5, matches_reference=True,
         description="weight dequantized once and kept in float32 (weight-only and FP schemes; 'reference' saves "
                     "that memory)",
     ),

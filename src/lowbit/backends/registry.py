@@ -39,6 +39,7 @@ class BackendSpec:
     available: Callable[[], bool] = lambda: True
     description: str = ""
     auto: bool = True  # eligible for automatic selection
+    matches_reference: bool = False  # outputs equal the reference backend's bit for bit (tested)
 
     def instance(self) -> Backend:
         return self.factory()

@@ -45,6 +45,7 @@ from lowbit.dist import Group
 from lowbit.calibration.reduce import check_distributable, check_windows, distinct, reduce_stats, solve_spread
 from lowbit.calibration.hooks import InMemory, move_call
 from lowbit.calibration.data import CalibrationConfig, LayerInputs
+from lowbit.calibration.cost import Phase
 from lowbit.calibration.observers import make_observer
 from lowbit.calibration.stats import CalibrationReport, GroupReport, GroupStats
 from lowbit.fusion import fused_groups, shared_weight_global_scales
@@ -77,6 +78,15 @@ def _fast_backends(layer: nn.Module) -> Iterator[None]:
             if hasattr(m.backend, "release"):
                 m.backend.release(m)
             m.backend = None
+
+
+def _runs_as_reference(layer: nn.Module) -> bool:
+    """Whether every QuantLinear of ``layer`` runs on an automatic backend whose outputs are the
+    reference backend's bit for bit (the outputs reconstruction computed are then the ones the
+    layer gives)."""
+    from lowbit.backends import REGISTRY
+
+    return all(REGISTRY.best(m).matches_reference for m in layer.modules() if isinstance(m, QuantLinear))
 
 
 class LayerwiseCalibrator:
@@ -132,7 +142,7 @@ class LayerwiseCalibrator:
         sinks = self.cfg.sink_positions
         seq = hidden_of(inputs[0]).shape[-2] if inputs and hidden_of(inputs[0]).dim() >= 3 else 0
         fn = lambda n, x: stats[n].observe(x, sinks, seq)  # noqa: E731
-        with all_tokens(root):  # every expert observes every token; the routing of the outputs is kept
+        with all_tokens(root), self.report.cost.timed(Phase.OBSERVE, len(inputs)):  # every expert observes every token; the routing of the outputs is kept
             if not outputs:
                 observe_layer(root, inputs, mods, fn, self._run_on)
                 return None
@@ -231,7 +241,8 @@ class LayerwiseCalibrator:
         if found is not None:
             path, layers = found
             first, saved = hooks.start(path, layers)
-            inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
+            with self.report.cost.timed(Phase.CAPTURE):
+                inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
             hooks.captured()
             # block reconstruction on quantized layer inputs aims at the float model's outputs:
             # the float model's hidden states are carried along (the float inputs otherwise are them)
@@ -260,14 +271,15 @@ class LayerwiseCalibrator:
                 hooks.enter(i, layer)
                 outs = None
                 if lnames:
-                    outs = self._layer(layer, prefix, lnames, inputs, outputs=float_inputs and more)
+                    outs = self._layer(layer, prefix, lnames, inputs, outputs=float_inputs and more, more=more)
                 if more:
                     if outs is None:
-                        with _fast_backends(layer):
+                        with _fast_backends(layer), self.report.cost.timed(Phase.NEXT_INPUTS, len(inputs)):
                             outs = run_layer(layer, inputs, self._run_on)
                     inputs = [with_hidden(c, o) for c, o in zip(inputs, outs)]
                 if not lnames and self._float_hidden is not None:
-                    self._float_hidden = self._float_outputs(layer, inputs)
+                    with self.report.cost.timed(Phase.TARGETS, len(inputs)):
+                        self._float_hidden = self._float_outputs(layer, inputs)
                 carried = [hidden_of(c) for c in inputs] + (self._float_hidden or [])
                 hooks.leave(i, layer, carried if more else None)
                 bar.update(1)
@@ -284,9 +296,12 @@ class LayerwiseCalibrator:
         return self.report
 
     def _layer(self, layer: nn.Module, prefix: str, lnames: list[str], inputs: Inputs,
-               outputs: bool = False) -> list[torch.Tensor] | None:
+               outputs: bool = False, more: bool = True) -> list[torch.Tensor] | None:
         """Calibrate and quantize one layer; with ``outputs``, return the float layer's outputs
-        (computed by the observe pass, before smoothing, which leaves them unchanged)."""
+        (computed by the observe pass, before smoothing, which leaves them unchanged); else, when
+        reconstruction ran, ``more`` layers follow and the layer's backends match the reference,
+        the quantized layer's outputs it computed (the ones ``run_layer`` would give, bit for bit);
+        else None."""
         rel = {n: n[len(prefix):] for n in lnames}
         groups = fused_groups(lnames)
         rep = same_input_groups(layer, [[rel[n] for n in g] for g in groups], [g[0] for g in groups])
@@ -298,7 +313,8 @@ class LayerwiseCalibrator:
         # several ranks: what one process observes (a rank holding no batch observed on the layer's device)
         reduce_stats(self.group, distinct(stats), next(layer.parameters()).device)
         if self.maps:
-            stale = self._smooth(layer, rel, groups, stats)
+            with self.report.cost.timed(Phase.SMOOTH):
+                stale = self._smooth(layer, rel, groups, stats)
             if stale:
                 fresh = {k: self._new_stats() for k in stale}
                 self._observe_pass(layer, [g for g in heads if g[0] in fresh], inputs, fresh, rel)
@@ -310,17 +326,31 @@ class LayerwiseCalibrator:
         if recon is not None:  # the float layer's weights and outputs, before quantization
             floats = {rel[n]: layer.get_submodule(rel[n]).weight.detach() for n in lnames}
             if self._float_hidden is not None:  # the float layer on the float model's hidden states
-                targets = self._float_hidden = self._float_outputs(layer, inputs)
+                with self.report.cost.timed(Phase.TARGETS, len(inputs)):
+                    targets = self._float_hidden = self._float_outputs(layer, inputs)
+            elif outs is not None:
+                targets = outs
             else:
-                targets = outs if outs is not None else run_layer(layer, inputs, self._run_on)
-        self._quantize_groups(layer, groups, rel, stats)
+                with self.report.cost.timed(Phase.TARGETS, len(inputs)):
+                    targets = run_layer(layer, inputs, self._run_on)
+        with self.report.cost.timed(Phase.QUANTIZE):
+            self._quantize_groups(layer, groups, rel, stats)
         if self._layer_device is not None:
             layer.to(self._layer_device)  # GPTQ's results come from the CPU
         if recon is not None:
             r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on, self.group)
+            cost = self.report.cost
+            cost.add(Phase.RECONSTRUCT_STEPS, r.step_seconds, r.steps)
+            cost.add(Phase.RECONSTRUCT_EVALS, r.eval_seconds, r.eval_calls)
+            cost.backward_calls += r.steps
             self.report.reconstruct[prefix.rstrip(".")] = {"mse_start": r.mse_start, "mse_end": r.mse_end,
                                                            "changed": r.changed, "weights": r.weights,
-                                                           "scales_changed": r.scales_changed, "history": r.history}
+                                                           "scales_changed": r.scales_changed, "history": r.history,
+                                                           "best_step": r.best_step}
+            if more and outs is None and r.outputs is not None and _runs_as_reference(layer):
+                # the outputs of the codes kept, as the layer's backends compute them: the next inputs
+                cost.reused_outputs += 1
+                return [o.to(hidden_of(c).device) for o, c in zip(r.outputs, inputs)]
         return outs
 
     def _float_outputs(self, layer: nn.Module, inputs: Inputs) -> list[torch.Tensor]:
@@ -334,6 +364,7 @@ class LayerwiseCalibrator:
         groups = fused_groups(names)
         rel = {n: n for n in names}
         stats = None
+        t0 = time.perf_counter()
         if self.static or self.gptq:
             stats = {g[0]: self._new_stats() for g in groups}
             mods = {g[0]: self.model.get_submodule(g[0]) for g in groups}
@@ -344,3 +375,4 @@ class LayerwiseCalibrator:
                 for i in range(0, tokens.shape[0], self.cfg.batch_size):
                     self.model(input_ids=tokens[i:i + self.cfg.batch_size].to(device), use_cache=False)
         self._quantize_groups(self.model, groups, rel, stats)
+        self.report.cost.add(Phase.WHOLE_MODEL, time.perf_counter() - t0)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lowbit.calibration.cost import CalibrationCost
 from lowbit.calibration.hessian import HessianSum
 from lowbit.calibration.observers import MaxObserver, Observer
 
@@ -35,6 +36,7 @@ class CalibrationReport:
     groups: dict[str, GroupReport] = field(default_factory=dict)
     reconstruct: dict[str, dict] = field(default_factory=dict)  # per decoder layer: output MSE before/after
     seconds: float = 0.0
+    cost: CalibrationCost = field(default_factory=CalibrationCost)  # seconds and layer passes per phase
 
 
 class GroupStats:

@@ -1,0 +1,83 @@
+"""Reconstruction's fast paths give the codes of its plain expression, bit for bit, and the
+calibration report counts the layer passes each phase makes (the cost model; never wall time)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import lowbit
+from helpers.models import tiny_llama
+from lowbit.kernels import Implementation, using
+
+TOKENS = torch.randint(0, 256, (8, 32), generator=torch.Generator().manual_seed(0))  # 2 batches of 4
+SCHEMES = ["nvfp4", "nvfp4-e5m3", "mxfp4", "w4a16", "w4a8-int8", "w4a8-fp8"]
+
+
+def _buffers(model) -> dict[str, torch.Tensor]:
+    return {n: b for n, b in model.named_buffers() if "layers." in n}
+
+
+def _assert_same(a, b) -> None:
+    ba, bb = _buffers(a), _buffers(b)
+    assert ba.keys() == bb.keys()
+    for n in ba:
+        assert torch.equal(ba[n], bb[n]), n
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_fast_paths_give_the_reference_codes(scheme):
+    """The fused straight-through weight, the shared input QDQ and the native element codes
+    against the reference implementation of every kernel (the plain autograd expression)."""
+    ref = tiny_llama(hidden_size=128, intermediate_size=256)
+    kw = {"calibration": TOKENS, "reconstruct_iters": 10, "weight_rounding": "gptq"}
+    fast = lowbit.quantize(copy.deepcopy(ref), scheme, **kw)
+    with using(Implementation.REFERENCE):
+        slow = lowbit.quantize(copy.deepcopy(ref), scheme, **kw)
+    assert sum(r["changed"] for r in fast.lowbit_calibration.reconstruct.values()) > 0
+    _assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "w4a8-int8"])
+def test_reused_outputs_are_the_layers_own(scheme, monkeypatch):
+    """The next layer's inputs taken from reconstruction's best evaluation give the model that
+    running the quantized layer again gives."""
+    from lowbit.calibration import pipeline
+
+    ref = tiny_llama(hidden_size=128, intermediate_size=256, num_hidden_layers=3)
+    reused = lowbit.quantize(copy.deepcopy(ref), scheme, calibration=TOKENS, reconstruct_iters=10)
+    assert reused.lowbit_calibration.cost.reused_outputs == 2  # every layer but the last
+    monkeypatch.setattr(pipeline, "_runs_as_reference", lambda layer: False)
+    rerun = lowbit.quantize(copy.deepcopy(ref), scheme, calibration=TOKENS, reconstruct_iters=10)
+    cost = rerun.lowbit_calibration.cost
+    assert cost.reused_outputs == 0 and cost.layer_calls["next-inputs"] == 2 * 2
+    _assert_same(reused, rerun)
+
+
+def test_reconstruction_default_cost_counts():
+    """nvfp4's default with calibration data (GPTQ + 20 steps, eval every 10) on 2 layers and 2
+    batches: one observe pass and one target pass per layer, 20 steps and 3 whole-set
+    evaluations per layer, no separate pass for the next layer's inputs."""
+    ref = tiny_llama(hidden_size=128, intermediate_size=256)
+    q = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS)
+    cost = q.lowbit_calibration.cost
+    layers, batches = 2, 2
+    assert cost.layer_calls == {"observe": layers * batches, "targets": layers * batches,
+                                "reconstruct-steps": layers * 20, "reconstruct-evals": layers * 3 * batches}
+    assert cost.backward_calls == layers * 20
+    assert cost.reused_outputs == layers - 1
+    assert {"capture", "observe", "targets", "quantize", "reconstruct-steps", "reconstruct-evals"} <= set(cost.seconds)
+    d = cost.as_dict()
+    assert d["layer_calls"] == cost.layer_calls and all(v >= 0 for v in d["seconds"].values())
+
+
+def test_rtn_static_cost_counts():
+    """w8a8-int8 (RTN weights, float layer inputs): the observe pass alone, whose outputs are the
+    next layer's inputs; nothing else runs the layers."""
+    ref = tiny_llama(hidden_size=128, intermediate_size=256)
+    q = lowbit.quantize(copy.deepcopy(ref), "w8a8-int8", calibration=TOKENS)
+    cost = q.lowbit_calibration.cost
+    assert cost.layer_calls == {"observe": 2 * 2}
+    assert cost.backward_calls == 0 and cost.reused_outputs == 0
