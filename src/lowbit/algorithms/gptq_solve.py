@@ -10,6 +10,11 @@ the per-column divide, rounding and error run once for every part; only the rank
 inside a sub-block and the block updates are per part (each part has its own Hessian).
 Stacking changes nothing but float32 summation order.
 
+Device-generic: the loop runs where the weights are (a GPU's weights are solved on the GPU by
+the torch loop; the C sub-block takes CPU tensors only). A GPU's matrix products sum in another
+order than the CPU's, so its codes can differ from the CPU's in the last bit of a weight's error
+and hence in an occasional rounding choice (bench/gpu_calibrate.py measures how many).
+
 Inside a sub-block of ``SUB`` columns the loop runs in C when the kernel setting allows the native
 implementation (lowbit.kernels.rounding.gptq_sub_block)
 (``lb_gptq_sub``: the same operations in the same order, bit-identical; the torch loop costs
@@ -42,14 +47,15 @@ def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor]], eff_t: torch.T
     the same order: bit-identical; the torch loop costs ~10 eager operations per column)."""
     in_f = parts[0][0].shape[1]
     rows = sum(w.shape[0] for w, _ in parts)
-    Wt = torch.empty(in_f, rows, dtype=torch.float32)                 # [in, rows]
+    device = parts[0][0].device
+    Wt = torch.empty(in_f, rows, dtype=torch.float32, device=device)  # [in, rows]
     spans, r0 = [], 0
     for w, _ in parts:
         spans.append((r0, r0 + w.shape[0]))
         Wt[:, r0:r0 + w.shape[0]].copy_(w.t())
         r0 += w.shape[0]
     us = [u.contiguous() for _, u in parts]
-    native_sub = gptq_sub_block(fmt)
+    native_sub = gptq_sub_block(fmt, device)
     sub = None if native_sub is None else native_sub[0]
     if sub is not None:
         # per-channel scales come as one row expanded over the columns (stride 0): kept so
@@ -64,7 +70,7 @@ def solve_columns(parts: list[tuple[torch.Tensor, torch.Tensor]], eff_t: torch.T
         step = rows * 4  # bytes per float32 row of [in, rows]
     else:
         div_rows, eff_rows = div_t.contiguous().unbind(0), eff_t.contiguous().unbind(0)
-        y, round_ = column_rounder(fmt, Wt.shape[1])
+        y, round_ = column_rounder(fmt, Wt.shape[1], device)
 
     for i1 in range(0, in_f, block_size):
         i2 = min(i1 + block_size, in_f)

@@ -127,21 +127,23 @@ def solve_spread(group: Group, weights: list[list[torch.Tensor]], stats: list[Gr
     """``gptq_quantize_groups`` of the groups (weights, their statistics' Hessians), with each of
     its column-loop batches (``gptq_batches``: the unit whose numbers must not be split) solved on
     one rank, ``Group.owner(batch index)``, and the results sent to every rank. One process: the
-    plain call. The same QuantizedTensors as one process. The solves run on the CPU (weights and
-    Hessians computed on an accelerator are copied); the results are CPU tensors."""
+    plain call. The same QuantizedTensors as one process. The solves run where the weights are
+    (on an accelerator, the torch column loop there; Hessians are moved to the weights' device);
+    results sent between ranks travel as CPU tensors."""
     from lowbit.algorithms.gptq import gptq_batches, gptq_quantize_groups
 
-    cpu = torch.device("cpu")
-    weights = [[w.to(cpu) for w in ws] for ws in weights]  # GPTQ's column loop runs on the CPU (C or torch)
-    global_scales = [[None if g is None else g.to(cpu) for g in gs] for gs in global_scales]
+    device = weights[0][0].device if weights and weights[0] else torch.device("cpu")
+    weights = [[w.to(device) for w in ws] for ws in weights]
+    global_scales = [[None if g is None else g.to(device) for g in gs] for gs in global_scales]
 
     def hessian(st):
         h = st.hessian_upper
-        return None if h is None else h.to(cpu)
+        return None if h is None else h.to(device)
 
     if not group.distributed:
         return gptq_quantize_groups(weights, [hessian(st) for st in stats], spec, global_scales=global_scales,
                                     options=options, names=names)
+    cpu = torch.device("cpu")
     batches = gptq_batches(weights, stats, options)  # sharing decided by object identity, as with the Hessians
     for j, ks in enumerate(batches):
         for st in distinct({str(k): stats[k] for k in ks}):
@@ -153,9 +155,10 @@ def solve_spread(group: Group, weights: list[list[torch.Tensor]], stats: list[Gr
             mine = gptq_quantize_groups([weights[k] for k in ks], [hessian(stats[k]) for k in ks], spec,
                                         global_scales=[global_scales[k] for k in ks], options=options,
                                         names=[names[k] for k in ks])
+            mine = [[qt.to(cpu) for qt in qts] for qts in mine]
         for k, r in zip(ks, group.broadcast_object(mine, src=group.owner(j))):
             out[k] = r
     for st in distinct({str(k): s for k, s in enumerate(stats)}):
         if st.hessian_sum is not None:
             st.hessian_sum.take()  # freed: the solves are done
-    return out
+    return [[qt.to(device) for qt in qts] for qts in out]

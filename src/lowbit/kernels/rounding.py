@@ -36,20 +36,21 @@ def round_nearest_(y: torch.Tensor, fmt) -> torch.Tensor:
     return y.copy_(fmt.qdq(y))
 
 
-def column_rounder(fmt, n: int) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
-    """(y, f): a float32 buffer ``y`` [n] and ``f()`` that overwrites it, holding finite values,
-    with ``round_nearest_(y, fmt)`` and returns it (buffers and constants made once: GPTQ rounds
-    ~100k columns of ~1000-3000 weights per model). Each call has its own buffers."""
+def column_rounder(fmt, n: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
+    """(y, f): a float32 buffer ``y`` [n] on ``device`` and ``f()`` that overwrites it, holding
+    finite values, with ``round_nearest_(y, fmt)`` and returns it (buffers and constants made
+    once: GPTQ rounds ~100k columns of ~1000-3000 weights per model). Each call has its own
+    buffers."""
     _check(fmt)
     if allows(Implementation.TORCH):
-        return torch_ops.column_rounder(fmt, n)
-    y = torch.empty(n, dtype=torch.float32)
+        return torch_ops.column_rounder(fmt, n, device)
+    y = torch.empty(n, dtype=torch.float32, device=device)
     return y, lambda: y.copy_(fmt.qdq(y))
 
 
-def gptq_sub_block(fmt):
+def gptq_sub_block(fmt, device: torch.device | str = "cpu"):
     """(``lb_gptq_sub``, its rounding arguments) when the setting allows the native GPTQ column loop
-    (lowbit.algorithms.gptq_solve), else None."""
+    (lowbit.algorithms.gptq_solve) and the weights are on the CPU, else None."""
     _check(fmt)
-    fn = native.gptq_sub_fn() if allows(Implementation.NATIVE) else None
+    fn = native.gptq_sub_fn() if allows(Implementation.NATIVE) and torch.device(device).type == "cpu" else None
     return None if fn is None else (fn, native.rounding_args(fmt))

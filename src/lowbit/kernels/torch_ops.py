@@ -129,13 +129,13 @@ def round_nearest_(y: torch.Tensor, fmt) -> torch.Tensor:
     return _round_magic_(y, _magic(fmt, str(y.device)))
 
 
-def column_rounder(fmt, n: int) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
-    """(y, f): a float32 buffer ``y`` [n] and ``f()`` that applies ``round_nearest_(y, fmt)`` with
-    its scratch and constants made once (GPTQ rounds ~100k columns per model, where the cost is
-    the number of eager operations per call)."""
-    y = torch.empty(n, dtype=torch.float32)
+def column_rounder(fmt, n: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
+    """(y, f): a float32 buffer ``y`` [n] on ``device`` and ``f()`` that applies
+    ``round_nearest_(y, fmt)`` with its scratch and constants made once (GPTQ rounds ~100k columns
+    per model, where the cost is the number of eager operations per call)."""
+    y = torch.empty(n, dtype=torch.float32, device=device)
     if isinstance(fmt, IntFormat):
         lo, hi = float(fmt.qmin), float(fmt.qmax)
         return y, lambda: y.round_().clamp_(lo, hi)
-    consts, bits = _magic(fmt, "cpu"), torch.empty(n, dtype=torch.int32)
+    consts, bits = _magic(fmt, str(y.device)), torch.empty(n, dtype=torch.int32, device=device)
     return y, lambda: _round_magic_(y, consts, bits)

@@ -196,6 +196,9 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
             row["quant_seconds"] = time.perf_counter() - t0
             row["calibrated"] = calibrated
             row["smoothquant"] = sq
+            cal = getattr(qmodel, "lowbit_calibration", None)
+            if cal is not None:  # seconds and layer passes per calibration phase (lowbit.calibration.cost)
+                row["calibration_cost"] = cal.cost.as_dict()
             set_backends(qmodel, opts.backend)
             row["backends"] = sorted({getattr(m.backend, "name", "?") for m in quantized_linears(qmodel).values()})
             row.update(evaluate(qmodel, tokenizer, opts, examples, name))
