@@ -8,9 +8,10 @@ Per model shape (``--shapes``):
   8 KV heads), random weights rounded to bf16 (a bf16 source) and computed in float32, on random
   token ids of a 1024-word vocabulary.
 
-Rows: the float layer's forward and forward + backward (every weight's gradient) on one
-calibration batch (``batch_size`` windows: the floor one reconstruction step is measured
-against); the Hessian accumulation of one batch for each input width; then, per scheme, its
+Rows: the float layer's forward and forward + backward (every weight's gradient) on the windows
+of one reconstruction step (``reconstruct_batch_size``: the floor one step is measured against)
+and its forward on one calibration batch (``batch_size`` windows: what one evaluation call
+runs); the Hessian accumulation of one batch for each input width; then, per scheme, its
 default calibration (``lowbit.quantize`` with the calibration data, every other option at its
 default), split by ``CalibrationReport.cost``'s phases, per layer: observe passes (observers,
 SmoothQuant maxima and Hessians), SmoothQuant, float targets, weight quantization (RTN, or GPTQ:
@@ -153,19 +154,22 @@ def profile_scheme(model, tokens, scheme: str, layers: int) -> dict:
 
 
 def table(name: str, fl: dict, rows: list[dict], layers: int) -> str:
-    out = [f"### {name}: {layers} layer(s), batch of {fl['tokens']} tokens",
+    out = [f"### {name}: {layers} layer(s), steps of {fl['tokens']} tokens",
            "",
-           f"Floor (float layer, one batch): forward {fl['forward_s']:.3f} s, forward + backward "
-           f"{fl['forward_backward_s']:.3f} s; Hessian accumulation of one batch: "
+           f"Floor (float layer, one step's windows): forward {fl['forward_s']:.3f} s, forward + backward "
+           f"{fl['forward_backward_s']:.3f} s; forward of one calibration batch ({fl['batch_tokens']} tokens) "
+           f"{fl['batch_forward_s']:.3f} s; Hessian accumulation of one batch: "
            + ", ".join(f"width {w}: {s:.3f} s" for w, s in fl["hessian_s"].items()),
            "",
-           "| scheme | rounding | s/layer | " + " | ".join(PHASES[1:]) + " | step / floor | peak MB |",
-           "|---|---|---:|" + "---:|" * (len(PHASES) - 1) + "---:|---:|"]
+           "| scheme | rounding | s/layer | " + " | ".join(PHASES[1:]) + " | step / floor | eval call / forward | peak MB |",
+           "|---|---|---:|" + "---:|" * (len(PHASES) - 1) + "---:|---:|---:|"]
     for r in rows:
         pl = r["per_layer_s"]
         ratio = f"{r['step_s'] / fl['forward_backward_s']:.2f}x" if r["step_s"] else "-"
+        ev = f"{r['eval_call_s'] / fl['batch_forward_s']:.2f}x" if r["eval_call_s"] else "-"
         out.append(f"| {r['scheme']} | {r['rounding']} | {r['wall_s'] / layers:.2f} | "
-                   + " | ".join(f"{pl[p]:.2f}" for p in PHASES[1:]) + f" | {ratio} | {r['peak_mb_above']:.0f} |")
+                   + " | ".join(f"{pl[p]:.2f}" for p in PHASES[1:])
+                   + f" | {ratio} | {ev} | {r['peak_mb_above']:.0f} |")
     return "\n".join(out)
 
 
@@ -195,11 +199,16 @@ def main() -> None:
             layers, schemes = 1, a.llama8b_schemes.split(",")
         else:
             raise SystemExit(f"error: --shapes: unknown shape {shape!r} (smollm2, llama8b)")
-        fl = floor(model, tokens, batch)
+        step = CalibrationConfig.reconstruct_batch_size or batch
+        fl = floor(model, tokens, step)
+        whole = floor(model, tokens, batch)
+        fl.update(batch_tokens=whole["tokens"], batch_forward_s=whole["forward_s"], hessian_s=whole["hessian_s"])
         rows = []
         for s in schemes:
             rows.append(profile_scheme(model, tokens, s, layers))
-            print(f"  {shape} {s}: {rows[-1]['wall_s']:.1f} s wall, {rows[-1]['cpu_s']:.1f} CPU-s", flush=True)
+            r = rows[-1]
+            print(f"  {shape} {s}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} CPU-s, phases "
+                  f"{ {k: round(v, 1) for k, v in r['cost']['seconds'].items()} }", flush=True)
         print(table(f"{shape} ({tokens.shape[0]} x {tokens.shape[1]} calibration tokens)", fl, rows, layers) + "\n",
               flush=True)
         result[shape] = {"floor": fl, "rows": rows, "samples": list(tokens.shape)}

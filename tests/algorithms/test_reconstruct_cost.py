@@ -81,3 +81,52 @@ def test_rtn_static_cost_counts():
     cost = q.lowbit_calibration.cost
     assert cost.layer_calls == {"observe": 2 * 2}
     assert cost.backward_calls == 0 and cost.reused_outputs == 0
+
+
+def test_slice_call_cuts_the_window_dimension_only():
+    from lowbit.calls import slice_call
+
+    h = torch.arange(4 * 3 * 2, dtype=torch.float32).reshape(4, 3, 2)
+    cos = torch.ones(1, 3, 8)              # a shared RoPE table
+    mask = torch.zeros(4, 1, 3, 3)         # per window
+    cache = torch.arange(4)                # 1-D cache positions: kept even when their length is the batch
+    args, kw = slice_call(((h,), {"position_embeddings": (cos, cos), "attention_mask": mask,
+                                  "cache_position": cache, "use_cache": False}), 4, 1, 3)
+    assert torch.equal(args[0], h[1:3]) and kw["attention_mask"].shape[0] == 2
+    assert kw["position_embeddings"][0] is cos and kw["cache_position"] is cache and kw["use_cache"] is False
+
+
+@pytest.mark.parametrize("size, steps_per_pass", [(None, 2), (1, 8), (3, 4)])
+def test_steps_take_the_next_windows(size, steps_per_pass, monkeypatch):
+    """Each step runs on the next ``reconstruct_batch_size`` windows (None: a whole batch of 4):
+    the windows each step sees, counted on the layer calls' batch dimension."""
+    from lowbit.algorithms import reconstruct
+
+    seen = []
+    real = reconstruct._run
+
+    def spy(layer, calls, device):
+        if torch.is_grad_enabled():
+            seen.append(int(calls[0][0][0].shape[0]) if calls[0][0] else int(calls[0][1]["hidden_states"].shape[0]))
+        return real(layer, calls, device)
+
+    monkeypatch.setattr(reconstruct, "_run", spy)
+    ref = tiny_llama(hidden_size=128, intermediate_size=256, num_hidden_layers=1)
+    lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS, reconstruct_iters=steps_per_pass,
+                    reconstruct_batch_size=size)
+    expect = {None: [4, 4], 1: [1] * 8, 3: [3, 1, 3, 1]}[size]
+    assert seen == expect
+
+
+def test_reconstruct_batch_size_is_checked_and_the_cli_takes_it():
+    from lowbit.calibration import CalibrationConfig, CalibrationError
+    from lowbit.cli.common import OptionError, reconstruct_batch_size_option
+
+    assert CalibrationConfig().reconstruct_batch_size is None
+    with pytest.raises(CalibrationError, match="reconstruct_batch_size"):
+        CalibrationConfig(reconstruct_batch_size=0)
+    assert reconstruct_batch_size_option(None) == {}
+    assert reconstruct_batch_size_option(0) == {"reconstruct_batch_size": None}
+    assert reconstruct_batch_size_option(2) == {"reconstruct_batch_size": 2}
+    with pytest.raises(OptionError, match="--reconstruct-batch-size"):
+        reconstruct_batch_size_option(-1)

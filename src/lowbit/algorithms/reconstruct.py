@@ -21,7 +21,9 @@ schemes with quantized inputs) and the float layer's output, over the calibratio
 token's error relative to the mean square of its target (``token_weights``: the next layer
 normalizes every token, and attention-sink tokens would otherwise dominate).
 Steps: ``iters`` signed-gradient steps of size ``lr`` (default ``default_lr(iters)`` =
-min(1 / iters, 0.02), decaying linearly to 0), one batch per step in turn. The codes of the best
+min(1 / iters, 0.02), decaying linearly to 0), each on the next ``batch_size`` calibration windows
+in turn (the windows of each calibration batch in order, then the next batch; None: one whole
+calibration batch per step). The codes of the best
 step seen (measured on the whole calibration set every ``eval_every`` steps, and at the start)
 are kept: the result is never worse than the codes it started from on the calibration data.
 Deterministic: no sampling.
@@ -50,6 +52,7 @@ import torch.nn.functional as F
 
 from lowbit.algorithms.reconstruct_offsets import C_MIN, Offsets
 from lowbit.backends.shared_input import SharedInput, input_key
+from lowbit.calls import slice_call
 from lowbit.quant import fake_quantize
 
 # The largest default first step, in grid units. With 1 / iters alone, 20 steps start at 0.05 and
@@ -70,6 +73,7 @@ class ReconstructOptions:
     iters: int = 200
     lr: float | None = None          # signed step in grid units; None: default_lr(iters)
     eval_every: int = 10             # steps between full-set evaluations (the best is kept)
+    batch_size: int | None = None    # calibration windows per step (None: one calibration batch per step)
     scales: bool = False             # also tune each per-channel / per-group scale (see Offsets.scale)
 
 
@@ -189,7 +193,13 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
     def run(m, calls):
         return _run(m, calls, device)
 
-    batches = _Batches(len(inputs), group)
+    # the steps' units: (calibration batch, first window, end window), batch by batch
+    units = []
+    for j, t in enumerate(targets):
+        n = t.shape[0] if t.dim() >= 3 else 1
+        k = n if options.batch_size is None or t.dim() < 3 else options.batch_size
+        units += [(j, a, min(a + k, n)) for a in range(0, n, k)]
+    batches = _Batches(len(units), group)
 
     mods = {n: layer.get_submodule(n) for n in float_weights}
     offs = {n: Offsets(m, float_weights[n], options.scales) for n, m in mods.items() if isinstance(m, QuantLinear)}
@@ -234,10 +244,13 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                 b = step % batches.total
                 src = batches.owner(b)
                 if src == batches.rank:
-                    j = b - batches.first
-                    out = run(layer, [inputs[j]])[0]
+                    j, a, e = units[b - batches.first]
+                    n = targets[j].shape[0]
+                    call = inputs[j] if targets[j].dim() < 3 else slice_call(inputs[j], n, a, e)
+                    out = run(layer, [call])[0]
                     shared.clear()
-                    loss = weighted_se(out, targets[j], weights[j]).mean()
+                    tgt, wts = (targets[j], weights[j]) if targets[j].dim() < 3 else (targets[j][a:e], weights[j][a:e])
+                    loss = weighted_se(out, tgt, wts).mean()
                     # an expert no token of this batch reaches has no gradient: it stays where it is
                     grads = [torch.zeros_like(p) if g is None else g.contiguous()
                              for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))]

@@ -128,6 +128,12 @@ class CalibrationConfig:
         otherwise. nvfp4, 16 x 256 tokens, GPTQ alone
         vs + 20 steps: SmolLM2 +30.12% -> +19.39% (462 CPU-s, ~9x), Gemma-3-270M +18.89% ->
         +16.74% (bench/RESULTS.md).
+    reconstruct_batch_size: calibration windows per reconstruction step (each step runs forward and
+        backward on the next ``reconstruct_batch_size`` windows); default None: one whole
+        calibration batch of ``batch_size`` windows per step. 1 costs a third of the steps' time
+        but moved the result both ways, beyond the evaluation's spread, on SmolLM2 (GPTQ + 20
+        steps, 16 x 512 tokens; 4 windows -> 1 window a step: nvfp4 +15.72% -> +10.89%, nvfp4-e5m3
+        +12.04% -> +17.42%; bench/RESULTS-calibrate.md), so the default stays the whole batch.
     reconstruct_lr: the first step, in grid units (default None:
         ``lowbit.algorithms.reconstruct.default_lr``: min(1 / reconstruct_iters, 0.02)).
     reconstruct_scales: reconstruction also re-chooses each per-channel / per-group weight scale
@@ -157,6 +163,7 @@ class CalibrationConfig:
     layer_inputs: LayerInputs | None = None
     reconstruct_iters: int | None = None
     reconstruct_lr: float | None = None
+    reconstruct_batch_size: int | None = None
     reconstruct_scales: bool = False
     rotation: Rotation = DEFAULT_ROTATION
 
@@ -185,6 +192,11 @@ class CalibrationConfig:
                                                     and not isinstance(self.reconstruct_lr, bool)
                                                     and self.reconstruct_lr > 0):
             raise CalibrationError(f"reconstruct_lr must be a positive number, got {self.reconstruct_lr!r}")
+        if self.reconstruct_batch_size is not None and (
+                isinstance(self.reconstruct_batch_size, bool) or not isinstance(self.reconstruct_batch_size, int)
+                or self.reconstruct_batch_size < 1):
+            raise CalibrationError(f"reconstruct_batch_size must be a positive integer or None, "
+                                   f"got {self.reconstruct_batch_size!r}")
         if self.gptq_scale_search is not None and not isinstance(self.gptq_scale_search, bool):
             raise CalibrationError(f"gptq_scale_search must be True, False or None, got {self.gptq_scale_search!r}")
         if not isinstance(self.gptq_act_order, bool):
@@ -235,7 +247,8 @@ class CalibrationConfig:
         iters = self.reconstruct_iters_for(scheme)
         if iters <= 0:
             return None
-        return ReconstructOptions(iters=iters, lr=self.reconstruct_lr, scales=self.reconstruct_scales)
+        return ReconstructOptions(iters=iters, lr=self.reconstruct_lr, scales=self.reconstruct_scales,
+                                  batch_size=self.reconstruct_batch_size)
 
     def gptq_scale_search_for(self, scheme: Scheme) -> bool:
         """Whether GPTQ searches its up-front scales for ``scheme``: as asked, else

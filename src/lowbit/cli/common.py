@@ -122,6 +122,10 @@ RECONSTRUCT_ITERS_HELP = ("Block-output reconstruction steps per decoder layer a
                           "directions to reproduce the float layer's output; scales unchanged; default: 20 after GPTQ "
                           "on symmetric 4-bit weights (nvfp4, w4a16, ...), else 0: off).")
 
+RECONSTRUCT_BATCH_SIZE_HELP = ("Calibration windows per reconstruction step (0: one whole calibration batch, the "
+                               "default). 1 costs a third of the steps' time; on SmolLM2 it moved perplexity both ways "
+                               "(nvfp4 better, nvfp4-e5m3 worse; bench/RESULTS-calibrate.md).")
+
 WEIGHT_ROUNDING_HELP = ("Weight rounding with calibration: 'rtn' (round to nearest) or 'gptq' (error-compensating; "
                         "calibrates weight-only and dynamic schemes too). Default: GPTQ for symmetric weights of 4 bits or fewer "
                         "(w4a16 +29% -> +6-9% on SmolLM2 with the 20 reconstruction steps) and for w8a8-fp8, RTN "
@@ -143,6 +147,16 @@ def parse_reconstruct_iters(value: int | None) -> int | None:
     if value is not None and value < 0:
         raise OptionError(f"--reconstruct-iters must be >= 0, got {value}")
     return value
+
+
+def reconstruct_batch_size_option(value: int | None) -> dict:
+    """--reconstruct-batch-size as CalibrationConfig fields: {} (not given), else
+    reconstruct_batch_size (0: None, one whole calibration batch per step)."""
+    if value is None:
+        return {}
+    if value < 0:
+        raise OptionError(f"--reconstruct-batch-size must be >= 0, got {value}")
+    return {"reconstruct_batch_size": value or None}
 
 
 def parse_calib_preset(value: str | None) -> str | None:

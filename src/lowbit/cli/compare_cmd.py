@@ -11,9 +11,9 @@ from rich.table import Table
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
-    parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding, quiet_progress,
+    parse_reconstruct_iters, parse_rotation, reconstruct_batch_size_option, parse_smoothquant, parse_weight_rounding, quiet_progress,
     WEIGHT_ROUNDING_HELP,
-    CALIB_PRESET_HELP, GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
+    CALIB_PRESET_HELP, GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_BATCH_SIZE_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
 )
 
 
@@ -95,6 +95,8 @@ def compare_cmd(
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
         help=RECONSTRUCT_ITERS_HELP),
+    reconstruct_batch_size: Optional[int] = typer.Option(
+        None, "--reconstruct-batch-size", help=RECONSTRUCT_BATCH_SIZE_HELP),
     gptq_act_order: bool = typer.Option(False, "--gptq-act-order", help=GPTQ_ACT_ORDER_HELP),
     gptq_scale_search: Optional[bool] = typer.Option(None, "--gptq-scale-search/--no-gptq-scale-search",
                                                      help=GPTQ_SCALE_SEARCH_HELP),
@@ -143,6 +145,7 @@ def compare_cmd(
         calib_options["weight_rounding"] = wr.value
     if parse_reconstruct_iters(reconstruct_iters) is not None:
         calib_options["reconstruct_iters"] = reconstruct_iters
+    calib_options.update(reconstruct_batch_size_option(reconstruct_batch_size))
     if gptq_act_order:
         calib_options["gptq_act_order"] = True
     if gptq_scale_search is not None:

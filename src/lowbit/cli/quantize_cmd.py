@@ -14,8 +14,8 @@ import typer
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
-    parse_reconstruct_iters, parse_rotation, parse_smoothquant, parse_weight_rounding,
-    CALIB_PRESET_HELP, GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP, WEIGHT_ROUNDING_HELP,
+    parse_reconstruct_iters, parse_rotation, reconstruct_batch_size_option, parse_smoothquant, parse_weight_rounding,
+    CALIB_PRESET_HELP, GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_BATCH_SIZE_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP, WEIGHT_ROUNDING_HELP,
 )
 
 
@@ -56,6 +56,8 @@ def quantize_cmd(
     reconstruct_iters: Optional[int] = typer.Option(
         None, "--reconstruct-iters",
         help=RECONSTRUCT_ITERS_HELP),
+    reconstruct_batch_size: Optional[int] = typer.Option(
+        None, "--reconstruct-batch-size", help=RECONSTRUCT_BATCH_SIZE_HELP),
     gptq_act_order: bool = typer.Option(False, "--gptq-act-order", help=GPTQ_ACT_ORDER_HELP),
     gptq_scale_search: Optional[bool] = typer.Option(None, "--gptq-scale-search/--no-gptq-scale-search",
                                                      help=GPTQ_SCALE_SEARCH_HELP),
@@ -101,6 +103,7 @@ def quantize_cmd(
     sq = resolve_alpha(sq_choice, sch, static_only=False)
     wr = parse_weight_rounding(weight_rounding)
     reconstruct_iters = parse_reconstruct_iters(reconstruct_iters)
+    recon_batch = reconstruct_batch_size_option(reconstruct_batch_size)
     li = parse_layer_inputs(layer_inputs)
     preset = parse_calib_preset(calib_preset)
     rot = parse_rotation(rotation)
@@ -110,9 +113,10 @@ def quantize_cmd(
             raise OptionError("--model-free cannot rotate: a fused rotation rewrites the embeddings, every layer and "
                               "lm_head together on the loaded model; drop --rotation or drop --model-free")
         if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None or preset is not None \
-                or kv is not None or reconstruct_iters or gptq_act_order or gptq_scale_search is not None:
+                or kv is not None or reconstruct_iters or recon_batch or gptq_act_order or gptq_scale_search is not None:
             raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
-                              "--layer-inputs/--calib-preset/--kv-cache/--reconstruct-iters/--gptq-act-order/"
+                              "--layer-inputs/--calib-preset/--kv-cache/--reconstruct-iters/--reconstruct-batch-size/"
+                              "--gptq-act-order/"
                               "--gptq-scale-search, or drop --model-free")
         from lowbit.models import resolve_model_path
 
@@ -129,7 +133,7 @@ def quantize_cmd(
         folder = resolve_model_path(src)
         _check_output(folder, out, overwrite)
         cfg = _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters, rot, gptq_act_order,
-                      gptq_scale_search)
+                      gptq_scale_search, recon_batch)
         from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
 
         # a rotation rewrites the embeddings, every layer and lm_head together: the whole model is loaded
@@ -220,11 +224,13 @@ def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
 
 
 def _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters=None, rotation=None, act_order=False,
-            scale_search=None):
-    """The CalibrationConfig of the calibration options given (the others: its defaults)."""
+            scale_search=None, more=None):
+    """The CalibrationConfig of the calibration options given (the others: its defaults; ``more``:
+    further fields as given)."""
     from lowbit.calibration import CalibrationConfig
 
     kwargs = {} if rotation is None else {"rotation": rotation}
+    kwargs.update(more or {})
     if act_order:
         kwargs["gptq_act_order"] = True
     if scale_search is not None:
