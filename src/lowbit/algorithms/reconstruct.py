@@ -148,11 +148,12 @@ def weighted_se(out: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> tor
 
 
 class _Batches:
-    """The calibration batches over the ranks of ``group`` (lowbit.dist.Group; None: one process):
-    each rank holds a contiguous share, in rank order, so global batch b is where one process has
-    its batch b. One step's gradient is computed by the batch's owner and broadcast, and the
-    whole-set error is summed in global batch order, so every rank makes the same choices as one
-    process does, bit for bit."""
+    """The steps' units (a calibration batch, or ``batch_size`` windows of one) over the ranks of
+    ``group`` (lowbit.dist.Group; None: one process): each rank holds a contiguous share of the
+    calibration batches, in rank order, so global unit b is where one process has its unit b. One
+    step's gradient is computed by the unit's owner and broadcast, and the whole-set error is
+    summed in global batch order, so every rank makes the same choices as one process does, bit
+    for bit."""
 
     def __init__(self, n_local: int, group) -> None:
         self.group = group if group is not None and group.distributed else None
