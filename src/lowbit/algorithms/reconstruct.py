@@ -32,7 +32,7 @@ outputs of the best evaluation (``ReconstructReport.outputs``: the layer's outpu
 kept, computed exactly as the reference backend computes them, so that a caller whose backends
 match the reference can take them as the next layer's inputs instead of running the layer again).
 
-Cost (``ReconstructReport``'s counters): ``iters`` forward + backward passes of one batch each,
+Cost (``ReconstructReport``'s counters): ``iters`` forward + backward passes of one step's windows each,
 and ``iters // eval_every + 1`` (plus one when ``iters`` is not a multiple) forward passes over
 every batch. Sibling linears reading one input (q/k/v, gate/up) quantize it once per forward
 (``lowbit.backends.shared_input``), and the rounded weights of fixed scales are one autograd
@@ -194,12 +194,14 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
     def run(m, calls):
         return _run(m, calls, device)
 
-    # the steps' units: (calibration batch, first window, end window), batch by batch
-    units = []
+    # the steps' units, batch by batch: (calibration batch, its windows a:e; None: the whole batch)
+    units: list[tuple[int, slice | None]] = []
     for j, t in enumerate(targets):
-        n = t.shape[0] if t.dim() >= 3 else 1
-        k = n if options.batch_size is None or t.dim() < 3 else options.batch_size
-        units += [(j, a, min(a + k, n)) for a in range(0, n, k)]
+        n = t.shape[0]
+        if options.batch_size is None or t.dim() < 3 or options.batch_size >= n:
+            units.append((j, None))
+        else:
+            units += [(j, slice(a, min(a + options.batch_size, n))) for a in range(0, n, options.batch_size)]
     batches = _Batches(len(units), group)
 
     mods = {n: layer.get_submodule(n) for n in float_weights}
@@ -245,12 +247,12 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                 b = step % batches.total
                 src = batches.owner(b)
                 if src == batches.rank:
-                    j, a, e = units[b - batches.first]
-                    n = targets[j].shape[0]
-                    call = inputs[j] if targets[j].dim() < 3 else slice_call(inputs[j], n, a, e)
+                    j, w = units[b - batches.first]
+                    call, tgt, wts = inputs[j], targets[j], weights[j]
+                    if w is not None:
+                        call, tgt, wts = slice_call(call, tgt.shape[0], w.start, w.stop), tgt[w], wts[w]
                     out = run(layer, [call])[0]
                     shared.clear()
-                    tgt, wts = (targets[j], weights[j]) if targets[j].dim() < 3 else (targets[j][a:e], weights[j][a:e])
                     loss = weighted_se(out, tgt, wts).mean()
                     # an expert no token of this batch reaches has no gradient: it stays where it is
                     grads = [torch.zeros_like(p) if g is None else g.contiguous()

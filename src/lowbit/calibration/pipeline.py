@@ -142,7 +142,8 @@ class LayerwiseCalibrator:
         sinks = self.cfg.sink_positions
         seq = hidden_of(inputs[0]).shape[-2] if inputs and hidden_of(inputs[0]).dim() >= 3 else 0
         fn = lambda n, x: stats[n].observe(x, sinks, seq)  # noqa: E731
-        with all_tokens(root), self.report.cost.timed(Phase.OBSERVE, len(inputs)):  # every expert observes every token; the routing of the outputs is kept
+        # every expert observes every token; the routing of the outputs is kept
+        with all_tokens(root), self.report.cost.timed(Phase.OBSERVE, len(inputs)):
             if not outputs:
                 observe_layer(root, inputs, mods, fn, self._run_on)
                 return None
@@ -336,7 +337,7 @@ class LayerwiseCalibrator:
         with self.report.cost.timed(Phase.QUANTIZE):
             self._quantize_groups(layer, groups, rel, stats)
         if self._layer_device is not None:
-            layer.to(self._layer_device)  # GPTQ's results come from the CPU
+            layer.to(self._layer_device)  # the quantized linears are built where their weights were
         if recon is not None:
             r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on, self.group)
             cost = self.report.cost
