@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +26,16 @@ def _launched() -> bool:
         raise DistError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} is not an integer") from None
 
 
+def _end_started_group() -> None:
+    """At exit, end the default process group that ``Group.join`` started, if the caller has not:
+    a gloo group left to the interpreter's teardown can abort the process ("terminate called
+    without an active exception") after its work is done, failing a finished job."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @dataclass(frozen=True)
 class Group:
     """The ranks of one job. ``distributed`` False: a single process (every collective is local)."""
@@ -41,7 +52,8 @@ class Group:
     def join(cls, device: torch.device | None = None, timeout_s: float = 1800.0) -> "Group":
         """The default process group: the one already initialised, else, when started by torchrun
         with WORLD_SIZE > 1, a new one (NCCL when ``device`` is CUDA, gloo otherwise), else a
-        single process."""
+        single process. A group started here is ended at the interpreter's exit unless the
+        caller ends it first (``torch.distributed.destroy_process_group``)."""
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -52,6 +64,7 @@ class Group:
             raise DistError("started as several ranks (WORLD_SIZE > 1) but this torch has no torch.distributed")
         backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        atexit.register(_end_started_group)
         if device is not None and device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         return cls(dist.get_rank(), dist.get_world_size(), True)
