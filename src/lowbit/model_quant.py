@@ -7,6 +7,7 @@ siblings (q/k/v, gate/up): the amax is taken over the group.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Iterable
 
@@ -21,27 +22,55 @@ from lowbit.modules import QuantLinear
 from lowbit.moe import split_experts
 from lowbit.algorithms import WeightRounding
 from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
+from lowbit.recipes import Assignment, Recipe, resolve
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.targets import quantizable_linears, set_submodule, unquantizable_targets
 
 
 @torch.no_grad()
-def quantize_rtn(model: nn.Module, scheme: Scheme | str, *, ignore: Iterable[str] = (),
+def quantize_rtn(model: nn.Module, scheme: "Scheme | str | Assignment", *, ignore: Iterable[str] = (),
                  include_lm_head: bool = False, names: list[str] | None = None) -> nn.Module:
     """Replace target linears with QuantLinear by round-to-nearest (no activation scales); every
-    layer gets the automatic backend."""
-    scheme = get_scheme(scheme)
+    layer gets the automatic backend. ``scheme``: one for every linear, or an ``Assignment`` (a
+    scheme per linear name; its names are the ones quantized)."""
     split_experts(model)
-    if names is None:
-        names = quantizable_linears(model, ignore, include_lm_head)
-    linears = {n: model.get_submodule(n) for n in names}
-    gscales = shared_weight_global_scales({n: m.weight for n, m in linears.items()}, scheme)
+    if isinstance(scheme, Assignment):
+        schemes = dict(scheme)
+    else:
+        scheme = get_scheme(scheme)
+        if names is None:
+            names = quantizable_linears(model, ignore, include_lm_head)
+        schemes = {n: scheme for n in names}
+    linears = {n: model.get_submodule(n) for n in schemes}
+    gscales: dict[str, torch.Tensor] = {}
+    for s in dict.fromkeys(schemes.values()):  # fused siblings share one scheme (recipes.resolve)
+        gscales.update(shared_weight_global_scales({n: linears[n].weight for n in linears if schemes[n] == s}, s))
     for n, lin in linears.items():
-        q = QuantLinear.from_linear(lin, scheme, name=n, weight_global_scale=gscales.get(n))
+        q = QuantLinear.from_linear(lin, schemes[n], name=n, weight_global_scale=gscales.get(n))
         set_submodule(model, n, q)
     use_backend(model, "auto")
     return model
+
+
+def _plan(model: nn.Module, scheme, ignore: Iterable[str], include_lm_head: bool) -> "Scheme | Assignment":
+    """``scheme`` as one Scheme, or as an Assignment (a scheme per linear) when it is a recipe
+    that gives the linears different schemes or leaves some in float (lowbit.recipes)."""
+    recipe = Recipe.uniform(scheme) if isinstance(scheme, Scheme) else Recipe.of(scheme)
+    if not recipe.groups and not recipe.ignore:
+        return recipe.default
+    assign = resolve(recipe, quantizable_linears(model, ignore, include_lm_head))
+    if not assign:
+        raise QuantizationError("the recipe leaves every linear in float: nothing to quantize")
+    return assign.uniform or assign
+
+
+def _is_recipe_file(value) -> bool:
+    return isinstance(value, str) and os.path.splitext(value)[1].lower() in (".json", ".yaml", ".yml")
+
+
+def _schemes(plan) -> list[Scheme]:
+    return [plan] if isinstance(plan, Scheme) else plan.distinct
 
 
 def check_targets(model: nn.Module, ignore: Iterable[str], include_lm_head: bool, allow_unquantized: bool) -> list:
@@ -88,7 +117,14 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
              config=None, preset: str | None = None, progress: bool | None = None,
              allow_unquantized: bool = False, kv_cache: str | None = DEFAULT_KV_CACHE,
              **calibration_options) -> nn.Module:
-    """Quantize ``model`` in place and return it. A model that already holds lowbit layers is
+    """Quantize ``model`` in place and return it.
+
+    scheme: a preset name or Scheme (every target linear), or a recipe (mixed precision,
+        ``lowbit.recipes.Recipe``): a mapping such as ``{"re:.*mlp\\.down_proj": "w8a8-fp8",
+        "default": "nvfp4"}``, a Recipe, or a ``.json`` / ``.yaml`` recipe file. The recipe is
+        resolved on the quantizable linears (``lowbit.recipes.resolve``: a pattern matching
+        nothing, conflicting claims and split fused groups are errors); the Assignment it gave is
+        left on ``model.lowbit_recipe`` (None for one scheme). A model that already holds lowbit layers is
     refused (QuantizationError): quantize a fresh float model, or a ``copy.deepcopy`` of one.
     Mixture-of-experts blocks are split first (``lowbit.moe.split_experts``): every expert's
     projections become linears ``experts.{e}.gate_proj`` ... and are quantized per expert; the
@@ -136,25 +172,30 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     kv_cache = check_kv_cache(kv_cache)
     if scheme is None and kv_cache is not None:
         return _kv_only(model, calibration, tokenizer, kv_cache, config, preset, calibration_options)
-    scheme = get_scheme(scheme)
+    if not isinstance(scheme, (Scheme, Recipe, dict, os.PathLike)) and not _is_recipe_file(scheme):
+        scheme = get_scheme(scheme)
     _refuse_quantized(model)
     if kv_cache is not None:
         from lowbit.kvcache.calibrate import check_kv_model
 
         check_kv_model(model, kv_cache)  # before any work
     split_experts(model)
+    scheme = _plan(model, scheme, ignore, include_lm_head)  # a Scheme, or an Assignment (mixed)
+    schemes = _schemes(scheme)
     left = check_targets(model, ignore, include_lm_head, allow_unquantized)
     try:
-        smoothquant = resolve_alpha(smoothquant, scheme, static_only=False)
+        alphas = {s: resolve_alpha(smoothquant, s, static_only=False) for s in schemes}
     except ValueError as e:
         raise QuantizationError(str(e)) from None
+    smoothquant = next((a for a in alphas.values() if a is not None), None)
     cfg = calibration_config(config, preset, calibration_options)
     if calibration is None:
-        if scheme.needs_calibration:
-            raise QuantizationError(
-                f"scheme {scheme.name} has static activation scales and needs calibration data "
-                f"(pass calibration=...)"
-            )
+        for s in schemes:
+            if s.needs_calibration:
+                raise QuantizationError(
+                    f"scheme {s.name} has static activation scales and needs calibration data "
+                    f"(pass calibration=...)"
+                )
         if smoothquant is not None:
             raise QuantizationError("smoothquant needs calibration data (pass calibration=...)")
         if cfg.weight_rounding is WeightRounding.GPTQ:
@@ -163,8 +204,8 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         if kv_cache is not None:
             raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
         _rotate(model, cfg)
-        return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left)
-    if not calibrates(scheme, smoothquant, cfg):
+        return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left, scheme)
+    if not any(calibrates(s, alphas[s], cfg) for s in schemes):
         tokens = None
         if kv_cache is not None:
             tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
@@ -172,19 +213,20 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
         if kv_cache is not None:
             _calibrate_kv(model, tokens, kv_cache, cfg)
-        return _unquantized(model, left)
+        return _unquantized(model, left, scheme)
     tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
     _rotate(model, cfg)  # the float model, before SmoothQuant and calibration
-    names = quantizable_linears(model, ignore, include_lm_head)
+    names = quantizable_linears(model, ignore, include_lm_head) if isinstance(scheme, Scheme) else list(scheme)
     was_training = model.training
     model.eval()
-    report = LayerwiseCalibrator(model, scheme, cfg, smoothquant).run(tokens, names, progress=progress)
+    sq = smoothquant if isinstance(scheme, Scheme) else alphas
+    report = LayerwiseCalibrator(model, scheme, cfg, sq).run(tokens, names, progress=progress)
     model.train(was_training)
     model.lowbit_calibration = report
     use_backend(model, "auto")
     if kv_cache is not None:
         _calibrate_kv(model, tokens, kv_cache, cfg)
-    return _unquantized(model, left)
+    return _unquantized(model, left, scheme)
 
 
 def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, preset, options) -> nn.Module:
@@ -238,6 +280,9 @@ def _calibrate_kv(model: nn.Module, tokens, kv_cache: str, cfg) -> None:
     calibrate_kv_cache(model, tokens, kv_cache, batch_size=cfg.batch_size)
 
 
-def _unquantized(model: nn.Module, left: list) -> nn.Module:
+def _unquantized(model: nn.Module, left: list, plan=None) -> nn.Module:
+    """Leave on the model what stayed in float: ``lowbit_unquantized`` (targets lowbit cannot
+    quantize) and ``lowbit_recipe`` (the Assignment of a mixed recipe, None for one scheme)."""
     model.lowbit_unquantized = [name for name, _ in left]
+    model.lowbit_recipe = plan if isinstance(plan, Assignment) else None
     return model

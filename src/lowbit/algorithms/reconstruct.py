@@ -122,6 +122,30 @@ class _SoftLinear(nn.Module):
         return F.linear(x32, self.off.weight(), b).to(x.dtype)
 
 
+class _FixedLinear(nn.Module):
+    """A QuantLinear that this reconstruction does not re-round (another scheme of a mixed
+    recipe): without autograd its own forward; with autograd its dequantized weight on the
+    straight-through QDQ'd input, so the gradient reaches the linears before it."""
+
+    def __init__(self, q, shared: SharedInput) -> None:
+        super().__init__()
+        self.q, self.shared = q, shared
+        self.w = q.dequantized_weight(torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q
+        if not torch.is_grad_enabled():  # the reference numerics (the layer's backends match them or are not reused)
+            from lowbit.backends.reference import ReferenceBackend
+
+            return ReferenceBackend().forward(q, x)
+        if q.scheme.input_activations is not None:
+            x32 = self.shared.get(x, input_key(q, "reconstruct-ste"), lambda: _ste_input(q, x))
+        else:
+            x32 = x.to(torch.float32)
+        b = None if q.bias is None else q.bias.to(torch.float32)
+        return F.linear(x32, self.w, b).to(x.dtype)
+
+
 def _run(layer: nn.Module, calls, device) -> list[torch.Tensor]:
     """The layer's hidden-state output per call (args, kwargs), with autograd as the caller has it."""
     from lowbit.calls import move_call
@@ -184,7 +208,8 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                       inputs, options: ReconstructOptions, set_submodule, device=None,
                       group=None) -> ReconstructReport:
     """Re-round the QuantLinears of ``layer`` named in ``float_weights`` (relative name -> the float
-    weight they were quantized from) to minimise the MSE of ``layer``'s outputs on ``inputs`` (the
+    weight they were quantized from; the layer's other QuantLinears keep their codes and pass the
+    gradient straight through their input QDQ) to minimise the MSE of ``layer``'s outputs on ``inputs`` (the
     calibration batches, as (args, kwargs); run on ``device`` when given) against ``targets`` (one
     tensor per batch); their codes are replaced in place. ``group`` (lowbit.dist.Group): the ranks
     that each hold a contiguous share of the batches; every rank gets the codes one process holding
@@ -213,7 +238,10 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
     for p, _ in frozen:
         p.requires_grad_(False)
     shared = SharedInput()
-    soft = {n: _SoftLinear(mods[n], o, shared) for n, o in offs.items()}
+    soft: dict[str, nn.Module] = {n: _SoftLinear(mods[n], o, shared) for n, o in offs.items()}
+    for n, m in layer.named_modules():  # the layer's other QuantLinears (mixed recipes): fixed
+        if isinstance(m, QuantLinear) and n not in soft:
+            soft[n] = _FixedLinear(m, shared)
     for n, s in soft.items():
         set_submodule(layer, n, s)
 

@@ -32,12 +32,11 @@ import dataclasses
 import sys
 import time
 import warnings
-from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn as nn
 
+from lowbit.calibration.layer_backends import fast_backends as _fast_backends, runs_as_reference as _runs_as_reference
 from lowbit.calibration.capture import (
     Inputs, capture_layer_inputs, find_decoder_layers, hidden_of, observe_layer, observing, run_layer, with_hidden,
 )
@@ -62,42 +61,36 @@ from lowbit.targets import set_submodule
 from lowbit.threads import one_thread
 
 
-@contextmanager
-def _fast_backends(layer: nn.Module) -> Iterator[None]:
-    """Run a freshly quantized layer on the automatic (fastest exact) backends; their caches are
-    dropped afterwards and the backends left unset."""
-    from lowbit.backends import REGISTRY
-
-    mods = [m for m in layer.modules() if isinstance(m, QuantLinear) and m.backend is None]
-    for m in mods:
-        m.backend = REGISTRY.select(m)
-    try:
-        yield
-    finally:
-        for m in mods:
-            if hasattr(m.backend, "release"):
-                m.backend.release(m)
-            m.backend = None
-
-
-def _runs_as_reference(layer: nn.Module) -> bool:
-    """Whether every QuantLinear of ``layer`` runs on an automatic backend whose outputs are the
-    reference backend's bit for bit (the outputs reconstruction computed are then the ones the
-    layer gives)."""
-    from lowbit.backends import REGISTRY
-
-    return all(REGISTRY.best(m).matches_reference for m in layer.modules() if isinstance(m, QuantLinear))
+def _layer_inputs(cfg: CalibrationConfig, schemes: list[Scheme]) -> LayerInputs:
+    """What layers are calibrated on: ``cfg.inputs_for`` of the scheme(s); with several schemes
+    whose defaults differ, the quantized model's outputs (what the GPTQ/reconstructed schemes
+    want; the others' static scales are then set on the inputs they will see)."""
+    seen = {cfg.inputs_for(s) for s in schemes}
+    return seen.pop() if len(seen) == 1 else LayerInputs.QUANTIZED
 
 
 class LayerwiseCalibrator:
-    def __init__(self, model: nn.Module, scheme: Scheme, cfg: CalibrationConfig, smoothquant,
+    """Calibrate and quantize a model's linears layer by layer (see the module's docstring).
+
+    scheme: one Scheme for every linear, or a ``lowbit.recipes.Assignment`` (a scheme per linear,
+        mixed precision): each fused group is observed, smoothed, rounded (GPTQ options per
+        scheme) and given static scales under its own scheme; a decoder layer is reconstructed
+        when one of its schemes asks for it (steps: the largest count among them), re-rounding
+        the linears of those schemes with the others' codes fixed.
+    smoothquant: the resolved alpha (or "auto", or None), or with an Assignment a mapping
+        Scheme -> resolved alpha (a mapping's alpha is its targets' scheme's)."""
+
+    def __init__(self, model: nn.Module, scheme, cfg: CalibrationConfig, smoothquant,
                  group: Group | None = None) -> None:
         self.model = model
         self.group = group or Group.single()  # ranks sharing the calibration batches (lowbit.dist)
-        self.scheme = scheme
+        self.assign = None if isinstance(scheme, Scheme) else scheme  # name -> Scheme (mixed)
+        schemes = [scheme] if self.assign is None else self.assign.distinct
+        self.scheme = schemes[0]  # the scheme of a uniform run
         self.cfg = cfg
+        self.alphas = dict(smoothquant) if isinstance(smoothquant, dict) else {s: smoothquant for s in schemes}
+        smoothquant = next((a for a in self.alphas.values() if a is not None), None)
         self.smoothquant = smoothquant
-        self.static = scheme.needs_calibration
         self._run_on: torch.device | None = None  # each batch's device when activations are offloaded
         self._layer_device: torch.device | None = None  # where each layer computes (None: where it is)
         self._float_hidden: list[torch.Tensor] | None = None  # the float model's, for reconstruction targets
@@ -115,23 +108,48 @@ class LayerwiseCalibrator:
             else:
                 self.maps = maps
         check_distributable(self.group, cfg, smoothquant)
-        rounding = cfg.rounding_for(scheme)
-        self.gptq = rounding is WeightRounding.GPTQ
-        self.report = CalibrationReport(scheme.name, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
-                                        smoothquant, family if self.maps else None,
-                                        weight_rounding=rounding.value,
-                                        gptq=dataclasses.asdict(cfg.gptq_options(scheme)) if self.gptq else None,
-                                        layer_inputs=cfg.inputs_for(scheme).value)
+        self.inputs = _layer_inputs(cfg, schemes)
+        roundings = {s: cfg.rounding_for(s) for s in schemes}
+        gptq = [s for s in schemes if roundings[s] is WeightRounding.GPTQ]
+        label = "+".join(s.name for s in schemes)
+        rounding = "+".join(dict.fromkeys(r.value for r in roundings.values()))
+        self.report = CalibrationReport(label, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
+                                        smoothquant if self.assign is None else
+                                        {s.name: a for s, a in self.alphas.items()},
+                                        family if self.maps else None,
+                                        weight_rounding=rounding,
+                                        gptq=dataclasses.asdict(cfg.gptq_options(gptq[0])) if gptq else None,
+                                        layer_inputs=self.inputs.value)
+
+    # ------------------------------------------------------------------ per-linear schemes
+    def _scheme(self, name: str) -> Scheme:
+        """The scheme of linear ``name`` (its full name in the model)."""
+        return self.scheme if self.assign is None else self.assign[name]
+
+    def _gptq(self, scheme: Scheme) -> bool:
+        return self.cfg.rounding_for(scheme) is WeightRounding.GPTQ
+
+    def _reconstructs(self, names: list[str]):
+        """The reconstruction options for a layer of these linears (None: off) and the names it
+        re-rounds: the linears whose scheme asks for steps; the most steps among them."""
+        asked = [(self.cfg.reconstruct_iters_for(self._scheme(n)), n) for n in names]
+        asked = [(k, n) for k, n in asked if k > 0]
+        if not asked:
+            return None, []
+        top = max(asked, key=lambda kn: kn[0])
+        return self.cfg.reconstruct_options(self._scheme(top[1])), [n for _, n in asked]
 
     # ------------------------------------------------------------------ helpers
-    def _new_stats(self) -> GroupStats:
-        spec = self.scheme.input_activations
+    def _new_stats(self, name: str) -> GroupStats:
+        """Statistics for the input of the group that linear ``name`` heads, under its scheme."""
+        scheme = self._scheme(name)
+        spec = scheme.input_activations
         obs = None
-        if self.static:
+        if scheme.needs_calibration:
             obs = make_observer(self.cfg.observer, spec, percentile=self.cfg.percentile,
                                 max_rows=self.cfg.max_sample_rows)
-        rows = self.cfg.max_sample_rows if self.smoothquant == "auto" else 0
-        return GroupStats(obs, rows, hessian=self.gptq, deferred_hessian=self.group.rank > 0)
+        rows = self.cfg.max_sample_rows if self.alphas.get(scheme) == "auto" else 0
+        return GroupStats(obs, rows, hessian=self._gptq(scheme), deferred_hessian=self.group.rank > 0)
 
     def _observe_pass(self, root: nn.Module, groups: list[list[str]], inputs: Inputs,
                       stats: dict[str, GroupStats], rel: dict[str, str],
@@ -174,10 +192,11 @@ class LayerwiseCalibrator:
             st = stats[key]
             ws = [layer.get_submodule(t).weight for t in m.targets]
             act = st.all_pos.amax()
-            alpha, errs = self.smoothquant, None
+            target_scheme = self._scheme(inv[m.targets[0]])
+            alpha, errs = self.alphas.get(target_scheme), None
             if alpha == "auto":
                 x = torch.cat(st.samples)
-                alpha, errs = search_alpha(x, act, st.scale_chan.amax(), ws, self.scheme, self.cfg.auto_alphas)
+                alpha, errs = search_alpha(x, act, st.scale_chan.amax(), ws, target_scheme, self.cfg.auto_alphas)
             rep = self.report.groups.setdefault(key, GroupReport(members=[n for g in groups if key in g for n in g]))
             rep.alpha, rep.alpha_errors = alpha, errs
             if alpha is None:
@@ -189,39 +208,38 @@ class LayerwiseCalibrator:
 
     def _quantize_groups(self, root: nn.Module, groups: list[list[str]], rel: dict[str, str],
                          stats: dict[str, GroupStats] | None) -> None:
-        spec = self.scheme.input_activations
-        solve = []  # (linears, weight global scales, input scales, Hessian) of the GPTQ groups
+        solve: dict[Scheme, list] = {}  # per scheme: (linears, weight global scales, input scales, Hessian)
         for g in groups:
+            scheme = self._scheme(g[0])
             lins = {n: root.get_submodule(rel[n]) for n in g}
-            gscales = shared_weight_global_scales({n: m.weight for n, m in lins.items()}, self.scheme)
+            gscales = shared_weight_global_scales({n: m.weight for n, m in lins.items()}, scheme)
             sc: dict[str, torch.Tensor] = {}
             rep = self.report.groups.setdefault(g[0], GroupReport(members=list(g)))
             if stats is not None and g[0] in stats:
                 st = stats[g[0]]
                 rep.amax_all = float(st.all_pos.amax().amax())
-                if self.static:
+                if scheme.needs_calibration:
                     amax = st.scale_amax()
                     rep.amax_used = float(amax)
-                    sc = input_scales_from_amax(spec, amax)
-            st = stats[g[0]] if self.gptq and stats is not None and g[0] in stats else None
+                    sc = input_scales_from_amax(scheme.input_activations, amax)
+            st = stats[g[0]] if self._gptq(scheme) and stats is not None and g[0] in stats else None
             if st is None or st.hessian_sum is None or (not self.group.distributed and st.hessian_upper is None):
                 for n, lin in lins.items():
-                    q = QuantLinear.from_linear(lin, self.scheme, name=n, weight_global_scale=gscales.get(n), **sc)
+                    q = QuantLinear.from_linear(lin, scheme, name=n, weight_global_scale=gscales.get(n), **sc)
                     set_submodule(root, rel[n], q)
                 continue
-            solve.append((lins, gscales, sc, st))
-        if not solve:
-            return
-        with one_thread():  # every group at once: groups of one input width share the column loop
-            qts = solve_spread(self.group, [[m.weight for m in lins.values()] for lins, _, _, _ in solve],
-                               [st for _, _, _, st in solve], self.scheme.weights,
-                               global_scales=[[gs.get(n) for n in lins] for lins, gs, _, _ in solve],
-                               options=self.cfg.gptq_options(self.scheme),
-                               names=[[f"{n}.weight" for n in lins] for lins, _, _, _ in solve])
-        for (lins, _, sc, _), group_qts in zip(solve, qts):
-            for (n, lin), qt in zip(lins.items(), group_qts):
-                q = QuantLinear.from_quantized(qt, self.scheme, lin.bias, name=n, dtype=lin.weight.dtype, **sc)
-                set_submodule(root, rel[n], q)
+            solve.setdefault(scheme, []).append((lins, gscales, sc, st))
+        for scheme, items in solve.items():
+            with one_thread():  # every group at once: groups of one input width share the column loop
+                qts = solve_spread(self.group, [[m.weight for m in lins.values()] for lins, _, _, _ in items],
+                                   [st for _, _, _, st in items], scheme.weights,
+                                   global_scales=[[gs.get(n) for n in lins] for lins, gs, _, _ in items],
+                                   options=self.cfg.gptq_options(scheme),
+                                   names=[[f"{n}.weight" for n in lins] for lins, _, _, _ in items])
+            for (lins, _, sc, _), group_qts in zip(items, qts):
+                for (n, lin), qt in zip(lins.items(), group_qts):
+                    q = QuantLinear.from_quantized(qt, scheme, lin.bias, name=n, dtype=lin.weight.dtype, **sc)
+                    set_submodule(root, rel[n], q)
 
     # ------------------------------------------------------------------ main
     @torch.no_grad()
@@ -248,8 +266,8 @@ class LayerwiseCalibrator:
             # block reconstruction on quantized layer inputs aims at the float model's outputs:
             # the float model's hidden states are carried along (the float inputs otherwise are them)
             self._float_hidden = None
-            quantized_inputs = self.cfg.inputs_for(self.scheme) is LayerInputs.QUANTIZED
-            if self.cfg.reconstruct_iters_for(self.scheme) and quantized_inputs:
+            quantized_inputs = self.inputs is LayerInputs.QUANTIZED
+            if quantized_inputs and self._reconstructs(names)[0] is not None:
                 self._float_hidden = [hidden_of(c) for c in inputs]
             if saved is not None:  # a resumed run: the hidden states entering layer `first`
                 n = len(inputs)
@@ -260,9 +278,9 @@ class LayerwiseCalibrator:
                 inputs = [move_call(c, hooks.device) for c in inputs]
             self._run_on = hooks.device if hooks.offload else None
             self._layer_device = hooks.device
-            float_inputs = self.cfg.inputs_for(self.scheme) is LayerInputs.FLOAT
+            float_inputs = self.inputs is LayerInputs.FLOAT
             show = sys.stderr.isatty() if progress is None else progress
-            bar = tqdm(total=len(layers), initial=first, desc=f"calibrating {self.scheme.name}", unit="layer",
+            bar = tqdm(total=len(layers), initial=first, desc=f"calibrating {self.report.scheme}", unit="layer",
                        disable=not show, leave=False, file=sys.stderr)
             for i in range(first, len(layers)):
                 layer = layers[i]
@@ -307,7 +325,7 @@ class LayerwiseCalibrator:
         groups = fused_groups(lnames)
         rep = same_input_groups(layer, [[rel[n] for n in g] for g in groups], [g[0] for g in groups])
         heads = [g for g in groups if rep.get(g[0], g[0]) == g[0]]  # one observed group per input
-        stats = {g[0]: self._new_stats() for g in heads}
+        stats = {g[0]: self._new_stats(g[0]) for g in heads}
         for g in groups:
             stats[g[0]] = stats[rep.get(g[0], g[0])]  # the same object: one Hessian, one observer
         outs = self._observe_pass(layer, heads, inputs, stats, rel, outputs=outputs)
@@ -317,15 +335,15 @@ class LayerwiseCalibrator:
             with self.report.cost.timed(Phase.SMOOTH):
                 stale = self._smooth(layer, rel, groups, stats)
             if stale:
-                fresh = {k: self._new_stats() for k in stale}
+                fresh = {k: self._new_stats(k) for k in stale}
                 self._observe_pass(layer, [g for g in heads if g[0] in fresh], inputs, fresh, rel)
                 for g in groups:
                     head = rep.get(g[0], g[0])
                     if head in fresh:
                         stats[g[0]] = fresh[head]
-        recon = self.cfg.reconstruct_options(self.scheme)
+        recon, rounded = self._reconstructs(lnames)
         if recon is not None:  # the float layer's weights and outputs, before quantization
-            floats = {rel[n]: layer.get_submodule(rel[n]).weight.detach() for n in lnames}
+            floats = {rel[n]: layer.get_submodule(rel[n]).weight.detach() for n in rounded}
             if self._float_hidden is not None:  # the float layer on the float model's hidden states
                 with self.report.cost.timed(Phase.TARGETS, len(inputs)):
                     targets = self._float_hidden = self._float_outputs(layer, inputs)
@@ -366,8 +384,8 @@ class LayerwiseCalibrator:
         rel = {n: n for n in names}
         stats = None
         t0 = time.perf_counter()
-        if self.static or self.gptq:
-            stats = {g[0]: self._new_stats() for g in groups}
+        if any(self._scheme(n).needs_calibration or self._gptq(self._scheme(n)) for n in names):
+            stats = {g[0]: self._new_stats(g[0]) for g in groups}
             mods = {g[0]: self.model.get_submodule(g[0]) for g in groups}
             device = next(self.model.parameters()).device
             sinks = self.cfg.sink_positions
