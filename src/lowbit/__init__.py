@@ -27,10 +27,12 @@ _PUBLIC = {
     "PRESETS": "lowbit.schemes",
     "Scheme": "lowbit.schemes",
     "QuantSpec": "lowbit.schemes",
+    "Recipe": "lowbit.recipes",
+    "auto_recipe": "lowbit.recipes.auto",
 }
 
 __all__ = ["quantize", "use_backend", "save", "load", "load_model", "quantize_checkpoint", "get_scheme", "PRESETS",
-           "Scheme", "QuantSpec", "__version__"]
+           "Scheme", "QuantSpec", "Recipe", "auto_recipe", "__version__"]
 
 
 def __getattr__(name: str):
