@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
+from lowbit.cli.recipe_options import CANDIDATES_HELP, RECIPE_HELP
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
     parse_reconstruct_iters, parse_rotation, reconstruct_batch_size_option, parse_smoothquant, parse_weight_rounding, quiet_progress,
@@ -32,13 +33,13 @@ def compare_table(report: dict) -> Table:
     failed: list[str] = []
     t = Table(title=f"lowbit compare: {report['model']['path']}  "
                     f"({base['tokens_scored']} tokens, {base.get('lastword_examples', 0)} last-word examples)")
-    for col in ("scheme", "perplexity", "Δ ppl", "bits/byte"):
+    for col in ("scheme", "perplexity", "Δ ppl", "bits/byte", "w bits"):
         t.add_column(col, justify="left" if col == "scheme" else "right", no_wrap=True)
     if lw:
         t.add_column("last word", justify="right", no_wrap=True)
     for col in ("size", "× float", "quant s", "worst layer (SQNR dB)"):
         t.add_column(col, justify="left" if col.startswith("worst") else "right", no_wrap=True)
-    row = ["float", f"{base['perplexity']:.3f}", "", f"{base['bits_per_byte']:.4f}"]
+    row = ["float", f"{base['perplexity']:.3f}", "", f"{base['bits_per_byte']:.4f}", ""]
     if lw:
         row.append(f"{100 * base['lastword_accuracy']:.1f}%")
     t.add_row(*row, human_bytes(base["size_bytes"]), "1.00", "", "")
@@ -53,7 +54,8 @@ def compare_table(report: dict) -> Table:
         change = f"{r['ppl_change_pct']:+.2f}%"
         if r.get("ppl_change_sd_pct") is not None:
             change += f" ±{r['ppl_change_sd_pct']:.2f}"
-        row = [row_label(r), f"{r['perplexity']:.3f}", change, f"{r['bits_per_byte']:.4f}"]
+        bits = f"{r['average_bits']:.3f}" if r.get("average_bits") is not None else ""
+        row = [row_label(r), f"{r['perplexity']:.3f}", change, f"{r['bits_per_byte']:.4f}", bits]
         if lw:
             row.append(f"{100 * r['lastword_accuracy']:.1f}%")
         row += [human_bytes(r["size_bytes"]), f"{r['size_ratio']:.2f}", f"{r['quant_seconds']:.1f}",
@@ -65,10 +67,35 @@ def compare_table(report: dict) -> Table:
     return t
 
 
+def _bits(text: str) -> float:
+    try:
+        b = float(text)
+    except ValueError:
+        raise OptionError(f"--target-bits {text!r}: not a number of bits") from None
+    if not b > 0:
+        raise OptionError(f"--target-bits {text!r}: must be a positive number of bits")
+    return b
+
+
+def check_file(path: str, flag: str) -> None:
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise OptionError(f"{flag} {path}: no such file")
+
+
 @app.command("compare")
 def compare_cmd(
     model: Optional[str] = typer.Argument(None, help="Model folder (default: the built-in SmolLM2-135M)."),
-    schemes: str = typer.Option("nvfp4,nvfp4-e5m3,w8a8-int8,w8a8-fp8", "--schemes", help="Comma-separated schemes."),
+    schemes: Optional[str] = typer.Option(
+        None, "--schemes",
+        help="Comma-separated schemes (default: nvfp4,nvfp4-e5m3,w8a8-int8,w8a8-fp8 when no --recipe/--target-bits "
+             "rows are asked for, else none)."),
+    recipe: Optional[list[str]] = typer.Option(None, "--recipe", help="A recipe file as a row (repeatable). " + RECIPE_HELP),
+    target_bits: Optional[str] = typer.Option(
+        None, "--target-bits", help="Automatic-recipe rows: comma-separated average weight bits, each a row "
+                                    "choosing among --candidates (e.g. 4.5,6)."),
+    candidates: Optional[str] = typer.Option(None, "--candidates", help=CANDIDATES_HELP),
     output: str = typer.Option("lowbit-report", "--output", "-o", help="Folder for report.json and report.png."),
     limit: int = typer.Option(1024, "--limit", help="Perplexity tokens to score."),
     window: int = typer.Option(512, "--window", help="Perplexity window (tokens)."),
@@ -153,7 +180,19 @@ def compare_cmd(
     rot = parse_rotation(rotation)
     if rot is not None:
         calib_options["rotation"] = rot.value
-    opts = CompareOptions(schemes=parse_list(schemes, "--schemes"), limit=limit, window=window, stride=stride,
+    budgets = [_bits(b) for b in parse_list(target_bits, "--target-bits")] if target_bits is not None else []
+    if candidates is not None and not budgets:
+        raise OptionError("--candidates goes with --target-bits")
+    if budgets and candidates is None:
+        raise OptionError("--target-bits needs --candidates (the schemes to choose from, e.g. nvfp4,w8a8-fp8)")
+    from lowbit.report.compare import DEFAULT_SCHEMES
+
+    rows = parse_list(schemes, "--schemes") if schemes is not None else \
+        ([] if recipe or budgets else list(DEFAULT_SCHEMES))
+    for r in recipe or ():
+        check_file(r, "--recipe")
+    opts = CompareOptions(schemes=rows, recipes=list(recipe or ()), target_bits=budgets,
+                          candidates=parse_list(candidates, "--candidates") if candidates else [], limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                           calib_options=calib_options, smoothquant=parse_smoothquant(smoothquant),

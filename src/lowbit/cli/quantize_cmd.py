@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from lowbit.cli.app import app, console, err_console
+from lowbit.cli.recipe_options import CANDIDATES_HELP, RECIPE_HELP, TARGET_BITS_HELP, parse_plan, save_used_recipe, used_schemes
 from lowbit.cli.common import (
     OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
     parse_reconstruct_iters, parse_rotation, reconstruct_batch_size_option, parse_smoothquant, parse_weight_rounding,
@@ -32,7 +33,11 @@ def _weight_bytes(folder: Path) -> int:
 @app.command("quantize")
 def quantize_cmd(
     model: str = typer.Argument(..., help="Model folder (Hugging Face layout), or 'builtin'."),
-    scheme: str = typer.Option(..., "--scheme", "-s", help="Scheme name (see `lowbit schemes`)."),
+    scheme: Optional[str] = typer.Option(None, "--scheme", "-s", help="Scheme name (see `lowbit schemes`); or "
+                                         "--recipe, or --target-bits."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help=RECIPE_HELP),
+    target_bits: Optional[float] = typer.Option(None, "--target-bits", help=TARGET_BITS_HELP),
+    candidates: Optional[str] = typer.Option(None, "--candidates", help=CANDIDATES_HELP),
     fmt: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output folder (default: MODEL-SCHEME)."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text, one paragraph a line (default: built-in)."),
@@ -84,7 +89,7 @@ def quantize_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the output folder if it exists."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
 ) -> None:
-    """Quantize MODEL with SCHEME and write a checkpoint folder."""
+    """Quantize MODEL with a scheme (or a recipe: a scheme per group of layers) and write a checkpoint folder."""
     kv = parse_kv_cache(kv_cache)
     if device is not None and not model_free and (in_memory or kv is not None):
         raise OptionError("--device applies to model-free and streamed quantization: drop --in-memory/--kv-cache or "
@@ -93,14 +98,15 @@ def quantize_cmd(
         raise OptionError("--offload-activations applies to streamed calibration: drop --model-free/--in-memory")
     check_model_path(model)
     import lowbit
-    from lowbit.schemes import get_scheme
     from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
 
-    sch = get_scheme(scheme)
+    plan = parse_plan(scheme, recipe, target_bits, candidates)
+    sch = plan.scheme  # None for a recipe
     src = model_arg(model)
-    out = Path(output) if output else _default_output(src, sch.name)
+    out = Path(output) if output else _default_output(src, plan.label)
     sq_choice = parse_smoothquant(smoothquant)
-    sq = resolve_alpha(sq_choice, sch, static_only=False)
+    alphas = {s: resolve_alpha(sq_choice, s, static_only=False) for s in plan.schemes}
+    sq = alphas[sch] if sch is not None else {s.name: a for s, a in alphas.items()}
     wr = parse_weight_rounding(weight_rounding)
     reconstruct_iters = parse_reconstruct_iters(reconstruct_iters)
     recon_batch = reconstruct_batch_size_option(reconstruct_batch_size)
@@ -118,11 +124,15 @@ def quantize_cmd(
                               "--layer-inputs/--calib-preset/--kv-cache/--reconstruct-iters/--reconstruct-batch-size/"
                               "--gptq-act-order/"
                               "--gptq-scale-search, or drop --model-free")
+        if plan.target_bits is not None:
+            raise OptionError("--target-bits measures layers on a forward and backward of the model: drop "
+                              "--model-free or give --scheme/--recipe")
         from lowbit.models import resolve_model_path
 
         folder = resolve_model_path(src)
         _check_output(folder, out, overwrite)
-        ranks = _model_free(folder, out, sch.name, fmt, workers, ignore, overwrite, device)
+        ranks = _model_free(folder, out, sch.name if sch is not None else plan.recipe, fmt, workers, ignore,
+                            overwrite, device)
         if ranks is None:
             return  # not rank 0 of a torchrun job: rank 0 prints the summary
         extra = {"ranks": ranks}
@@ -136,24 +146,31 @@ def quantize_cmd(
                       gptq_scale_search, recon_batch)
         from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
 
-        # a rotation rewrites the embeddings, every layer and lm_head together: the whole model is loaded
-        stream = not in_memory and kv is None and rot is None and calibrates(sch, sq, cfg)
+        needs = any(calibrates(s, alphas[s], cfg) for s in plan.schemes)
+        # a rotation rewrites the embeddings, every layer and lm_head together, and the automatic
+        # choice runs the whole model forward and backward: the whole model is loaded
+        stream = not in_memory and kv is None and rot is None and needs and plan.target_bits is None
         if (device is not None or offload_activations) and rot is not None:
             raise OptionError("--rotation loads the whole model in memory on the CPU: drop --device/"
                               "--offload-activations or drop --rotation")
         if (device is not None or offload_activations) and not stream:
             raise OptionError(f"--device/--offload-activations apply to model-free and streamed quantization, and "
-                              f"{sch.name} without calibration options is neither: add --model-free")
+                              f"{plan.label} {'with --target-bits' if plan.target_bits is not None else 'without calibration options'} "
+                              f"is neither: " + ("drop --device/--offload-activations" if plan.target_bits is not None
+                                                 else "add --model-free"))
         if stream:
-            extra = _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, allow_unquantized,
-                              device, offload_activations)
+            extra = _streamed(folder, out, plan.given, fmt, calib, sq_choice, cfg, ignore, overwrite,
+                              allow_unquantized, device, offload_activations)
             if extra is None:
                 return  # not the first rank of a torchrun job: rank 0 reports
         else:
             with output_lock(out):  # held from loading to the rename: a second run into `out` is refused now
-                extra = _calibrated(lowbit, folder, out, sch, fmt, calib, cfg, sq_choice, sq, ignore, overwrite, t0,
-                                    allow_unquantized, kv)
-    summary = {"output": str(out), "scheme": sch.name, "format": fmt, "model_free": model_free,
+                extra = _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignore, overwrite,
+                                    t0, allow_unquantized, kv)
+    chosen = extra.pop("chosen_recipe", None)
+    if plan.recipe is not None or chosen is not None:
+        extra["recipe"] = str(save_used_recipe(out, chosen or plan.recipe))
+    summary = {"output": str(out), "scheme": plan.label, "format": fmt, "model_free": model_free,
                "seconds": time.perf_counter() - t0, "size_bytes": _weight_bytes(out), **extra}
     from lowbit.formats.base import Format
 
@@ -161,7 +178,8 @@ def quantize_cmd(
     if fmt == Format.COMPRESSED_TENSORS.value:  # the written folder: what engines serve it (measured)
         from lowbit.formats.ct_serving import engine_support
 
-        verdicts = engine_support(out, sch)
+        for s in used_schemes(plan, chosen):
+            verdicts += [v for v in engine_support(out, s) if v.line() not in {w.line() for w in verdicts}]
         summary["serving"] = [{"engine": v.engine, "serving": v.serving.value, "detail": v.detail} for v in verdicts]
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
@@ -187,7 +205,17 @@ def quantize_cmd(
         ranks = f" on {summary['ranks']} ranks" if (summary.get("ranks") or 1) > 1 else ""
         streamed = f"; streamed, peak RSS {human_bytes(summary['peak_rss'])}" + (" (rank 0)" if ranks else "") \
             if summary.get("streamed") else ""
-        console.print(f"wrote {out} ({sch.name}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
+        if summary.get("auto_recipe"):
+            a = summary["auto_recipe"]
+            console.print(f"chose a scheme per layer for {a['target_bits']:g} average weight bits: "
+                          f"{a['average_bits']:.3f} reached, {a['counts']} (predicted loss +{a['predicted_loss']:.4g}; "
+                          f"measured in {a['seconds']:.1f} s)", highlight=False)
+        if q is not None and q.get("schemes") and len(q["schemes"]) > 1:
+            console.print("linears per scheme: " + ", ".join(f"{k} {v}" for k, v in q["schemes"].items()) +
+                          f"; {q['average_bits']:.3f} average weight bits", highlight=False)
+        if summary.get("recipe"):
+            console.print(f"recipe used: {summary['recipe']} (reusable with --recipe)", highlight=False)
+        console.print(f"wrote {out} ({plan.label}, {fmt}, weights {human_bytes(summary['size_bytes'])} on disk) "
                       f"in {summary['seconds']:.1f} s{ranks}{streamed}", highlight=False)
         for v in verdicts:
             console.print(f"serving, {v.line()}", highlight=False)
@@ -276,27 +304,40 @@ def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, a
             "layer_seconds": [round(x, 3) for x in res.layer_seconds]}
 
 
-def _calibrated(lowbit, folder, out, sch, fmt, calib, cfg, sq_choice, sq, ignore, overwrite, t0, allow_unquantized,
+def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignore, overwrite, t0, allow_unquantized,
                 kv=None) -> dict:
     """Load ``folder``, quantize it (calibrated when the options ask for it: ``model_quant.calibrates``,
-    or for the KV-cache scales of ``kv``) and save it to ``out``."""
+    or for the KV-cache scales of ``kv``; with ``plan.target_bits`` after choosing the recipe on
+    the loaded model) and save it to ``out``."""
     from lowbit.model_quant import calibrates
     from lowbit.models import load_model
     from lowbit.report.quantized import quantized_summary
+    from lowbit.algorithms.smoothquant.defaults import resolve_alpha
 
     qmodel, tok = load_model(folder)
-    needs = calibrates(sch, sq, cfg) or kv is not None
+    given, extra = plan.given, {}
+    if plan.target_bits is not None:
+        err_console.print(f"[dim]measuring each layer's sensitivity to {', '.join(s.name for s in plan.candidates)} "
+                          f"on {calib or 'the built-in text'}[/dim]", highlight=False)
+        auto = lowbit.auto_recipe(qmodel, plan.candidates, plan.target_bits, calib or "builtin", tokenizer=tok,
+                                  ignore=list(ignore or ()))
+        given = extra["chosen_recipe"] = auto.recipe
+        extra["auto_recipe"] = {"target_bits": auto.target_bits, "average_bits": auto.average_bits,
+                                "counts": auto.counts(), "predicted_loss": auto.predicted_loss,
+                                "seconds": auto.seconds}
+    schemes = plan.schemes if plan.target_bits is None else list(given.schemes)
+    needs = any(calibrates(s, resolve_alpha(sq_choice, s, static_only=False), cfg) for s in schemes) or kv is not None
     if not needs and (calib is not None or dataclasses.replace(cfg, rotation=type(cfg)().rotation) != type(cfg)()):
-        err_console.print(f"[yellow]note:[/yellow] {sch.name} needs no calibration; --calib options ignored")
+        err_console.print(f"[yellow]note:[/yellow] {plan.label} needs no calibration; --calib options ignored")
     if needs:
         err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
-        qmodel = lowbit.quantize(qmodel, sch, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq_choice,
+        qmodel = lowbit.quantize(qmodel, given, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq_choice,
                                  ignore=list(ignore or ()), config=cfg, allow_unquantized=allow_unquantized,
                                  kv_cache=kv)
     else:
-        qmodel = lowbit.quantize(qmodel, sch, smoothquant=sq_choice, ignore=list(ignore or ()),
+        qmodel = lowbit.quantize(qmodel, given, smoothquant=sq_choice, ignore=list(ignore or ()),
                                  allow_unquantized=allow_unquantized, rotation=cfg.rotation)
     t_quant = time.perf_counter() - t0
     lowbit.save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
     return {"quant_seconds": t_quant, "smoothquant": sq, "quantized": quantized_summary(qmodel), "kv_cache": kv,
-            "kv_scales": getattr(qmodel, "lowbit_kv_calibration", None)}
+            "kv_scales": getattr(qmodel, "lowbit_kv_calibration", None), **extra}

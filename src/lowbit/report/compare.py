@@ -72,6 +72,9 @@ class CompareOptions:
     save_format: str | None = None  # also save each checkpoint (lowbit.save) and measure it on disk
     progress: bool = True
     kv_cache: str | None = DEFAULT_KV_CACHE  # "fp8": a calibrated FP8 KV cache on every scheme row
+    recipes: list[str] = field(default_factory=list)     # recipe files, one row each (lowbit.recipes)
+    target_bits: list[float] = field(default_factory=list)  # one automatic-recipe row per budget ...
+    candidates: list[str] = field(default_factory=list)     # ... choosing among these schemes
 
     def __post_init__(self) -> None:
         # one calibration budget default: lowbit.quantize's (CalibrationConfig's)
@@ -95,18 +98,65 @@ def _finite(x: float) -> float | None:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def quantize_with_options(model, scheme_name: str, tokenizer, opts: CompareOptions):
+@dataclass(frozen=True)
+class RowSpec:
+    """One row of the comparison: a scheme (by name), a recipe, or a budget for ``auto_recipe``."""
+
+    label: str
+    scheme: str | None = None
+    recipe: object = None
+    target_bits: float | None = None
+
+
+def row_specs(opts: CompareOptions) -> list[RowSpec]:
+    """The rows ``opts`` asks for, checked before any work (unknown schemes, bad recipe files)."""
+    from lowbit.recipes import Recipe
+    from lowbit.recipes.auto import parse_candidates
+
+    specs = [RowSpec(get_scheme(s).name, scheme=get_scheme(s).name) for s in opts.schemes]
+    specs += [RowSpec(Path(p).stem, recipe=Recipe.of(Path(p))) for p in opts.recipes]
+    if opts.target_bits:
+        if not opts.candidates:
+            raise LowbitError("automatic-recipe rows (target_bits) need candidates (the schemes to choose from)")
+        parse_candidates(opts.candidates)
+        specs += [RowSpec(f"auto-{b:g}b", target_bits=float(b)) for b in opts.target_bits]
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise LowbitError(f"two rows of the comparison have one name: {labels}")
+    return specs
+
+
+def quantize_with_options(model, scheme_name: "str | RowSpec", tokenizer, opts: CompareOptions):
     """``lowbit.quantize`` with calibration when the scheme (or SmoothQuant) needs it; returns
-    (model, calibrated: bool, smoothquant alpha or None)."""
-    scheme = get_scheme(scheme_name)
-    sq = resolve_alpha(opts.smoothquant, scheme, static_only=True)
+    (model, calibrated: bool, smoothquant alpha or None). A RowSpec with a recipe quantizes with
+    it; with ``target_bits`` the recipe is chosen first (``lowbit.auto_recipe`` among
+    ``opts.candidates``, on the calibration text) and left on the model as ``lowbit_auto``."""
+    spec = scheme_name if isinstance(scheme_name, RowSpec) else RowSpec(scheme_name, scheme=scheme_name)
     options = {**opts.calib_options, "num_samples": opts.calib_samples, "seq_len": opts.calib_seq_len}
     cfg = CalibrationConfig(**options)
-    if not calibrates(scheme, sq, cfg) and opts.kv_cache is None:
-        return lowbit.quantize(model, scheme, smoothquant=OFF, rotation=cfg.rotation), False, None
     calib = opts.calib if opts.calib is not None else "builtin"
-    q = lowbit.quantize(model, scheme, calibration=calib, tokenizer=tokenizer, smoothquant=OFF if sq is None else sq,
+    auto = None
+    if spec.scheme is not None:
+        plan = get_scheme(spec.scheme)
+    elif spec.recipe is not None:
+        plan = spec.recipe
+    else:
+        auto = lowbit.auto_recipe(model, opts.candidates, spec.target_bits, calib, tokenizer=tokenizer)
+        plan = auto.recipe
+    schemes = [plan] if spec.scheme is not None else plan.schemes
+    alphas = {s: resolve_alpha(opts.smoothquant, s, static_only=True) for s in schemes}
+    if not any(calibrates(s, alphas[s], cfg) for s in schemes) and opts.kv_cache is None:
+        q = lowbit.quantize(model, plan, smoothquant=OFF, rotation=cfg.rotation)
+        q.lowbit_auto = auto
+        return q, False, None
+    sq = alphas[plan] if spec.scheme is not None else \
+        (opts.smoothquant if any(a is not None for a in alphas.values()) else OFF)
+    q = lowbit.quantize(model, plan, calibration=calib, tokenizer=tokenizer, smoothquant=OFF if sq is None else sq,
                         progress=opts.progress, kv_cache=opts.kv_cache, **options)
+    q.lowbit_auto = auto
+    if spec.scheme is None:  # the alphas the recipe's schemes got, by scheme name
+        sq = q.lowbit_calibration.smoothquant
+        sq = None if not isinstance(sq, dict) or all(a is None for a in sq.values()) else sq
     return q, True, sq
 
 
@@ -140,6 +190,26 @@ def evaluate(model, tokenizer, opts: CompareOptions, examples, label: str) -> di
     return out
 
 
+def _recipe_fields(row: dict, qmodel, spec: RowSpec) -> None:
+    """A row's average weight bits and linears per scheme; for recipe rows the recipe used, and
+    for automatic rows what the choice reached."""
+    from lowbit.recipes.bits import average_bits
+
+    lins = quantized_linears(qmodel)
+    row["average_bits"] = average_bits({n: (m.out_features, m.in_features) for n, m in lins.items()},
+                                       {n: m.scheme for n, m in lins.items()}) if lins else None
+    counts: dict[str, int] = {}
+    for m in lins.values():
+        counts[m.scheme.name] = counts.get(m.scheme.name, 0) + 1
+    row["linears_per_scheme"] = counts
+    auto = getattr(qmodel, "lowbit_auto", None)
+    if spec.recipe is not None or auto is not None:
+        row["recipe"] = (spec.recipe if auto is None else auto.recipe).to_dict()
+    if auto is not None:
+        row["auto_recipe"] = {"target_bits": auto.target_bits, "predicted_loss": auto.predicted_loss,
+                              "seconds": auto.seconds}
+
+
 def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | None = None,
                 opts: CompareOptions | None = None, output_dir: str | os.PathLike | None = None,
                 log: Callable[[str], None] = lambda s: None) -> dict:
@@ -150,7 +220,7 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
     from lowbit.models import load_model, resolve_model_path
 
     opts = opts or CompareOptions()
-    schemes = [get_scheme(s).name for s in opts.schemes]  # unknown names fail before any work
+    specs = row_specs(opts)  # unknown names and bad recipe files fail before any work
     if model is None:
         folder = resolve_model_path(model_path)
         log(f"loading {folder}")
@@ -186,13 +256,15 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
     save_root = None
     if opts.save_format is not None:
         save_root = Path(output_dir) / "checkpoints" if output_dir is not None else Path(tempfile.mkdtemp(prefix="lowbit-cmp-"))
-    for name in schemes:
+    for spec in specs:
+        name = spec.label
         log(f"quantizing {name}")
         row: dict = {"scheme": name, "kv_cache": opts.kv_cache}
         qmodel = copy.deepcopy(model)
         try:
             t0 = time.perf_counter()
-            qmodel, calibrated, sq = quantize_with_options(qmodel, name, tokenizer, opts)
+            qmodel, calibrated, sq = quantize_with_options(qmodel, spec, tokenizer, opts)
+            _recipe_fields(row, qmodel, spec)
             row["quant_seconds"] = time.perf_counter() - t0
             row["calibrated"] = calibrated
             row["smoothquant"] = sq

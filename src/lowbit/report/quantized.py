@@ -19,7 +19,15 @@ def quantized_summary(model) -> dict:
     experts = sum(1 for b in blocks.values() for e in range(len(b))
                   if any(isinstance(m, QuantLinear) for m in b[e].modules()))
     in_experts = sum(1 for n in named if any(n.startswith(f"{b}.") for b in blocks))
+    from lowbit.recipes.bits import average_bits
+
+    schemes: dict[str, int] = {}
+    for m in layers:
+        schemes[m.scheme.name] = schemes.get(m.scheme.name, 0) + 1
+    avg = average_bits({n: (m.out_features, m.in_features) for n, m in named.items()},
+                       {n: m.scheme for n, m in named.items()}) if named else None
     return {"linears": len(layers), "weight_parameters": q_params, "float_parameters": float_params,
+            "schemes": schemes, "average_bits": avg,
             "moe_blocks": len(blocks), "experts": experts, "expert_linears": in_experts,
             "expert_input_scale_spread": expert_scale_spread(blocks),
             "unquantized_targets": list(getattr(model, "lowbit_unquantized", [])),
