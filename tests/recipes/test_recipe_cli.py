@@ -45,7 +45,9 @@ def test_quantize_with_a_recipe_file_writes_its_groups_and_the_recipe(capsys, ti
     groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
     assert len(groups) == 2
     code, stdout, err = run(capsys, "inspect", out, "--json")
-    assert code == 0 and sorted(g["layers"] for g in json.loads(stdout)["groups"]) == [6, 8]
+    rep = json.loads(stdout)
+    assert code == 0 and sorted(g["layers"] for g in rep["groups"]) == [6, 8]
+    assert rep["average_bits"] == pytest.approx(s["quantized"]["average_bits"])
 
 
 def test_quantize_target_bits_chooses_saves_and_reuses_the_recipe(capsys, tiny_dir, text_file, tmp_path):

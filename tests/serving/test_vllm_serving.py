@@ -39,7 +39,10 @@ HOST_NUMERICS = ServingNumerics.for_host(host_isa(cpu_flags()))  # this host's v
 bit_exact_host = pytest.mark.skipif(HOST_NUMERICS is None, reason="no lowbit emulation of this host's vLLM-CPU "
                                                                   "kernels (AMX, AVX-VNNI or AVX-512 without VNNI)")
 
-CASES = [(m, s) for m in MODELS for s in ("w8a8-int8-dynamic", "w8a8-int8", "w8a8-fp8-dynamic")]
+# a mixed-precision folder (issue 36): three compressed-tensors groups of the schemes vLLM-CPU runs
+RECIPES = {"mixed": {r"re:.*self_attn": "w8a8-int8", r"re:.*mlp\.down_proj": "w8a8-fp8-dynamic",
+                     "default": "w8a8-int8-dynamic"}}
+CASES = [(m, s) for m in MODELS for s in ("w8a8-int8-dynamic", "w8a8-int8", "w8a8-fp8-dynamic", "mixed")]
 N_GEN = 8
 
 
@@ -51,7 +54,7 @@ def served(tmp_path_factory):
     out = {}
     for name, scheme in CASES:
         d = tmp_path_factory.mktemp(f"{name}-{scheme}")
-        q = lowbit.quantize(MODELS[name](), scheme, calib, num_samples=8, seq_len=64)
+        q = lowbit.quantize(MODELS[name](), RECIPES.get(scheme, scheme), calib, num_samples=8, seq_len=64)
         lowbit.save(q, d, format="compressed-tensors", overwrite=True)
         reply = run_vllm(d, score=ps, generate=[p[:32] for p in ps], max_tokens=N_GEN)
         emu = lowbit.load(d, numerics=HOST_NUMERICS or ServingNumerics.VLLM_CPU)

@@ -86,6 +86,8 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                         f"layer checks skipped")
         model = None
     counts: dict[str, int] = {}
+    shapes: dict[str, tuple[int, int]] = {}
+    schemes_of: dict[str, Any] = {}
     if model is not None:
         folder, parsed, disk = model_view(model, folder, parsed)  # as lowbit.load reads it (MoE split)
         out_emb = model.get_output_embeddings()
@@ -121,6 +123,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                 continue
             report["layers"][name] = scheme.name
             counts[scheme.name] = counts.get(scheme.name, 0) + 1
+            shapes[name], schemes_of[name] = (mod.out_features, mod.in_features), scheme
             if folder is None:
                 continue
             try:
@@ -159,6 +162,9 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                     elif state[k].dtype.is_floating_point and st_dtype not in FLOAT_DTYPE_CODES:
                         problems.append(f"tensor {folder.describe(k)} has dtype {st_dtype}, expected a float dtype "
                                         f"({', '.join(sorted(FLOAT_DTYPE_CODES))})")
+    from lowbit.recipes.bits import average_bits
+
+    report["average_bits"] = average_bits(shapes, schemes_of) if schemes_of else None  # codes + scales
     report["kv_cache"] = _kv_report(parsed, folder, model, problems)
     if model is not None:
         report["experts"] = {

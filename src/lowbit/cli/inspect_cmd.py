@@ -53,6 +53,9 @@ def inspect_cmd(
             console.print("KV cache: float (not quantized)", highlight=False)
         ignored = r["ignored"]
         console.print(f"ignored (float) layers: {', '.join(ignored) if ignored else 'none'}", highlight=False)
+        if r.get("average_bits") is not None:
+            console.print(f"average weight bits (codes + scales) of the quantized linears: {r['average_bits']:.3f}",
+                          highlight=False)
         ratio = "" if r["ratio"] is None else f" ({r['ratio']:.3f}x)"
         console.print(f"weights on disk {_mb(r['size_on_disk'])} vs float {_mb(r['float_size'])}{ratio}",
                       highlight=False)
