@@ -17,9 +17,20 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _version(value: bool) -> None:
+    """``--version``: print ``lowbit <version>`` and exit before any sub-command runs."""
+    if value:
+        import lowbit
+
+        print(f"lowbit {lowbit.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show the Python traceback of an error (any position "
-                                                          "on the command line).")) -> None:
+                                                          "on the command line)."),
+          version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print lowbit's version and exit.")) -> None:
     """lowbit: quantize LLM weights and activations with exact numerics."""
 
 
@@ -63,4 +74,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # sub-commands in their own modules (each registers itself on ``app``)
-from lowbit.cli import compare_cmd, eval_cmd, inspect_cmd, quantize_cmd  # noqa: E402,F401
+from lowbit.cli import compare_cmd, env_cmd, eval_cmd, inspect_cmd, quantize_cmd  # noqa: E402,F401
