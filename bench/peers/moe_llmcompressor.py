@@ -1,5 +1,5 @@
-"""llm-compressor on bench/bench_moe.py's synthetic Qwen3-MoE (and its dense twin): quantization
-time and peak memory, for the lowbit rows of bench/RESULTS-moe.md.
+"""llm-compressor on bench/moe/bench_moe.py's synthetic Qwen3-MoE (and its dense twin): quantization
+time and peak memory, for the lowbit rows of bench/moe/RESULTS-moe.md.
 
 Run in a venv holding llm-compressor (torch==2.13.0 installed first):
 
@@ -22,7 +22,7 @@ import sys
 import time
 
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "moe"))  # bench/moe/bench_moe.py
 from bench_moe import _build, _rss_kb  # noqa: E402  (bench_moe imports nothing of lowbit at module level)
 
 

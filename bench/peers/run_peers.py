@@ -13,7 +13,7 @@ on the same 16 x 256 token windows (calib-ids.safetensors in --work, cut with lo
 Records per tool: quantization time, peak RSS while quantizing, perplexity and its change
 against float (float measured once, in the lowbit run or, with --no-lowbit, in a float-only
 row, on the same token windows). Appends a
-dated section with the machine to bench/RESULTS.md. A peer that fails to install or to run
+dated section with the machine to bench/peers/RESULTS.md. A peer that fails to install or to run
 is recorded with its error; nothing else stops.
 """
 
@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE.parent / "RESULTS.md"
-# the versions measured in bench/RESULTS.md (auto-round 0.16.1, llmcompressor 0.14.0.1): pinned so
+RESULTS = HERE / "RESULTS.md"
+# the versions measured in bench/peers/RESULTS.md (auto-round 0.16.1, llmcompressor 0.14.0.1): pinned so
 # that later runs compare the same code
 PEERS = {"auto-round": "auto-round==0.16.1", "llmcompressor": "llmcompressor==0.14.0.1", "torchao": "torchao"}
 # worker tool -> the venv (PEERS key) it runs in
@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--lowbit-rtn", action="store_true",
                     help="also run lowbit with round-to-nearest weights (for schemes whose default is GPTQ), "
                          "calibrated layer by layer on quantized and on float inputs")
-    ap.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
+    ap.add_argument("--no-results", action="store_true", help="do not append to bench/peers/RESULTS.md")
     a = ap.parse_args()
 
     from safetensors.torch import save_file

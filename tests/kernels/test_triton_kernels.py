@@ -326,7 +326,7 @@ def test_ptx_uses_only_ieee_round_to_nearest_float_ops():
     assert "div.rn.f32" in out["instructions"]["row_quant[w8a8-int8-dynamic]"]
 
 
-# The GPU run of these checks (compiled kernels, Llama-sized tensors, timings) is bench/gpu_check.py.
+# The GPU run of these checks (compiled kernels, Llama-sized tensors, timings) is bench/gpu/gpu_check.py.
 
 if not IN_PROCESS:  # replace the tests above by one that runs them all in a fresh process
     for _name in [n for n in list(globals()) if n.startswith("test_")]:

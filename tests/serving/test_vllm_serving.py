@@ -8,7 +8,7 @@ compressed-tensors, served by vLLM in its own venv (lowbit.engines.run_vllm; ski
 is none). Compared, on the same token ids:
 prompt log-probabilities and greedy continuations of vLLM, of lowbit's emulation and of lowbit's
 own float32 evaluation of the folder. The emulation reproduces vLLM's linears and the ops around
-them (RMSNorm with the residual add, RoPE, attention, SiLU·mul) bit for bit (bench/RESULTS-serve.md),
+them (RMSNorm with the residual add, RoPE, attention, SiLU·mul) bit for bit (bench/serve/RESULTS-serve.md),
 so its log-probabilities differ from vLLM's only by the final float32 log-softmax (measured on
 SmolLM2: 4e-5) and its greedy continuations are vLLM's.
 """

@@ -13,12 +13,12 @@ Stacking changes nothing but float32 summation order.
 Device-generic: the loop runs where the weights are (a GPU's weights are solved on the GPU by
 the torch loop; the C sub-block takes CPU tensors only). A GPU's matrix products sum in another
 order than the CPU's, so its codes can differ from the CPU's in the last bit of a weight's error
-and hence in an occasional rounding choice (bench/gpu_calibrate.py measures how many).
+and hence in an occasional rounding choice (bench/gpu/gpu_calibrate.py measures how many).
 
 Inside a sub-block of ``SUB`` columns the loop runs in C when the kernel setting allows the native
 implementation (lowbit.kernels.rounding.gptq_sub_block)
 (``lb_gptq_sub``: the same operations in the same order, bit-identical; the torch loop costs
-~10 eager operations per column, profiled in bench/RESULTS.md, "gptq-fast"); the block updates
+~10 eager operations per column, profiled in bench/peers/RESULTS.md, "gptq-fast"); the block updates
 stay torch matrix products.
 
 Per column j: y = w_j / divisor (divisor: the effective scale, 1 where it is 0), q = nearest

@@ -57,7 +57,7 @@ from lowbit.quant import fake_quantize
 
 # The largest default first step, in grid units. With 1 / iters alone, 20 steps start at 0.05 and
 # overshoot: Gemma-3-270M nvfp4, GPTQ + 20 steps, +30.04% ppl at 0.05 against +16.74% at 0.02
-# (GPTQ alone +18.89%); SmolLM2 +19.86% at 0.05, +19.39% at 0.02 (bench/RESULTS.md).
+# (GPTQ alone +18.89%); SmolLM2 +19.86% at 0.05, +19.39% at 0.02 (bench/peers/RESULTS.md).
 MAX_DEFAULT_LR = 0.02
 
 

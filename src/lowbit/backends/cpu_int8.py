@@ -1,6 +1,6 @@
 """cpu-int8: integer matmul for w8a8-int8 and w8a8-int8-dynamic with exact int32 accumulation.
 
-torch._int_mm is far slower than float32 F.linear on CPUs without VNNI (bench/RESULTS-quantize.md),
+torch._int_mm is far slower than float32 F.linear on CPUs without VNNI (bench/quantize/RESULTS-quantize.md),
 so the integer products are summed by the float32 GEMM instead, exactly: int8 values held in
 float32 are exact, every product |a*w| <= 128*128 = 2^14 is exact, and with the inner
 dimension cut into chunks of at most 2^24 / 2^14 = 1024 every partial sum, in any order the

@@ -1,6 +1,6 @@
 """Adversarial inputs and bit-exactness checks of the kernels against lowbit's CPU reference.
 
-Used by the interpreter tests (tests/kernels/test_triton_kernels.py) and by bench/gpu_check.py on a
+Used by the interpreter tests (tests/kernels/test_triton_kernels.py) and by bench/gpu/gpu_check.py on a
 GPU, so that both run the same cases. Every check compares bit patterns (float32 viewed as
 int32), so -0.0 vs +0.0 and NaN payloads count as differences.
 """

@@ -8,7 +8,7 @@ and dequantized (QDQ) by a Triton kernel; then one matmul (cuBLAS) in float32 fo
 inputs, bfloat16 otherwise. ``fused_max_m`` > 0 sends bfloat16 inputs of at most that many
 rows through the fused Triton matmul (lowbit.kernels.gpu.mx_matmul), which reads the packed weight
 once; it is off by default because on the H200 it measured slower than dequantize + cuBLAS
-(bench/RESULTS-gpu.md). Weight and QDQ values equal lowbit.quant's bit for bit (in
+(bench/gpu/RESULTS-gpu.md). Weight and QDQ values equal lowbit.quant's bit for bit (in
 float32, or that value rounded to bfloat16); the matmul differs from the reference only by
 accumulation order (and the bfloat16 rounding of values that are not bf16-exact). The kernels
 are reached through their entry points, lowbit.kernels.gpu (which ask lowbit.kernels.select).

@@ -4,7 +4,7 @@ Each phase of ``lowbit.calibration.pipeline`` adds its wall time (``time.perf_co
 layer forward calls it made (one calibration batch each, on this rank) to a ``CalibrationCost``,
 kept on the ``CalibrationReport`` (``report.cost``, written to report.json by ``compare``). The
 counts are the cost model that tests check (they depend on the options and the data, never on
-the host); the seconds are for benchmarks (bench/bench_calibrate.py) and for users asking where
+the host); the seconds are for benchmarks (bench/calibrate/bench_calibrate.py) and for users asking where
 the time went.
 """
 

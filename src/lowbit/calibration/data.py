@@ -55,7 +55,7 @@ class LayerInputs(str, Enum):
 @dataclass(frozen=True)
 class CalibrationConfig:
     """How calibration runs. The defaults are sized for a 135M model on 2 CPU cores (times in
-    bench/RESULTS.md and bench/RESULTS-quantize.md).
+    bench/peers/RESULTS.md and bench/quantize/RESULTS-quantize.md).
 
     num_samples, seq_len: windows of token ids cut from the text.
     batch_size: windows per forward.
@@ -67,7 +67,7 @@ class CalibrationConfig:
         activations can be orders of magnitude above the rest). They still run through the
         model and still count for the SmoothQuant statistics. Default 0 (every position sets
         scales): at run time position 0 still goes through the static scale, and clipping the
-        sink cost more than the coarser grid (bench/RESULTS-quantize.md, "Attention sinks").
+        sink cost more than the coarser grid (bench/quantize/RESULTS-quantize.md, "Attention sinks").
     smooth_down_proj: also smooth up_proj -> down_proj (exact: the MLP is linear in up_proj),
         which moves down_proj's channel outliers into up_proj's rows, where per-channel and
         per-group weight scales absorb them at no cost.
@@ -78,7 +78,7 @@ class CalibrationConfig:
         calibration inputs; scales are the RTN ones, so files stay standard). With "gptq",
         calibration also runs for weight-only and dynamic-activation schemes (it then only
         feeds the Hessians). Default (None): ``default_weight_rounding(scheme)``, decided on
-        SmolLM2-135M perplexity (bench/RESULTS.md, bench/RESULTS-quantize.md, "GPTQ"):
+        SmolLM2-135M perplexity (bench/peers/RESULTS.md, bench/quantize/RESULTS-quantize.md, "GPTQ"):
         - GPTQ for symmetric weights of 4 bits or fewer (w4a16, w4a8-*, nvfp4*, mxfp4*), static
           activation scales or not: given calibration data, GPTQ + 20 reconstruction steps is
           what it is for (SmolLM2 w4a16: RTN +29.18%, GPTQ + 20 steps +6.02% to +8.60% by
@@ -107,7 +107,7 @@ class CalibrationConfig:
         ``default_gptq_scale_search(scheme)``: on for symmetric weights of 4 bits or fewer
         (every scheme whose default rounding with calibration data is GPTQ + reconstruction),
         off otherwise. SmolLM2, GPTQ + 20 steps, 16 x 256 tokens, Intel Xeon host
-        (bench/RESULTS.md): w4a16 +8.60% with the unweighted search -> +6.03% weighted (auto-round
+        (bench/peers/RESULTS.md): w4a16 +8.60% with the unweighted search -> +6.03% weighted (auto-round
         tuned iters 200: +6.91%); nvfp4 (mse observer) +18.49% -> +16.44%, nvfp4a16 +5.43% ->
         +3.59%, nvfp4-e5m3 +19.20% -> +16.30%. For RTN alone a search on the plain weight error
         is worse on w4a16 (+29.18% -> +32.55%), so the INT schemes' own observer stays full-range.
@@ -118,7 +118,7 @@ class CalibrationConfig:
         observes. Default (None): ``default_layer_inputs(rounding)``: "float" with RTN weights,
         "quantized" with GPTQ: with RTN weights float inputs measured better and about twice
         as fast; with GPTQ the two were within noise, so GPTQ keeps the sequential inputs it is
-        defined with (bench/RESULTS-quantize.md, "Layer inputs").
+        defined with (bench/quantize/RESULTS-quantize.md, "Layer inputs").
     reconstruct_iters: after each layer is quantized, signed-gradient steps that re-choose each
         weight's rounding direction to reproduce the float layer's output
         (``lowbit.algorithms.reconstruct``; scales unchanged, so files stay standard); 0: off.
@@ -127,13 +127,13 @@ class CalibrationConfig:
         GPTQ; w4a16: +21.16% -> +7.48% on SmolLM2, +6.02% with GPTQ's scale search), 0
         otherwise. nvfp4, 16 x 256 tokens, GPTQ alone
         vs + 20 steps: SmolLM2 +30.12% -> +19.39% (462 CPU-s, ~9x), Gemma-3-270M +18.89% ->
-        +16.74% (bench/RESULTS.md).
+        +16.74% (bench/peers/RESULTS.md).
     reconstruct_batch_size: calibration windows per reconstruction step (each step runs forward and
         backward on the next ``reconstruct_batch_size`` windows); default None: one whole
         calibration batch of ``batch_size`` windows per step. 1 costs a third of the steps' time
         but moved the result both ways, beyond the evaluation's spread, on SmolLM2 (GPTQ + 20
         steps, 16 x 512 tokens; 4 windows -> 1 window a step: nvfp4 +15.72% -> +10.89%, nvfp4-e5m3
-        +12.04% -> +17.42%; bench/RESULTS-calibrate.md), so the default stays the whole batch.
+        +12.04% -> +17.42%; bench/calibrate/RESULTS-calibrate.md), so the default stays the whole batch.
     reconstruct_lr: the first step, in grid units (default None:
         ``lowbit.algorithms.reconstruct.default_lr``: min(1 / reconstruct_iters, 0.02)).
     reconstruct_scales: reconstruction also re-chooses each per-channel / per-group weight scale
@@ -142,7 +142,7 @@ class CalibrationConfig:
         before SmoothQuant and calibration (``lowbit.algorithms.rotate``: R1 on the residual
         stream, R2 per attention head; exact in float, saved as an ordinary checkpoint with an
         untied lm_head). Applies with and without calibration data; SmoothQuant may follow it (it
-        folds into the rotated weights as into any others). Default "none" (bench/RESULTS.md,
+        folds into the rotated weights as into any others). Default "none" (bench/peers/RESULTS.md,
         "Hadamard rotation (fused R1/R2)").
     """
 
@@ -261,7 +261,7 @@ class CalibrationConfig:
 
 
 # Named calibration budgets (CalibrationConfig.preset, lowbit.quantize(..., preset=), CLI --calib-preset),
-# one per trade-off; measured on SmolLM2 in bench/RESULTS.md ("Calibration presets").
+# one per trade-off; measured on SmolLM2 in bench/peers/RESULTS.md ("Calibration presets").
 CALIBRATION_PRESETS: dict[str, dict] = {
     # round-to-nearest weights on 4 windows of 128 tokens, float layer inputs (one forward per
     # layer): static scales only, seconds on a small model
@@ -272,7 +272,7 @@ CALIBRATION_PRESETS: dict[str, dict] = {
     # GPTQ on a small budget, for INT8 weights: 4 windows of 128 tokens, float layer inputs (one
     # forward per layer). A per-channel INT8 grid leaves little error to compensate, and more
     # tokens did not help reliably; most of its time is GPTQ's fixed cost (Hessian
-    # factorizations, block updates), not the tokens (bench/RESULTS.md, "gptq-fast").
+    # factorizations, block updates), not the tokens (bench/peers/RESULTS.md, "gptq-fast").
     "gptq-fast": {"weight_rounding": "gptq", "layer_inputs": "float", "num_samples": 4, "seq_len": 128,
                   "reconstruct_iters": 0},
     # block-output reconstruction (lowbit.algorithms.reconstruct) of every decoder layer toward
@@ -280,7 +280,7 @@ CALIBRATION_PRESETS: dict[str, dict] = {
     # 4x the default's calibration windows (64 x 512 tokens): the most accurate. Each step takes one
     # batch, so the windows cost the forward passes, not the steps; on the default's 16 windows the
     # extra steps overfit (SmolLM2, 16 x 256 tokens, Intel host: nvfp4 +17.31% against the default's
-    # +16.44%; with 64 x 256 +15.24%; bench/RESULTS.md, "`best` on 64 calibration windows").
+    # +16.44%; with 64 x 256 +15.24%; bench/peers/RESULTS.md, "`best` on 64 calibration windows").
     "best": {"weight_rounding": "gptq", "layer_inputs": "quantized", "reconstruct_iters": 50, "num_samples": 64},
 }
 

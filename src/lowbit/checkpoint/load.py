@@ -87,7 +87,7 @@ def _say_if_another_host(numerics: ServingNumerics) -> None:
         return
     warnings.warn(f"lowbit: numerics {numerics.value!r} are vLLM-CPU's on {numerics.isa.value.upper()} hosts; "
                   f"this host is {here.value.upper()}, where vLLM computes {ServingNumerics.for_host(here).value!r} "
-                  f"(bench/RESULTS-serve.md)", stacklevel=3)
+                  f"(bench/serve/RESULTS-serve.md)", stacklevel=3)
 
 
 def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None = None,

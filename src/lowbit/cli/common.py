@@ -124,7 +124,7 @@ RECONSTRUCT_ITERS_HELP = ("Block-output reconstruction steps per decoder layer a
 
 RECONSTRUCT_BATCH_SIZE_HELP = ("Calibration windows per reconstruction step (0: one whole calibration batch, the "
                                "default). 1 costs a third of the steps' time; on SmolLM2 it moved perplexity both ways "
-                               "(nvfp4 better, nvfp4-e5m3 worse; bench/RESULTS-calibrate.md).")
+                               "(nvfp4 better, nvfp4-e5m3 worse; bench/calibrate/RESULTS-calibrate.md).")
 
 WEIGHT_ROUNDING_HELP = ("Weight rounding with calibration: 'rtn' (round to nearest) or 'gptq' (error-compensating; "
                         "calibrates weight-only and dynamic schemes too). Default: GPTQ for symmetric weights of 4 bits or fewer "
@@ -135,7 +135,7 @@ GPTQ_ACT_ORDER_HELP = ("GPTQ rounds columns in decreasing order of their input e
                        "order, wherever GPTQ rounds the weights (--weight-rounding gptq or the scheme's default). "
                        "Helps when GPTQ is the last step on 4-bit weights (--reconstruct-iters 0: w4a16 +12.2% "
                        "instead of +21.2% ppl on SmolLM2), not before reconstruction or on INT8 weights "
-                       "(bench/RESULTS.md); default: off.")
+                       "(bench/peers/RESULTS.md); default: off.")
 GPTQ_SCALE_SEARCH_HELP = ("GPTQ's group scales searched around the scheme's rule (full-range -> full-range-mse, "
                           "max and mse -> mse) for the smallest weight error weighted by each input's Hessian "
                           "diagonal; off: RTN's scales. Default: on for symmetric weights of 4 bits or fewer "

@@ -4,7 +4,7 @@ Quantized activations make a model's output a step function of its input: a chan
 resolution can flip a rounded code, and with static per-tensor INT8 inputs such flips compound
 from layer to layer (on SmolLM2 w8a8-int8, the exact float64 evaluation of a checkpoint and two
 float32 ones that order their operations differently land ~0.4% apart, and each moves by ~0.2%
-when the input embeddings are perturbed at 1e-7; bench/RESULTS.md). A perplexity difference
+when the input embeddings are perturbed at 1e-7; bench/peers/RESULTS.md). A perplexity difference
 smaller than that spread is noise, whichever reader or backend produced it.
 
 ``perplexity_spread`` evaluates the model again with its input embeddings multiplied by

@@ -62,7 +62,7 @@ class TensorReader:
     """Tensors as views of their shard's memory map (private and read-only in use: nothing is
     ever written to the file); the map is replaced every ``reopen_bytes`` read from it, and an
     old map is unmapped when the last tensor viewing it is gone; byte ranges were checked with
-    the header. (Cheaper than safetensors' ``get_tensor``: bench/RESULTS-modelfree.md, section 7.)"""
+    the header. (Cheaper than safetensors' ``get_tensor``: bench/modelfree/RESULTS-modelfree.md, section 7.)"""
 
     def __init__(self, root: Path, reopen_bytes: int | None = None) -> None:
         self.root = Path(root)

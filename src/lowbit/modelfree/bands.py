@@ -15,7 +15,7 @@ from lowbit.quant import PackedQuantizedTensor, QuantizedTensor, quantize, quant
 from lowbit.schemes import Granularity, QuantSpec
 
 #: elements quantized at once on the CPU: float32 temporaries of 4 MB that stay in cache (band sizes
-#: compared in bench/RESULTS-modelfree.md, section 3)
+#: compared in bench/modelfree/RESULTS-modelfree.md, section 3)
 BAND_ELEMS = 1 << 20
 #: on an accelerator: larger bands, fewer launches
 DEVICE_BAND_ELEMS = 1 << 25

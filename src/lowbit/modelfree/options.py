@@ -4,7 +4,7 @@
   of a shard are the same whatever ``workers`` is, and it is part of the resume fingerprint).
 - ``pool_min_bytes`` / ``pool_min_workers``: less source, or fewer workers, runs in this process
   in threads (a spawned worker's start-up, importing torch, costs more than it saves on small
-  checkpoints; threads beat spawned workers with 2 workers: bench/RESULTS-modelfree.md,
+  checkpoints; threads beat spawned workers with 2 workers: bench/modelfree/RESULTS-modelfree.md,
   sections 3 and 7). Processes are for many workers on large checkpoints, a threshold a
   machine with more cores should decide.
 - ``reopen_bytes``: bytes read from a shard's memory map before it is replaced (what bounds the

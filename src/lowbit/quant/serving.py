@@ -10,7 +10,7 @@ without AMX take, ``CPUInt8ScaledMMLinearKernel._apply_weights_onednn``) on comp
 W8A8 INT8, symmetric inputs, per-channel weights, served in bfloat16, on an x86 host with AVX2 and
 without VNNI or AVX-512 (where every op below was captured and matched bit for bit).
 ``ServingNumerics.VLLM_CPU_AVX512`` is the same engine on an AVX-512 + VNNI host (``CpuIsa``), where
-it differs in three places, each captured there (bench/RESULTS-serve.md): oneDNN sums the int8
+it differs in three places, each captured there (bench/serve/RESULTS-serve.md): oneDNN sums the int8
 products exactly (``vpdpbusd``; ``accumulation``), every float32 -> bf16 vector store rounds to
 nearest instead of truncating (``to_bf16``), and the attention is torch's float32 attention
 rounded once (``serving_ops.attention``). With those, vLLM's log-probabilities are reproduced bit
@@ -31,7 +31,7 @@ attention outputs over 512 tokens differ by a bf16 step), so longer prompts are 
   shifts the codes to u8 (u = q + 128), multiplies adjacent pairs along K with ``vpmaddubsw``,
   whose int16 sum saturates, and subtracts the compensation 128 * sum(w):
   ``acc = sum_i sat16(u[2i] w[2i] + u[2i+1] w[2i+1]) - 128 sum_k w[k]`` (bit for bit on captured
-  layers, bench/RESULTS-serve.md; ``saturating_pairs`` / ``pair_saturation`` give the difference
+  layers, bench/serve/RESULTS-serve.md; ``saturating_pairs`` / ``pair_saturation`` give the difference
   from the exact accumulator: ``Accumulation.PAIRS_INT16``); the static path (per-tensor source
   scale, bf16 destination) gets oneDNN's reference int8 matmul, exact (``Accumulation.EXACT``)
   and slow;

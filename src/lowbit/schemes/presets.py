@@ -1,7 +1,7 @@
 """The named preset schemes. One name per scheme everywhere: API, CLI, files and docs.
 
 Weight observer (``QuantSpec.observer``) of each preset, chosen on SmolLM2-135M perplexity
-(weight-only RTN; the figures, with their dates, in bench/RESULTS-quantize.md, "Weight observer"):
+(weight-only RTN; the figures, with their dates, in bench/quantize/RESULTS-quantize.md, "Weight observer"):
 
 - ``full-range`` for INT4 (w4a16): scale = the group's signed extreme / -8, auto-round's symmetric
   INT4 rule (codes -8..7, the signed extreme exact at -8, so the scale is negative when the

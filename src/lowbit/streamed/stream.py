@@ -56,7 +56,7 @@ def release_freed_blocks(threshold: int = 1 << 20) -> bool:
     freed layer's tensors go straight back to the system (process-wide, until changed; its
     default threshold grows up to 32 MiB as blocks are freed, and freed blocks below it stay in
     the heap). ``lowbit quantize`` calls it for streamed runs: measured on the 0.68B model of
-    bench/RESULTS-scale.md, peak RSS 1340 -> 1028 MB. Returns whether it was set (glibc only)."""
+    bench/scale/RESULTS-scale.md, peak RSS 1340 -> 1028 MB. Returns whether it was set (glibc only)."""
     try:
         import ctypes
 

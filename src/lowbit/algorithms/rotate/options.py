@@ -10,7 +10,7 @@ from enum import Enum
 class Rotation(str, Enum):
     """Which orthonormal rotation is fused into the float model's weights before quantization."""
 
-    NONE = "none"          # no rotation (the default: lowbit.algorithms.rotate.apply, measured in bench/RESULTS.md)
+    NONE = "none"          # no rotation (the default: lowbit.algorithms.rotate.apply, measured in bench/peers/RESULTS.md)
     HADAMARD = "hadamard"  # R1: a Hadamard matrix on the residual stream; R2: one per attention head on v/o
 
     def __str__(self) -> str:

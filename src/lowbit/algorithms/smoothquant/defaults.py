@@ -6,7 +6,7 @@ that scale for every token. Block and per-token scales handle outliers locally, 
 are not smoothed unless asked.
 
 The default alpha depends on the element format of the activations (chosen on SmolLM2-135M
-perplexity: bench/RESULTS-quantize.md):
+perplexity: bench/quantize/RESULTS-quantize.md):
 - INT8 (uniform grid; outliers cost resolution everywhere): alpha 0.8.
 - FP8 E4M3 (relative precision; only the range is shared): alpha 0.5, which moves less
   difficulty into the weights.

@@ -59,7 +59,7 @@ def find_compiler(compilers: tuple[str, ...] = DEFAULT.compilers) -> str | None:
 
 def target_macros(compiler: str, options: BuildOptions = DEFAULT) -> str:
     """The compiler's predefined macros under ``options.flags`` (its version, and the instruction sets
-    -march=native enables here). Asking costs a compiler run (bench/RESULTS-modelfree.md,
+    -march=native enables here). Asking costs a compiler run (bench/modelfree/RESULTS-modelfree.md,
     section 7), so the answer is kept in the cache folder under a hash of what it depends on: the
     flags, the compiler binary (path, size, modification time) and this CPU's model and feature
     flags (``options.cpuinfo``; where that is unreadable, nothing is kept and the compiler is asked
