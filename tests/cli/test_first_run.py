@@ -1,6 +1,6 @@
 """What a new user meets first: quantizing twice is refused, CLI errors in the CLI's words, a CLI
 that answers --help without importing torch, calibration progress, sizes in one unit, a report
-plot that shows the differences, and the README's scheme table matching the presets."""
+plot that shows the differences."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from helpers.cli import run
 from helpers.eval_fixtures import save_tiny_folder
 from lowbit.errors import FormatError, OptionRef, QuantizationError
 
-README = Path(__file__).parents[2] / "README.md"
 
 
 def test_quantizing_a_quantized_model_is_refused(llama):
@@ -115,20 +114,6 @@ def test_report_plot_shows_differences_and_names_unmeasured_schemes():
     assert "not measured" in notes and "w8a8-int8" in notes
     assert any("+2.5%" in t.get_text() for t in ppl_ax.texts)
     plt.close(fig)
-
-
-def test_readme_scheme_table_states_each_weight_observer():
-    from lowbit.schemes import PRESETS
-
-    rows = {}
-    for line in README.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and len(cells) == 4 and cells[0] not in ("name", "---"):
-            for name in cells[0].split(" / "):
-                rows[name] = cells[3]
-    assert set(rows) == set(PRESETS)
-    for name, scheme in PRESETS.items():
-        assert rows[name] == f"`{scheme.weights.observer.value}`", name
 
 
 @pytest.mark.parametrize("command", ["eval", "compare"])
