@@ -7,7 +7,6 @@ siblings (q/k/v, gate/up): the amax is taken over the group.
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Iterable
 
@@ -22,7 +21,8 @@ from lowbit.modules import QuantLinear
 from lowbit.moe import split_experts
 from lowbit.algorithms import WeightRounding
 from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
-from lowbit.recipes import Assignment, Recipe, resolve
+from lowbit.recipes import Assignment
+from lowbit.recipes.plan import plan as recipe_plan, recipe_of, schemes_of
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
 from lowbit.targets import quantizable_linears, set_submodule, unquantizable_targets
@@ -55,22 +55,13 @@ def quantize_rtn(model: nn.Module, scheme: "Scheme | str | Assignment", *, ignor
 
 def _plan(model: nn.Module, scheme, ignore: Iterable[str], include_lm_head: bool) -> "Scheme | Assignment":
     """``scheme`` as one Scheme, or as an Assignment (a scheme per linear) when it is a recipe
-    that gives the linears different schemes or leaves some in float (lowbit.recipes)."""
-    recipe = Recipe.uniform(scheme) if isinstance(scheme, Scheme) else Recipe.of(scheme)
-    if not recipe.groups and not recipe.ignore:
-        return recipe.default
-    assign = resolve(recipe, quantizable_linears(model, ignore, include_lm_head))
-    if not assign:
-        raise QuantizationError("the recipe leaves every linear in float: nothing to quantize")
-    return assign.uniform or assign
-
-
-def _is_recipe_file(value) -> bool:
-    return isinstance(value, str) and os.path.splitext(value)[1].lower() in (".json", ".yaml", ".yml")
+    that gives the linears different schemes or leaves some in float: ``lowbit.recipes.plan``,
+    the rule the streamed and model-free paths follow too."""
+    return recipe_plan(recipe_of(scheme), quantizable_linears(model, ignore, include_lm_head))
 
 
 def _schemes(plan) -> list[Scheme]:
-    return [plan] if isinstance(plan, Scheme) else plan.distinct
+    return schemes_of(plan)
 
 
 def check_targets(model: nn.Module, ignore: Iterable[str], include_lm_head: bool, allow_unquantized: bool) -> list:
@@ -172,8 +163,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     kv_cache = check_kv_cache(kv_cache)
     if scheme is None and kv_cache is not None:
         return _kv_only(model, calibration, tokenizer, kv_cache, config, preset, calibration_options)
-    if not isinstance(scheme, (Scheme, Recipe, dict, os.PathLike)) and not _is_recipe_file(scheme):
-        scheme = get_scheme(scheme)
+    scheme = recipe_of(scheme)  # an unknown preset: SchemeError; a malformed recipe: RecipeError
     _refuse_quantized(model)
     if kv_cache is not None:
         from lowbit.kvcache.calibrate import check_kv_model

@@ -41,7 +41,7 @@ from lowbit.files.outguard import check_not_source
 from lowbit.fusion import fused_groups
 from lowbit.modules import QuantLinear
 from lowbit.moe import checkpoint_names, router_names
-from lowbit.schemes import Scheme
+from lowbit.recipes.groups import config_groups
 
 
 def model_dtype(model: nn.Module) -> torch.dtype:
@@ -77,15 +77,6 @@ def check_shared(layers: dict[str, nn.Module]) -> None:
                     f"({[None if v is None else float(v.reshape(-1)[0]) for v in vals]}); compressed-tensors "
                     "needs them shared (calibrate with shared scales, or save with {lowbit})",
                     lowbit=OptionRef("format", "lowbit"))
-
-
-def _scheme_groups(layers: dict[str, nn.Module]) -> list[tuple[Scheme, list[str]]]:
-    by: dict[Scheme, list[str]] = {}
-    for n, m in layers.items():
-        by.setdefault(m.scheme, []).append(n)
-    if len(by) == 1:
-        return [(next(iter(by)), ["Linear"])]
-    return [(s, names) for s, names in by.items()]
 
 
 def _source_dir(model: nn.Module, source_dir: str | Path | None) -> Path | None:
@@ -157,8 +148,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
             raise FormatError("the model has a KV cache but no quantized layers: saving a KV cache without a weight "
                               "scheme is not supported (quantize with a scheme and kv_cache)")
         raise FormatError("the model has no quantized layers (run lowbit.quantize first)")
-    groups = _scheme_groups(layers)
-    for s, _ in groups:
+    for s in dict.fromkeys(m.scheme for m in layers.values()):
         layout.check_scheme(s)
     if fmt is Format.COMPRESSED_TENSORS:
         check_shared(layers)
@@ -201,7 +191,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     ignore = float_linears(model) + router_names(model)
     disk = checkpoint_names(mt, list(tensors) + list(layers) + ignore)
     tensors = {disk[k]: v for k, v in tensors.items()}
-    groups = [(s, names if names == ["Linear"] else [disk[n] for n in names]) for s, names in groups]
+    groups = config_groups({disk[n]: m.scheme for n, m in layers.items()})  # one order for every writer
     static = {disk[n]: v for n, v in static.items()}
     qcfg = layout.quantization_config_groups(groups, [disk[n] for n in ignore],
                                              static_scales=static if fmt is Format.FAKE else None)

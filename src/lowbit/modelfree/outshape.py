@@ -70,10 +70,10 @@ def source_dtype(item: Item, model_dtype: torch.dtype) -> torch.dtype:
 
 
 class OutputShapes:
-    """Predicts the entries each plan item writes (quantized linears probed once per input width
-    and dtype)."""
+    """Predicts the entries each plan item writes (quantized linears probed once per scheme, input
+    width and dtype). ``scheme``: the run's one scheme, for items that carry none (Item.scheme)."""
 
-    def __init__(self, scheme: Scheme, layout, model_dtype: torch.dtype) -> None:
+    def __init__(self, scheme: Scheme | None, layout, model_dtype: torch.dtype) -> None:
         self.scheme = scheme
         self.layout = layout
         self.model_dtype = model_dtype
@@ -89,18 +89,20 @@ class OutputShapes:
             return [Entry(item.name, dtype, shape0, _nbytes(dtype, shape0))]
         rows = shape0[0]
         out = []
-        for suffix, dtype, shape, unit in self._probe(shape0[1:], source_dtype(item, self.model_dtype)):
+        scheme = item.scheme if item.scheme is not None else self.scheme
+        for suffix, dtype, shape, unit in self._probe(scheme, shape0[1:], source_dtype(item, self.model_dtype)):
             full = (-(-rows // unit),) + shape[1:] if unit else shape
             out.append(Entry(item.name + suffix, dtype, full, _nbytes(dtype, full)))
         return out
 
-    def _probe(self, tail: tuple[int, ...], dtype: torch.dtype) -> list[tuple[str, str, tuple[int, ...], int]]:
-        key = (tail, dtype)
+    def _probe(self, scheme: Scheme, tail: tuple[int, ...], dtype: torch.dtype
+               ) -> list[tuple[str, str, tuple[int, ...], int]]:
+        key = (scheme, tail, dtype)
         if key not in self._probed:
             from lowbit.modelfree.bands import quantize_rows
             from lowbit.quant import global_scale_from_amax
 
-            spec = self.scheme.weights
+            spec = scheme.weights
             gs = global_scale_from_amax(torch.ones(1), spec) if spec.global_scale else None
             # L rows and 2L: L is a multiple of every row unit a layout groups by (a BLOCK tile, the 8
             # or 16 zero points of an int32 word packed along the rows)
@@ -108,8 +110,8 @@ class OutputShapes:
             got = []
             for r in (L, 2 * L):
                 qt = quantize_rows(torch.zeros((r,) + tail, dtype=dtype), spec, gs, "probe",
-                                   pack=self.layout.nibble_packed(self.scheme, tail[-1]))
-                got.append(self.layout.linear_tensors("", qt, self.scheme, dtype=dtype))
+                                   pack=self.layout.nibble_packed(scheme, tail[-1]))
+                got.append(self.layout.linear_tensors("", qt, scheme, dtype=dtype))
             found = []
             for (k1, a), (k2, b) in zip(got[0].items(), got[1].items(), strict=True):
                 one, two = tuple(a.shape), tuple(b.shape)

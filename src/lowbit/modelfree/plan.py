@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -38,6 +38,7 @@ from lowbit.fusion import fused_groups
 from lowbit.files.folder import DTYPES
 from lowbit.files.tensors import TensorInfo
 from lowbit.modelfree.mxfp4_source import BLOCKS, SCALES, dequantized_shape
+from lowbit.modelfree.source_config import check_fp8_scale, source_fp8_block, source_mxfp4_experts
 from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint
 from lowbit.moe import FUSED_ON_DISK, FusedLayout, Proj, part_shape
 from lowbit.moe.naming import FUSED_BIASES, FUSED_WEIGHTS
@@ -113,56 +114,23 @@ class Item:
     name: str                      # output tensor name (COPY) or the linear's module (QUANTIZE)
     src: Source
     group: tuple[Source, ...] = ()  # QUANTIZE: weights sharing the NVFP4 global scale (self included)
+    scheme: Scheme | None = None   # QUANTIZE: its scheme (make_plan sets it; None: the run's one scheme)
 
 
 @dataclass
 class Plan:
-    scheme: Scheme
+    scheme: Scheme | None                   # the one scheme (None: a scheme per linear, ``schemes``)
     dtype: torch.dtype                      # the model's float dtype (FP8 sources dequantize to it)
     fp8_block: tuple[int, int] | None       # the FP8 source's weight_block_size
     shards: dict[str, list[Item]]           # source shard -> items in the shard's data order
     quantized: list[str] = field(default_factory=list)  # linear modules quantized
     ignored: list[str] = field(default_factory=list)    # linear-like modules kept in float
     config_updates: dict[str, Any] = field(default_factory=dict)
+    schemes: dict[str, Scheme] = field(default_factory=dict)  # quantized module -> its scheme
 
 
 def _is_block_index(part: str) -> bool:
     return part.isdigit()
-
-
-def _source_mxfp4_experts(ckpt: Checkpoint) -> bool:
-    """gpt-oss's own MXFP4 experts (quant_method "mxfp4" on a family in FUSED_ON_DISK)."""
-    qc = ckpt.config.get("quantization_config")
-    return isinstance(qc, dict) and qc.get("quant_method") == "mxfp4" and ckpt.get("model_type") in FUSED_ON_DISK
-
-
-def _source_fp8_block(ckpt: Checkpoint) -> tuple[bool, tuple[int, int] | None]:
-    qc = ckpt.config.get("quantization_config")
-    if not qc or _source_mxfp4_experts(ckpt):
-        return False, None
-    method = qc.get("quant_method") if isinstance(qc, dict) else None
-    if method != "fp8":
-        raise FormatError(
-            f"{ckpt.root}/config.json: the source is already quantized (quant_method {method!r}); model-free "
-            f"quantization reads float (bf16/fp16/fp32) or FP8 block-scaled ('fp8') checkpoints")
-    block = qc.get("weight_block_size")
-    if block is None:
-        return True, None
-    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-        raise FormatError(f"{ckpt.root}/config.json: weight_block_size {block!r} must be two positive integers")
-    return True, (block[0], block[1])
-
-
-def _check_fp8_scale(w: TensorInfo, s: TensorInfo, block: tuple[int, int] | None) -> None:
-    if s.numel == 1:
-        return
-    if block is None or len(s.shape) != 2:
-        raise FormatError(f"{s.shard}: {s.name} has shape {list(s.shape)}, but config.json gives no "
-                          f"weight_block_size to dequantize {w.name} with")
-    want = (math.ceil(w.shape[0] / block[0]), math.ceil(w.shape[1] / block[1]))
-    if s.shape != want:
-        raise FormatError(f"{s.shard}: {s.name} has shape {list(s.shape)}; {w.name} {list(w.shape)} with "
-                          f"blocks {list(block)} needs {list(want)}")
 
 
 FUSED_EXPERT_LEAVES = frozenset({"gate_up_proj", "up_proj", "down_proj"})
@@ -188,24 +156,30 @@ def classify_weight(module: str, shape: tuple[int, ...], vocab_size: int | None)
     return "linear"
 
 
-def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), include_lm_head: bool = False) -> Plan:
+def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ignore: Iterable[str] = (),
+              include_lm_head: bool = False) -> Plan:
+    """The plan of every tensor (see the module's docstring). ``scheme``: one for every linear; a
+    mapping giving every module the plan quantizes its scheme (mixed precision: the caller keeps
+    the others in float through ``ignore``, lowbit.modelfree.mixed); or None: only which modules
+    are quantized (``quantized``, ``ignored``), with no check that depends on a scheme."""
     ignore = list(ignore)
+    scheme_of = _scheme_lookup(scheme)
     model_type = ckpt.get("model_type")
     if model_type in CONV1D_MODEL_TYPES:
         raise FormatError(f"{ckpt.root}: model_type {model_type!r} stores its projections as Conv1D [in, out], "
                           f"not linear weights; model-free quantization does not support it")
-    is_fp8, block = _source_fp8_block(ckpt)
-    is_mx = _source_mxfp4_experts(ckpt)
+    is_fp8, block = source_fp8_block(ckpt)
+    is_mx = source_mxfp4_experts(ckpt)
     mx_of: dict[str, TensorInfo] = {}  # MXFP4 blocks -> their scales
-    if is_fp8 and scheme.weights.format is FormatName.E4M3 and scheme.weights.granularity is Granularity.BLOCK:
-        raise FormatError(f"{ckpt.root}: the source is already FP8 (quant_method 'fp8', weight_block_size "
-                          f"{list(block) if block else None}); quantizing it to {scheme.name} would round its FP8 "
-                          f"weights a second time. Serve the source as it is, or quantize a float checkpoint")
+    for s in _distinct(scheme):
+        if is_fp8 and s.weights.format is FormatName.E4M3 and s.weights.granularity is Granularity.BLOCK:
+            raise FormatError(f"{ckpt.root}: the source is already FP8 (quant_method 'fp8', weight_block_size "
+                              f"{list(block) if block else None}); quantizing it to {s.name} would round its FP8 "
+                              f"weights a second time. Serve the source as it is, or quantize a float checkpoint")
     vocab = ckpt.get("vocab_size")
     vocab = vocab if isinstance(vocab, int) else None
     tied_cfg = ckpt.get("tie_word_embeddings")
     tensors = ckpt.tensors
-    spec = scheme.weights
 
     kinds: dict[str, Kind] = {}
     module_of: dict[str, str] = {}
@@ -245,7 +219,7 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
             w = tensors.get(f"{module}.weight")
             if w is None:
                 raise FormatError(f"{info.shard}: {name} has no matching {module}.weight in the checkpoint")
-            _check_fp8_scale(w, info, block)
+            check_fp8_scale(w, info, block)
             kinds[name] = Kind.DROP
             scale_of[w.name] = info
             continue
@@ -329,14 +303,15 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
 
     weights = {m: source(tensors[n]) for n, m in module_of.items()} | {m: source(e) for m, e in extra} | \
         {m: source(i, p) for m, (i, p) in parts_of.items()}
-    for m, src in weights.items():
+    schemes = {m: scheme_of(m) for m in weights} if scheme is not None else {}
+    for m, src in weights.items() if scheme is not None else ():
         try:
-            num_groups(src.shape[1], spec, src.key, src.shape)
+            num_groups(src.shape[1], schemes[m].weights, src.key, src.shape)
         except QuantizationError as e:
             raise QuantizationError(f"{src.info.shard}: {e}") from None
     group_of: dict[str, tuple[Source, ...]] = {}
-    if spec.global_scale:
-        for g in fused_groups(list(weights)):
+    for g in fused_groups(list(weights)) if scheme is not None else ():
+        if schemes[g[0]].weights.global_scale:  # fused siblings share one scheme (lowbit.recipes.resolve)
             srcs = tuple(weights[m] for m in g)
             for m in g:
                 group_of[m] = srcs
@@ -349,21 +324,41 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme, ignore: Iterable[str] = (), incl
             if info.name in expanded:  # a fused experts tensor: one item per expert's part
                 for kind, out, part in expanded[info.name]:
                     items.append(Item(kind, out, source(info, part),
-                                      group_of.get(out, ()) if kind is Kind.QUANTIZE else ()))
+                                      group_of.get(out, ()) if kind is Kind.QUANTIZE else (),
+                                      schemes.get(out) if kind is Kind.QUANTIZE else None))
                 continue
             if k is Kind.QUANTIZE:
                 m = module_of[info.name]
-                items.append(Item(k, m, source(info), group_of.get(m, ())))
+                items.append(Item(k, m, source(info), group_of.get(m, ()), schemes.get(m)))
             elif k is Kind.COPY:  # FP8 tensors kept in float are dequantized to the model dtype
                 items.append(Item(k, info.name, Source(info, scale_of.get(info.name))))
             else:
                 items.append(Item(k, info.name, Source(info)))
             for m, e in extra:
                 if e.name == info.name:
-                    items.append(Item(Kind.QUANTIZE, m, source(e), group_of.get(m, ())))
+                    items.append(Item(Kind.QUANTIZE, m, source(e), group_of.get(m, ()), schemes.get(m)))
         shards[shard] = items
-    return Plan(scheme=scheme, dtype=ckpt.dtype, fp8_block=block, shards=shards, quantized=quantized,
-                ignored=sorted(set(ignored) - set(quantized)), config_updates=config_updates)
+    return Plan(scheme=scheme if isinstance(scheme, Scheme) else None, dtype=ckpt.dtype, fp8_block=block,
+                shards=shards, quantized=quantized, ignored=sorted(set(ignored) - set(quantized)),
+                config_updates=config_updates, schemes=schemes)
+
+
+def _distinct(scheme: Scheme | Mapping[str, Scheme] | None) -> list[Scheme]:
+    if scheme is None:
+        return []
+    return [scheme] if isinstance(scheme, Scheme) else list(dict.fromkeys(scheme.values()))
+
+
+def _scheme_lookup(scheme: Scheme | Mapping[str, Scheme] | None):
+    """module -> its scheme under make_plan's ``scheme`` argument."""
+    if isinstance(scheme, Scheme) or scheme is None:
+        return lambda module: scheme
+
+    def of(module: str) -> Scheme:
+        if module not in scheme:  # the caller resolved the recipe on another set of modules
+            raise QuantizationError(f"internal error: the recipe gave no scheme to {module!r}")
+        return scheme[module]
+    return of
 
 
 def source_dtype(src: Source, model_dtype: torch.dtype) -> torch.dtype:

@@ -84,11 +84,12 @@ def shard_jobs(out_dir: Path, out_name: str, items: list[Item], shapes: OutputSh
     return todo, done
 
 
-def prepare_work(writer: Any, ckpt: Checkpoint, plan: Plan, scheme: Scheme, fmt: str, layout: Any, src_p: Path,
+def prepare_work(writer: Any, ckpt: Checkpoint, plan: Plan, scheme: Scheme | None, fmt: str, layout: Any, src_p: Path,
                  fp: str, dev: torch.device | None, part_bytes: int, reopen_bytes: int) -> Work:
     """Record the run's fingerprint in ``writer.tmp``, remove the files of other runs, create the
     output shard files (keeping those a killed run of the same fingerprint left), and list the
-    units of work still to do. Only one process does this, before any unit runs."""
+    units of work still to do. Only one process does this, before any unit runs. ``scheme``: the
+    run's one scheme (None for a mixed plan, whose items carry theirs)."""
     state = writer.tmp / MARKER_DIR
     state.mkdir(exist_ok=True)
     (state / RUN_FILE).write_text(json.dumps({"fingerprint": fp}))

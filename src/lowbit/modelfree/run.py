@@ -56,7 +56,8 @@ from lowbit.errors import FormatError, LowbitError, SchemeError
 from lowbit.files.outguard import check_not_source
 from lowbit.files.outlock import output_lock
 from lowbit.files.refused import resumable_failure
-from lowbit.modelfree.plan import Plan, make_plan
+from lowbit.modelfree.mixed import plan_recipe
+from lowbit.modelfree.plan import Plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
 from lowbit.modelfree.device import resolve_device
@@ -67,7 +68,10 @@ from lowbit.modelfree.pool import ProcessPool
 from lowbit.modelfree.prepare import Work, prepare_work, previous_fingerprint
 from lowbit.modelfree.ranks import is_data_error, together
 from lowbit.modelfree.worker import ShardJob
-from lowbit.schemes import Scheme, get_scheme
+from lowbit.recipes import Recipe
+from lowbit.recipes.groups import config_groups
+from lowbit.recipes.plan import recipe_key, recipe_of
+from lowbit.schemes import Scheme
 from lowbit.threads import one_thread
 
 LAYOUT_VERSION = 4  # bump when the files written for the same inputs change (2: weight file names by format;
@@ -93,7 +97,7 @@ def check_model_free_scheme(scheme: Scheme) -> None:
         f"`lowbit quantize MODEL --scheme {scheme.name}` without --model-free)")
 
 
-def _fingerprint(ckpt: Checkpoint, scheme: Scheme, fmt: str, ignore: list[str], include_lm_head: bool,
+def _fingerprint(ckpt: Checkpoint, scheme_key: Any, fmt: str, ignore: list[str], include_lm_head: bool,
                  part_bytes: int) -> str:
     from lowbit import __version__
 
@@ -101,7 +105,7 @@ def _fingerprint(ckpt: Checkpoint, scheme: Scheme, fmt: str, ignore: list[str], 
     for s in ckpt.shards + ["config.json"] + ([ckpt.index_path.name] if ckpt.sharded else []):
         st = (ckpt.root / s).stat()
         src.append([s, st.st_size, st.st_mtime_ns])
-    blob = {"lowbit": __version__, "layout": LAYOUT_VERSION, "part_bytes": part_bytes, "scheme": scheme.to_dict(),
+    blob = {"lowbit": __version__, "layout": LAYOUT_VERSION, "part_bytes": part_bytes, "scheme": scheme_key,
             "format": fmt,
             "ignore": ignore, "include_lm_head": include_lm_head, "source": src}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
@@ -114,7 +118,7 @@ def _output_config(ckpt: Checkpoint, plan: Plan, layout: Any) -> dict[str, Any]:
         cfg[key] = value
         if isinstance(cfg.get("text_config"), dict) and key in cfg["text_config"]:
             cfg["text_config"][key] = value
-    cfg["quantization_config"] = layout.quantization_config(plan.scheme, ignore=plan.ignored)
+    cfg["quantization_config"] = layout.quantization_config_groups(config_groups(plan.schemes), ignore=plan.ignored)
     return cfg
 
 
@@ -130,15 +134,17 @@ def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | N
     return n
 
 
-def _run_arguments(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, ignore: list[str], include_lm_head: bool,
+def _run_arguments(src_p: Path, out_p: Path, recipe: Recipe, fmt: Any, ignore: list[str], include_lm_head: bool,
                    resume: bool, overwrite: bool, dev: torch.device | None, opts: RunOptions) -> dict[str, Any]:
-    """What every rank of a job must have been given alike (``workers``, ``progress`` may differ)."""
-    return {"source": str(src_p), "output": str(out_p), "scheme": scheme.to_dict(), "format": fmt.value,
+    """What every rank of a job must have been given alike (``workers``, ``progress`` may differ);
+    the recipe as ``recipe_key`` (one scheme: its ``to_dict()``)."""
+    return {"source": str(src_p), "output": str(out_p), "scheme": recipe_key(recipe), "format": fmt.value,
             "ignore": ignore, "include_lm_head": include_lm_head, "resume": resume, "overwrite": overwrite,
             "device": None if dev is None else dev.type, "part_bytes": opts.part_bytes}
 
 
-def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme = "nvfp4-e5m3",
+def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
+                        scheme: "str | Scheme | Recipe | dict" = "nvfp4-e5m3",
                         format: str = "lowbit", *, workers: int = 2, ignore: Iterable[str] = (),
                         include_lm_head: bool = False, resume: bool = True, overwrite: bool = False,
                         progress: bool | None = None, device: str | torch.device | None = None,
@@ -146,7 +152,11 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
     """Quantize the safetensors checkpoint folder ``src`` into ``out`` without building the model.
 
     scheme: a preset needing no calibration (w4a16, w8a16, nvfp4a16, w8a8-int8-dynamic,
-        w8a8-fp8-dynamic, nvfp4-e5m3, mxfp4, mxfp8) or such a Scheme.
+        w8a8-fp8-dynamic, nvfp4-e5m3, mxfp4, mxfp8) or such a Scheme, or a recipe of them
+        (anything ``lowbit.recipes.Recipe.of`` takes): resolved on the linears the plan
+        quantizes by the rules of ``lowbit.quantize`` (lowbit.modelfree.mixed), each tensor
+        quantized with its scheme, and the config given a group per scheme. Every scheme the
+        recipe names must need no calibration (check_model_free_scheme).
     format: "lowbit" or "compressed-tensors" (or "fake"): the layouts of ``lowbit.save``.
     workers: CPU cores to use. Worker processes quantize shards (or 128 MB parts of them) in
         parallel when there are at least two units of work, ``run_options.pool_min_workers``
@@ -175,26 +185,28 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
         group = Group.join(dev)
         dev = resolve_device(device)  # "cuda" is now this rank's GPU (Group.join set LOCAL_RANK's)
     with together(group, "checking the arguments"):
-        scheme = get_scheme(scheme)
-        check_model_free_scheme(scheme)
+        recipe = recipe_of(scheme)  # SchemeError / RecipeError
+        for s in recipe.schemes:
+            check_model_free_scheme(s)
         fmt = Format.parse(format)
         layout = get_layout(fmt)
-        layout.check_scheme(scheme)
+        for s in recipe.schemes:
+            layout.check_scheme(s)
         src_p, out_p = Path(src).resolve(), Path(out).resolve()
         check_not_source(src_p, out_p)
         ignore = list(ignore)
         opts = run_options or RunOptions()
-    group.agree_fields("the argument", _run_arguments(src_p, out_p, scheme, fmt, ignore, include_lm_head, resume,
+    group.agree_fields("the argument", _run_arguments(src_p, out_p, recipe, fmt, ignore, include_lm_head, resume,
                                                       overwrite, dev, opts))
     with ExitStack() as stack:
         with together(group, "locking the output folder"):
             if group.is_main:  # a second run into the same folder is refused here, before any write
                 stack.enter_context(output_lock(out_p))
-        return _locked(src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume, overwrite, progress,
+        return _locked(src_p, out_p, recipe, fmt, layout, ignore, include_lm_head, resume, overwrite, progress,
                        workers, dev, opts, group)
 
 
-def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
+def _locked(src_p: Path, out_p: Path, recipe: Recipe, fmt: Any, layout: Any, ignore: list[str],
             include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
             dev: torch.device | None, opts: RunOptions, group: Group) -> Path:
     with together(group, "reading the source"):
@@ -208,7 +220,7 @@ def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ign
     ok = False
     try:
         with one_thread():  # the plan's probes, the tables built on first use, the jobs run here
-            out_path = _quantize(ckpt, src_p, out_p, scheme, fmt, layout, ignore, include_lm_head, resume,
+            out_path = _quantize(ckpt, src_p, out_p, recipe, fmt, layout, ignore, include_lm_head, resume,
                                  overwrite, progress, workers, dev, pool, opts, group)
         ok = True
         return out_path
@@ -222,17 +234,17 @@ def _locked(src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ign
             pool.close(ok)
 
 
-def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: Any, layout: Any, ignore: list[str],
+def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, recipe: Recipe, fmt: Any, layout: Any, ignore: list[str],
               include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
               dev: torch.device | None, pool: Any, opts: RunOptions, group: Group) -> Path:
     from lowbit.files.writer import CheckpointWriter
 
     with together(group, "making the plan"):
-        plan = make_plan(ckpt, scheme, ignore, include_lm_head)
+        plan = plan_recipe(ckpt, recipe, ignore, include_lm_head)  # a scheme per tensor (lowbit.modelfree.mixed)
         if not plan.quantized:
             raise FormatError(f"{src_p}: no linear weights to quantize were found (config model_type "
                               f"{ckpt.get('model_type')!r})")
-        fp = _fingerprint(ckpt, scheme, fmt.value, ignore, include_lm_head, opts.part_bytes)
+        fp = _fingerprint(ckpt, recipe_key(recipe), fmt.value, ignore, include_lm_head, opts.part_bytes)
     group.agree("the run's fingerprint (the source files' sizes and times, the lowbit version)", fp)
 
     writer, work = None, None
@@ -242,7 +254,7 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, scheme: Scheme, fmt: A
             same_run = resume and previous_fingerprint(tmp) == fp
             writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded,
                                       weights_stem=layout.weights_stem)
-            work = prepare_work(writer, ckpt, plan, scheme, fmt.value, layout, src_p, fp, dev, opts.part_bytes,
+            work = prepare_work(writer, ckpt, plan, plan.scheme, fmt.value, layout, src_p, fp, dev, opts.part_bytes,
                                 opts.reopen_bytes)
     work = group.broadcast_object(work)
     mine = [work.jobs[i] for i in group.balance([j.source_bytes for j in work.jobs])]

@@ -53,7 +53,7 @@ class ShardJob:
     out_dir: str
     fingerprint: str
     items: tuple[Item, ...]
-    scheme: Scheme
+    scheme: Scheme | None  # the run's one scheme (an item's own, Item.scheme, comes first)
     fmt: str
     model_dtype: torch.dtype
     fp8_block: tuple[int, int] | None
@@ -213,7 +213,7 @@ class _ShardRun:
         return t if self.device is None else t.to(self.device)
 
     def quantized_tensors(self, item: Item, w: torch.Tensor) -> dict[str, torch.Tensor]:
-        scheme = self.job.scheme
+        scheme = item.scheme if item.scheme is not None else self.job.scheme
         w = self.to_device(w)
         gs = None
         if scheme.weights.global_scale:

@@ -25,11 +25,12 @@ from typing import Iterable
 
 import torch
 
-from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
+from lowbit.algorithms.smoothquant.defaults import DEFAULT
 from lowbit.algorithms.gptq import WeightRounding
 from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
 from lowbit.errors import OptionRef, QuantizationError
-from lowbit.schemes import Scheme, get_scheme
+from lowbit.recipes import Recipe
+from lowbit.schemes import Scheme
 
 
 @dataclass
@@ -50,7 +51,8 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: str | Scheme = "nvfp4-e5m3",
+def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
+                        scheme: "str | Scheme | Recipe | dict" = "nvfp4-e5m3",
                         format: str = "lowbit", *, calibration=None, tokenizer=None, smoothquant=DEFAULT,
                         config=None, preset: str | None = None, ignore: Iterable[str] = (),
                         include_lm_head: bool = False, allow_unquantized: bool = False, resume: bool = True,
@@ -59,6 +61,10 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike, scheme: 
                         **calibration_options) -> Path:
     """Quantize the checkpoint folder ``src`` into ``out`` and return ``out``.
 
+    scheme: a preset name or Scheme, or a recipe (anything ``lowbit.recipes.Recipe.of`` takes:
+        a Recipe, a mapping, a ``.json`` / ``.yaml`` file), resolved on the source's quantizable
+        linears by the rules of ``lowbit.quantize`` (``lowbit.recipes.plan``); the config gets a
+        group per scheme. The run calibrates when one of the schemes the linears get does.
     calibration, tokenizer, smoothquant, config, preset, calibration_options, allow_unquantized,
         ignore: as for ``lowbit.quantize`` (same defaults). ``tokenizer`` defaults to the source
         folder's. When nothing calibrates (``model_quant.calibrates``: no static activation scales,
@@ -85,52 +91,62 @@ def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokeniz
                  group=None, **calibration_options) -> StreamResult:
     """``quantize_checkpoint`` returning what the run did (``StreamResult``; the CLI prints it)."""
     from lowbit.formats import Format, get_layout
-    from lowbit.model_quant import calibrates, calibration_config
+    from lowbit.model_quant import calibration_config
+    from lowbit.recipes.plan import recipe_of
+    from lowbit.streamed.planned import alphas_of, calibrating, open_planned
 
-    scheme = get_scheme(scheme)
+    recipe = recipe_of(scheme)  # SchemeError / RecipeError, before anything is read
     fmt = Format.parse(format)
-    get_layout(fmt).check_scheme(scheme)
-    try:
-        sq = resolve_alpha(smoothquant, scheme, static_only=False)
-    except ValueError as e:
-        raise QuantizationError(str(e)) from None
+    for s in recipe.schemes:
+        get_layout(fmt).check_scheme(s)
+    alphas = alphas_of(recipe.schemes, smoothquant)
     cfg = calibration_config(config, preset, calibration_options)
     if cfg.rotation is not DEFAULT_ROTATION:
         raise QuantizationError(f"rotation={cfg.rotation.value!r} rewrites the embeddings, every layer and lm_head "
                                 f"together, which a run streamed one layer at a time (or model-free) cannot do: "
                                 f"quantize in memory (lowbit.quantize, then lowbit.save)")
-    if calibration is None or not calibrates(scheme, sq, cfg):
-        # model-free: it refuses schemes that need calibration, naming the dynamic alternatives
-        # (asked for: without calibration data the 4-bit schemes' default GPTQ is plain RTN)
-        if calibration is None and not scheme.needs_calibration and (
-                sq is not None or cfg.weight_rounding is WeightRounding.GPTQ):
-            raise QuantizationError(f"{scheme.name} with SmoothQuant or GPTQ needs calibration data (pass "
-                                    f"{{calibration}})", calibration=OptionRef("calibration", "builtin"))
-        from lowbit.modelfree import quantize_checkpoint as model_free
+    if calibration is not None and calibrating(recipe.schemes, alphas, cfg):
+        if include_lm_head:
+            raise QuantizationError("a calibrated output head is not streamed yet: drop {head}, or quantize in "
+                                    "memory (lowbit.quantize, then lowbit.save)", head=OptionRef("include_lm_head"))
+        planned = open_planned(Path(src), recipe, list(ignore))  # the recipe resolved (lowbit.recipes.plan)
+        if calibrating(planned.schemes, alphas, cfg):
+            from lowbit.streamed.run import streamed
 
-        path = model_free(src, out, scheme, fmt.value, workers=workers, ignore=ignore, include_lm_head=include_lm_head,
-                          resume=resume, overwrite=overwrite, progress=progress, device=device,
-                          run_options=run_options, group=group)
-        return StreamResult(Path(path), {}, peak_rss=peak_rss_bytes())
-    if include_lm_head:
-        raise QuantizationError("a calibrated output head is not streamed yet: drop {head}, or quantize in memory "
-                                "(lowbit.quantize, then lowbit.save)", head=OptionRef("include_lm_head"))
-    from lowbit.streamed.run import streamed
+            return streamed(planned, Path(out), fmt, alphas, cfg, calibration, tokenizer, list(ignore),
+                            allow_unquantized, resume, overwrite, progress, device, offload, group)
+        planned.close()  # no linear got a scheme that calibrates: round-to-nearest, as in memory
+    # model-free: it refuses schemes that need calibration, naming the dynamic alternatives
+    # (asked for: without calibration data the 4-bit schemes' default GPTQ is plain RTN)
+    if calibration is None and not any(s.needs_calibration for s in recipe.schemes) and (
+            any(a is not None for a in alphas.values()) or cfg.weight_rounding is WeightRounding.GPTQ):
+        raise QuantizationError(f"{recipe.label} with SmoothQuant or GPTQ needs calibration data (pass "
+                                f"{{calibration}})", calibration=OptionRef("calibration", "builtin"))
+    from lowbit.modelfree import quantize_checkpoint as model_free
 
-    return streamed(Path(src), Path(out), scheme, fmt, sq, cfg, calibration, tokenizer, list(ignore),
-                    allow_unquantized, resume, overwrite, progress, device, offload, group)
+    path = model_free(src, out, recipe, fmt.value, workers=workers, ignore=ignore, include_lm_head=include_lm_head,
+                      resume=resume, overwrite=overwrite, progress=progress, device=device,
+                      run_options=run_options, group=group)
+    return StreamResult(Path(path), {}, peak_rss=peak_rss_bytes())
 
 
-def fingerprint(src: Path, ckpt, scheme: Scheme, fmt, tokens: torch.Tensor, cfg, smoothquant, ignore: list[str],
+def fingerprint(src: Path, ckpt, recipe: Recipe, fmt, tokens: torch.Tensor, cfg, smoothquant, ignore: list[str],
                 world: int, device) -> str:
-    """What decides the output bytes of a streamed run (a resumed run must match it)."""
-    h = hashlib.sha256()
-    h.update(json.dumps({
+    """What decides the output bytes of a streamed run (a resumed run must match it, and every
+    rank of a job: ``Group.agree``): the source, the recipe (one scheme: as before recipes; any
+    other: ``recipe_key``), the format, options, calibration tokens, ranks and device."""
+    from lowbit.recipes.plan import is_plain, recipe_key
+
+    blob = {
         "src": str(src.resolve()), "tensors": sorted((i.name, i.shard, i.dtype, i.shape, i.begin, i.end)
                                                      for i in ckpt.tensors.values()),
-        "scheme": repr(scheme), "format": fmt.value, "config": repr(cfg), "smoothquant": repr(smoothquant),
-        "ignore": ignore, "world": world, "device": str(device),
-    }, sort_keys=True, default=str).encode())
+        "scheme": repr(recipe.default) if is_plain(recipe) else "recipe", "format": fmt.value, "config": repr(cfg),
+        "smoothquant": repr(smoothquant), "ignore": ignore, "world": world, "device": str(device),
+    }
+    if not is_plain(recipe):
+        blob["recipe"] = recipe_key(recipe)
+    h = hashlib.sha256()
+    h.update(json.dumps(blob, sort_keys=True, default=str).encode())
     h.update(tokens.contiguous().numpy().tobytes())
     return h.hexdigest()[:32]
 

@@ -11,7 +11,7 @@ values are those ``lowbit.save`` writes for the same quantized model (the same f
 Resume: after layer i's shard, the hidden states entering layer i + 1 (this rank's calibration
 batches, float32, exact) and ``progress.json`` (layers done, what the summary and config need)
 are written atomically to ``.lowbit-stream/`` in the temporary folder. A run with the same
-fingerprint (source, scheme, format, calibration tokens and options, ranks) continues from
+fingerprint (source, scheme or recipe, format, calibration tokens and options, ranks) continues from
 there, and writes the same bytes as an uninterrupted run; any other run starts afresh.
 
 Refused writes (disk full, read-only, no permission): every file goes through lowbit.files'
@@ -44,7 +44,9 @@ from lowbit.files.writer import CheckpointWriter, write_json_atomic, write_safet
 from lowbit.formats import Format, get_layout
 from lowbit.modelfree.ranks import together
 from lowbit.moe import checkpoint_names, router_names
+from lowbit.recipes.groups import config_groups
 from lowbit.report.quantized import quantized_summary
+from lowbit.schemes import Scheme
 
 STATE_DIR = ".lowbit-stream"
 
@@ -151,9 +153,11 @@ class StreamOutput:
 
     # ------------------------------------------------------------------ end
     def finish(self, model: nn.Module, layers_path: str, ignore_linears: list[str], tokenizer, source: Path,
-               scheme) -> dict:
+               schemes: dict[str, Scheme]) -> dict:
         """Write the last shard (everything outside the decoder layers), the index and the other
-        files, rename the folder; returns the run's summary (``quantized_summary``'s fields)."""
+        files, rename the folder; returns the run's summary (``quantized_summary``'s fields).
+        ``schemes``: every quantized linear's scheme (model names), written as the config groups
+        ``lowbit.save`` writes (``lowbit.recipes.groups``)."""
         dtype = model_dtype(model)
         mt = getattr(model.config, "model_type", None)
         warn_rounded("scales", self.progress["lossy"], dtype)
@@ -170,15 +174,16 @@ class StreamOutput:
             if not n.startswith(layers_path + ".") and id(p) not in seen:
                 seen.add(id(p))
                 outside += p.numel()
-        disk = checkpoint_names(mt, list(tensors) + ignore_linears)
+        disk = checkpoint_names(mt, list(tensors) + ignore_linears + list(schemes))
+        groups = config_groups({disk[n]: s for n, s in schemes.items()})
         summaries = self.progress["summaries"]
         with self._step("writing the last shard, the index and config.json"):  # rank 0 renames the folder
             if self.group.is_main:
-                self._finish_main(model, dtype, mt, tensors, disk, ignore_linears, tokenizer, source, scheme)
+                self._finish_main(model, dtype, mt, tensors, disk, ignore_linears, tokenizer, source, groups)
         return _merged(summaries, outside)
 
     def _finish_main(self, model: nn.Module, dtype, mt, tensors: dict[str, torch.Tensor], disk: dict[str, str],
-                     ignore_linears: list[str], tokenizer, source: Path, scheme) -> None:
+                     ignore_linears: list[str], tokenizer, source: Path, groups) -> None:
         """Rank 0's end: the last shard, the index and the other files, the rename. The resume state
         is deleted only once all of them are written, so a refused write here resumes at this step."""
         w = self.writer
@@ -186,7 +191,7 @@ class StreamOutput:
         for i in range(self.n_layers + 1):
             w.write_shard(None, self.shard_name(i))
         static = {checkpoint_names(mt, [n])[n]: v for n, v in self.progress["static"].items()}
-        qcfg = self.layout.quantization_config_groups([(scheme, ["Linear"])], [disk[n] for n in ignore_linears],
+        qcfg = self.layout.quantization_config_groups(groups, [disk[n] for n in ignore_linears],
                                                       static_scales=static if self.fmt is Format.FAKE else None)
         write_side_files(w, model, config_dict(model, dtype, qcfg, False), source, tokenizer)
         w.close(remove=(STATE_DIR,))

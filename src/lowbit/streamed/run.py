@@ -7,7 +7,6 @@ from pathlib import Path
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.schemes import Scheme
 
 
 def _tokenizer_for(src: Path, calibration, tokenizer):
@@ -38,8 +37,19 @@ def local_batches(tokens: torch.Tensor, batch_size: int, group) -> torch.Tensor:
     return tokens[share.start * batch_size:min(tokens.shape[0], share.stop * batch_size)]
 
 
-def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, cfg, calibration, tokenizer, ignore: list[str],
+def streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, ignore: list[str],
              allow_unquantized: bool, resume: bool, overwrite: bool, progress, device, offload: bool, group=None):
+    """The calibrated run on ``planned`` (``lowbit.streamed.planned.Planned``: the skeleton and the
+    resolved recipe; closed when the run ends). ``alphas``: each scheme's SmoothQuant alpha."""
+    try:
+        return _streamed(planned, out, fmt, alphas, cfg, calibration, tokenizer, ignore, allow_unquantized, resume,
+                         overwrite, progress, device, offload, group)
+    finally:
+        planned.close()
+
+
+def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, ignore: list[str],
+              allow_unquantized: bool, resume: bool, overwrite: bool, progress, device, offload: bool, group):
     from lowbit.calibration import calibration_tokens
     from lowbit.calibration.capture import find_decoder_layers
     from lowbit.dist import Group
@@ -49,23 +59,23 @@ def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, cfg, calibration, to
     from lowbit.modelfree.device import resolve_device
     from lowbit.streamed.api import fingerprint
     from lowbit.streamed.output import StreamOutput
-    from lowbit.streamed.skeleton import Skeleton
+    from lowbit.streamed.planned import representative_alpha
     from lowbit.streamed.stream import LayerStream
-    from lowbit.targets import quantizable_linears
 
+    skel, src = planned.skel, planned.skel.folder
+    sq = planned.smoothquant(alphas)  # one alpha, or scheme -> alpha (mixed)
     dev = resolve_device(device)
     check_not_source(src, out)
     check_output_free(out, overwrite)
     group = group or Group.join(dev)
     from lowbit.calibration.reduce import check_distributable
 
-    check_distributable(group, cfg, sq)  # before any collective
-    skel = Skeleton.open(src)
+    check_distributable(group, cfg, representative_alpha(sq))  # before any collective
     model = skel.model
     left = check_targets(model, ignore, False, allow_unquantized)
     tok = _tokenizer_for(src, calibration, tokenizer)
     tokens = calibration_tokens(calibration, tok, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
-    names = quantizable_linears(model, ignore, False)
+    names = planned.names
     found = find_decoder_layers(model, names)
     if found is None:
         raise QuantizationError(f"{src}: no decoder layers were found to stream; quantize it in memory "
@@ -75,8 +85,8 @@ def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, cfg, calibration, to
     if outside:
         raise QuantizationError(f"{src}: linears outside the decoder layers ({', '.join(outside[:3])}) are not "
                                 f"streamed yet; add them to ignore, or quantize in memory")
-    fp = fingerprint(src, skel.ckpt, scheme, fmt, tokens, cfg, sq, ignore, group.world, dev)
-    group.agree("the run's arguments (fingerprint)", fp)
+    fp = fingerprint(src, skel.ckpt, planned.recipe, fmt, tokens, cfg, sq, ignore, group.world, dev)
+    group.agree("the run's arguments (fingerprint)", fp)  # the recipe too: it is fingerprinted
     if not resume and group.is_main:
         import shutil
 
@@ -88,8 +98,7 @@ def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, cfg, calibration, to
     log = progress is True or (group.distributed and progress is not False)
     stream = LayerStream(skel, output, dev, offload, log=log)
     try:
-        return _run(group, skel, model, output, stream, scheme, cfg, sq, tokens, names, path, tok, src, out, left,
-                    progress)
+        return _run(group, planned, model, output, stream, cfg, sq, tokens, path, tok, src, out, left, progress)
     except OSError as e:  # StreamOutput's writes raise OutputError already; any other write, the same line
         output.abort()
         from lowbit.errors import LowbitError
@@ -105,17 +114,18 @@ def streamed(src: Path, out: Path, scheme: Scheme, fmt, sq, cfg, calibration, to
         stream.close()
 
 
-def _run(group, skel, model, output, stream, scheme, cfg, sq, tokens, names, path, tok, src, out, left, progress):
+def _run(group, planned, model, output, stream, cfg, sq, tokens, path, tok, src, out, left, progress):
     """The layer loop and the output's end; the StreamResult."""
     from lowbit.calibration import LayerwiseCalibrator
     from lowbit.streamed.api import StreamResult, peak_rss_bytes
     from lowbit.streamed.output import ignore_list
 
-    calib = LayerwiseCalibrator(model, scheme, cfg, smoothquant=sq, group=group)
+    skel, names = planned.skel, planned.names
+    calib = LayerwiseCalibrator(model, planned.chosen, cfg, smoothquant=sq, group=group)
     report = calib.run(local_batches(tokens, cfg.batch_size, group), names,
                        progress=progress if group.is_main else False, hooks=stream)
     report.num_samples = int(tokens.shape[0])
     skel.materialize_outside(path)  # released after the capture (LayerStream.captured)
-    summary = output.finish(model, path, ignore_list(model, names), tok, src, scheme)
+    summary = output.finish(model, path, ignore_list(model, names), tok, src, planned.by_name())
     summary["unquantized_targets"] = [n for n, _ in left]
     return StreamResult(out, summary, report, stream.seconds, peak_rss_bytes(), group.world)

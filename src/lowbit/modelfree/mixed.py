@@ -1,0 +1,42 @@
+"""A model-free run's plan under a recipe: the recipe resolved on the modules the plan quantizes,
+by the rules ``lowbit.quantize`` applies to the loaded model (``lowbit.recipes.plan``).
+
+The names resolved are the model's: a checkpoint name maps to it through ``lowbit.moe.naming``
+(Mixtral's ``block_sparse_moe.experts.{e}.w1`` is the model's ``mlp.experts.{e}.gate_proj``;
+fused experts on disk are planned per expert already, ``<block>.experts.{e}.<proj>``), so a
+recipe claims the same linears here as in memory, and the fused-group and expert-block rules
+see the same units. The modules the recipe leaves in float are kept as the plan keeps ignored
+ones (copied, listed in the config's ``ignore``); the others get their scheme per tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from lowbit.modelfree.plan import Plan, make_plan
+from lowbit.modelfree.source import Checkpoint
+from lowbit.moe.naming import model_names
+from lowbit.recipes import Recipe
+from lowbit.recipes.plan import is_plain, plan
+from lowbit.schemes import Scheme
+
+
+def plan_recipe(ckpt: Checkpoint, recipe: Recipe, ignore: Iterable[str] = (), include_lm_head: bool = False) -> Plan:
+    """The plan of ``ckpt`` under ``recipe``: ``make_plan`` with one scheme (a plain recipe, or one
+    that gives every linear the same scheme), or with a scheme per module. RecipeError /
+    QuantizationError as ``lowbit.recipes.plan`` raises them, before anything is written."""
+    ignore = list(ignore)
+    if is_plain(recipe):
+        return make_plan(ckpt, recipe.default, ignore, include_lm_head)
+    found = make_plan(ckpt, None, ignore, include_lm_head).quantized  # checkpoint names
+    as_model = model_names(ckpt.get("model_type"), found)
+    disk = {as_model[n]: n for n in found}
+    chosen = plan(recipe, [as_model[n] for n in found])
+    if isinstance(chosen, Scheme):
+        return make_plan(ckpt, chosen, ignore, include_lm_head)
+    # exact names as ignore patterns (matched whole: lowbit.targets.matches_ignore)
+    keep_float = ignore + [re.escape(disk[n]) for n in chosen.left]
+    schemes = {disk[n]: s for n, s in chosen.items()}
+    one = chosen.distinct[0] if len(chosen.distinct) == 1 else None
+    return make_plan(ckpt, one if one is not None else schemes, keep_float, include_lm_head)

@@ -1,0 +1,94 @@
+"""A streamed run's recipe, resolved on the skeleton's linears as ``lowbit.quantize`` resolves it
+on the loaded model (``lowbit.recipes.plan``: the same names, in the same order, so the same
+Assignment and the same errors), and the calibration choices that follow from it.
+
+Whether a run calibrates is decided twice: on the schemes the recipe names (before anything is
+built: none calibrating is a model-free run, as for one scheme), then on the schemes the
+resolved recipe gives the linears (a default no linear falls to does not make the run
+calibrate, as it does not in memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from lowbit.errors import QuantizationError
+from lowbit.recipes import Assignment, Recipe
+from lowbit.recipes.plan import plan, schemes_of
+from lowbit.schemes import Scheme
+
+
+def alphas_of(schemes: Iterable[Scheme], smoothquant) -> dict[Scheme, object]:
+    """Each scheme's SmoothQuant alpha (``resolve_alpha``: "default" is the scheme's own);
+    QuantizationError for a bad value."""
+    from lowbit.algorithms.smoothquant.defaults import resolve_alpha
+
+    try:
+        return {s: resolve_alpha(smoothquant, s, static_only=False) for s in schemes}
+    except ValueError as e:
+        raise QuantizationError(str(e)) from None
+
+
+def calibrating(schemes: Iterable[Scheme], alphas: Mapping[Scheme, object], cfg) -> bool:
+    """Whether any of ``schemes`` calibrates (``model_quant.calibrates``) with its alpha."""
+    from lowbit.model_quant import calibrates
+
+    return any(calibrates(s, alphas[s], cfg) for s in schemes)
+
+
+@dataclass
+class Planned:
+    """The skeleton of the source and its resolved recipe: ``chosen`` (one Scheme, or the
+    Assignment), ``names`` (the linears to quantize, model order)."""
+
+    skel: object
+    recipe: Recipe
+    chosen: Scheme | Assignment
+    names: list[str]
+
+    @property
+    def schemes(self) -> list[Scheme]:
+        return schemes_of(self.chosen)
+
+    def by_name(self) -> dict[str, Scheme]:
+        """Every quantized linear's scheme (model names)."""
+        if isinstance(self.chosen, Scheme):
+            return {n: self.chosen for n in self.names}
+        return dict(self.chosen)
+
+    def smoothquant(self, alphas: Mapping[Scheme, object]):
+        """What the calibrator takes: the alpha of one scheme, or a mapping scheme -> alpha."""
+        if isinstance(self.chosen, Scheme):
+            return alphas[self.chosen]
+        return {s: alphas[s] for s in self.schemes}
+
+    def close(self) -> None:
+        self.skel.close()
+
+
+def open_planned(src: Path, recipe: Recipe, ignore: list[str]) -> Planned:
+    """Open the skeleton of ``src`` and resolve ``recipe`` on its quantizable linears (the output
+    head never: a calibrated head is not streamed). Its errors (RecipeError, QuantizationError)
+    come before anything is written; the skeleton is closed then."""
+    from lowbit.streamed.skeleton import Skeleton
+    from lowbit.targets import quantizable_linears
+
+    skel = Skeleton.open(src)
+    try:
+        names = quantizable_linears(skel.model, ignore, False)
+        chosen = plan(recipe, names)
+    except BaseException:
+        skel.close()
+        raise
+    return Planned(skel, recipe, chosen, names if isinstance(chosen, Scheme) else list(chosen))
+
+
+def representative_alpha(sq):
+    """One alpha standing for the calibrator's ``smoothquant`` (for ``check_distributable``):
+    "auto" if any scheme searches, else the first alpha set, else None."""
+    if not isinstance(sq, Mapping):
+        return sq
+    values = [a for a in sq.values() if a is not None]
+    return "auto" if "auto" in values else (values[0] if values else None)
