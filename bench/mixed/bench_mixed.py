@@ -13,7 +13,8 @@ use lowbit.quantize's defaults for each scheme (GPTQ + 20 reconstruction steps f
 ``auto:B:C1,C2`` rows choose the recipe with lowbit.auto_recipe (its default 4 windows for the
 sensitivities, the first 4 of the 16) and the time includes the choice. ``--autoscheme
 B:O1,O2`` runs auto-round's AutoScheme(avg_bits=B, options=...) with its SignRound tuning
-(iters --iters, as bench/peers' auto-round-tuned) in auto-round's own venv. Average bits are
+(iters --iters, as bench/peers' auto-round-tuned) in auto-round's own venv, on the same 16
+windows decoded to text (AutoScheme takes a dataset name or a local .json file, not token ids). Average bits are
 lowbit's count (lowbit.recipes.bits: codes + scales) of the layers each tool quantized.
 Prints one JSON line per row.
 """
@@ -53,8 +54,9 @@ AUTOSCHEME = textwrap.dedent("""
     model = AutoModelForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
     t0, c0 = time.perf_counter(), time.process_time()
     scheme = AutoScheme(avg_bits=a["bits"], options=tuple(a["options"]))
+    # AutoScheme takes its data as a dataset name or a local .json file of texts: the same windows, decoded
     ar = AutoRound(model, tok, scheme=scheme, iters=a["iters"], nsamples=calib.shape[0], seqlen=calib.shape[1],
-                   dataset=[w[None] for w in calib], device_map="cpu")
+                   dataset=a["calib_json"], device_map="cpu")
     model, layer_config = ar.quantize()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     bits = {n: c.get("bits") for n, c in layer_config.items() if isinstance(c, dict)}
@@ -112,14 +114,15 @@ def autoscheme_row(spec: str, ids, calib, python: str, iters: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="lowbit-autoscheme-"))
     save_file({"ids": ids}, str(work / "ids.safetensors"))
     save_file({"ids": calib}, str(work / "calib.safetensors"))
+    model, tok = lowbit.load_model()
+    (work / "calib.json").write_text(json.dumps([tok.decode(w, skip_special_tokens=True) for w in calib]))
     args = {"model": str(resolve_model_path(None)), "ids": str(work / "ids.safetensors"),
-            "calib": str(work / "calib.safetensors"), "bits": float(bits), "options": opts.split(","), "iters": iters}
+            "calib": str(work / "calib.safetensors"), "calib_json": str(work / "calib.json"), "bits": float(bits), "options": opts.split(","), "iters": iters}
     p = subprocess.run([python, "-c", AUTOSCHEME, str(HERE.parent / "peers"), json.dumps(args)], capture_output=True,
                        text=True)
     if p.returncode != 0:
         return {"tool": "auto-round AutoScheme", "plan": spec, "status": "error", "error": p.stderr[-2000:]}
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    model, _ = lowbit.load_model()
     shapes = {n: tuple(m.weight.shape) for n, m in model.named_modules() if n in r["bits"] and hasattr(m, "weight")}
     by_bits = {4: PRESETS["w4a16"], 8: PRESETS["w8a16"]}  # auto-round's W4A16 / W8A16: lowbit's numerics
     schemes = {n: by_bits[b] for n, b in r["bits"].items() if n in shapes and b in by_bits}

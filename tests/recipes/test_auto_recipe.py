@@ -56,19 +56,21 @@ def test_sensitivity_is_the_fisher_weighted_output_error():
     got = sensitivities(m, [name, "model.layers.0.self_attn.o_proj"], cands, CALIB[:2])
     lin = m.get_submodule(name)
     want = {c.name: 0.0 for c in cands}
-    for i in range(2):
-        seen = {}
-        h = lin.register_forward_hook(lambda mod, a, y: seen.update(x=a[0].detach(), y=y) or y.retain_grad())
-        ids = CALIB[i:i + 1]
-        logits = m(input_ids=ids).logits[:, :-1]
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).backward()
-        h.remove()
-        g, x, y = seen["y"].grad, seen["x"], seen["y"].detach()
-        for c in cands:
-            wq = quantized_weights(m, [name], c)[name]
-            yq = F.linear(qdq_activation(x, c.input_activations, x.abs().amax()), wq)
-            want[c.name] += float(((yq - y) * g).pow(2).sum())
-        m.zero_grad()
+    with torch.enable_grad():  # other test modules turn autograd off at import
+        for i in range(2):
+            seen = {}
+            h = lin.register_forward_hook(lambda mod, a, y: seen.update(x=a[0].detach(), y=y) or y.retain_grad())
+            ids = CALIB[i:i + 1]
+            logits = m(input_ids=ids).logits[:, :-1]
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).backward()
+            h.remove()
+            g, x, y = seen["y"].grad, seen["x"], seen["y"].detach()
+            for c in cands:
+                wq = quantized_weights(m, [name], c)[name]
+                yq = F.linear(qdq_activation(x, c.input_activations, x.abs().amax()), wq)
+                want[c.name] += float(((yq - y) * g).pow(2).sum())
+            m.zero_grad()
+
     for c in cands:
         assert got[name][c.name] == pytest.approx(want[c.name], rel=1e-5)
         assert got[name][c.name] > 0
