@@ -198,3 +198,15 @@ def test_transformers_loads_a_mixed_compressed_tensors_folder(tmp_path):
     lowbit.save(q, tmp_path / "mixed", format="compressed-tensors")
     got = client_logits(tmp_path, IDS, {"mixed": (str(tmp_path / "mixed"), "float32")})["mixed"]
     assert (got - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
+
+
+def test_a_layer_without_reconstruction_still_advances_the_float_targets():
+    """Layer 1 all in 8 bits (no reconstruction steps) between reconstructed 4-bit layers: layer 2's
+    targets are the float model's outputs of layer 2, so its starting error is the uniform run's
+    order, not that of a layer skipped (it once was: the float hidden states stood still)."""
+    recipe = {r"re:model\.layers\.1\.": "w8a8-int8-dynamic", "default": "nvfp4"}
+    mixed = lowbit.quantize(tiny_llama(num_hidden_layers=3), recipe, calibration=CALIB, num_samples=4, seq_len=32)
+    uniform = lowbit.quantize(tiny_llama(num_hidden_layers=3), "nvfp4", calibration=CALIB, num_samples=4, seq_len=32)
+    a, b = mixed.lowbit_calibration.reconstruct, uniform.lowbit_calibration.reconstruct
+    assert "model.layers.1" not in a and "model.layers.2" in a
+    assert a["model.layers.2"]["mse_start"] < 2 * b["model.layers.2"]["mse_start"]

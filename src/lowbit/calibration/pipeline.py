@@ -352,6 +352,9 @@ class LayerwiseCalibrator:
             else:
                 with self.report.cost.timed(Phase.TARGETS, len(inputs)):
                     targets = run_layer(layer, inputs, self._run_on)
+        elif self._float_hidden is not None:  # not reconstructed (mixed recipes): the float states still advance
+            with self.report.cost.timed(Phase.TARGETS, len(inputs)):
+                self._float_hidden = self._float_outputs(layer, inputs)
         with self.report.cost.timed(Phase.QUANTIZE):
             self._quantize_groups(layer, groups, rel, stats)
         if self._layer_device is not None:
