@@ -94,6 +94,7 @@ class LayerwiseCalibrator:
         self._run_on: torch.device | None = None  # each batch's device when activations are offloaded
         self._layer_device: torch.device | None = None  # where each layer computes (None: where it is)
         self._float_hidden: list[torch.Tensor] | None = None  # the float model's, for reconstruction targets
+        self._masks: list[torch.Tensor] | None = None  # per batch [B, T] bool: the positions that count
         self.maps: tuple[SmoothMapping, ...] = ()
         family = model_type(model)
         if smoothquant is not None:
@@ -159,14 +160,18 @@ class LayerwiseCalibrator:
         mods = {g[0]: root.get_submodule(rel[g[0]]) for g in groups}
         sinks = self.cfg.sink_positions
         seq = hidden_of(inputs[0]).shape[-2] if inputs and hidden_of(inputs[0]).dim() >= 3 else 0
-        fn = lambda n, x: stats[n].observe(x, sinks, seq)  # noqa: E731
+        masks = self._masks if self._masks is not None else [None] * len(inputs)
+        outs: list[torch.Tensor] = []
         # every expert observes every token; the routing of the outputs is kept
         with all_tokens(root), self.report.cost.timed(Phase.OBSERVE, len(inputs)):
-            if not outputs:
-                observe_layer(root, inputs, mods, fn, self._run_on)
-                return None
-            with observing(mods, fn):
-                return run_layer(root, inputs, self._run_on)
+            for call, mask in zip(inputs, masks):  # each batch with its own padding mask
+                fn = lambda n, x, _m=mask: stats[n].observe(x, sinks, seq, _m)  # noqa: E731
+                if not outputs:
+                    observe_layer(root, [call], mods, fn, self._run_on)
+                    continue
+                with observing(mods, fn):
+                    outs += run_layer(root, [call], self._run_on)
+        return outs if outputs else None
 
     def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
                 stats: dict[str, GroupStats]) -> list[str]:
@@ -244,15 +249,21 @@ class LayerwiseCalibrator:
     # ------------------------------------------------------------------ main
     @torch.no_grad()
     def run(self, tokens: torch.Tensor, names: list[str], progress: bool | None = None,
-            hooks: InMemory | None = None) -> CalibrationReport:
+            hooks: InMemory | None = None, valid: torch.Tensor | None = None) -> CalibrationReport:
         """Calibrate and quantize ``names`` layer by layer on ``tokens``; ``progress``: a bar per
         decoder layer on stderr (None: when stderr is a terminal). ``hooks``
         (``lowbit.calibration.hooks``): what happens around each decoder layer (default: nothing,
-        the model is in memory; ``lowbit.streamed`` loads and writes each layer)."""
+        the model is in memory; ``lowbit.streamed`` loads and writes each layer). ``valid``
+        [n, T] bool: the positions that count (right-padded windows: every observer, SmoothQuant
+        statistic, Hessian and reconstruction loss skips the others; None: all count)."""
         from tqdm.auto import tqdm
 
         hooks = hooks or InMemory()
         t0 = time.perf_counter()
+        if valid is not None and tuple(valid.shape) != tuple(tokens.shape):
+            raise ValueError(f"valid {tuple(valid.shape)} does not match tokens {tuple(tokens.shape)}")
+        bs = self.cfg.batch_size
+        self._masks = None if valid is None else [valid[i:i + bs] for i in range(0, tokens.shape[0], bs)]
         self.report.num_samples = int(tokens.shape[0])
         check_windows(self.group, tokens.shape[0], self.cfg.seq_len)  # several ranks: this rank's windows
         found = find_decoder_layers(self.model, names)
@@ -357,7 +368,8 @@ class LayerwiseCalibrator:
         if self._layer_device is not None:
             layer.to(self._layer_device)  # the quantized linears are built where their weights were
         if recon is not None:
-            r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on, self.group)
+            r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on, self.group,
+                                  masks=self._masks)
             cost = self.report.cost
             cost.add(Phase.RECONSTRUCT_STEPS, r.step_seconds, r.steps)
             cost.add(Phase.RECONSTRUCT_EVALS, r.eval_seconds, r.eval_calls)
@@ -389,9 +401,13 @@ class LayerwiseCalibrator:
             mods = {g[0]: self.model.get_submodule(g[0]) for g in groups}
             device = next(self.model.parameters()).device
             sinks = self.cfg.sink_positions
-            with observing(mods, lambda n, x: stats[n].observe(x, sinks)), _fast_backends(self.model), \
-                    all_tokens(self.model):
-                for i in range(0, tokens.shape[0], self.cfg.batch_size):
-                    self.model(input_ids=tokens[i:i + self.cfg.batch_size].to(device), use_cache=False)
+            bs = self.cfg.batch_size
+            masks = self._masks if self._masks is not None else [None] * len(range(0, tokens.shape[0], bs))
+            current: list = [None]
+            with observing(mods, lambda n, x: stats[n].observe(x, sinks, 0, current[0])), \
+                    _fast_backends(self.model), all_tokens(self.model):
+                for b, i in enumerate(range(0, tokens.shape[0], bs)):
+                    current[0] = masks[b]
+                    self.model(input_ids=tokens[i:i + bs].to(device), use_cache=False)
         self._quantize_groups(self.model, groups, rel, stats)
         self.report.cost.add(Phase.WHOLE_MODEL, time.perf_counter() - t0)
