@@ -54,3 +54,21 @@ def test_which_errors_abandon_the_output():
     assert not is_data_error(OSError(errno.ENOSPC, "No space left on device"))
     assert is_data_error(RankFailed("rank 1 failed", data=True))
     assert not is_data_error(RankFailed("rank 1 failed", data=False))
+
+
+@pytest.mark.subprocess
+def test_a_nan_in_worker_processes_is_the_one_error_and_leaves_nothing(tmp_path):
+    """The pool is closed on the error, then again at the run's end: the second close must not
+    replace the QuantizationError with its own (a shut-down executor holds no processes)."""
+    from lowbit.modelfree import RunOptions
+
+    m = tiny_llama()
+    with torch.no_grad():
+        m.model.layers[1].mlp.down_proj.weight[3, 5] = float("nan")
+    src = tmp_path / "src"
+    m.save_pretrained(src, max_shard_size="100KB")
+    out = tmp_path / "out"
+    with pytest.raises(QuantizationError, match=r"model\.layers\.1\.mlp\.down_proj\.weight.*NaN"):
+        mf(src, out, "nvfp4-e5m3", workers=2,
+           run_options=RunOptions(pool_min_bytes=0, pool_min_workers=2, part_bytes=20_000))
+    assert no_output(out)
