@@ -38,7 +38,8 @@ import torch.nn as nn
 
 from lowbit.calibration.layer_backends import fast_backends as _fast_backends, runs_as_reference as _runs_as_reference
 from lowbit.calibration.capture import (
-    Inputs, capture_layer_inputs, find_decoder_layers, hidden_of, observe_layer, observing, run_layer, with_hidden,
+    Inputs, batch_masks, capture_layer_inputs, find_decoder_layers, hidden_of, observe_batches, observing, run_layer,
+    with_hidden,
 )
 from lowbit.dist import Group
 from lowbit.calibration.reduce import check_distributable, check_windows, distinct, reduce_stats, solve_spread
@@ -160,18 +161,10 @@ class LayerwiseCalibrator:
         mods = {g[0]: root.get_submodule(rel[g[0]]) for g in groups}
         sinks = self.cfg.sink_positions
         seq = hidden_of(inputs[0]).shape[-2] if inputs and hidden_of(inputs[0]).dim() >= 3 else 0
-        masks = self._masks if self._masks is not None else [None] * len(inputs)
-        outs: list[torch.Tensor] = []
         # every expert observes every token; the routing of the outputs is kept
         with all_tokens(root), self.report.cost.timed(Phase.OBSERVE, len(inputs)):
-            for call, mask in zip(inputs, masks):  # each batch with its own padding mask
-                fn = lambda n, x, _m=mask: stats[n].observe(x, sinks, seq, _m)  # noqa: E731
-                if not outputs:
-                    observe_layer(root, [call], mods, fn, self._run_on)
-                    continue
-                with observing(mods, fn):
-                    outs += run_layer(root, [call], self._run_on)
-        return outs if outputs else None
+            return observe_batches(root, inputs, mods, lambda n, x, m: stats[n].observe(x, sinks, seq, m),
+                                   self._masks, self._run_on, outputs)
 
     def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
                 stats: dict[str, GroupStats]) -> list[str]:
@@ -253,17 +246,13 @@ class LayerwiseCalibrator:
         """Calibrate and quantize ``names`` layer by layer on ``tokens``; ``progress``: a bar per
         decoder layer on stderr (None: when stderr is a terminal). ``hooks``
         (``lowbit.calibration.hooks``): what happens around each decoder layer (default: nothing,
-        the model is in memory; ``lowbit.streamed`` loads and writes each layer). ``valid``
-        [n, T] bool: the positions that count (right-padded windows: every observer, SmoothQuant
-        statistic, Hessian and reconstruction loss skips the others; None: all count)."""
+        the model is in memory; ``lowbit.streamed`` loads and writes each layer). ``valid`` [n, T]:
+        the positions that count (padding: no statistic or loss sees the others; None: all)."""
         from tqdm.auto import tqdm
 
         hooks = hooks or InMemory()
         t0 = time.perf_counter()
-        if valid is not None and tuple(valid.shape) != tuple(tokens.shape):
-            raise ValueError(f"valid {tuple(valid.shape)} does not match tokens {tuple(tokens.shape)}")
-        bs = self.cfg.batch_size
-        self._masks = None if valid is None else [valid[i:i + bs] for i in range(0, tokens.shape[0], bs)]
+        self._masks = batch_masks(valid, tokens, self.cfg.batch_size)
         self.report.num_samples = int(tokens.shape[0])
         check_windows(self.group, tokens.shape[0], self.cfg.seq_len)  # several ranks: this rank's windows
         found = find_decoder_layers(self.model, names)
@@ -400,14 +389,11 @@ class LayerwiseCalibrator:
             stats = {g[0]: self._new_stats(g[0]) for g in groups}
             mods = {g[0]: self.model.get_submodule(g[0]) for g in groups}
             device = next(self.model.parameters()).device
-            sinks = self.cfg.sink_positions
-            bs = self.cfg.batch_size
-            masks = self._masks if self._masks is not None else [None] * len(range(0, tokens.shape[0], bs))
-            current: list = [None]
+            sinks, bs, current = self.cfg.sink_positions, self.cfg.batch_size, [None]  # current: the batch's mask
             with observing(mods, lambda n, x: stats[n].observe(x, sinks, 0, current[0])), \
                     _fast_backends(self.model), all_tokens(self.model):
                 for b, i in enumerate(range(0, tokens.shape[0], bs)):
-                    current[0] = masks[b]
+                    current[0] = None if self._masks is None else self._masks[b]
                     self.model(input_ids=tokens[i:i + bs].to(device), use_cache=False)
         self._quantize_groups(self.model, groups, rel, stats)
         self.report.cost.add(Phase.WHOLE_MODEL, time.perf_counter() - t0)

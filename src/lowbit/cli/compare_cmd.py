@@ -202,7 +202,8 @@ def compare_cmd(
         check_file(r, "--recipe")
     opts = CompareOptions(schemes=rows, recipes=list(recipe or ()), target_bits=budgets,
                           candidates=parse_list(candidates, "--candidates") if candidates else [], limit=limit, window=window, stride=stride,
-                          lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calibration_arg(calib, weights),
+                          lastword=lastword, lastword_context=lastword_context, text_file=text,
+                          calib=calibration_arg(calib, weights),
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                           calib_options=calib_options, smoothquant=parse_smoothquant(smoothquant),
                           backend=backend, save_format=save_format, progress=progress, kv_cache=kv,
