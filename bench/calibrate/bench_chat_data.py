@@ -9,7 +9,7 @@ Evaluation: Persuasion (lowbit's built-in evaluation text) rendered as conversat
 over ``--limit`` tokens in 512-token windows. nvfp4 runs with RTN weights and no reconstruction
 (labelled; its default GPTQ + 20 steps takes 7+ minutes here).
 
-    PYTHONPATH=src python bench/calibrate/bench_chat_data.py --rows w8a8-int8 --limit 4096
+    PYTHONPATH=src .venv/bin/python bench/calibrate/bench_chat_data.py --rows w8a8-int8 --limit 4096
 """
 
 from __future__ import annotations
