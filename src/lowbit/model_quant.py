@@ -158,7 +158,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     keeps any of them RTN. The calibration report
     is left on ``model.lowbit_calibration``.
     """
-    from lowbit.calibration import LayerwiseCalibrator, calibration_tokens
+    from lowbit.calibration import LayerwiseCalibrator
 
     kv_cache = check_kv_cache(kv_cache)
     if scheme is None and kv_cache is not None:
@@ -196,26 +196,27 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         _rotate(model, cfg)
         return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left, scheme)
     if not any(calibrates(s, alphas[s], cfg) for s in schemes):
-        tokens = None
+        data = None
         if kv_cache is not None:
-            tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+            data = _calibration_data(calibration, tokenizer, cfg, kv_cache)
         _rotate(model, cfg)
         quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
         if kv_cache is not None:
-            _calibrate_kv(model, tokens, kv_cache, cfg)
+            _calibrate_kv(model, data.ids, kv_cache, cfg)
         return _unquantized(model, left, scheme)
-    tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+    data = _calibration_data(calibration, tokenizer, cfg, kv_cache)
     _rotate(model, cfg)  # the float model, before SmoothQuant and calibration
     names = quantizable_linears(model, ignore, include_lm_head) if isinstance(scheme, Scheme) else list(scheme)
     was_training = model.training
     model.eval()
     sq = smoothquant if isinstance(scheme, Scheme) else alphas
-    report = LayerwiseCalibrator(model, scheme, cfg, sq).run(tokens, names, progress=progress)
+    report = LayerwiseCalibrator(model, scheme, cfg, sq).run(data.ids, names, progress=progress, valid=data.valid)
+    report.data = data.info.as_dict()
     model.train(was_training)
     model.lowbit_calibration = report
     use_backend(model, "auto")
     if kv_cache is not None:
-        _calibrate_kv(model, tokens, kv_cache, cfg)
+        _calibrate_kv(model, data.ids, kv_cache, cfg)
     return _unquantized(model, left, scheme)
 
 
@@ -223,7 +224,6 @@ def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, pr
     """``scheme=None`` with a KV cache: the weights stay float, only K and V are quantized (to
     measure the KV cache's own cost in memory; ``lowbit.save`` refuses a model without quantized
     layers)."""
-    from lowbit.calibration import calibration_tokens
     from lowbit.kvcache.calibrate import check_kv_model
 
     _refuse_quantized(model)
@@ -234,10 +234,22 @@ def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, pr
                                 f"weight scheme (scheme=None quantizes only the KV cache)")
     if calibration is None:
         raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
-    tokens = calibration_tokens(calibration, tokenizer, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
-    _calibrate_kv(model, tokens, kv_cache, cfg)
+    _calibrate_kv(model, _calibration_data(calibration, tokenizer, cfg, kv_cache).ids, kv_cache, cfg)
     model.lowbit_unquantized = []
     return model
+
+
+def _calibration_data(calibration, tokenizer, cfg, kv_cache):
+    """The calibration windows (``lowbit.calibration.calibration_set``) under ``cfg``'s data options;
+    padded windows with a KV cache are refused (its scales would count the padding)."""
+    from lowbit.calibration import calibration_set
+
+    data = calibration_set(calibration, tokenizer, **cfg.data_options())
+    if kv_cache is not None and data.valid is not None:
+        raise QuantizationError("{kv} calibrates on packed windows only (its K/V scales would count the padding): "
+                                "pass {pack}", kv=OptionRef("kv_cache", kv_cache),
+                                pack=OptionRef("pack", True, flag="calib_pack"))
+    return data
 
 
 def calibration_config(config, preset: str | None, options: dict):

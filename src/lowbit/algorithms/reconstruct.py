@@ -206,14 +206,15 @@ class _Batches:
 
 def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weights: dict[str, torch.Tensor],
                       inputs, options: ReconstructOptions, set_submodule, device=None,
-                      group=None) -> ReconstructReport:
+                      group=None, masks: list[torch.Tensor] | None = None) -> ReconstructReport:
     """Re-round the QuantLinears of ``layer`` named in ``float_weights`` (relative name -> the float
     weight they were quantized from; the layer's other QuantLinears keep their codes and pass the
     gradient straight through their input QDQ) to minimise the MSE of ``layer``'s outputs on ``inputs`` (the
     calibration batches, as (args, kwargs); run on ``device`` when given) against ``targets`` (one
     tensor per batch); their codes are replaced in place. ``group`` (lowbit.dist.Group): the ranks
     that each hold a contiguous share of the batches; every rank gets the codes one process holding
-    all the batches would get."""
+    all the batches would get. ``masks`` (one [B, T] bool per batch; None: every position): the
+    positions whose errors count (padding weighs nothing in the loss and the MSE)."""
     from lowbit.modules import QuantLinear
 
     def run(m, calls):
@@ -246,7 +247,12 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         set_submodule(layer, n, s)
 
     weights = [token_weights(t) for t in targets]
-    numel = sum(batches.gather([sum(t.numel() for t in targets)]))
+    if masks is not None:
+        weights = [w * m.to(w.device).reshape(w.shape[:-1]).unsqueeze(-1) for w, m in zip(weights, masks)]
+        counted = sum(int(m.sum()) * t.shape[-1] for m, t in zip(masks, targets))
+    else:
+        counted = sum(t.numel() for t in targets)
+    numel = sum(batches.gather([counted]))
 
     def full_mse() -> tuple[float, list[torch.Tensor]]:
         t0 = time.perf_counter()

@@ -5,6 +5,7 @@
 
 from lowbit.calibration.data import (
     BUILTIN, CALIBRATION_PRESETS, CalibrationConfig, CalibrationError, LayerInputs, builtin_text_path, calibration_tokens, read_paragraphs,
+    CalibrationSource, calibration_set,
 )
 from lowbit.calibration.observers import (ActivationObserver, MaxObserver, MSEObserver, Observer, PercentileObserver,
                                           make_observer)
@@ -13,6 +14,6 @@ from lowbit.quant.input_scales import input_scales_from_amax, qdq_activation
 
 __all__ = [
     "BUILTIN", "CALIBRATION_PRESETS", "CalibrationConfig", "CalibrationError", "LayerInputs", "builtin_text_path", "calibration_tokens",
-    "read_paragraphs", "Observer", "ActivationObserver", "MaxObserver", "PercentileObserver", "MSEObserver", "make_observer",
+    "read_paragraphs", "CalibrationSource", "calibration_set", "Observer", "ActivationObserver", "MaxObserver", "PercentileObserver", "MSEObserver", "make_observer",
     "CalibrationReport", "GroupReport", "LayerwiseCalibrator", "input_scales_from_amax", "qdq_activation",
 ]

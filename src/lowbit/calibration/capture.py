@@ -126,3 +126,31 @@ def observe_layer(layer: nn.Module, inputs: Inputs, modules: dict[str, nn.Module
                 layer(*args, **kwargs)
             except _Stop:
                 pass
+
+
+def batch_masks(valid: torch.Tensor | None, tokens: torch.Tensor, batch_size: int) -> list[torch.Tensor] | None:
+    """``valid`` [n, T] (the positions that count; None: all) cut into the batches of ``tokens``."""
+    if valid is None:
+        return None
+    if tuple(valid.shape) != tuple(tokens.shape):
+        raise ValueError(f"valid {tuple(valid.shape)} does not match tokens {tuple(tokens.shape)}")
+    return [valid[i:i + batch_size] for i in range(0, tokens.shape[0], batch_size)]
+
+
+@torch.no_grad()
+def observe_batches(layer: nn.Module, inputs: Inputs, modules: dict[str, nn.Module],
+                    fn: Callable[[str, torch.Tensor, torch.Tensor | None], None],
+                    masks: list[torch.Tensor] | None = None, device: torch.device | None = None,
+                    outputs: bool = False) -> list[torch.Tensor] | None:
+    """``observe_layer`` one batch at a time, ``fn(name, input, mask)`` given each batch's mask
+    (``masks[i]``; None: every position counts); with ``outputs`` each batch runs to the layer's
+    end (``run_layer``) and the outputs are returned, else None."""
+    outs: list[torch.Tensor] = []
+    for call, mask in zip(inputs, masks if masks is not None else [None] * len(inputs)):
+        f = lambda n, x, _m=mask: fn(n, x, _m)  # noqa: E731
+        if outputs:
+            with observing(modules, f):
+                outs += run_layer(layer, [call], device)
+        else:
+            observe_layer(layer, [call], modules, f, device)
+    return outs if outputs else None

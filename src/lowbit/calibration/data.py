@@ -1,45 +1,30 @@
-"""Calibration data: token ids [n, seq_len] from strings, a text file or a LongTensor.
+"""How calibration runs: ``CalibrationConfig``, its presets and its defaults per scheme.
 
-``calibration`` may be
-- a LongTensor [n, seq_len] of token ids (used as given; a 1-D tensor is one sample),
-- a list/tuple of strings (tokenized with the model's tokenizer),
-- a path (str or os.PathLike) to a UTF-8 text file, one paragraph a line,
-- the string ``"builtin"``: the text shipped in ``lowbit/data/calibration.txt`` (the first
-  200 KB of Jane Austen's *Emma*, public domain, via Debian's r-cran-janeaustenr; the
-  evaluation text ships separately and comes from *Persuasion*, so the two never overlap).
-
-Text is joined paragraph by paragraph (with a newline between them), tokenized once, and cut
-into consecutive, non-overlapping windows of ``seq_len`` tokens; at most ``num_samples``
-windows are kept (evenly spaced over the text when there are more). Each window starts the way
-the tokenizer starts a text (lowbit.textstart): when it adds a BOS token by default, a window is
-that BOS + ``seq_len - 1`` text tokens (``seq_len`` tokens in all, as the model sees them);
-otherwise ``seq_len`` text tokens. Token-id tensors are used as given.
+The calibration inputs themselves (token ids from texts, files, datasets, conversations) are
+built by ``lowbit.calibration.inputs``; the names below are re-exported from there.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
+from lowbit.calibration.chat import DEFAULT_CHAT_TEMPLATE, TemplateChoice
+from lowbit.calibration.inputs import DEFAULT_PACK, calibration_set, calibration_tokens, read_paragraphs, token_ids
 from lowbit.calibration.observers import ActivationObserver
-from lowbit.errors import LowbitError
+from lowbit.calibration.packing import windows
+from lowbit.calibration.records import CalibrationError
+from lowbit.calibration.sources import BUILTIN, CalibrationSource
 from lowbit.algorithms.gptq import GPTQOptions, WeightRounding
 from lowbit.algorithms.rotate.options import DEFAULT_ROTATION, Rotation
 from lowbit.schemes import Scheme
-from lowbit.textstart import bos_to_prepend, prepend
 from lowbit.textfiles import builtin_calibration_text_path
-from lowbit.textfiles import read_paragraphs as _read_paragraphs
 
-BUILTIN = "builtin"
-
-
-class CalibrationError(LowbitError, ValueError):
-    """Calibration data cannot be built as asked."""
+__all__ = ["BUILTIN", "CalibrationError", "CalibrationSource", "calibration_set", "calibration_tokens", "windows",
+           "read_paragraphs", "token_ids", "CalibrationConfig", "LayerInputs", "CALIBRATION_PRESETS"]
 
 
 class LayerInputs(str, Enum):
@@ -58,6 +43,15 @@ class CalibrationConfig:
     bench/peers/RESULTS.md and bench/quantize/RESULTS-quantize.md).
 
     num_samples, seq_len: windows of token ids cut from the text.
+    pack: True (the default): the samples are joined and cut into windows of ``seq_len`` real
+        tokens (as auto-round concatenates samples); False: one window per sample, right-padded,
+        the padded positions left out of every statistic (observers, SmoothQuant, GPTQ Hessians,
+        reconstruction losses; ``lowbit.calibration.packing``).
+    chat_template: how conversations become text: "auto" (the tokenizer's own template), "none"
+        (message contents only) or a Jinja file's path (``lowbit.calibration.chat``).
+    column, split: the field holding the text or the messages of JSONL/CSV/Parquet/datasets
+        sources (default: ``text``, else ``messages``) and a dataset's split (default: its only
+        one, else ``train``), for the sources that name none (``CalibrationSource``).
     batch_size: windows per forward.
     observer: "max" (running max), "percentile" or "mse" (MSE-optimal clipping) for static
         per-tensor activation scales (and the NVFP4 input global scale).
@@ -148,6 +142,10 @@ class CalibrationConfig:
 
     num_samples: int = 16
     seq_len: int = 512
+    pack: bool = DEFAULT_PACK
+    chat_template: str = DEFAULT_CHAT_TEMPLATE
+    column: str | None = None
+    split: str | None = None
     batch_size: int = 4
     observer: ActivationObserver = ActivationObserver.MAX
     percentile: float = 99.99
@@ -171,6 +169,13 @@ class CalibrationConfig:
         if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
             raise CalibrationError("num_samples, seq_len and batch_size must be positive")
         self._coerce("observer", ActivationObserver, optional=False)
+        if not isinstance(self.pack, bool):
+            raise CalibrationError(f"pack must be True or False, got {self.pack!r}")
+        TemplateChoice.parse(self.chat_template)  # 'auto', 'none' or an existing file
+        for name in ("column", "split"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise CalibrationError(f"{name} must be a non-empty string or None, got {v!r}")
         if not 0 < self.percentile <= 100:
             raise CalibrationError(f"percentile must be in (0, 100], got {self.percentile}")
         if self.sink_positions < 0:
@@ -222,6 +227,11 @@ class CalibrationConfig:
         if name not in CALIBRATION_PRESETS:
             raise CalibrationError(f"unknown calibration preset {name!r}; known: {', '.join(CALIBRATION_PRESETS)}")
         return cls(**{**CALIBRATION_PRESETS[name], **overrides})
+
+    def data_options(self) -> dict:
+        """The ``calibration_set`` keywords of this config (windows, packing, template, fields)."""
+        return {"num_samples": self.num_samples, "seq_len": self.seq_len, "pack": self.pack,
+                "chat_template": self.chat_template, "column": self.column, "split": self.split}
 
     def rounding_for(self, scheme: Scheme) -> WeightRounding:
         """The weight rounding used for ``scheme`` when calibration data is given: the one asked
@@ -324,66 +334,3 @@ def default_weight_rounding(scheme: Scheme) -> WeightRounding:
 
 def builtin_text_path() -> Path:
     return builtin_calibration_text_path()
-
-
-def read_paragraphs(path: str | os.PathLike) -> list[str]:
-    return _read_paragraphs(path, kind="calibration", error=CalibrationError)
-
-
-def _token_ids(tokenizer, text: str) -> list[int]:
-    if tokenizer is None:
-        raise CalibrationError("calibration text needs a tokenizer (pass tokenizer=...)")
-    try:
-        enc = tokenizer(text, add_special_tokens=False)
-        ids = enc["input_ids"]
-    except TypeError:  # a plain callable returning ids
-        ids = tokenizer(text)
-    if isinstance(ids, torch.Tensor):
-        ids = ids.reshape(-1).tolist()
-    return list(ids)
-
-
-def windows(ids: torch.Tensor, num_samples: int, seq_len: int, bos: int | None = None) -> torch.Tensor:
-    """Cut a 1-D id sequence into at most ``num_samples`` evenly spaced windows [n, seq_len]:
-    ``seq_len`` text tokens each, or ``bos`` + ``seq_len - 1`` when ``bos`` is given."""
-    span = seq_len - (bos is not None)
-    if span < 1:
-        raise CalibrationError(f"seq_len={seq_len} leaves no text token after the BOS token")
-    n_win = ids.numel() // span
-    if n_win == 0:
-        raise CalibrationError(
-            f"calibration text has {ids.numel()} tokens, fewer than one window of seq_len={seq_len}"
-            + (" (BOS + seq_len - 1 text tokens)" if bos is not None else "")
-        )
-    all_w = ids[: n_win * span].reshape(n_win, span)
-    if n_win > num_samples:
-        all_w = all_w[torch.linspace(0, n_win - 1, num_samples).round().long()]
-    return prepend(all_w, bos)
-
-
-def calibration_tokens(calibration, tokenizer=None, *, num_samples: int = 16, seq_len: int = 512) -> torch.Tensor:
-    """Token ids [n, seq_len] (int64) for ``calibration`` (see the module docstring)."""
-    if isinstance(calibration, torch.Tensor):
-        t = calibration
-        if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise CalibrationError(f"calibration token ids must be an integer tensor, got {t.dtype}")
-        if t.dim() == 1:
-            t = t.unsqueeze(0)
-        if t.dim() != 2 or t.numel() == 0:
-            raise CalibrationError(f"calibration token ids must have shape [n, seq_len], got {tuple(t.shape)}")
-        return t.to(torch.int64)[:num_samples] if t.shape[0] > num_samples else t.to(torch.int64)
-    if isinstance(calibration, str) and calibration == BUILTIN:
-        paras = read_paragraphs(builtin_text_path())
-    elif isinstance(calibration, (str, os.PathLike)):
-        paras = read_paragraphs(calibration)
-    elif isinstance(calibration, Sequence) and all(isinstance(s, str) for s in calibration):
-        paras = [s for s in calibration if s.strip()]
-        if not paras:
-            raise CalibrationError("calibration strings are all empty")
-    else:
-        raise CalibrationError(
-            f"calibration must be a LongTensor [n, seq_len], a list of strings, a text file path or "
-            f"{BUILTIN!r}; got {type(calibration).__name__}"
-        )
-    ids = torch.tensor(_token_ids(tokenizer, "\n".join(paras)), dtype=torch.int64)
-    return windows(ids, num_samples, seq_len, bos_to_prepend(tokenizer))

@@ -38,7 +38,8 @@ import torch.nn as nn
 
 from lowbit.calibration.layer_backends import fast_backends as _fast_backends, runs_as_reference as _runs_as_reference
 from lowbit.calibration.capture import (
-    Inputs, capture_layer_inputs, find_decoder_layers, hidden_of, observe_layer, observing, run_layer, with_hidden,
+    Inputs, batch_masks, capture_layer_inputs, find_decoder_layers, hidden_of, observe_batches, observing, run_layer,
+    with_hidden,
 )
 from lowbit.dist import Group
 from lowbit.calibration.reduce import check_distributable, check_windows, distinct, reduce_stats, solve_spread
@@ -94,6 +95,7 @@ class LayerwiseCalibrator:
         self._run_on: torch.device | None = None  # each batch's device when activations are offloaded
         self._layer_device: torch.device | None = None  # where each layer computes (None: where it is)
         self._float_hidden: list[torch.Tensor] | None = None  # the float model's, for reconstruction targets
+        self._masks: list[torch.Tensor] | None = None  # per batch [B, T] bool: the positions that count
         self.maps: tuple[SmoothMapping, ...] = ()
         family = model_type(model)
         if smoothquant is not None:
@@ -159,14 +161,10 @@ class LayerwiseCalibrator:
         mods = {g[0]: root.get_submodule(rel[g[0]]) for g in groups}
         sinks = self.cfg.sink_positions
         seq = hidden_of(inputs[0]).shape[-2] if inputs and hidden_of(inputs[0]).dim() >= 3 else 0
-        fn = lambda n, x: stats[n].observe(x, sinks, seq)  # noqa: E731
         # every expert observes every token; the routing of the outputs is kept
         with all_tokens(root), self.report.cost.timed(Phase.OBSERVE, len(inputs)):
-            if not outputs:
-                observe_layer(root, inputs, mods, fn, self._run_on)
-                return None
-            with observing(mods, fn):
-                return run_layer(root, inputs, self._run_on)
+            return observe_batches(root, inputs, mods, lambda n, x, m: stats[n].observe(x, sinks, seq, m),
+                                   self._masks, self._run_on, outputs)
 
     def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
                 stats: dict[str, GroupStats]) -> list[str]:
@@ -244,15 +242,17 @@ class LayerwiseCalibrator:
     # ------------------------------------------------------------------ main
     @torch.no_grad()
     def run(self, tokens: torch.Tensor, names: list[str], progress: bool | None = None,
-            hooks: InMemory | None = None) -> CalibrationReport:
+            hooks: InMemory | None = None, valid: torch.Tensor | None = None) -> CalibrationReport:
         """Calibrate and quantize ``names`` layer by layer on ``tokens``; ``progress``: a bar per
         decoder layer on stderr (None: when stderr is a terminal). ``hooks``
         (``lowbit.calibration.hooks``): what happens around each decoder layer (default: nothing,
-        the model is in memory; ``lowbit.streamed`` loads and writes each layer)."""
+        the model is in memory; ``lowbit.streamed`` loads and writes each layer). ``valid`` [n, T]:
+        the positions that count (padding: no statistic or loss sees the others; None: all)."""
         from tqdm.auto import tqdm
 
         hooks = hooks or InMemory()
         t0 = time.perf_counter()
+        self._masks = batch_masks(valid, tokens, self.cfg.batch_size)
         self.report.num_samples = int(tokens.shape[0])
         check_windows(self.group, tokens.shape[0], self.cfg.seq_len)  # several ranks: this rank's windows
         found = find_decoder_layers(self.model, names)
@@ -360,7 +360,8 @@ class LayerwiseCalibrator:
         if self._layer_device is not None:
             layer.to(self._layer_device)  # the quantized linears are built where their weights were
         if recon is not None:
-            r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on, self.group)
+            r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on, self.group,
+                                  masks=self._masks)
             cost = self.report.cost
             cost.add(Phase.RECONSTRUCT_STEPS, r.step_seconds, r.steps)
             cost.add(Phase.RECONSTRUCT_EVALS, r.eval_seconds, r.eval_calls)
@@ -391,10 +392,11 @@ class LayerwiseCalibrator:
             stats = {g[0]: self._new_stats(g[0]) for g in groups}
             mods = {g[0]: self.model.get_submodule(g[0]) for g in groups}
             device = next(self.model.parameters()).device
-            sinks = self.cfg.sink_positions
-            with observing(mods, lambda n, x: stats[n].observe(x, sinks)), _fast_backends(self.model), \
-                    all_tokens(self.model):
-                for i in range(0, tokens.shape[0], self.cfg.batch_size):
-                    self.model(input_ids=tokens[i:i + self.cfg.batch_size].to(device), use_cache=False)
+            sinks, bs, current = self.cfg.sink_positions, self.cfg.batch_size, [None]  # current: the batch's mask
+            with observing(mods, lambda n, x: stats[n].observe(x, sinks, 0, current[0])), \
+                    _fast_backends(self.model), all_tokens(self.model):
+                for b, i in enumerate(range(0, tokens.shape[0], bs)):
+                    current[0] = None if self._masks is None else self._masks[b]
+                    self.model(input_ids=tokens[i:i + bs].to(device), use_cache=False)
         self._quantize_groups(self.model, groups, rel, stats)
         self.report.cost.add(Phase.WHOLE_MODEL, time.perf_counter() - t0)

@@ -36,7 +36,23 @@ class CalibrationReport:
     groups: dict[str, GroupReport] = field(default_factory=dict)
     reconstruct: dict[str, dict] = field(default_factory=dict)  # per decoder layer: output MSE before/after
     seconds: float = 0.0
+    data: dict | None = None            # what it ran on (lowbit.calibration.inputs.CalibrationInfo.as_dict)
     cost: CalibrationCost = field(default_factory=CalibrationCost)  # seconds and layer passes per phase
+
+
+def masked_rows(x: torch.Tensor, valid: torch.Tensor, sinks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows of x at the valid positions, rows at the valid positions from ``sinks`` on) of x
+    [B, T, in] or [B * T, in] under ``valid`` [B, T]."""
+    v = valid.to(x.device)
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] != v.numel():
+        raise RuntimeError(f"an input of {rows.shape[0]} positions under a validity mask of {v.numel()}")
+    keep = v.reshape(-1)
+    scale = keep
+    if sinks:
+        after = torch.arange(v.shape[-1], device=x.device) >= sinks
+        scale = (v & after).reshape(-1)
+    return rows[keep], rows[scale]
 
 
 class GroupStats:
@@ -52,13 +68,19 @@ class GroupStats:
         self.samples: list[torch.Tensor] = []
         self._kept = 0
 
-    def observe(self, x: torch.Tensor, sinks: int, seq_len: int = 0) -> None:
-        if sinks and x.dim() == 2 and seq_len and x.shape[0] % seq_len == 0:
-            x = x.reshape(-1, seq_len, x.shape[-1])  # MoE experts see the flattened windows, all tokens
+    def observe(self, x: torch.Tensor, sinks: int, seq_len: int = 0, valid: torch.Tensor | None = None) -> None:
+        """Observe one batch's input x [B, T, in] (or [B * T, in]: MoE experts see the flattened
+        windows, every token); ``valid`` [B, T] (bool): the positions that count (padding is
+        left out of every statistic; None: all)."""
+        if valid is not None:
+            x, xs = masked_rows(x, valid, sinks)
+        else:
+            if sinks and x.dim() == 2 and seq_len and x.shape[0] % seq_len == 0:
+                x = x.reshape(-1, seq_len, x.shape[-1])
+            xs = x[..., sinks:, :] if sinks and x.dim() >= 3 else x
         self.all_pos.observe(x)
         if self._hessian is not None:
             self._hessian.add(x)
-        xs = x[..., sinks:, :] if sinks and x.dim() >= 3 else x
         self.scale_chan.observe(xs)
         if self.scale_obs is not None and not isinstance(self.scale_obs, MaxObserver):
             self.scale_obs.observe(xs)

@@ -142,6 +142,56 @@ GPTQ_SCALE_SEARCH_HELP = ("GPTQ's group scales searched around the scheme's rule
                           "(w4a16, w4a8-*, nvfp4*, mxfp4*), off otherwise. Files keep the standard layout.")
 
 
+CALIB_HELP = ("Calibration data (repeatable: sources mixed by --calib-weights): 'builtin' (the default), a text file "
+              "(one paragraph a line), a .jsonl file (a 'text' or 'messages' field a line), a .csv or .parquet file "
+              "(--calib-column), a folder saved by datasets' save_to_disk, or a dataset name found in the local "
+              "datasets cache (never downloaded).")
+CALIB_WEIGHTS_HELP = "Comma-separated weights, one per --calib: each source's share of the calibration windows."
+CALIB_COLUMN_HELP = "The field or column holding the text or the messages (default: 'text', else 'messages')."
+CALIB_SPLIT_HELP = "The split of a datasets folder or cached dataset (default: its only split, else 'train')."
+CHAT_TEMPLATE_HELP = ("How conversations become calibration text: 'auto' (the model's own chat template, the default), "
+                      "'none' (message contents only) or a Jinja template file.")
+CALIB_PACK_HELP = ("Pack samples into full windows (the default) or pad one sample per window (padding never counts in "
+                   "scales, SmoothQuant statistics, GPTQ Hessians or reconstruction losses).")
+
+
+def parse_calib_weights(calib: list[str] | None, weights: str | None) -> list[float] | None:
+    """--calib-weights: None (not given), else one positive number per --calib (checked before
+    torch is imported)."""
+    if weights is None:
+        return None
+    n = len(calib or [])
+    try:
+        ws = [float(w) for w in weights.split(",")]
+    except ValueError:
+        raise OptionError(f"--calib-weights must be comma-separated numbers, got {weights!r}") from None
+    if len(ws) != n:
+        raise OptionError(f"--calib-weights gives {len(ws)} weights for {n} --calib sources: give one per --calib")
+    if not all(w > 0 and w != float("inf") for w in ws):
+        raise OptionError(f"--calib-weights must be positive numbers, got {weights!r}")
+    return ws
+
+
+def calibration_arg(calib: list[str] | None, weights: list[float] | None):
+    """--calib (repeatable) as ``lowbit.quantize``'s ``calibration``: None (not given), one source
+    as given ('default' is 'builtin'), or CalibrationSources when several or weighted."""
+    if not calib:
+        return None
+    items = ["builtin" if c in BUILTIN_ALIASES else c for c in calib]
+    if len(items) == 1 and weights is None:
+        return items[0]
+    from lowbit.calibration.sources import CalibrationSource
+
+    return [CalibrationSource(c, w) for c, w in zip(items, weights or [1.0] * len(items))]
+
+
+def calib_data_options(pack: bool | None, chat_template: str | None, column: str | None,
+                       split: str | None) -> dict:
+    """The calibration-data options given, as CalibrationConfig fields (the others keep its defaults)."""
+    given = {"pack": pack, "chat_template": chat_template, "column": column, "split": split}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def parse_reconstruct_iters(value: int | None) -> int | None:
     """--reconstruct-iters: None (not given) or a number of steps >= 0."""
     if value is not None and value < 0:

@@ -11,7 +11,9 @@ from rich.table import Table
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.recipe_options import CANDIDATES_HELP, RECIPE_HELP
 from lowbit.cli.common import (
-    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_list,
+    OptionError, calib_data_options, calibration_arg, check_model_path, human_bytes, model_arg, parse_calib_preset,
+    parse_calib_weights, CALIB_COLUMN_HELP, CALIB_HELP, CALIB_PACK_HELP, CALIB_SPLIT_HELP, CALIB_WEIGHTS_HELP,
+    CHAT_TEMPLATE_HELP, parse_kv_cache, parse_list,
     parse_reconstruct_iters, parse_rotation, reconstruct_batch_size_option, parse_smoothquant, parse_weight_rounding, quiet_progress,
     WEIGHT_ROUNDING_HELP,
     CALIB_PRESET_HELP, GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_BATCH_SIZE_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP,
@@ -103,7 +105,12 @@ def compare_cmd(
     lastword: int = typer.Option(16, "--lastword", help="Last-word examples (0 skips)."),
     lastword_context: int = typer.Option(96, "--lastword-context", help="Context tokens per last-word example."),
     text: Optional[str] = typer.Option(None, "--text", help="Evaluation text, one paragraph a line (default: built-in)."),
-    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text file (default: built-in)."),
+    calib: Optional[list[str]] = typer.Option(None, "--calib", help=CALIB_HELP),
+    calib_weights: Optional[str] = typer.Option(None, "--calib-weights", help=CALIB_WEIGHTS_HELP),
+    calib_column: Optional[str] = typer.Option(None, "--calib-column", help=CALIB_COLUMN_HELP),
+    calib_split: Optional[str] = typer.Option(None, "--calib-split", help=CALIB_SPLIT_HELP),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", help=CHAT_TEMPLATE_HELP),
+    calib_pack: Optional[bool] = typer.Option(None, "--calib-pack/--no-calib-pack", help=CALIB_PACK_HELP),
     calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows (default 16, as lowbit quantize and lowbit.quantize)."),
     calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len",
                                                 help="Tokens per calibration window (default 512, as lowbit quantize and lowbit.quantize)."),
@@ -152,12 +159,14 @@ def compare_cmd(
     if lastword < 0:
         raise OptionError(f"--lastword must be 0 (skip) or a positive number of examples, got {lastword}")
     kv = parse_kv_cache(kv_cache)
+    weights = parse_calib_weights(calib, calib_weights)
     check_model_path(model)
     from lowbit.report import CompareOptions, run_compare
     from lowbit.report.writer import report_json
 
     quiet_progress(progress)
     calib_options: dict = {} if sink_positions is None else {"sink_positions": sink_positions}
+    calib_options.update(calib_data_options(calib_pack, chat_template, calib_column, calib_split))
     preset = parse_calib_preset(calib_preset)
     if preset is not None:
         from lowbit.calibration import CALIBRATION_PRESETS
@@ -193,7 +202,8 @@ def compare_cmd(
         check_file(r, "--recipe")
     opts = CompareOptions(schemes=rows, recipes=list(recipe or ()), target_bits=budgets,
                           candidates=parse_list(candidates, "--candidates") if candidates else [], limit=limit, window=window, stride=stride,
-                          lastword=lastword, lastword_context=lastword_context, text_file=text, calib=calib,
+                          lastword=lastword, lastword_context=lastword_context, text_file=text,
+                          calib=calibration_arg(calib, weights),
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                           calib_options=calib_options, smoothquant=parse_smoothquant(smoothquant),
                           backend=backend, save_format=save_format, progress=progress, kv_cache=kv,

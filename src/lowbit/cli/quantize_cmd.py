@@ -14,7 +14,9 @@ import typer
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.recipe_options import CANDIDATES_HELP, RECIPE_HELP, TARGET_BITS_HELP, parse_plan, save_used_recipe, used_schemes
 from lowbit.cli.common import (
-    OptionError, check_model_path, human_bytes, model_arg, parse_calib_preset, parse_kv_cache, parse_layer_inputs,
+    OptionError, calib_data_options, calibration_arg, check_model_path, human_bytes, model_arg, parse_calib_preset,
+    parse_calib_weights, CALIB_COLUMN_HELP, CALIB_HELP, CALIB_PACK_HELP, CALIB_SPLIT_HELP, CALIB_WEIGHTS_HELP,
+    CHAT_TEMPLATE_HELP, parse_kv_cache, parse_layer_inputs,
     parse_reconstruct_iters, parse_rotation, reconstruct_batch_size_option, parse_smoothquant, parse_weight_rounding,
     CALIB_PRESET_HELP, GPTQ_ACT_ORDER_HELP, GPTQ_SCALE_SEARCH_HELP, RECONSTRUCT_BATCH_SIZE_HELP, RECONSTRUCT_ITERS_HELP, ROTATION_HELP, WEIGHT_ROUNDING_HELP,
 )
@@ -40,7 +42,12 @@ def quantize_cmd(
     candidates: Optional[str] = typer.Option(None, "--candidates", help=CANDIDATES_HELP),
     fmt: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output folder (default: MODEL-SCHEME)."),
-    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration text, one paragraph a line (default: built-in)."),
+    calib: Optional[list[str]] = typer.Option(None, "--calib", help=CALIB_HELP),
+    calib_weights: Optional[str] = typer.Option(None, "--calib-weights", help=CALIB_WEIGHTS_HELP),
+    calib_column: Optional[str] = typer.Option(None, "--calib-column", help=CALIB_COLUMN_HELP),
+    calib_split: Optional[str] = typer.Option(None, "--calib-split", help=CALIB_SPLIT_HELP),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", help=CHAT_TEMPLATE_HELP),
+    calib_pack: Optional[bool] = typer.Option(None, "--calib-pack/--no-calib-pack", help=CALIB_PACK_HELP),
     calib_samples: Optional[int] = typer.Option(None, "--calib-samples", help="Calibration windows (default 16, as lowbit.quantize and lowbit compare)."),
     calib_seq_len: Optional[int] = typer.Option(None, "--calib-seq-len", help="Tokens per calibration window (default 512, as lowbit.quantize and lowbit compare)."),
     smoothquant: str = typer.Option(
@@ -91,6 +98,8 @@ def quantize_cmd(
 ) -> None:
     """Quantize MODEL with a scheme (or a recipe: a scheme per group of layers) and write a checkpoint folder."""
     kv = parse_kv_cache(kv_cache)
+    weights = parse_calib_weights(calib, calib_weights)
+    data_opts = calib_data_options(calib_pack, chat_template, calib_column, calib_split)
     if device is not None and not model_free and (in_memory or kv is not None):
         raise OptionError("--device applies to model-free and streamed quantization: drop --in-memory/--kv-cache or "
                           "drop --device")
@@ -118,9 +127,10 @@ def quantize_cmd(
         if rot is not None:
             raise OptionError("--model-free cannot rotate: a fused rotation rewrites the embeddings, every layer and "
                               "lm_head together on the loaded model; drop --rotation or drop --model-free")
-        if calib is not None or sq_choice != DEFAULT or wr is not None or li is not None or preset is not None \
+        if calib or data_opts or sq_choice != DEFAULT or wr is not None or li is not None or preset is not None \
                 or kv is not None or reconstruct_iters or recon_batch or gptq_act_order or gptq_scale_search is not None:
-            raise OptionError("--model-free takes no calibration: drop --calib/--smoothquant/--weight-rounding/"
+            raise OptionError("--model-free takes no calibration: drop --calib/--calib-weights/--calib-column/"
+                              "--calib-split/--chat-template/--calib-pack/--smoothquant/--weight-rounding/"
                               "--layer-inputs/--calib-preset/--kv-cache/--reconstruct-iters/--reconstruct-batch-size/"
                               "--gptq-act-order/"
                               "--gptq-scale-search, or drop --model-free")
@@ -143,7 +153,8 @@ def quantize_cmd(
         folder = resolve_model_path(src)
         _check_output(folder, out, overwrite)
         cfg = _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters, rot, gptq_act_order,
-                      gptq_scale_search, recon_batch)
+                      gptq_scale_search, {**recon_batch, **data_opts})
+        calib = calibration_arg(calib, weights)
         from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
 
         needs = any(calibrates(s, alphas[s], cfg) for s in plan.schemes)
@@ -196,6 +207,10 @@ def quantize_cmd(
             console.print(f"quantized {q['linears']} linears{moe} ({q['weight_parameters'] / 1e6:.1f}M weights; "
                           f"{q['float_parameters'] / 1e6:.1f}M parameters stay float: embeddings, norms, routers"
                           f"{kept})", highlight=False)
+        if summary.get("calibration"):
+            from lowbit.report.calibration import describe_calibration
+
+            console.print(describe_calibration(summary["calibration"]), highlight=False)
         if q is not None and q.get("rotation"):
             console.print(q["rotation"], highlight=False)
         if summary.get("kv_cache"):
@@ -276,12 +291,21 @@ def _config(calib_samples, calib_seq_len, wr, li, preset, reconstruct_iters=None
     return CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
 
 
+def _calib_desc(calib) -> str:
+    """The calibration source(s) as the progress line names them."""
+    if calib is None:
+        return "the built-in text"
+    if isinstance(calib, list):
+        return ", ".join(f"{s.data} (weight {s.weight:g})" for s in calib)
+    return str(calib)
+
+
 def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, allow_unquantized, device,
               offload) -> dict | None:
     """Calibrate and quantize ``folder`` streamed (lowbit.streamed); None on ranks other than 0."""
     from lowbit.streamed import run_streamed
 
-    err_console.print(f"[dim]calibrating on {calib or 'the built-in text'} (streamed)[/dim]", highlight=False)
+    err_console.print(f"[dim]calibrating on {_calib_desc(calib)} (streamed)[/dim]", highlight=False)
     from lowbit.dist import Group
     from lowbit.modelfree.device import resolve_device
     from lowbit.streamed.stream import release_freed_blocks
@@ -300,7 +324,7 @@ def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, a
     if not group.is_main:
         return None
     return {"quantized": res.summary, "smoothquant": res.report.smoothquant, "kv_cache": None, "kv_scales": None,
-            "streamed": True, "ranks": res.ranks, "peak_rss": res.peak_rss,
+            "streamed": True, "ranks": res.ranks, "peak_rss": res.peak_rss, "calibration": res.report.data,
             "layer_seconds": [round(x, 3) for x in res.layer_seconds]}
 
 
@@ -318,7 +342,7 @@ def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignor
     given, extra = plan.given, {}
     if plan.target_bits is not None:
         err_console.print(f"[dim]measuring each layer's sensitivity to {', '.join(s.name for s in plan.candidates)} "
-                          f"on {calib or 'the built-in text'}[/dim]", highlight=False)
+                          f"on {_calib_desc(calib)}[/dim]", highlight=False)
         auto = lowbit.auto_recipe(qmodel, plan.candidates, plan.target_bits, calib or "builtin", tokenizer=tok,
                                   ignore=list(ignore or ()))
         given = extra["chosen_recipe"] = auto.recipe
@@ -330,7 +354,7 @@ def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignor
     if not needs and (calib is not None or dataclasses.replace(cfg, rotation=type(cfg)().rotation) != type(cfg)()):
         err_console.print(f"[yellow]note:[/yellow] {plan.label} needs no calibration; --calib options ignored")
     if needs:
-        err_console.print(f"[dim]calibrating on {calib or 'the built-in text'}[/dim]", highlight=False)
+        err_console.print(f"[dim]calibrating on {_calib_desc(calib)}[/dim]", highlight=False)
         qmodel = lowbit.quantize(qmodel, given, calibration=calib or "builtin", tokenizer=tok, smoothquant=sq_choice,
                                  ignore=list(ignore or ()), config=cfg, allow_unquantized=allow_unquantized,
                                  kv_cache=kv)
@@ -339,5 +363,7 @@ def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignor
                                  allow_unquantized=allow_unquantized, rotation=cfg.rotation)
     t_quant = time.perf_counter() - t0
     lowbit.save(qmodel, out, format=fmt, tokenizer=tok, source_dir=folder, overwrite=overwrite)
+    report = getattr(qmodel, "lowbit_calibration", None)
     return {"quant_seconds": t_quant, "smoothquant": sq, "quantized": quantized_summary(qmodel), "kv_cache": kv,
-            "kv_scales": getattr(qmodel, "lowbit_kv_calibration", None), **extra}
+            "kv_scales": getattr(qmodel, "lowbit_kv_calibration", None),
+            "calibration": report.data if report is not None else None, **extra}

@@ -51,10 +51,12 @@ class ProcessPool:
             raise
 
     def close(self, ok: bool) -> None:
+        """End the pool; a second call (``run`` closed it on an error, the run's end closes it again)
+        does nothing more: a shut-down executor holds no processes (``_processes`` is None)."""
         if ok:
             self.ex.shutdown(wait=True)
             return
-        for p in list(getattr(self.ex, "_processes", {}).values()):
+        for p in list((getattr(self.ex, "_processes", None) or {}).values()):
             if p.is_alive():
                 p.terminate()
         self.ex.shutdown(wait=True, cancel_futures=True)

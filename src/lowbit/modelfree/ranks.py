@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from lowbit.dist import DistError, Group
-from lowbit.errors import LowbitError
+from lowbit.errors import LowbitError, OutputError
 
 
 class RankFailed(DistError):
@@ -34,10 +34,11 @@ class RankFailed(DistError):
 
 def is_data_error(e: BaseException) -> bool:
     """Whether ``e`` abandons the output (removes the temporary folder) rather than leaving it to
-    resume: a LowbitError, unless it reports another rank's refused write or interruption."""
+    resume: a LowbitError, unless it is a refused write (OutputError: disk full, read-only) or
+    reports another rank's refused write or interruption."""
     if isinstance(e, RankFailed):
         return e.data
-    return isinstance(e, LowbitError)
+    return isinstance(e, LowbitError) and not isinstance(e, OutputError)
 
 
 def _one_line(e: BaseException) -> str:

@@ -248,17 +248,17 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, recipe: Recipe, fmt: A
     group.agree("the run's fingerprint (the source files' sizes and times, the lowbit version)", fp)
 
     writer, work = None, None
-    with together(group, "preparing the output folder"):
-        if group.is_main:
-            tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
-            same_run = resume and previous_fingerprint(tmp) == fp
-            writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded,
-                                      weights_stem=layout.weights_stem)
-            work = prepare_work(writer, ckpt, plan, plan.scheme, fmt.value, layout, src_p, fp, dev, opts.part_bytes,
-                                opts.reopen_bytes)
-    work = group.broadcast_object(work)
-    mine = [work.jobs[i] for i in group.balance([j.source_bytes for j in work.jobs])]
-    try:
+    try:  # from the temporary folder's creation on, a data error (a layout's shape check too) removes it
+        with together(group, "preparing the output folder"):
+            if group.is_main:
+                tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
+                same_run = resume and previous_fingerprint(tmp) == fp
+                writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded,
+                                          weights_stem=layout.weights_stem)
+                work = prepare_work(writer, ckpt, plan, plan.scheme, fmt.value, layout, src_p, fp, dev,
+                                    opts.part_bytes, opts.reopen_bytes)
+        work = group.broadcast_object(work)
+        mine = [work.jobs[i] for i in group.balance([j.source_bytes for j in work.jobs])]
         with together(group, "quantizing its share of the shards"):
             _run_jobs(mine, work, progress if group.is_main else False, workers, pool, opts, group)
         with together(group, "finishing the output folder"):

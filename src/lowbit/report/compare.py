@@ -21,7 +21,7 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -57,7 +57,8 @@ class CompareOptions:
     lastword: int = 16              # last-word examples
     lastword_context: int = 96      # context tokens per last-word example (cut from the left)
     text_file: str | None = None    # evaluation text (default: built-in)
-    calib: str | None = None        # calibration text file (default: lowbit's built-in calibration text)
+    calib: object = None            # lowbit.quantize's calibration= (a path, "builtin", CalibrationSources...;
+    #                                  default None: lowbit's built-in calibration text)
     calib_samples: int | None = None    # None: CalibrationConfig's default (as lowbit.quantize)
     calib_seq_len: int | None = None    # None: CalibrationConfig's default
     # SmoothQuant for schemes with static per-tensor input scales: DEFAULT (the per-format alpha of
@@ -85,7 +86,22 @@ class CompareOptions:
         check_kv_cache(self.kv_cache)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(replace(self, calib=None))  # the calibration (a dataset object...) as JSON-able text
+        d["calib"] = _calib_json(self.calib)
+        return d
+
+
+def _calib_json(calib):
+    """``calib`` for report.json: None, a string, or each source's data (as text) and weight."""
+    from lowbit.calibration.sources import CalibrationSource
+
+    if calib is None or isinstance(calib, str):
+        return calib
+    items = calib if isinstance(calib, (list, tuple)) else [calib]
+    if items and all(isinstance(c, CalibrationSource) for c in items):
+        return [{"data": c.data if isinstance(c.data, str) else str(c.data) if isinstance(c.data, os.PathLike)
+                 else type(c.data).__name__, "weight": c.weight, "column": c.column, "split": c.split} for c in items]
+    return str(calib) if isinstance(calib, os.PathLike) else type(calib).__name__
 
 
 def machine_info() -> dict:
@@ -271,6 +287,8 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
             cal = getattr(qmodel, "lowbit_calibration", None)
             if cal is not None:  # seconds and layer passes per calibration phase (lowbit.calibration.cost)
                 row["calibration_cost"] = cal.cost.as_dict()
+                row["calibration_data"] = cal.data  # source, samples, tokens, packing, chat template
+                report.setdefault("calibration_data", cal.data)
             set_backends(qmodel, opts.backend)
             row["backends"] = sorted({getattr(m.backend, "name", "?") for m in quantized_linears(qmodel).values()})
             row.update(evaluate(qmodel, tokenizer, opts, examples, name))

@@ -131,7 +131,7 @@ def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokeniz
 
 
 def fingerprint(src: Path, ckpt, recipe: Recipe, fmt, tokens: torch.Tensor, cfg, smoothquant, ignore: list[str],
-                world: int, device) -> str:
+                world: int, device, valid: torch.Tensor | None = None) -> str:
     """What decides the output bytes of a streamed run (a resumed run must match it, and every
     rank of a job: ``Group.agree``): the source, the recipe (one scheme: as before recipes; any
     other: ``recipe_key``), the format, options, calibration tokens, ranks and device."""
@@ -148,5 +148,7 @@ def fingerprint(src: Path, ckpt, recipe: Recipe, fmt, tokens: torch.Tensor, cfg,
     h = hashlib.sha256()
     h.update(json.dumps(blob, sort_keys=True, default=str).encode())
     h.update(tokens.contiguous().numpy().tobytes())
+    if valid is not None:  # padded windows: which positions count
+        h.update(b"valid" + valid.contiguous().numpy().tobytes())
     return h.hexdigest()[:32]
 

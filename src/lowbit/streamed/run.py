@@ -50,7 +50,7 @@ def streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, ignor
 
 def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, ignore: list[str],
               allow_unquantized: bool, resume: bool, overwrite: bool, progress, device, offload: bool, group):
-    from lowbit.calibration import calibration_tokens
+    from lowbit.calibration import calibration_set
     from lowbit.calibration.capture import find_decoder_layers
     from lowbit.dist import Group
     from lowbit.files.outguard import check_not_source
@@ -74,7 +74,8 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
     model = skel.model
     left = check_targets(model, ignore, False, allow_unquantized)
     tok = _tokenizer_for(src, calibration, tokenizer)
-    tokens = calibration_tokens(calibration, tok, num_samples=cfg.num_samples, seq_len=cfg.seq_len)
+    data = calibration_set(calibration, tok, **cfg.data_options())
+    tokens = data.ids
     names = planned.names
     found = find_decoder_layers(model, names)
     if found is None:
@@ -85,7 +86,7 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
     if outside:
         raise QuantizationError(f"{src}: linears outside the decoder layers ({', '.join(outside[:3])}) are not "
                                 f"streamed yet; add them to ignore, or quantize in memory")
-    fp = fingerprint(src, skel.ckpt, planned.recipe, fmt, tokens, cfg, sq, ignore, group.world, dev)
+    fp = fingerprint(src, skel.ckpt, planned.recipe, fmt, tokens, cfg, sq, ignore, group.world, dev, valid=data.valid)
     group.agree("the run's arguments (fingerprint)", fp)  # the recipe too: it is fingerprinted
     if not resume and group.is_main:
         import shutil
@@ -98,7 +99,7 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
     log = progress is True or (group.distributed and progress is not False)
     stream = LayerStream(skel, output, dev, offload, log=log)
     try:
-        return _run(group, planned, model, output, stream, cfg, sq, tokens, path, tok, src, out, left, progress)
+        return _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, out, left, progress)
     except OSError as e:  # StreamOutput's writes raise OutputError already; any other write, the same line
         output.abort()
         from lowbit.errors import LowbitError
@@ -114,7 +115,7 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
         stream.close()
 
 
-def _run(group, planned, model, output, stream, cfg, sq, tokens, path, tok, src, out, left, progress):
+def _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, out, left, progress):
     """The layer loop and the output's end; the StreamResult."""
     from lowbit.calibration import LayerwiseCalibrator
     from lowbit.streamed.api import StreamResult, peak_rss_bytes
@@ -122,9 +123,12 @@ def _run(group, planned, model, output, stream, cfg, sq, tokens, path, tok, src,
 
     skel, names = planned.skel, planned.names
     calib = LayerwiseCalibrator(model, planned.chosen, cfg, smoothquant=sq, group=group)
-    report = calib.run(local_batches(tokens, cfg.batch_size, group), names,
+    tokens = data.ids
+    valid = None if data.valid is None else local_batches(data.valid, cfg.batch_size, group)
+    report = calib.run(local_batches(tokens, cfg.batch_size, group), names, valid=valid,
                        progress=progress if group.is_main else False, hooks=stream)
     report.num_samples = int(tokens.shape[0])
+    report.data = data.info.as_dict()
     skel.materialize_outside(path)  # released after the capture (LayerStream.captured)
     summary = output.finish(model, path, ignore_list(model, names), tok, src, planned.by_name())
     summary["unquantized_targets"] = [n for n, _ in left]
