@@ -25,7 +25,6 @@ SmoothQuant folds through the router (``expand_for_layer``).
 Only one layer's inputs are held at a time. Linears outside the decoder layers (lm_head when
 asked) are calibrated afterwards with a forward of the whole, already quantized, model.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -352,9 +351,8 @@ class LayerwiseCalibrator:
             else:
                 with self.report.cost.timed(Phase.TARGETS, len(inputs)):
                     targets = run_layer(layer, inputs, self._run_on)
-        elif self._float_hidden is not None:  # not reconstructed (mixed recipes): the float states still advance
-            with self.report.cost.timed(Phase.TARGETS, len(inputs)):
-                self._float_hidden = self._float_outputs(layer, inputs)
+        elif self._float_hidden is not None:  # not reconstructed (mixed recipes): the float states advance
+            self._float_hidden = self._float_outputs(layer, inputs)
         with self.report.cost.timed(Phase.QUANTIZE):
             self._quantize_groups(layer, groups, rel, stats)
         if self._layer_device is not None:
