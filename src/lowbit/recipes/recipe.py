@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from lowbit.errors import LowbitError
+from lowbit.formats.base import matches_ignore_entry
 from lowbit.schemes import Scheme, get_scheme
 
 CLASS_TARGET = "Linear"
@@ -209,10 +210,9 @@ def check_target(t: str, where: str) -> None:
 
 def matches(name: str, target: str) -> bool:
     """Whether module ``name`` is claimed by an explicit target (exact name or ``re:`` regex,
-    ``re.match``); the class target ``Linear`` is handled by the caller."""
-    if target.startswith("re:"):
-        return re.match(target[3:], name) is not None
-    return name == target
+    ``re.match``: compressed-tensors' matching, the one definition in ``lowbit.formats.base``);
+    the class target ``Linear`` is handled by the caller."""
+    return matches_ignore_entry(name, target)
 
 
 def _scheme(value: Any, where: str) -> Scheme:
