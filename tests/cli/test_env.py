@@ -64,18 +64,18 @@ def test_a_missing_package_reads_as_not_installed():
     assert env_info.package_version("no-such-distribution-lowbit") == "not installed"
 
 
-def test_native_library_line_says_why_it_did_not_build(monkeypatch):
+def test_native_build_line_says_why_it_did_not_build(monkeypatch):
     from lowbit.kernels.native import build
 
     monkeypatch.setattr(build, "library", lambda options: None)
     monkeypatch.setattr(build, "unavailable_reason", lambda options: "RuntimeError: no C compiler found")
-    assert env_info.native_library() == "not built: RuntimeError: no C compiler found"
+    assert env_info.native_build() == "not built: RuntimeError: no C compiler found"
 
 
 @pytest.mark.compile
-def test_native_library_line_names_the_built_library():
+def test_native_build_line_names_the_built_library():
     from lowbit.kernels.native.build import DEFAULT, library
 
     lib = library(DEFAULT)
-    line = env_info.native_library()
+    line = env_info.native_build()
     assert line == (f"built ({lib._name})" if lib is not None else line) and (lib is not None or "not built: " in line)

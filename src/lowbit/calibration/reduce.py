@@ -34,21 +34,26 @@ def _samples(n: int) -> OptionRef:
 
 
 def check_distributable(group: Group, cfg, smoothquant) -> None:
-    """Refuse (DistError, the same line on every rank, before any collective) what the ranks
-    cannot compute as one process does: sample-keeping observers, the alpha search, and fewer
-    calibration windows asked for than ranks."""
+    """Refuse (DistError, the same line on every rank, before any other collective) what the
+    ranks cannot compute as one process does: sample-keeping observers, the alpha search, and
+    fewer calibration windows asked for than ranks. The ranks meet at a barrier before refusing,
+    so that none exits (and has the launcher stop the others) before every rank has said why."""
     if not group.distributed:
         return
+    refusal = None
     if str(cfg.observer) != "max":
-        raise DistError(f"observer={cfg.observer!s} keeps sample rows, which are not combined across ranks yet: "
-                        f"use observer='max' (the default) or run one process")
-    if smoothquant == "auto":
-        raise DistError("smoothquant='auto' searches on sample rows, which are not combined across ranks yet: "
-                        "give an alpha, or run one process")
-    if cfg.num_samples < group.world:
-        raise DistError(f"{{asked}} is fewer than the {group.world} ranks of this job: give at least {{least}} "
-                        f"(one calibration window per rank), or start fewer ranks",
-                        asked=_samples(cfg.num_samples), least=_samples(group.world))
+        refusal = DistError(f"observer={cfg.observer!s} keeps sample rows, which are not combined across ranks "
+                            f"yet: use observer='max' (the default) or run one process")
+    elif smoothquant == "auto":
+        refusal = DistError("smoothquant='auto' searches on sample rows, which are not combined across ranks yet: "
+                            "give an alpha, or run one process")
+    elif cfg.num_samples < group.world:
+        refusal = DistError(f"{{asked}} is fewer than the {group.world} ranks of this job: give at least {{least}} "
+                            f"(one calibration window per rank), or start fewer ranks",
+                            asked=_samples(cfg.num_samples), least=_samples(group.world))
+    if refusal is not None:
+        group.barrier()  # the decision depends only on arguments every rank was given
+        raise refusal
 
 
 def check_windows(group: Group, n_local: int, seq_len: int) -> None:

@@ -51,16 +51,14 @@ def cpu_features(flags: frozenset[str]) -> str:
                      for name, need in CPU_FEATURES.items())
 
 
-def native_library() -> str:
+def native_build() -> str:
     """``"built (<path>)"`` when the C library builds and loads here, else ``"not built: <why>"``.
     Asking builds it once (into the user cache directory), as the first quantization would."""
     try:
-        from lowbit.kernels.native.build import DEFAULT, library, unavailable_reason
+        from lowbit.kernels.select import native_status
 
-        lib = library(DEFAULT)
-        if lib is not None:
-            return f"built ({lib._name})"
-        return f"not built: {unavailable_reason(DEFAULT)}"
+        path, why = native_status()
+        return f"built ({path})" if path is not None else f"not built: {why}"
     except Exception as e:  # noqa: BLE001 - a report line, not a failure
         return f"not built: {type(e).__name__}: {e}"
 
@@ -100,7 +98,7 @@ def collect(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
     info["platform"] = platform.platform()
     info["cpu"] = cpu_model(cpuinfo)
     info["cpu features"] = cpu_features(cpu_flags(cpuinfo))
-    info["native library"] = native_library()
+    info["native library"] = native_build()
     info["triton kernels"] = triton()
     info["cuda"] = cuda()
     return info

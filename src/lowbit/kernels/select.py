@@ -122,6 +122,15 @@ def available(impl: Implementation, build: BuildOptions = BuildOptions()) -> boo
     return True
 
 
+def native_status(build: BuildOptions = BuildOptions()) -> tuple[str | None, str | None]:
+    """``(path, None)`` when the C library builds and loads under ``build`` (the loaded file's
+    path), else ``(None, why)``; asking builds it once, as the first quantization would."""
+    lib = _native_library(build)
+    if lib is not None:
+        return lib._name, None
+    return None, _native_reason(build)
+
+
 def _check(sel: Selection) -> None:
     impl = sel.implementation
     if impl is Implementation.NATIVE and _native_library(sel.build) is None:
