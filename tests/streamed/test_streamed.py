@@ -127,7 +127,11 @@ def test_device_and_offloaded_activations_change_nothing_on_the_cpu(llama_src, t
 def test_distributed_refuses_what_it_cannot_combine(llama_src, tmp_path):
     from lowbit.dist import DistError, Group
 
-    two = Group(rank=0, world=2, distributed=True)  # refused before any collective
+    class Imagined(Group):  # rank 0 of 2; the other rank reaches the same refusal (the barrier before it)
+        def barrier(self):
+            pass
+
+    two = Imagined(rank=0, world=2, distributed=True)  # refused before any other collective
     with pytest.raises(DistError, match="observer"):
         lowbit.quantize_checkpoint(llama_src, tmp_path / "a", "w8a8-int8", calibration=TOKENS, observer="mse",
                                    group=two)
