@@ -124,17 +124,19 @@ def test_device_and_offloaded_activations_change_nothing_on_the_cpu(llama_src, t
     assert_same_tensors(folder_tensors(a), folder_tensors(b))
 
 
-def test_distributed_refuses_what_it_cannot_combine(llama_src, tmp_path):
+def test_distributed_refuses_what_it_cannot_combine(monkeypatch, llama_src, tmp_path):
+    """Refused before any collective but the barrier the ranks meet at to refuse together (one
+    rank here, no process group: the barrier is recorded)."""
     from lowbit.dist import DistError, Group
 
-    class Imagined(Group):  # rank 0 of 2; the other rank reaches the same refusal (the barrier before it)
-        def barrier(self):
-            pass
-
-    two = Imagined(rank=0, world=2, distributed=True)  # refused before any other collective
+    met = []
+    monkeypatch.setattr(Group, "barrier", lambda self: met.append(self.rank))
+    two = Group(rank=0, world=2, distributed=True)
     with pytest.raises(DistError, match="observer"):
         lowbit.quantize_checkpoint(llama_src, tmp_path / "a", "w8a8-int8", calibration=TOKENS, observer="mse",
                                    group=two)
+    assert met == [0]
     with pytest.raises(DistError, match="auto"):
         lowbit.quantize_checkpoint(llama_src, tmp_path / "b", "w8a8-int8", calibration=TOKENS, smoothquant="auto",
                                    group=two)
+    assert met == [0, 0]

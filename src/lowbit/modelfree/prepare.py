@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from lowbit.files.atomic import write_text_atomic
 from lowbit.files.regions import create_shard_file, shard_file_matches
 from lowbit.modelfree.markers import MARKER_DIR, marker_path, part_name, partial_path, read_marker
 from lowbit.modelfree.outshape import OutputShapes, ShardFile
@@ -89,10 +90,11 @@ def prepare_work(writer: Any, ckpt: Checkpoint, plan: Plan, scheme: Scheme | Non
     """Record the run's fingerprint in ``writer.tmp``, remove the files of other runs, create the
     output shard files (keeping those a killed run of the same fingerprint left), and list the
     units of work still to do. Only one process does this, before any unit runs. ``scheme``: the
-    run's one scheme (None for a mixed plan, whose items carry theirs)."""
+    run's one scheme (None for a mixed plan, whose items carry theirs). The fingerprint is written
+    atomically: a refused write leaves no half of it and names it (lowbit.files.atomic)."""
     state = writer.tmp / MARKER_DIR
     state.mkdir(exist_ok=True)
-    (state / RUN_FILE).write_text(json.dumps({"fingerprint": fp}))
+    write_text_atomic(state / RUN_FILE, json.dumps({"fingerprint": fp}))
 
     # output shard names: source shards that write nothing (a tied duplicate head, FP8 scales) get none
     kept = [s for s in ckpt.shards if any(it.kind is not Kind.DROP for it in plan.shards[s])]
