@@ -145,7 +145,8 @@ def profile_scheme(model, tokens, scheme: str, layers: int) -> dict:
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     cost = q.lowbit_calibration.cost
     per_layer = {p: cost.seconds.get(p, 0.0) / layers for p in PHASES}
-    step = cost.seconds.get("reconstruct-steps", 0.0) / cost.backward_calls if cost.backward_calls else None
+    steps = cost.layer_calls.get("reconstruct-steps", 0)  # steps (each a forward + backward per window)
+    step = cost.seconds.get("reconstruct-steps", 0.0) / steps if steps else None
     evals = cost.layer_calls.get("reconstruct-evals", 0)
     return {"scheme": scheme, "wall_s": wall, "cpu_s": cpu, "per_layer_s": per_layer, "step_s": step,
             "eval_call_s": cost.seconds.get("reconstruct-evals", 0.0) / evals if evals else None,

@@ -66,7 +66,8 @@ def test_reconstruction_default_cost_counts():
     layers, batches = 2, 2
     assert cost.layer_calls == {"observe": layers * batches, "targets": layers * batches,
                                 "reconstruct-steps": layers * 20, "reconstruct-evals": layers * 3 * batches}
-    assert cost.backward_calls == layers * 20
+    windows = TOKENS.shape[0] // batches  # a step takes a batch's worth of windows, one backward each
+    assert cost.backward_calls == layers * 20 * windows
     assert cost.reused_outputs == layers - 1
     assert {"capture", "observe", "targets", "quantize", "reconstruct-steps", "reconstruct-evals"} <= set(cost.seconds)
     d = cost.as_dict()
@@ -96,10 +97,10 @@ def test_slice_call_cuts_the_window_dimension_only():
     assert kw["position_embeddings"][0] is cos and kw["cache_position"] is cache and kw["use_cache"] is False
 
 
-@pytest.mark.parametrize("size, steps_per_pass", [(None, 2), (1, 8), (3, 4)])
-def test_steps_take_the_next_windows(size, steps_per_pass, monkeypatch):
-    """Each step runs on the next ``reconstruct_batch_size`` windows (None: a whole batch of 4):
-    the windows each step sees, counted on the layer calls' batch dimension."""
+@pytest.mark.parametrize("size, steps", [(None, 2), (1, 8), (3, 4)])
+def test_steps_take_windows_strided_one_at_a_time(size, steps, monkeypatch):
+    """Each step takes ``reconstruct_batch_size`` windows (None: a batch's 4) strided over the 8
+    (2 batches of 4), every window run alone: the windows each step's layer calls see."""
     from lowbit.algorithms import reconstruct
 
     seen = []
@@ -107,15 +108,27 @@ def test_steps_take_the_next_windows(size, steps_per_pass, monkeypatch):
 
     def spy(layer, calls, device):
         if torch.is_grad_enabled():
-            seen.append(int(calls[0][0][0].shape[0]) if calls[0][0] else int(calls[0][1]["hidden_states"].shape[0]))
+            h = calls[0][0][0] if calls[0][0] else calls[0][1]["hidden_states"]
+            seen.append((len(calls), int(h.shape[0])))
         return real(layer, calls, device)
 
     monkeypatch.setattr(reconstruct, "_run", spy)
+    calls_in = []
+    real_take = reconstruct.StepPlan.atoms
+
+    def atoms(plan, s):
+        got = real_take(plan, s)
+        calls_in.append([a.batch * 4 + a.rows.start for a in got])
+        return got
+
+    monkeypatch.setattr(reconstruct.StepPlan, "atoms", atoms)
     ref = tiny_llama(hidden_size=128, intermediate_size=256, num_hidden_layers=1)
-    lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS, reconstruct_iters=steps_per_pass,
+    lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS, reconstruct_iters=steps,
                     reconstruct_batch_size=size)
-    expect = {None: [4, 4], 1: [1] * 8, 3: [3, 1, 3, 1]}[size]
-    assert seen == expect
+    expect = {None: [[0, 2, 4, 6], [1, 3, 5, 7]], 1: [[w] for w in range(8)],
+              3: [[0, 3, 6], [1, 4, 7], [2, 5], [0, 3, 6]]}[size]
+    assert calls_in == expect
+    assert seen == [(1, 1)] * sum(map(len, expect))  # one window per call
 
 
 def test_reconstruct_batch_size_is_checked_and_the_cli_takes_it():

@@ -21,9 +21,13 @@ schemes with quantized inputs) and the float layer's output, over the calibratio
 token's error relative to the mean square of its target (``token_weights``: the next layer
 normalizes every token, and attention-sink tokens would otherwise dominate).
 Steps: ``iters`` signed-gradient steps of size ``lr`` (default ``default_lr(iters)`` =
-min(1 / iters, 0.02), decaying linearly to 0), each on the next ``batch_size`` calibration windows
-in turn (the windows of each calibration batch in order, then the next batch; None: one whole
-calibration batch per step). The codes of the best
+min(1 / iters, 0.02), decaying linearly to 0), each on ``batch_size`` calibration windows (None:
+as many as a calibration batch has), strided over the whole set so that the steps take every
+window in turn (``lowbit.algorithms.reconstruct_steps``: with 16 windows and 4 a step, step 0
+takes windows 0, 4, 8, 12, step 1 windows 1, 5, 9, 13, ...). Each window's forward and backward
+runs alone and the step's gradient is their exact sum, so that under torchrun the ranks share
+every step's windows (data parallel) and still make the choices of one process, bit for bit.
+The codes of the best
 step seen (measured on the whole calibration set every ``eval_every`` steps, and at the start)
 are kept: the result is never worse than the codes it started from on the calibration data.
 Deterministic: no sampling.
@@ -32,7 +36,7 @@ outputs of the best evaluation (``ReconstructReport.outputs``: the layer's outpu
 kept, computed exactly as the reference backend computes them, so that a caller whose backends
 match the reference can take them as the next layer's inputs instead of running the layer again).
 
-Cost (``ReconstructReport``'s counters): ``iters`` forward + backward passes of one step's windows each,
+Cost (``ReconstructReport``'s counters): ``iters`` steps of one forward + backward pass per window,
 and ``iters // eval_every + 1`` (plus one when ``iters`` is not a multiple) forward passes over
 every batch. Sibling linears reading one input (q/k/v, gate/up) quantize it once per forward
 (``lowbit.backends.shared_input``), and the rounded weights of fixed scales are one autograd
@@ -51,8 +55,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lowbit.algorithms.reconstruct_offsets import C_MIN, Offsets
+from lowbit.algorithms.reconstruct_steps import StepPlan
 from lowbit.backends.shared_input import SharedInput, input_key
-from lowbit.calls import slice_call
 from lowbit.quant import fake_quantize
 
 # The largest default first step, in grid units. With 1 / iters alone, 20 steps start at 0.05 and
@@ -73,7 +77,7 @@ class ReconstructOptions:
     iters: int = 200
     lr: float | None = None          # signed step in grid units; None: default_lr(iters)
     eval_every: int = 10             # steps between full-set evaluations (the best is kept)
-    batch_size: int | None = None    # calibration windows per step (None: one calibration batch per step)
+    batch_size: int | None = None    # calibration windows per step (None: as many as a calibration batch has)
     scales: bool = False             # also tune each per-channel / per-group scale (see Offsets.scale)
 
 
@@ -86,7 +90,8 @@ class ReconstructReport:
     weights: int = 0
     best_step: int = 0
     history: list[float] = field(default_factory=list)
-    steps: int = 0                   # forward + backward passes (one batch each) on this rank
+    steps: int = 0                   # steps taken (every rank takes every step)
+    backward_calls: int = 0          # forward + backward passes (one window each) on this rank
     evals: int = 0                   # whole-set evaluations
     eval_calls: int = 0              # layer forward calls (one batch each) of the evaluations on this rank
     step_seconds: float = 0.0
@@ -111,6 +116,7 @@ class _SoftLinear(nn.Module):
     def __init__(self, q, off: Offsets, shared: SharedInput) -> None:
         super().__init__()
         self.q, self.off, self.shared = q, off, shared
+        self.w: torch.Tensor | None = None  # the rounded weight of this step or evaluation (None: round now)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.q
@@ -119,7 +125,7 @@ class _SoftLinear(nn.Module):
         else:
             x32 = x.to(torch.float32)
         b = None if q.bias is None else q.bias.to(torch.float32)
-        return F.linear(x32, self.off.weight(), b).to(x.dtype)
+        return F.linear(x32, self.off.weight() if self.w is None else self.w, b).to(x.dtype)
 
 
 class _FixedLinear(nn.Module):
@@ -171,39 +177,6 @@ def weighted_se(out: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> tor
     return (out.float() - target.float()).pow(2) * w
 
 
-class _Batches:
-    """The steps' units (a calibration batch, or ``batch_size`` windows of one) over the ranks of
-    ``group`` (lowbit.dist.Group; None: one process): each rank holds a contiguous share of the
-    calibration batches, in rank order, so global unit b is where one process has its unit b. One
-    step's gradient is computed by the unit's owner and broadcast, and the whole-set error is
-    summed in global batch order, so every rank makes the same choices as one process does, bit
-    for bit."""
-
-    def __init__(self, n_local: int, group) -> None:
-        self.group = group if group is not None and group.distributed else None
-        self.rank = 0 if self.group is None else self.group.rank
-        self.counts = [n_local] if self.group is None else self.group.gather_objects(n_local)
-        self.first = sum(self.counts[:self.rank])
-        self.total = sum(self.counts)
-
-    def owner(self, b: int) -> int:
-        end = 0
-        for r, c in enumerate(self.counts):
-            end += c
-            if b < end:
-                return r
-        raise IndexError(b)
-
-    def gather(self, values: list) -> list:
-        """Every rank's list, concatenated in global batch order."""
-        return values if self.group is None else [v for part in self.group.gather_objects(values) for v in part]
-
-    def broadcast_(self, tensors: list[torch.Tensor], src: int) -> None:
-        if self.group is not None:
-            for t in tensors:
-                self.group.broadcast_(t, src)
-
-
 def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weights: dict[str, torch.Tensor],
                       inputs, options: ReconstructOptions, set_submodule, device=None,
                       group=None, masks: list[torch.Tensor] | None = None) -> ReconstructReport:
@@ -220,20 +193,12 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
     def run(m, calls):
         return _run(m, calls, device)
 
-    # the steps' units, batch by batch: (calibration batch, its windows a:e; None: the whole batch)
-    units: list[tuple[int, slice | None]] = []
-    for j, t in enumerate(targets):
-        n = t.shape[0]
-        if options.batch_size is None or t.dim() < 3 or options.batch_size >= n:
-            units.append((j, None))
-        else:
-            units += [(j, slice(a, min(a + options.batch_size, n))) for a in range(0, n, options.batch_size)]
-    batches = _Batches(len(units), group)
-
+    plan = StepPlan(targets, options.batch_size, group)
     mods = {n: layer.get_submodule(n) for n in float_weights}
     offs = {n: Offsets(m, float_weights[n], options.scales) for n, m in mods.items() if isinstance(m, QuantLinear)}
     rep = ReconstructReport(weights=sum(o.w.numel() for o in offs.values()))
-    if not offs or options.iters <= 0 or batches.total == 0:
+    what = f"the decoder layer of {getattr(mods[next(iter(offs))], 'name', None) or next(iter(offs))!r}" if offs else ""
+    if not offs or options.iters <= 0 or plan.total == 0:
         return rep
     frozen = [(p, p.requires_grad) for p in layer.parameters()]
     for p, _ in frozen:
@@ -252,14 +217,18 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         counted = sum(int(m.sum()) * t.shape[-1] for m, t in zip(masks, targets))
     else:
         counted = sum(t.numel() for t in targets)
-    numel = sum(batches.gather([counted]))
+    numel = sum(plan.gather([counted]))
 
     def full_mse() -> tuple[float, list[torch.Tensor]]:
         t0 = time.perf_counter()
         with torch.no_grad():
+            for n, o in offs.items():  # rounded once for every batch
+                soft[n].w = o.weight()
             outs = run(layer, inputs)
             shared.clear()
-            parts = batches.gather([float(weighted_se(o, t, w).sum()) for o, t, w in zip(outs, targets, weights)])
+            for n in offs:
+                soft[n].w = None
+            parts = plan.gather([float(weighted_se(o, t, w).sum()) for o, t, w in zip(outs, targets, weights)])
             total = torch.zeros((), dtype=torch.float32)
             for p in parts:  # float32, in batch order
                 total = total + torch.tensor(p, dtype=torch.float32)
@@ -278,24 +247,29 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         with torch.enable_grad():
             for step in range(options.iters):
                 t0 = time.perf_counter()
-                b = step % batches.total
-                src = batches.owner(b)
-                if src == batches.rank:
-                    j, w = units[b - batches.first]
-                    call, tgt, wts = inputs[j], targets[j], weights[j]
-                    if w is not None:
-                        call, tgt, wts = slice_call(call, tgt.shape[0], w.start, w.stop), tgt[w], wts[w]
+                mine = plan.atoms(step)
+                ws = [o.weight() for o in offs.values()]  # rounded once a step; the atoms run on copies
+                leaves = [w.detach().requires_grad_(True) for w in ws]
+                for n, w in zip(offs, leaves):
+                    soft[n].w = w
+                per_atom = []
+                for atom in mine:  # each window alone: the sum below does not depend on the split
+                    call, tgt, wts = atom.take(inputs, targets, weights)
                     out = run(layer, [call])[0]
                     shared.clear()
-                    loss = weighted_se(out, tgt, wts).mean()
-                    # an expert no token of this batch reaches has no gradient: it stays where it is
-                    grads = [torch.zeros_like(p) if g is None else g.contiguous()
-                             for p, g in zip(params, torch.autograd.grad(loss, params, allow_unused=True))]
+                    loss = weighted_se(out, tgt, wts).sum()
+                    # an expert no token of this window reaches has no gradient: None, a zero
+                    per_atom.append(torch.autograd.grad(loss, leaves, allow_unused=True))
                     del out, loss
-                    rep.steps += 1
-                else:
-                    grads = [torch.zeros_like(p) for p in params]
-                batches.broadcast_(grads, src)
+                    rep.backward_calls += 1
+                for n in offs:
+                    soft[n].w = None
+                total = plan.exact_sum(per_atom, leaves, what)
+                del per_atom, leaves
+                grads = [torch.zeros_like(p) if g is None else g for p, g in
+                         zip(params, torch.autograd.grad(ws, params, grad_outputs=total, allow_unused=True))]
+                del ws, total
+                rep.steps += 1
                 lr = lr0 * (1.0 - step / options.iters)
                 with torch.no_grad():
                     by_id = {id(p): g for p, g in zip(params, grads)}

@@ -23,7 +23,7 @@ class Phase(str, Enum):
     SMOOTH = "smooth"                        # SmoothQuant scales, folding and re-observed groups
     TARGETS = "targets"                      # the float layer's outputs that reconstruction aims at
     QUANTIZE = "quantize"                    # weights: RTN, or GPTQ (scale search and column solve)
-    RECONSTRUCT_STEPS = "reconstruct-steps"  # forward + backward of one batch per step
+    RECONSTRUCT_STEPS = "reconstruct-steps"  # the steps (calls: steps; a forward + backward per window)
     RECONSTRUCT_EVALS = "reconstruct-evals"  # the whole-set evaluations that keep the best step
     NEXT_INPUTS = "next-inputs"              # the quantized layer run to make the next layer's inputs
     WHOLE_MODEL = "whole-model"              # linears outside the decoder layers (lm_head)
@@ -36,7 +36,7 @@ class Phase(str, Enum):
 class CalibrationCost:
     seconds: dict[str, float] = field(default_factory=dict)   # phase -> wall seconds
     layer_calls: dict[str, int] = field(default_factory=dict)  # phase -> layer forward calls (one batch each)
-    backward_calls: int = 0                                   # reconstruction steps (forward + backward)
+    backward_calls: int = 0                                   # reconstruction forward + backward passes (one window each)
     reused_outputs: int = 0                                   # layers whose next inputs came from reconstruction
 
     def add(self, phase: Phase, seconds: float, calls: int = 0) -> None:

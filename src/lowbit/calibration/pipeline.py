@@ -363,7 +363,7 @@ class LayerwiseCalibrator:
             cost = self.report.cost
             cost.add(Phase.RECONSTRUCT_STEPS, r.step_seconds, r.steps)
             cost.add(Phase.RECONSTRUCT_EVALS, r.eval_seconds, r.eval_calls)
-            cost.backward_calls += r.steps
+            cost.backward_calls += r.backward_calls
             self.report.reconstruct[prefix.rstrip(".")] = {"mse_start": r.mse_start, "mse_end": r.mse_end,
                                                            "changed": r.changed, "weights": r.weights,
                                                            "scales_changed": r.scales_changed, "history": r.history,

@@ -116,6 +116,15 @@ class Group:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
 
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        """Elementwise sum over the ranks, in place (exact for integers, and for float64 values
+        that are integer multiples of one power of two whose sums stay below 2^53 of it)."""
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
     def broadcast_(self, t: torch.Tensor, src: int) -> torch.Tensor:
         """``t`` from rank ``src`` on every rank, in place (shape and dtype must agree)."""
         if self.distributed:
