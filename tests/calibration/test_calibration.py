@@ -52,8 +52,9 @@ def test_tokens_from_strings_and_file(tmp_path):
 def test_tokens_errors(tmp_path):
     with pytest.raises(CalibrationError, match="tokenizer"):
         calibration_tokens(["some text"])
-    with pytest.raises(CalibrationError, match="fewer than one window"):
+    with pytest.raises(CalibrationError, match="fewer than one window") as e:
         calibration_tokens(["abc"], CharTokenizer(), seq_len=10)
+    assert "of seq_len=10" in str(e.value) and "of --calib-seq-len 10:" in e.value.cli_message()  # each spelling
     with pytest.raises(CalibrationError, match="does not exist"):
         calibration_tokens(tmp_path / "missing.txt", CharTokenizer())
     with pytest.raises(CalibrationError, match="list of strings"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from lowbit.calibration.records import CalibrationError
+from lowbit.errors import OptionRef
 from lowbit.textstart import prepend
 
 
@@ -26,18 +27,22 @@ def spaced(n: int, keep: int) -> torch.Tensor:
     return torch.linspace(0, n - 1, keep).round().long()
 
 
+def _seq(seq_len: int) -> OptionRef:
+    return OptionRef("seq_len", seq_len, flag="calib_seq_len")
+
+
 def windows(ids: torch.Tensor, num_samples: int, seq_len: int, bos: int | None = None) -> torch.Tensor:
     """Cut a 1-D id sequence into at most ``num_samples`` evenly spaced windows [n, seq_len]:
     ``seq_len`` text tokens each, or ``bos`` + ``seq_len - 1`` when ``bos`` is given."""
     span = seq_len - (bos is not None)
     if span < 1:
-        raise CalibrationError(f"seq_len={seq_len} leaves no text token after the BOS token")
+        raise CalibrationError("{seq} leaves no text token after the BOS token", seq=_seq(seq_len))
     n_win = ids.numel() // span
     if n_win == 0:
         raise CalibrationError(
-            f"calibration text has {ids.numel()} tokens, fewer than one window of seq_len={seq_len}"
-            + (" (BOS + seq_len - 1 text tokens)" if bos is not None else "")
-        )
+            f"calibration text has {ids.numel()} tokens, fewer than one window of {{seq}}"
+            + (f" (BOS + {span} text tokens)" if bos is not None else "") + ": give a longer text or a shorter window",
+            seq=_seq(seq_len))
     all_w = ids[: n_win * span].reshape(n_win, span)
     if n_win > num_samples:
         all_w = all_w[spaced(n_win, num_samples)]
@@ -51,7 +56,7 @@ def padded(samples: list[list[int]], num_samples: int, seq_len: int, bos: int | 
     ``pad_id`` to the longest window T <= seq_len. Samples without a token are skipped."""
     span = seq_len - (bos is not None)
     if span < 1:
-        raise CalibrationError(f"seq_len={seq_len} leaves no text token after the BOS token")
+        raise CalibrationError("{seq} leaves no text token after the BOS token", seq=_seq(seq_len))
     kept = [s for s in samples if len(s)]
     if not kept:
         raise CalibrationError("the calibration samples have no tokens")
