@@ -31,7 +31,9 @@ The codes of the best
 step seen (measured on the whole calibration set every ``eval_every`` steps, and at the start)
 are kept: the result is never worse than the codes it started from on the calibration data.
 Deterministic: no sampling.
-Memory: one layer's float copy, the offsets, the targets (one layer output per batch) and the
+Memory: one layer's float copy, the offsets, the gradients of the step's windows on this rank
+(one float32 copy of the re-rounded weights per window, and one float64 sum), the targets
+(one layer output per batch) and the
 outputs of the best evaluation (``ReconstructReport.outputs``: the layer's outputs with the codes
 kept, computed exactly as the reference backend computes them, so that a caller whose backends
 match the reference can take them as the next layer's inputs instead of running the layer again).
