@@ -24,7 +24,7 @@ from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
 from lowbit.recipes import Assignment
 from lowbit.recipes.plan import plan as recipe_plan, recipe_of, schemes_of
 from lowbit.schemes import Scheme, get_scheme
-from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
+from lowbit.algorithms.smoothquant.defaults import DEFAULT, scheme_alphas
 from lowbit.targets import quantizable_linears, set_submodule, unquantizable_targets
 
 
@@ -96,7 +96,7 @@ def _refuse_quantized(model: nn.Module) -> None:
 
 def calibrates(scheme: Scheme, smoothquant, cfg) -> bool:
     """Whether quantizing ``scheme`` runs calibration: static activation scales, SmoothQuant (an
-    alpha resolved by ``resolve_alpha``, or "auto"), GPTQ weights (``cfg.rounding_for``) or block
+    alpha resolved by ``scheme_alphas``, or "auto"), GPTQ weights (``cfg.rounding_for``) or block
     reconstruction (``cfg.reconstruct_iters_for``). The one
     rule ``quantize``, ``lowbit quantize`` and ``compare`` follow."""
     return scheme.needs_calibration or smoothquant is not None or cfg.rounding_for(scheme) is WeightRounding.GPTQ \
@@ -174,7 +174,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     schemes = _schemes(scheme)
     left = check_targets(model, ignore, include_lm_head, allow_unquantized)
     try:
-        alphas = {s: resolve_alpha(smoothquant, s, static_only=False) for s in schemes}
+        alphas = scheme_alphas(smoothquant, schemes)
     except ValueError as e:
         raise QuantizationError(str(e)) from None
     smoothquant = next((a for a in alphas.values() if a is not None), None)

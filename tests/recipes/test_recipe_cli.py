@@ -108,3 +108,31 @@ def test_bad_budget_options_are_one_line(capsys, tiny_dir, tmp_path, args, needl
     code, _, err = run(capsys, "quantize", tiny_dir, *args, "--output", tmp_path / "q")
     assert code == 2 and needle in err, err
     assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("given", ["recipe", "scheme"])
+def test_a_numeric_alpha_is_resolved_alike_by_the_api_quantize_and_compare(capsys, tiny_dir, text_file, tmp_path,
+                                                                          given):
+    """One rule for ``smoothquant=0.5``: each scheme gets what it gets alone (a dynamic or
+    weight-only scheme is smoothed too), for one scheme and for every group of a recipe."""
+    import lowbit
+    from lowbit.models import load_model
+    from lowbit.report.compare import CompareOptions, RowSpec, quantize_with_options
+
+    r = _recipe(tmp_path, '"re:.*self_attn": w8a8-int8-dynamic\ndefault: w8a16\n')
+    want = {"w8a8-int8-dynamic": 0.5, "w8a16": 0.5} if given == "recipe" else 0.5
+    plan = ["--recipe", r] if given == "recipe" else ["--scheme", "w8a8-int8-dynamic"]
+    calib = ["--calib", text_file, "--calib-samples", 2, "--calib-seq-len", 32]
+    code, stdout, err = run(capsys, "quantize", tiny_dir, *plan, "--smoothquant", "0.5", *calib, "--in-memory",
+                            "--output", tmp_path / "q", "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["smoothquant"] == want
+    model, tok = load_model(tiny_dir)
+    api = lowbit.quantize(model, Recipe.of(r) if given == "recipe" else "w8a8-int8-dynamic",
+                          calibration=str(text_file), tokenizer=tok, smoothquant=0.5, num_samples=2, seq_len=32)
+    sq = api.lowbit_calibration.smoothquant
+    assert sq == want
+    spec = RowSpec("r", recipe=Recipe.of(r)) if given == "recipe" else RowSpec("w", scheme="w8a8-int8-dynamic")
+    opts = CompareOptions(smoothquant=0.5, calib=str(text_file), calib_samples=2, calib_seq_len=32, progress=False)
+    _, calibrated, sq = quantize_with_options(load_model(tiny_dir)[0], spec, tok, opts)
+    assert calibrated and sq == want

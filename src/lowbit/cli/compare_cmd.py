@@ -118,9 +118,9 @@ def compare_cmd(
         None, "--calib-preset",
         help=CALIB_PRESET_HELP),
     smoothquant: str = typer.Option("default", "--smoothquant",
-                                    help="SmoothQuant for schemes with static per-tensor input scales (w8a8-int8, "
-                                         "w8a8-fp8): 'default' (alpha 0.8 for INT8, 0.5 for FP8 inputs), an alpha "
-                                         "in [0, 1], 'auto' or 'none'."),
+                                    help="SmoothQuant alpha in [0, 1] or 'auto' (every scheme row and recipe group, as "
+                                         "lowbit quantize), 'none', or 'default': 0.8 for static per-tensor INT8 "
+                                         "inputs (w8a8-int8), 0.5 for FP8 ones (w8a8-fp8), none for the others."),
     sink_positions: Optional[int] = typer.Option(None, "--sink-positions",
                                                  help="Leading positions per calibration window kept out of static scales."),
     weight_rounding: Optional[str] = typer.Option(

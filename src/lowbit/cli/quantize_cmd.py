@@ -107,14 +107,14 @@ def quantize_cmd(
         raise OptionError("--offload-activations applies to streamed calibration: drop --model-free/--in-memory")
     check_model_path(model)
     import lowbit
-    from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
+    from lowbit.algorithms.smoothquant.defaults import DEFAULT, scheme_alphas
 
     plan = parse_plan(scheme, recipe, target_bits, candidates)
     sch = plan.scheme  # None for a recipe
     src = model_arg(model)
     out = Path(output) if output else _default_output(src, plan.label)
     sq_choice = parse_smoothquant(smoothquant)
-    alphas = {s: resolve_alpha(sq_choice, s, static_only=False) for s in plan.schemes}
+    alphas = scheme_alphas(sq_choice, plan.schemes)
     sq = alphas[sch] if sch is not None else {s.name: a for s, a in alphas.items()}
     wr = parse_weight_rounding(weight_rounding)
     reconstruct_iters = parse_reconstruct_iters(reconstruct_iters)
@@ -350,7 +350,7 @@ def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignor
                                 "counts": auto.counts(), "predicted_loss": auto.predicted_loss,
                                 "seconds": auto.seconds}
     schemes = plan.schemes if plan.target_bits is None else list(given.schemes)
-    needs = any(calibrates(s, resolve_alpha(sq_choice, s, static_only=False), cfg) for s in schemes) or kv is not None
+    needs = any(calibrates(s, resolve_alpha(sq_choice, s), cfg) for s in schemes) or kv is not None
     if not needs and (calib is not None or dataclasses.replace(cfg, rotation=type(cfg)().rotation) != type(cfg)()):
         err_console.print(f"[yellow]note:[/yellow] {plan.label} needs no calibration; --calib options ignored")
     if needs:

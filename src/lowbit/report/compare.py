@@ -40,7 +40,7 @@ from lowbit.report.writer import row_label  # noqa: F401  (re-exported: the labe
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
 from lowbit.model_quant import calibrates
 from lowbit.schemes import get_scheme
-from lowbit.algorithms.smoothquant.defaults import DEFAULT, OFF, resolve_alpha
+from lowbit.algorithms.smoothquant.defaults import DEFAULT, OFF, scheme_alphas
 from lowbit.textstart import bos_to_prepend, prepend
 
 DEFAULT_SCHEMES = ("nvfp4", "nvfp4-e5m3", "w8a8-int8", "w8a8-fp8")
@@ -61,8 +61,9 @@ class CompareOptions:
     #                                  default None: lowbit's built-in calibration text)
     calib_samples: int | None = None    # None: CalibrationConfig's default (as lowbit.quantize)
     calib_seq_len: int | None = None    # None: CalibrationConfig's default
-    # SmoothQuant for schemes with static per-tensor input scales: DEFAULT (the per-format alpha of
-    # lowbit.algorithms.smoothquant.defaults: 0.8 INT8, 0.5 FP8), an alpha in [0, 1], "auto" or "none" / None (off)
+    # SmoothQuant, as lowbit.quantize takes it (scheme_alphas, for every row and every group of a recipe):
+    # DEFAULT (the per-format alpha of lowbit.algorithms.smoothquant.defaults: 0.8 static INT8 inputs,
+    # 0.5 static FP8 ones, none for the others), an alpha in [0, 1] or "auto" (every scheme), "none" / None (off)
     smoothquant: float | str | None = DEFAULT
     calib_options: dict = field(default_factory=dict)  # more CalibrationConfig fields (sink_positions,
     #                                                     weight_rounding...)
@@ -160,14 +161,13 @@ def quantize_with_options(model, scheme_name: "str | RowSpec", tokenizer, opts: 
         auto = lowbit.auto_recipe(model, opts.candidates, spec.target_bits, calib, tokenizer=tokenizer)
         plan = auto.recipe
     schemes = [plan] if spec.scheme is not None else plan.schemes
-    alphas = {s: resolve_alpha(opts.smoothquant, s, static_only=True) for s in schemes}
+    alphas = scheme_alphas(opts.smoothquant, schemes)  # lowbit.quantize's rule, so the same alphas
     if not any(calibrates(s, alphas[s], cfg) for s in schemes) and opts.kv_cache is None:
         q = lowbit.quantize(model, plan, smoothquant=OFF, rotation=cfg.rotation)
         q.lowbit_auto = auto
         return q, False, None
-    sq = alphas[plan] if spec.scheme is not None else \
-        (opts.smoothquant if any(a is not None for a in alphas.values()) else OFF)
-    q = lowbit.quantize(model, plan, calibration=calib, tokenizer=tokenizer, smoothquant=OFF if sq is None else sq,
+    sq = alphas[plan] if spec.scheme is not None else None
+    q = lowbit.quantize(model, plan, calibration=calib, tokenizer=tokenizer, smoothquant=opts.smoothquant,
                         progress=opts.progress, kv_cache=opts.kv_cache, **options)
     q.lowbit_auto = auto
     if spec.scheme is None:  # the alphas the recipe's schemes got, by scheme name
