@@ -136,3 +136,34 @@ def test_a_numeric_alpha_is_resolved_alike_by_the_api_quantize_and_compare(capsy
     opts = CompareOptions(smoothquant=0.5, calib=str(text_file), calib_samples=2, calib_seq_len=32, progress=False)
     _, calibrated, sq = quantize_with_options(load_model(tiny_dir)[0], spec, tok, opts)
     assert calibrated and sq == want
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--target-bits", "0", "--candidates", "w4a16"], "--target-bits '0': must be a positive number of bits"),
+    (["--target-bits", "x", "--candidates", "w4a16"], "--target-bits 'x': not a number of bits"),
+    (["--target-bits", " , ", "--candidates", "w4a16"], "--target-bits needs at least one number of bits"),
+    (["--target-bits", "5"], "--target-bits needs --candidates"),
+    (["SCHEME", "w8a16", "--candidates", "w4a16"], "--candidates goes with --target-bits"),
+    (["--target-bits", "5", "--candidates", "w4a16,w4a16"], "candidate 'w4a16' is given twice"),
+    (["--target-bits", "5", "--candidates", "w4a16,nvfp9"], "unknown scheme 'nvfp9'"),
+    (["--recipe", "no-such-recipe.json"], "--recipe no-such-recipe.json: no such file"),
+])
+def test_quantize_and_compare_refuse_bad_budget_options_with_the_same_line(capsys, tiny_dir, tmp_path, args, needle):
+    """The two commands share one parser (lowbit.cli.recipe_options): one error line, exit 2."""
+    from helpers.cli import assert_one_error
+
+    lines = []
+    for command, flag in (("quantize", "--scheme"), ("compare", "--schemes")):
+        argv = [flag if a == "SCHEME" else a for a in args]
+        code, _, err = run(capsys, command, tiny_dir, *argv, "--output", tmp_path / command)
+        lines.append(assert_one_error(code, err, needle))
+        assert not (tmp_path / command).exists()
+    assert lines[0] == lines[1]
+
+
+def test_quantize_takes_one_budget(capsys, tiny_dir, tmp_path):
+    from helpers.cli import assert_one_error
+
+    code, _, err = run(capsys, "quantize", tiny_dir, "--target-bits", "5,6", "--candidates", "w4a16",
+                       "--output", tmp_path / "q")
+    assert_one_error(code, err, "--target-bits 5,6: quantize takes one budget")

@@ -38,7 +38,7 @@ def quantize_cmd(
     scheme: Optional[str] = typer.Option(None, "--scheme", "-s", help="Scheme name (see `lowbit schemes`); or "
                                          "--recipe, or --target-bits."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help=RECIPE_HELP),
-    target_bits: Optional[float] = typer.Option(None, "--target-bits", help=TARGET_BITS_HELP),
+    target_bits: Optional[str] = typer.Option(None, "--target-bits", help=TARGET_BITS_HELP),
     candidates: Optional[str] = typer.Option(None, "--candidates", help=CANDIDATES_HELP),
     fmt: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output folder (default: MODEL-SCHEME)."),

@@ -52,6 +52,11 @@ class AutoRecipe:
         return out
 
 
+def budget_label(target_bits: float) -> str:
+    """The name of an automatic choice's run or ``compare`` row: ``auto-6b`` for 6 bits."""
+    return f"auto-{target_bits:g}b"
+
+
 def parse_candidates(candidates: Iterable[str | Scheme] | str) -> list[Scheme]:
     """Candidate schemes from names (a comma-separated string or a list); at least one, no repeats."""
     if isinstance(candidates, str):

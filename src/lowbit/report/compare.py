@@ -128,7 +128,7 @@ class RowSpec:
 def row_specs(opts: CompareOptions) -> list[RowSpec]:
     """The rows ``opts`` asks for, checked before any work (unknown schemes, bad recipe files)."""
     from lowbit.recipes import Recipe
-    from lowbit.recipes.auto import parse_candidates
+    from lowbit.recipes.auto import budget_label, parse_candidates
 
     specs = [RowSpec(get_scheme(s).name, scheme=get_scheme(s).name) for s in opts.schemes]
     specs += [RowSpec(Path(p).stem, recipe=Recipe.of(Path(p))) for p in opts.recipes]
@@ -136,7 +136,7 @@ def row_specs(opts: CompareOptions) -> list[RowSpec]:
         if not opts.candidates:
             raise LowbitError("automatic-recipe rows (target_bits) need candidates (the schemes to choose from)")
         parse_candidates(opts.candidates)
-        specs += [RowSpec(f"auto-{b:g}b", target_bits=float(b)) for b in opts.target_bits]
+        specs += [RowSpec(budget_label(b), target_bits=float(b)) for b in opts.target_bits]
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise LowbitError(f"two rows of the comparison have one name: {labels}")
