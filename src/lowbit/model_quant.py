@@ -159,6 +159,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     is left on ``model.lowbit_calibration``.
     """
     from lowbit.calibration import LayerwiseCalibrator
+    from lowbit.calibration.data import calibration_config
 
     kv_cache = check_kv_cache(kv_cache)
     if scheme is None and kv_cache is not None:
@@ -224,6 +225,7 @@ def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, pr
     """``scheme=None`` with a KV cache: the weights stay float, only K and V are quantized (to
     measure the KV cache's own cost in memory; ``lowbit.save`` refuses a model without quantized
     layers)."""
+    from lowbit.calibration.data import calibration_config
     from lowbit.kvcache.calibrate import check_kv_model
 
     _refuse_quantized(model)
@@ -250,21 +252,6 @@ def _calibration_data(calibration, tokenizer, cfg, kv_cache):
                                 "pass {pack}", kv=OptionRef("kv_cache", kv_cache),
                                 pack=OptionRef("pack", True, flag="calib_pack"))
     return data
-
-
-def calibration_config(config, preset: str | None, options: dict):
-    """``config``, or the named ``preset`` with ``options`` over its fields, or a CalibrationConfig
-    of ``options``; a QuantizationError for both a config and a preset/options, or an unknown field."""
-    from lowbit.calibration import CalibrationConfig
-
-    if config is not None and (options or preset is not None):
-        raise QuantizationError("pass either config=CalibrationConfig(...) or a preset and/or its fields, not both")
-    try:
-        if config is not None:
-            return config
-        return CalibrationConfig.preset(preset, **options) if preset is not None else CalibrationConfig(**options)
-    except TypeError as e:
-        raise QuantizationError(f"unknown calibration option: {e}") from None
 
 
 def _rotate(model: nn.Module, cfg) -> None:

@@ -167,3 +167,27 @@ def test_quantize_takes_one_budget(capsys, tiny_dir, tmp_path):
     code, _, err = run(capsys, "quantize", tiny_dir, "--target-bits", "5,6", "--candidates", "w4a16",
                        "--output", tmp_path / "q")
     assert_one_error(code, err, "--target-bits 5,6: quantize takes one budget")
+
+
+def test_quantize_target_bits_measures_on_the_calibration_it_quantizes_with(capsys, tmp_path):
+    """--no-calib-pack and --chat-template reach the sensitivity pass: it measured on the set
+    (padded conversations under the template) that calibrated the quantization."""
+    from helpers.eval_fixtures import byte_tokenizer
+
+    tok = byte_tokenizer()
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    model = save_tiny_folder(tmp_path / "chat", tokenizer=tok)
+    chats = tmp_path / "chat.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"and item {i}?"},
+                                                       {"role": "assistant", "content": "so" * i}]}) + "\n"
+                             for i in range(8)), encoding="utf-8")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}", encoding="utf-8")
+    code, stdout, err = run(capsys, "quantize", model, "--target-bits", 6, "--candidates", "w4a16,w8a16",
+                            "--calib", chats, "--no-calib-pack", "--chat-template", template, "--calib-samples", 8,
+                            "--calib-seq-len", 32, "--reconstruct-iters", 0, "--output", tmp_path / "q", "--json")
+    assert code == 0, err
+    s = json.loads(stdout)
+    auto, used = s["auto_recipe"], s["calibration"]
+    assert (used["packing"], used["chat_template"], used["samples"]) == ("padded", str(template), 8)
+    assert auto["calibration"] == used and auto["windows"] == [0, 2, 5, 7]

@@ -224,7 +224,8 @@ def quantize_cmd(
             a = summary["auto_recipe"]
             console.print(f"chose a scheme per layer for {a['target_bits']:g} average weight bits: "
                           f"{a['average_bits']:.3f} reached, {a['counts']} (predicted loss +{a['predicted_loss']:.4g}; "
-                          f"measured in {a['seconds']:.1f} s)", highlight=False)
+                          f"measured on {len(a['windows'])} of {a['calibration']['samples']} calibration windows in "
+                          f"{a['seconds']:.1f} s)", highlight=False)
         if q is not None and q.get("schemes") and len(q["schemes"]) > 1:
             console.print("linears per scheme: " + ", ".join(f"{k} {v}" for k, v in q["schemes"].items()) +
                           f"; {q['average_bits']:.3f} average weight bits", highlight=False)
@@ -343,12 +344,13 @@ def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignor
     if plan.target_bits is not None:
         err_console.print(f"[dim]measuring each layer's sensitivity to {', '.join(s.name for s in plan.candidates)} "
                           f"on {_calib_desc(calib)}[/dim]", highlight=False)
+        # measured on the windows the quantization below calibrates on (the same options)
         auto = lowbit.auto_recipe(qmodel, plan.candidates, plan.target_bits, calib or "builtin", tokenizer=tok,
-                                  ignore=list(ignore or ()))
+                                  ignore=list(ignore or ()), config=cfg)
         given = extra["chosen_recipe"] = auto.recipe
         extra["auto_recipe"] = {"target_bits": auto.target_bits, "average_bits": auto.average_bits,
                                 "counts": auto.counts(), "predicted_loss": auto.predicted_loss,
-                                "seconds": auto.seconds}
+                                "seconds": auto.seconds, "windows": auto.windows, "calibration": auto.calibration}
     schemes = plan.schemes if plan.target_bits is None else list(given.schemes)
     needs = any(calibrates(s, resolve_alpha(sq_choice, s), cfg) for s in schemes) or kv is not None
     if not needs and (calib is not None or dataclasses.replace(cfg, rotation=type(cfg)().rotation) != type(cfg)()):

@@ -158,7 +158,8 @@ def quantize_with_options(model, scheme_name: "str | RowSpec", tokenizer, opts: 
     elif spec.recipe is not None:
         plan = spec.recipe
     else:
-        auto = lowbit.auto_recipe(model, opts.candidates, spec.target_bits, calib, tokenizer=tokenizer)
+        # on the windows lowbit.quantize calibrates on below (the same options)
+        auto = lowbit.auto_recipe(model, opts.candidates, spec.target_bits, calib, tokenizer=tokenizer, **options)
         plan = auto.recipe
     schemes = [plan] if spec.scheme is not None else plan.schemes
     alphas = scheme_alphas(opts.smoothquant, schemes)  # lowbit.quantize's rule, so the same alphas
@@ -223,7 +224,7 @@ def _recipe_fields(row: dict, qmodel, spec: RowSpec) -> None:
         row["recipe"] = (spec.recipe if auto is None else auto.recipe).to_dict()
     if auto is not None:
         row["auto_recipe"] = {"target_bits": auto.target_bits, "predicted_loss": auto.predicted_loss,
-                              "seconds": auto.seconds}
+                              "seconds": auto.seconds, "windows": auto.windows, "calibration": auto.calibration}
 
 
 def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | None = None,
