@@ -24,7 +24,7 @@ from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
 from lowbit.recipes import Assignment
 from lowbit.recipes.plan import plan as recipe_plan, recipe_of, schemes_of
 from lowbit.schemes import Scheme, get_scheme
-from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
+from lowbit.algorithms.smoothquant.defaults import DEFAULT, scheme_alphas
 from lowbit.targets import quantizable_linears, set_submodule, unquantizable_targets
 
 
@@ -96,7 +96,7 @@ def _refuse_quantized(model: nn.Module) -> None:
 
 def calibrates(scheme: Scheme, smoothquant, cfg) -> bool:
     """Whether quantizing ``scheme`` runs calibration: static activation scales, SmoothQuant (an
-    alpha resolved by ``resolve_alpha``, or "auto"), GPTQ weights (``cfg.rounding_for``) or block
+    alpha resolved by ``scheme_alphas``, or "auto"), GPTQ weights (``cfg.rounding_for``) or block
     reconstruction (``cfg.reconstruct_iters_for``). The one
     rule ``quantize``, ``lowbit quantize`` and ``compare`` follow."""
     return scheme.needs_calibration or smoothquant is not None or cfg.rounding_for(scheme) is WeightRounding.GPTQ \
@@ -159,6 +159,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     is left on ``model.lowbit_calibration``.
     """
     from lowbit.calibration import LayerwiseCalibrator
+    from lowbit.calibration.data import calibration_config
 
     kv_cache = check_kv_cache(kv_cache)
     if scheme is None and kv_cache is not None:
@@ -174,7 +175,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     schemes = _schemes(scheme)
     left = check_targets(model, ignore, include_lm_head, allow_unquantized)
     try:
-        alphas = {s: resolve_alpha(smoothquant, s, static_only=False) for s in schemes}
+        alphas = scheme_alphas(smoothquant, schemes)
     except ValueError as e:
         raise QuantizationError(str(e)) from None
     smoothquant = next((a for a in alphas.values() if a is not None), None)
@@ -224,6 +225,7 @@ def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, pr
     """``scheme=None`` with a KV cache: the weights stay float, only K and V are quantized (to
     measure the KV cache's own cost in memory; ``lowbit.save`` refuses a model without quantized
     layers)."""
+    from lowbit.calibration.data import calibration_config
     from lowbit.kvcache.calibrate import check_kv_model
 
     _refuse_quantized(model)
@@ -250,21 +252,6 @@ def _calibration_data(calibration, tokenizer, cfg, kv_cache):
                                 "pass {pack}", kv=OptionRef("kv_cache", kv_cache),
                                 pack=OptionRef("pack", True, flag="calib_pack"))
     return data
-
-
-def calibration_config(config, preset: str | None, options: dict):
-    """``config``, or the named ``preset`` with ``options`` over its fields, or a CalibrationConfig
-    of ``options``; a QuantizationError for both a config and a preset/options, or an unknown field."""
-    from lowbit.calibration import CalibrationConfig
-
-    if config is not None and (options or preset is not None):
-        raise QuantizationError("pass either config=CalibrationConfig(...) or a preset and/or its fields, not both")
-    try:
-        if config is not None:
-            return config
-        return CalibrationConfig.preset(preset, **options) if preset is not None else CalibrationConfig(**options)
-    except TypeError as e:
-        raise QuantizationError(f"unknown calibration option: {e}") from None
 
 
 def _rotate(model: nn.Module, cfg) -> None:

@@ -102,3 +102,68 @@ def test_auto_recipe_bad_input():
         lowbit.auto_recipe(m, "nvfp4,nvfp4", 5, CALIB)
     with pytest.raises(lowbit.errors.SchemeError, match="unknown scheme 'nvfp9'"):
         lowbit.auto_recipe(m, "nvfp4,nvfp9", 5, CALIB)
+
+
+def test_padded_windows_count_only_their_real_positions():
+    """S on right-padded windows under their mask equals S on each window cut to its real length."""
+    from lowbit.recipes.sensitivity import sensitivities
+
+    m = tiny_llama(**DIMS)
+    names = ["model.layers.1.mlp.down_proj", "model.layers.0.self_attn.q_proj"]
+    cands = [PRESETS["nvfp4"], PRESETS["w8a8-int8"]]  # w8a8-int8: a static amax, which must skip padding
+    lengths = [64, 40, 23]
+    ids = CALIB[:3].clone()
+    valid = torch.arange(64)[None, :] < torch.tensor(lengths)[:, None]
+    ids[~valid] = 255  # padding that would raise the amax and the loss if it counted
+    got = sensitivities(m, names, cands, ids, valid=valid)
+    want = {n: {c.name: 0.0 for c in cands} for n in names}
+    for i, n_real in enumerate(lengths):
+        one = sensitivities(m, names, cands, ids[i:i + 1, :n_real])
+        for n in names:
+            for c in cands:
+                want[n][c.name] += one[n][c.name]
+    for n in names:
+        for c in cands:
+            assert got[n][c.name] == pytest.approx(want[n][c.name], rel=1e-4)
+    with pytest.raises(ValueError, match="does not match"):
+        sensitivities(m, names, cands, ids, valid=valid[:, :10])
+
+
+def test_auto_recipe_measures_on_the_windows_and_masks_quantize_calibrates_on(tmp_path, monkeypatch):
+    """Unpacked conversations under a template file: the sensitivity pass gets evenly spaced
+    windows of the very set (ids and padding mask) lowbit.quantize calibrates on."""
+    import json
+
+    import lowbit.recipes.sensitivity as sens_mod
+    from helpers.eval_fixtures import byte_tokenizer
+    from lowbit.calibration import CalibrationConfig, calibration_set
+    from lowbit.calibration.packing import spaced
+
+    tok = byte_tokenizer()
+    chats = tmp_path / "chat.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"item {i}?" + " more" * (i % 5)},
+                                                       {"role": "assistant", "content": f"it has {i} parts."}]}) + "\n"
+                             for i in range(10)), encoding="utf-8")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}", encoding="utf-8")
+    options = dict(pack=False, chat_template=str(template), num_samples=8, seq_len=48)
+    seen = []
+    real = sens_mod.sensitivities
+    monkeypatch.setattr(sens_mod, "sensitivities",
+                        lambda *a, **k: seen.append((a[3], k.get("valid"))) or real(*a, **k))
+    m = tiny_llama(**DIMS)
+    r = lowbit.auto_recipe(m, "w4a16,w8a16", 6, str(chats), tokenizer=tok, **options)
+    data = calibration_set(str(chats), tok, **CalibrationConfig(**options).data_options())
+    keep = spaced(8, 4)
+    (ids, valid), = seen
+    assert data.valid is not None and not bool(data.valid.all())  # padded: the mask matters
+    assert torch.equal(ids, data.ids[keep]) and torch.equal(valid, data.valid[keep])
+    assert r.windows == keep.tolist() and r.calibration == data.info.as_dict()
+    assert (r.calibration["packing"], r.calibration["chat_template"]) == ("padded", str(template))
+    q = lowbit.quantize(m, r.recipe, calibration=str(chats), tokenizer=tok, reconstruct_iters=0, **options)
+    assert q.lowbit_calibration.data == r.calibration
+
+
+def test_auto_recipe_bad_sensitivity_samples():
+    with pytest.raises(RecipeError, match="sensitivity_samples must be a positive number of windows"):
+        lowbit.auto_recipe(tiny_llama(**DIMS), "nvfp4,w8a8-fp8", 6, CALIB, sensitivity_samples=0)

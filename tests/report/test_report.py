@@ -143,9 +143,9 @@ def test_default_alpha_per_activation_format():
     assert alphas.pop("w8a8-int8") == 0.8 and alphas.pop("w8a8-fp8") == 0.5
     assert set(alphas.values()) == {None}
     fp8, nv = PRESETS["w8a8-fp8"], PRESETS["nvfp4"]
-    assert resolve_alpha(DEFAULT, fp8, static_only=True) == 0.5
-    assert resolve_alpha(DEFAULT, nv, static_only=False) is None
-    # an explicit choice is kept; compare applies it to static per-tensor schemes only
-    assert resolve_alpha(0.3, fp8, static_only=True) == 0.3 and resolve_alpha("auto", fp8, static_only=True) == "auto"
-    assert resolve_alpha(0.3, nv, static_only=True) is None and resolve_alpha(0.3, nv, static_only=False) == 0.3
-    assert resolve_alpha(None, fp8, static_only=True) is None
+    assert resolve_alpha(DEFAULT, fp8) == 0.5
+    assert resolve_alpha(DEFAULT, nv) is None
+    # an explicit choice is kept for every scheme (lowbit.quantize, lowbit quantize and compare alike)
+    assert resolve_alpha(0.3, fp8) == 0.3 and resolve_alpha("auto", fp8) == "auto"
+    assert resolve_alpha(0.3, nv) == 0.3 and resolve_alpha("auto", nv) == "auto"
+    assert resolve_alpha(None, fp8) is None and resolve_alpha("none", nv) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from lowbit.errors import SchemeError
 from lowbit.numerics import FormatName as F
@@ -93,6 +94,16 @@ def test_get_scheme_unknown_and_passthrough():
         get_scheme("int3-magic")
     custom = Scheme("custom", QuantSpec(F.INT8, G.CHANNEL))
     assert get_scheme(custom) is custom
+
+
+@pytest.mark.parametrize("value,kind", [(torch.zeros(300, 300), "Tensor"), (["nvfp4"], "list"), (None, "NoneType"),
+                                        (torch.nn.Linear(64, 64), "Linear")])
+def test_get_scheme_of_another_object_is_one_line_naming_its_type(value, kind):
+    """Not its repr (a tensor or a model prints thousands of characters), and a SchemeError for
+    unhashable values too."""
+    with pytest.raises(SchemeError) as e:
+        get_scheme(value)
+    assert str(e.value) == f"scheme must be a scheme name or a Scheme, not {kind}"
 
 
 def test_describe():

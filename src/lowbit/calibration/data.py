@@ -295,6 +295,23 @@ CALIBRATION_PRESETS: dict[str, dict] = {
 }
 
 
+def calibration_config(config, preset: str | None, options: dict) -> CalibrationConfig:
+    """``config``, or the named ``preset`` with ``options`` over its fields, or a CalibrationConfig
+    of ``options``: how ``lowbit.quantize``, ``auto_recipe`` and the streamed run read their
+    calibration arguments. QuantizationError for both a config and a preset/options, or an
+    unknown field."""
+    from lowbit.errors import QuantizationError
+
+    if config is not None and (options or preset is not None):
+        raise QuantizationError("pass either config=CalibrationConfig(...) or a preset and/or its fields, not both")
+    try:
+        if config is not None:
+            return config
+        return CalibrationConfig.preset(preset, **options) if preset is not None else CalibrationConfig(**options)
+    except TypeError as e:
+        raise QuantizationError(f"unknown calibration option: {e}") from None
+
+
 def default_layer_inputs(rounding: WeightRounding) -> LayerInputs:
     """Layer inputs when none are asked for (see ``CalibrationConfig.layer_inputs``)."""
     return LayerInputs.QUANTIZED if rounding is WeightRounding.GPTQ else LayerInputs.FLOAT

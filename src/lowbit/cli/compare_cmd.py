@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
-from lowbit.cli.recipe_options import CANDIDATES_HELP, RECIPE_HELP
+from lowbit.cli.recipe_options import CANDIDATES_HELP, RECIPE_HELP, parse_budgets, recipe_file
 from lowbit.cli.common import (
     OptionError, calib_data_options, calibration_arg, check_model_path, human_bytes, model_arg, parse_calib_preset,
     parse_calib_weights, CALIB_COLUMN_HELP, CALIB_HELP, CALIB_PACK_HELP, CALIB_SPLIT_HELP, CALIB_WEIGHTS_HELP,
@@ -69,23 +69,6 @@ def compare_table(report: dict) -> Table:
     return t
 
 
-def _bits(text: str) -> float:
-    try:
-        b = float(text)
-    except ValueError:
-        raise OptionError(f"--target-bits {text!r}: not a number of bits") from None
-    if not b > 0:
-        raise OptionError(f"--target-bits {text!r}: must be a positive number of bits")
-    return b
-
-
-def check_file(path: str, flag: str) -> None:
-    from pathlib import Path
-
-    if not Path(path).is_file():
-        raise OptionError(f"{flag} {path}: no such file")
-
-
 @app.command("compare")
 def compare_cmd(
     model: Optional[str] = typer.Argument(None, help="Model folder (default: the built-in SmolLM2-135M)."),
@@ -118,9 +101,9 @@ def compare_cmd(
         None, "--calib-preset",
         help=CALIB_PRESET_HELP),
     smoothquant: str = typer.Option("default", "--smoothquant",
-                                    help="SmoothQuant for schemes with static per-tensor input scales (w8a8-int8, "
-                                         "w8a8-fp8): 'default' (alpha 0.8 for INT8, 0.5 for FP8 inputs), an alpha "
-                                         "in [0, 1], 'auto' or 'none'."),
+                                    help="SmoothQuant alpha in [0, 1] or 'auto' (every scheme row and recipe group, as "
+                                         "lowbit quantize), 'none', or 'default': 0.8 for static per-tensor INT8 "
+                                         "inputs (w8a8-int8), 0.5 for FP8 ones (w8a8-fp8), none for the others."),
     sink_positions: Optional[int] = typer.Option(None, "--sink-positions",
                                                  help="Leading positions per calibration window kept out of static scales."),
     weight_rounding: Optional[str] = typer.Option(
@@ -189,19 +172,15 @@ def compare_cmd(
     rot = parse_rotation(rotation)
     if rot is not None:
         calib_options["rotation"] = rot.value
-    budgets = [_bits(b) for b in parse_list(target_bits, "--target-bits")] if target_bits is not None else []
-    if candidates is not None and not budgets:
-        raise OptionError("--candidates goes with --target-bits")
-    if budgets and candidates is None:
-        raise OptionError("--target-bits needs --candidates (the schemes to choose from, e.g. nvfp4,w8a8-fp8)")
+    budgets, cands = parse_budgets(target_bits, candidates)  # quantize's parser: the same error lines
     from lowbit.report.compare import DEFAULT_SCHEMES
 
     rows = parse_list(schemes, "--schemes") if schemes is not None else \
         ([] if recipe or budgets else list(DEFAULT_SCHEMES))
     for r in recipe or ():
-        check_file(r, "--recipe")
+        recipe_file(r)
     opts = CompareOptions(schemes=rows, recipes=list(recipe or ()), target_bits=budgets,
-                          candidates=parse_list(candidates, "--candidates") if candidates else [], limit=limit, window=window, stride=stride,
+                          candidates=[c.name for c in cands], limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text,
                           calib=calibration_arg(calib, weights),
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,

@@ -38,7 +38,7 @@ def quantize_cmd(
     scheme: Optional[str] = typer.Option(None, "--scheme", "-s", help="Scheme name (see `lowbit schemes`); or "
                                          "--recipe, or --target-bits."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help=RECIPE_HELP),
-    target_bits: Optional[float] = typer.Option(None, "--target-bits", help=TARGET_BITS_HELP),
+    target_bits: Optional[str] = typer.Option(None, "--target-bits", help=TARGET_BITS_HELP),
     candidates: Optional[str] = typer.Option(None, "--candidates", help=CANDIDATES_HELP),
     fmt: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output folder (default: MODEL-SCHEME)."),
@@ -107,14 +107,14 @@ def quantize_cmd(
         raise OptionError("--offload-activations applies to streamed calibration: drop --model-free/--in-memory")
     check_model_path(model)
     import lowbit
-    from lowbit.algorithms.smoothquant.defaults import DEFAULT, resolve_alpha
+    from lowbit.algorithms.smoothquant.defaults import DEFAULT, scheme_alphas
 
     plan = parse_plan(scheme, recipe, target_bits, candidates)
     sch = plan.scheme  # None for a recipe
     src = model_arg(model)
     out = Path(output) if output else _default_output(src, plan.label)
     sq_choice = parse_smoothquant(smoothquant)
-    alphas = {s: resolve_alpha(sq_choice, s, static_only=False) for s in plan.schemes}
+    alphas = scheme_alphas(sq_choice, plan.schemes)
     sq = alphas[sch] if sch is not None else {s.name: a for s, a in alphas.items()}
     wr = parse_weight_rounding(weight_rounding)
     reconstruct_iters = parse_reconstruct_iters(reconstruct_iters)
@@ -224,7 +224,8 @@ def quantize_cmd(
             a = summary["auto_recipe"]
             console.print(f"chose a scheme per layer for {a['target_bits']:g} average weight bits: "
                           f"{a['average_bits']:.3f} reached, {a['counts']} (predicted loss +{a['predicted_loss']:.4g}; "
-                          f"measured in {a['seconds']:.1f} s)", highlight=False)
+                          f"measured on {len(a['windows'])} of {a['calibration']['samples']} calibration windows in "
+                          f"{a['seconds']:.1f} s)", highlight=False)
         if q is not None and q.get("schemes") and len(q["schemes"]) > 1:
             console.print("linears per scheme: " + ", ".join(f"{k} {v}" for k, v in q["schemes"].items()) +
                           f"; {q['average_bits']:.3f} average weight bits", highlight=False)
@@ -343,14 +344,15 @@ def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignor
     if plan.target_bits is not None:
         err_console.print(f"[dim]measuring each layer's sensitivity to {', '.join(s.name for s in plan.candidates)} "
                           f"on {_calib_desc(calib)}[/dim]", highlight=False)
+        # measured on the windows the quantization below calibrates on (the same options)
         auto = lowbit.auto_recipe(qmodel, plan.candidates, plan.target_bits, calib or "builtin", tokenizer=tok,
-                                  ignore=list(ignore or ()))
+                                  ignore=list(ignore or ()), config=cfg)
         given = extra["chosen_recipe"] = auto.recipe
         extra["auto_recipe"] = {"target_bits": auto.target_bits, "average_bits": auto.average_bits,
                                 "counts": auto.counts(), "predicted_loss": auto.predicted_loss,
-                                "seconds": auto.seconds}
+                                "seconds": auto.seconds, "windows": auto.windows, "calibration": auto.calibration}
     schemes = plan.schemes if plan.target_bits is None else list(given.schemes)
-    needs = any(calibrates(s, resolve_alpha(sq_choice, s, static_only=False), cfg) for s in schemes) or kv is not None
+    needs = any(calibrates(s, resolve_alpha(sq_choice, s), cfg) for s in schemes) or kv is not None
     if not needs and (calib is not None or dataclasses.replace(cfg, rotation=type(cfg)().rotation) != type(cfg)()):
         err_console.print(f"[yellow]note:[/yellow] {plan.label} needs no calibration; --calib options ignored")
     if needs:

@@ -42,9 +42,10 @@ class SchemePlan:
         return self.scheme if self.scheme is not None else self.recipe
 
 
-def parse_plan(scheme: str | None, recipe: str | None, target_bits: float | None,
+def parse_plan(scheme: str | None, recipe: str | None, target_bits: str | None,
                candidates: str | None) -> SchemePlan:
-    """One of --scheme, --recipe, --target-bits (which needs --candidates); OptionError otherwise."""
+    """``lowbit quantize``'s plan: one of --scheme, --recipe, --target-bits (one budget, which
+    needs --candidates: ``parse_budgets``, compare's parser); OptionError otherwise."""
     from lowbit.recipes import Recipe
     from lowbit.schemes import get_scheme
 
@@ -52,26 +53,61 @@ def parse_plan(scheme: str | None, recipe: str | None, target_bits: float | None
     if len(given) != 1:
         raise OptionError("give one of --scheme, --recipe or --target-bits" +
                           (f" (got {' and '.join(given)})" if given else ""))
-    if candidates is not None and target_bits is None:
-        raise OptionError("--candidates goes with --target-bits")
+    budgets, cands = parse_budgets(target_bits, candidates)
     if scheme is not None:
         s = get_scheme(scheme)
         return SchemePlan(scheme=s, label=s.name)
     if recipe is not None:
-        p = Path(recipe)
-        if not p.is_file():
-            raise OptionError(f"--recipe {recipe}: no such file")
+        p = recipe_file(recipe)
         r = Recipe.of(p)
         return SchemePlan(scheme=r.default if not r.groups and not r.ignore else None,
                           recipe=None if not r.groups and not r.ignore else r, label=p.stem)
+    if len(budgets) != 1:
+        raise OptionError(f"--target-bits {target_bits}: quantize takes one budget (compare takes several, a row each)")
+    from lowbit.recipes.auto import budget_label
+
+    return SchemePlan(target_bits=budgets[0], candidates=cands, label=budget_label(budgets[0]))
+
+
+def parse_budgets(target_bits: str | None, candidates: str | None) -> tuple[list[float], list]:
+    """--target-bits (comma-separated average weight bits) with --candidates (comma-separated
+    scheme names), as ``quantize`` and ``compare`` both take them: (budgets, candidate Schemes),
+    ([], []) when neither is given. OptionError for one without the other, an empty list or a
+    budget that is not a positive number; RecipeError / SchemeError for a repeated or unknown
+    candidate (``lowbit.recipes.auto.parse_candidates``)."""
+    if target_bits is None:
+        if candidates is not None:
+            raise OptionError("--candidates goes with --target-bits")
+        return [], []
+    items = [b.strip() for b in str(target_bits).split(",") if b.strip()]
+    if not items:
+        raise OptionError("--target-bits needs at least one number of bits")
+    budgets = [parse_budget(b) for b in items]
     if candidates is None:
         raise OptionError("--target-bits needs --candidates (the schemes to choose from, e.g. nvfp4,w8a8-fp8)")
+    from lowbit.cli.common import parse_list
     from lowbit.recipes.auto import parse_candidates
 
-    if not target_bits > 0:
-        raise OptionError(f"--target-bits {target_bits}: must be a positive number of bits")
-    cands = parse_candidates(candidates)
-    return SchemePlan(target_bits=float(target_bits), candidates=cands, label=f"auto-{target_bits:g}b")
+    return budgets, parse_candidates(parse_list(candidates, "--candidates"))
+
+
+def parse_budget(text: str) -> float:
+    """One --target-bits value: a positive (finite) number of bits; OptionError otherwise."""
+    try:
+        b = float(text)
+    except ValueError:
+        raise OptionError(f"--target-bits {text!r}: not a number of bits") from None
+    if not 0 < b < float("inf"):
+        raise OptionError(f"--target-bits {text!r}: must be a positive number of bits")
+    return b
+
+
+def recipe_file(path: str) -> Path:
+    """A --recipe value as a path to an existing file; OptionError otherwise."""
+    p = Path(path)
+    if not p.is_file():
+        raise OptionError(f"--recipe {path}: no such file")
+    return p
 
 
 def save_used_recipe(out: Path, recipe) -> Path:

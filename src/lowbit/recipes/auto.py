@@ -4,7 +4,10 @@
    fused q/k/v and gate/up siblings, the experts of one MoE block; every other linear alone).
 2. Each unit's cost under each candidate: its weight bits, scales included (``bits``), and its
    sensitivity (``sensitivity``: the Fisher-weighted output error summed over its linears,
-   measured on the float model with the calibration tokens).
+   measured on the float model on calibration windows). The windows are the ones
+   ``lowbit.quantize`` calibrates on given the same calibration and options (the same
+   ``calibration_set``: window count and length, packing, chat template, column, split, and the
+   padding mask of unpacked windows), ``sensitivity_samples`` of them, evenly spaced.
 3. The units' schemes minimise the total sensitivity with the model's average weight bits at
    most ``target_bits`` (``choose``).
 
@@ -26,17 +29,19 @@ from lowbit.recipes.recipe import Recipe, RecipeError, RecipeGroup
 from lowbit.recipes.resolve import units
 from lowbit.schemes import Scheme, get_scheme
 
-#: calibration windows the sensitivities are measured on (a forward and a backward of the float
-#: model each), and their length: the one default of the API, ``lowbit quantize`` and ``compare``
+#: of the calibration windows, how many the sensitivities are measured on (a forward and a
+#: backward of the float model each): the one default of the API, ``lowbit quantize`` and ``compare``
 DEFAULT_SENSITIVITY_SAMPLES = 4
-DEFAULT_SENSITIVITY_SEQ_LEN = 512
 
 
 @dataclass
 class AutoRecipe:
     """What ``auto_recipe`` chose: the recipe, the average weight bits it reaches (target:
     ``target_bits``), its predicted loss increase (half the summed sensitivities), the units
-    (names, chosen scheme, bits and score per candidate), seconds spent measuring."""
+    (names, chosen scheme, bits and score per candidate), seconds spent measuring; the
+    calibration windows it measured on: ``calibration`` (the ``CalibrationInfo`` dict of the
+    windows ``lowbit.quantize`` calibrates on with the same options) and ``windows`` (the indices
+    of those measured)."""
 
     recipe: Recipe
     target_bits: float
@@ -44,12 +49,19 @@ class AutoRecipe:
     predicted_loss: float
     units: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    calibration: dict = field(default_factory=dict)
+    windows: list[int] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for u in self.units:
             out[u["scheme"]] = out.get(u["scheme"], 0) + len(u["names"])
         return out
+
+
+def budget_label(target_bits: float) -> str:
+    """The name of an automatic choice's run or ``compare`` row: ``auto-6b`` for 6 bits."""
+    return f"auto-{target_bits:g}b"
 
 
 def parse_candidates(candidates: Iterable[str | Scheme] | str) -> list[Scheme]:
@@ -69,15 +81,22 @@ def parse_candidates(candidates: Iterable[str | Scheme] | str) -> list[Scheme]:
 
 def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, target_bits: float,
                 calibration="builtin", *, tokenizer=None, ignore: Iterable[str] = (),
-                include_lm_head: bool = False, num_samples: int = DEFAULT_SENSITIVITY_SAMPLES,
-                seq_len: int = DEFAULT_SENSITIVITY_SEQ_LEN) -> AutoRecipe:
+                include_lm_head: bool = False, sensitivity_samples: int | None = DEFAULT_SENSITIVITY_SAMPLES,
+                config=None, preset: str | None = None, **calibration_options) -> AutoRecipe:
     """Choose a scheme among ``candidates`` for every unit of ``model``'s quantizable linears,
     least predicted loss at average weight bits <= ``target_bits`` (see the module's docstring).
-    ``calibration`` / ``tokenizer``: as ``lowbit.quantize`` takes them; ``num_samples`` windows
-    of ``seq_len`` tokens are used. The model is not changed (MoE experts are split, as
-    ``lowbit.quantize`` splits them). RecipeError for an empty or repeated candidate list or a
-    budget below the smallest candidate mix (the message gives the reachable range)."""
-    from lowbit.calibration import calibration_tokens
+
+    ``calibration``, ``tokenizer`` and ``config`` / ``preset`` / ``calibration_options``
+    (num_samples, seq_len, pack, chat_template, column, split, ...): as ``lowbit.quantize`` takes
+    them; pass the same to both and the sensitivities are measured on windows the quantization
+    calibrates on (``sensitivity_samples`` of them, evenly spaced; None: all), padding masked as
+    it is there. The model is not changed (MoE experts are split, as ``lowbit.quantize`` splits
+    them). RecipeError for an empty or repeated candidate list, a bad ``sensitivity_samples`` or
+    a budget below the smallest candidate mix (the message gives the reachable range);
+    QuantizationError for an unknown calibration option; CalibrationError for bad data."""
+    from lowbit.calibration import calibration_set
+    from lowbit.calibration.packing import spaced
+    from lowbit.calibration.data import calibration_config
     from lowbit.moe import split_experts
     from lowbit.recipes.sensitivity import sensitivities
     from lowbit.targets import quantizable_linears
@@ -88,6 +107,11 @@ def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, targ
         target = float(target_bits)
     except (TypeError, ValueError):
         raise RecipeError(f"target bits must be a number, got {target_bits!r}") from None
+    if sensitivity_samples is not None and (isinstance(sensitivity_samples, bool)
+                                            or not isinstance(sensitivity_samples, int) or sensitivity_samples < 1):
+        raise RecipeError(f"sensitivity_samples must be a positive number of windows or None, "
+                          f"got {sensitivity_samples!r}")
+    cfg = calibration_config(config, preset, calibration_options)
     split_experts(model)
     names = quantizable_linears(model, ignore, include_lm_head)
     if not names:
@@ -100,8 +124,10 @@ def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, targ
     if lo > target * elements:  # before measuring anything
         raise RecipeError(f"no mix of the candidates meets {target:.4g} average bits: they reach "
                           f"{lo / elements:.4g} to {hi / elements:.4g}")
-    tokens = calibration_tokens(calibration, tokenizer, num_samples=num_samples, seq_len=seq_len)
-    sens = sensitivities(model, names, cands, tokens)
+    data = calibration_set(calibration, tokenizer, **cfg.data_options())  # lowbit.quantize's windows
+    n = data.ids.shape[0]
+    keep = spaced(n, n if sensitivity_samples is None else sensitivity_samples)
+    sens = sensitivities(model, names, cands, data.ids[keep], valid=None if data.valid is None else data.valid[keep])
     scores = [[sum(sens[n][c.name] for n in u) for c in cands] for u in groups]
     pick = choose([[Option(b, s) for b, s in zip(bu, su)] for bu, su in zip(bits, scores)], target * elements,
                   elements)
@@ -116,4 +142,4 @@ def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, targ
                                                                                  key=lambda kv: order[kv[0]])))
     total = sum(b[k] for b, k in zip(bits, pick))
     return AutoRecipe(recipe, target, total / elements, 0.5 * sum(s[k] for s, k in zip(scores, pick)), table,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, data.info.as_dict(), [int(i) for i in keep])

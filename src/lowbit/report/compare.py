@@ -40,7 +40,7 @@ from lowbit.report.writer import row_label  # noqa: F401  (re-exported: the labe
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
 from lowbit.model_quant import calibrates
 from lowbit.schemes import get_scheme
-from lowbit.algorithms.smoothquant.defaults import DEFAULT, OFF, resolve_alpha
+from lowbit.algorithms.smoothquant.defaults import DEFAULT, OFF, scheme_alphas
 from lowbit.textstart import bos_to_prepend, prepend
 
 DEFAULT_SCHEMES = ("nvfp4", "nvfp4-e5m3", "w8a8-int8", "w8a8-fp8")
@@ -61,8 +61,9 @@ class CompareOptions:
     #                                  default None: lowbit's built-in calibration text)
     calib_samples: int | None = None    # None: CalibrationConfig's default (as lowbit.quantize)
     calib_seq_len: int | None = None    # None: CalibrationConfig's default
-    # SmoothQuant for schemes with static per-tensor input scales: DEFAULT (the per-format alpha of
-    # lowbit.algorithms.smoothquant.defaults: 0.8 INT8, 0.5 FP8), an alpha in [0, 1], "auto" or "none" / None (off)
+    # SmoothQuant, as lowbit.quantize takes it (scheme_alphas, for every row and every group of a recipe):
+    # DEFAULT (the per-format alpha of lowbit.algorithms.smoothquant.defaults: 0.8 static INT8 inputs,
+    # 0.5 static FP8 ones, none for the others), an alpha in [0, 1] or "auto" (every scheme), "none" / None (off)
     smoothquant: float | str | None = DEFAULT
     calib_options: dict = field(default_factory=dict)  # more CalibrationConfig fields (sink_positions,
     #                                                     weight_rounding...)
@@ -127,7 +128,7 @@ class RowSpec:
 def row_specs(opts: CompareOptions) -> list[RowSpec]:
     """The rows ``opts`` asks for, checked before any work (unknown schemes, bad recipe files)."""
     from lowbit.recipes import Recipe
-    from lowbit.recipes.auto import parse_candidates
+    from lowbit.recipes.auto import budget_label, parse_candidates
 
     specs = [RowSpec(get_scheme(s).name, scheme=get_scheme(s).name) for s in opts.schemes]
     specs += [RowSpec(Path(p).stem, recipe=Recipe.of(Path(p))) for p in opts.recipes]
@@ -135,7 +136,7 @@ def row_specs(opts: CompareOptions) -> list[RowSpec]:
         if not opts.candidates:
             raise LowbitError("automatic-recipe rows (target_bits) need candidates (the schemes to choose from)")
         parse_candidates(opts.candidates)
-        specs += [RowSpec(f"auto-{b:g}b", target_bits=float(b)) for b in opts.target_bits]
+        specs += [RowSpec(budget_label(b), target_bits=float(b)) for b in opts.target_bits]
     labels = [s.label for s in specs]
     if len(set(labels)) != len(labels):
         raise LowbitError(f"two rows of the comparison have one name: {labels}")
@@ -157,17 +158,17 @@ def quantize_with_options(model, scheme_name: "str | RowSpec", tokenizer, opts: 
     elif spec.recipe is not None:
         plan = spec.recipe
     else:
-        auto = lowbit.auto_recipe(model, opts.candidates, spec.target_bits, calib, tokenizer=tokenizer)
+        # on the windows lowbit.quantize calibrates on below (the same options)
+        auto = lowbit.auto_recipe(model, opts.candidates, spec.target_bits, calib, tokenizer=tokenizer, **options)
         plan = auto.recipe
     schemes = [plan] if spec.scheme is not None else plan.schemes
-    alphas = {s: resolve_alpha(opts.smoothquant, s, static_only=True) for s in schemes}
+    alphas = scheme_alphas(opts.smoothquant, schemes)  # lowbit.quantize's rule, so the same alphas
     if not any(calibrates(s, alphas[s], cfg) for s in schemes) and opts.kv_cache is None:
         q = lowbit.quantize(model, plan, smoothquant=OFF, rotation=cfg.rotation)
         q.lowbit_auto = auto
         return q, False, None
-    sq = alphas[plan] if spec.scheme is not None else \
-        (opts.smoothquant if any(a is not None for a in alphas.values()) else OFF)
-    q = lowbit.quantize(model, plan, calibration=calib, tokenizer=tokenizer, smoothquant=OFF if sq is None else sq,
+    sq = alphas[plan] if spec.scheme is not None else None
+    q = lowbit.quantize(model, plan, calibration=calib, tokenizer=tokenizer, smoothquant=opts.smoothquant,
                         progress=opts.progress, kv_cache=opts.kv_cache, **options)
     q.lowbit_auto = auto
     if spec.scheme is None:  # the alphas the recipe's schemes got, by scheme name
@@ -223,7 +224,7 @@ def _recipe_fields(row: dict, qmodel, spec: RowSpec) -> None:
         row["recipe"] = (spec.recipe if auto is None else auto.recipe).to_dict()
     if auto is not None:
         row["auto_recipe"] = {"target_bits": auto.target_bits, "predicted_loss": auto.predicted_loss,
-                              "seconds": auto.seconds}
+                              "seconds": auto.seconds, "windows": auto.windows, "calibration": auto.calibration}
 
 
 def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | None = None,

@@ -67,9 +67,13 @@ PRESETS: dict[str, Scheme] = {
 
 
 def get_scheme(scheme: str | Scheme) -> Scheme:
-    """A preset by name (or a Scheme passed through)."""
+    """A preset by name (or a Scheme passed through). SchemeError for an unknown name (listing the
+    known ones) or anything else (one line naming its type, never its repr: it may be a tensor or
+    a whole model)."""
     if isinstance(scheme, Scheme):
         return scheme
+    if not isinstance(scheme, str):
+        raise SchemeError(f"scheme must be a scheme name or a Scheme, not {type(scheme).__name__}")
     try:
         return PRESETS[scheme]
     except KeyError:

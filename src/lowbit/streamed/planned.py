@@ -21,12 +21,12 @@ from lowbit.schemes import Scheme
 
 
 def alphas_of(schemes: Iterable[Scheme], smoothquant) -> dict[Scheme, object]:
-    """Each scheme's SmoothQuant alpha (``resolve_alpha``: "default" is the scheme's own);
+    """Each scheme's SmoothQuant alpha (``scheme_alphas``: "default" is the scheme's own);
     QuantizationError for a bad value."""
-    from lowbit.algorithms.smoothquant.defaults import resolve_alpha
+    from lowbit.algorithms.smoothquant.defaults import scheme_alphas
 
     try:
-        return {s: resolve_alpha(smoothquant, s, static_only=False) for s in schemes}
+        return scheme_alphas(smoothquant, schemes)
     except ValueError as e:
         raise QuantizationError(str(e)) from None
 

@@ -50,13 +50,20 @@ def check_choice(choice) -> float | str | None:
     return float(choice)
 
 
-def resolve_alpha(choice: float | str | None, scheme: Scheme, *, static_only: bool) -> float | str | None:
-    """The alpha for ``scheme`` given a user's (checked) choice: DEFAULT -> ``default_alpha``;
-    OFF / None -> no smoothing (None); an alpha or AUTO as given (with ``static_only``, only for
-    schemes it applies to)."""
+def resolve_alpha(choice: float | str | None, scheme: Scheme) -> float | str | None:
+    """The alpha for ``scheme`` given a user's (checked) choice: DEFAULT -> ``default_alpha``
+    (None for a scheme SmoothQuant does not apply to); OFF / None -> no smoothing (None); an
+    alpha or AUTO as given, whatever the scheme (asked for, a dynamic or weight-only scheme is
+    smoothed too: the smoothing then only reshapes its weights' quantization error)."""
     choice = check_choice(choice)
     if choice == DEFAULT:
         return default_alpha(scheme)
-    if choice is None or (static_only and not smoothquant_applies(scheme)):
-        return None
     return choice
+
+
+def scheme_alphas(choice: float | str | None, schemes) -> dict[Scheme, float | str | None]:
+    """Each of ``schemes``' alpha under one choice (``resolve_alpha``): the one rule of
+    ``lowbit.quantize``, ``lowbit quantize`` and ``lowbit compare``, for one scheme as for every
+    group of a recipe (each group gets what its scheme would get alone). ValueError for a bad
+    choice."""
+    return {s: resolve_alpha(choice, s) for s in schemes}
