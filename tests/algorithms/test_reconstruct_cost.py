@@ -57,17 +57,16 @@ def test_reused_outputs_are_the_layers_own(scheme, monkeypatch):
 
 
 def test_reconstruction_default_cost_counts():
-    """nvfp4's default with calibration data (GPTQ + 20 steps, eval every 10) on 2 layers and 2
-    batches: one observe pass and one target pass per layer, 20 steps and 3 whole-set
+    """nvfp4's default with calibration data (GPTQ + 20 steps, evaluated at the start and the end) on 2 layers and 2
+    batches: one observe pass and one target pass per layer, 20 steps and 2 whole-set
     evaluations per layer, no separate pass for the next layer's inputs."""
     ref = tiny_llama(hidden_size=128, intermediate_size=256)
     q = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS)
     cost = q.lowbit_calibration.cost
     layers, batches = 2, 2
     assert cost.layer_calls == {"observe": layers * batches, "targets": layers * batches,
-                                "reconstruct-steps": layers * 20, "reconstruct-evals": layers * 3 * batches}
-    windows = TOKENS.shape[0] // batches  # a step takes a batch's worth of windows, one backward each
-    assert cost.backward_calls == layers * 20 * windows
+                                "reconstruct-steps": layers * 20, "reconstruct-evals": layers * 2 * batches}
+    assert cost.backward_calls == layers * 20  # a step takes one window (reconstruct_batch_size's default)
     assert cost.reused_outputs == layers - 1
     assert {"capture", "observe", "targets", "quantize", "reconstruct-steps", "reconstruct-evals"} <= set(cost.seconds)
     d = cost.as_dict()
@@ -135,7 +134,8 @@ def test_reconstruct_batch_size_is_checked_and_the_cli_takes_it():
     from lowbit.calibration import CalibrationConfig, CalibrationError
     from lowbit.cli.common import OptionError, reconstruct_batch_size_option
 
-    assert CalibrationConfig().reconstruct_batch_size is None
+    assert CalibrationConfig().reconstruct_batch_size == 1
+    assert CalibrationConfig.preset("best").reconstruct_batch_size is None  # best: a whole batch a step
     with pytest.raises(CalibrationError, match="reconstruct_batch_size"):
         CalibrationConfig(reconstruct_batch_size=0)
     assert reconstruct_batch_size_option(None) == {}
@@ -143,3 +143,30 @@ def test_reconstruct_batch_size_is_checked_and_the_cli_takes_it():
     assert reconstruct_batch_size_option(2) == {"reconstruct_batch_size": 2}
     with pytest.raises(OptionError, match="--reconstruct-batch-size"):
         reconstruct_batch_size_option(-1)
+
+
+@pytest.mark.parametrize("every, evals", [(None, 2), (2, 4), (4, 3)])
+def test_whole_set_evaluations_at_the_start_the_end_and_every_eval_every(every, evals, monkeypatch):
+    """By default the whole calibration set is evaluated twice (the given codes, and after the last
+    step); ``eval_every`` adds one every that many steps (6 steps: 2 -> steps 2, 4, 6; 4 -> 4, 6)."""
+    import dataclasses
+
+    from lowbit.calibration import CalibrationConfig
+
+    real = CalibrationConfig.reconstruct_options
+    monkeypatch.setattr(CalibrationConfig, "reconstruct_options",
+                        lambda self, s: dataclasses.replace(real(self, s), eval_every=every))
+    ref = tiny_llama(hidden_size=128, intermediate_size=256)
+    q = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS, reconstruct_iters=6)
+    for name, r in q.lowbit_calibration.reconstruct.items():
+        assert len(r["history"]) == evals, (name, r)
+        assert r["mse_end"] == min(r["history"])
+    assert q.lowbit_calibration.cost.layer_calls["reconstruct-evals"] == 2 * evals * 2  # layers x evals x batches
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_eval_every_is_checked(bad):
+    from lowbit.algorithms.reconstruct import ReconstructOptions
+
+    with pytest.raises(ValueError, match="eval_every"):
+        ReconstructOptions(eval_every=bad)

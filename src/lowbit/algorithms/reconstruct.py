@@ -26,10 +26,14 @@ as many as a calibration batch has), strided over the whole set so that the step
 window in turn (``lowbit.algorithms.reconstruct_steps``: with 16 windows and 4 a step, step 0
 takes windows 0, 4, 8, 12, step 1 windows 1, 5, 9, 13, ...). Each window's forward and backward
 runs alone and the step's gradient is their exact sum, so that under torchrun the ranks share
-every step's windows (data parallel) and still make the choices of one process, bit for bit.
+every step's windows (data parallel) and still make the choices of one process, bit for bit
+(a step of one window, ``CalibrationConfig``'s default, runs on the rank that holds it).
 The codes of the best
-step seen (measured on the whole calibration set every ``eval_every`` steps, and at the start)
-are kept: the result is never worse than the codes it started from on the calibration data.
+step seen are kept, measured on the whole calibration set at the start, after the last step and,
+with ``eval_every``, every ``eval_every`` steps (default None: start and end only; the steps
+decay to 0, and on SmolLM2 nvfp4 the last step was the best of steps 0, 10 and 20 in every one of
+its 30 layers, both at 1 and 4 windows a step: bench/calibrate/RESULTS-calibrate.md). The result
+is never worse than the codes it started from on the calibration data.
 Deterministic: no sampling.
 Memory: one layer's float copy, the offsets, the gradients of the step's windows on this rank
 (one float32 copy of the re-rounded weights per window, and one float64 sum), the targets
@@ -39,8 +43,8 @@ kept, computed exactly as the reference backend computes them, so that a caller 
 match the reference can take them as the next layer's inputs instead of running the layer again).
 
 Cost (``ReconstructReport``'s counters): ``iters`` steps of one forward + backward pass per window,
-and ``iters // eval_every + 1`` (plus one when ``iters`` is not a multiple) forward passes over
-every batch. Sibling linears reading one input (q/k/v, gate/up) quantize it once per forward
+and 2 forward passes over every batch (with ``eval_every``: ``iters // eval_every + 1``, plus one
+when ``iters`` is not a multiple). Sibling linears reading one input (q/k/v, gate/up) quantize it once per forward
 (``lowbit.backends.shared_input``), and the rounded weights of fixed scales are one autograd
 function (``lowbit.algorithms.reconstruct_offsets``), bit-identical to the plain expression.
 
@@ -78,9 +82,15 @@ def default_lr(iters: int) -> float:
 class ReconstructOptions:
     iters: int = 200
     lr: float | None = None          # signed step in grid units; None: default_lr(iters)
-    eval_every: int = 10             # steps between full-set evaluations (the best is kept)
+    eval_every: int | None = None    # steps between full-set evaluations (the best is kept); None: only
+    #                                  at the start and after the last step
     batch_size: int | None = None    # calibration windows per step (None: as many as a calibration batch has)
     scales: bool = False             # also tune each per-channel / per-group scale (see Offsets.scale)
+
+    def __post_init__(self) -> None:
+        e = self.eval_every
+        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 1):
+            raise ValueError(f"eval_every must be a positive integer or None, got {e!r}")
 
 
 @dataclass
@@ -281,7 +291,8 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                             o.c.sub_(lr * torch.sign(by_id[id(o.c)])).clamp_(min=C_MIN)
                             torch.minimum(o.c, o.c_hi, out=o.c)
                 rep.step_seconds += time.perf_counter() - t0
-                if (step + 1) % options.eval_every == 0 or step + 1 == options.iters:
+                if step + 1 == options.iters or (options.eval_every is not None
+                                                 and (step + 1) % options.eval_every == 0):
                     m, outs = full_mse()
                     rep.history.append(m)
                     if m < best:

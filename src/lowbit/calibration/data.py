@@ -123,11 +123,12 @@ class CalibrationConfig:
         vs + 20 steps: SmolLM2 +30.12% -> +19.39% (462 CPU-s, ~9x), Gemma-3-270M +18.89% ->
         +16.74% (bench/peers/RESULTS.md).
     reconstruct_batch_size: calibration windows per reconstruction step (each step runs forward and
-        backward on the next ``reconstruct_batch_size`` windows); default None: one whole
-        calibration batch of ``batch_size`` windows per step. 1 costs a third of the steps' time
-        but moved the result both ways, beyond the evaluation's spread, on SmolLM2 (GPTQ + 20
-        steps, 16 x 512 tokens; 4 windows -> 1 window a step: nvfp4 +15.72% -> +10.89%, nvfp4-e5m3
-        +12.04% -> +17.42%; bench/calibrate/RESULTS-calibrate.md), so the default stays the whole batch.
+        backward on the next ``reconstruct_batch_size`` windows, strided over the set); default 1;
+        None: one whole calibration batch of ``batch_size`` windows per step. One window a step
+        costs a quarter of the steps' compute at the same perplexity: SmolLM2, GPTQ + 20 steps,
+        16 x 512 tokens, perplexity on the whole built-in evaluation text (26895 tokens), 4 windows
+        -> 1 window a step: nvfp4 +14.32% -> +14.29% (328 -> 156 s), nvfp4-e5m3 +14.77% -> +14.93%
+        (314 -> 148 s), AMD EPYC AVX-512, 2 cores (bench/calibrate/RESULTS-calibrate.md).
     reconstruct_lr: the first step, in grid units (default None:
         ``lowbit.algorithms.reconstruct.default_lr``: min(1 / reconstruct_iters, 0.02)).
     reconstruct_scales: reconstruction also re-chooses each per-channel / per-group weight scale
@@ -161,7 +162,7 @@ class CalibrationConfig:
     layer_inputs: LayerInputs | None = None
     reconstruct_iters: int | None = None
     reconstruct_lr: float | None = None
-    reconstruct_batch_size: int | None = None
+    reconstruct_batch_size: int | None = 1
     reconstruct_scales: bool = False
     rotation: Rotation = DEFAULT_ROTATION
 
@@ -291,7 +292,10 @@ CALIBRATION_PRESETS: dict[str, dict] = {
     # batch, so the windows cost the forward passes, not the steps; on the default's 16 windows the
     # extra steps overfit (SmolLM2, 16 x 256 tokens, Intel host: nvfp4 +17.31% against the default's
     # +16.44%; with 64 x 256 +15.24%; bench/peers/RESULTS.md, "`best` on 64 calibration windows").
-    "best": {"weight_rounding": "gptq", "layer_inputs": "quantized", "reconstruct_iters": 50, "num_samples": 64},
+    # Its steps take a whole batch (4 windows) each, as measured there: 50 steps of one window
+    # would not visit all 64 windows.
+    "best": {"weight_rounding": "gptq", "layer_inputs": "quantized", "reconstruct_iters": 50, "num_samples": 64,
+             "reconstruct_batch_size": None},
 }
 
 

@@ -122,9 +122,9 @@ RECONSTRUCT_ITERS_HELP = ("Block-output reconstruction steps per decoder layer a
                           "directions to reproduce the float layer's output; scales unchanged; default: 20 after GPTQ "
                           "on symmetric 4-bit weights (nvfp4, w4a16, ...), else 0: off).")
 
-RECONSTRUCT_BATCH_SIZE_HELP = ("Calibration windows per reconstruction step (0: one whole calibration batch, the "
-                               "default). 1 costs a third of the steps' time; on SmolLM2 it moved perplexity both ways "
-                               "(nvfp4 better, nvfp4-e5m3 worse; bench/calibrate/RESULTS-calibrate.md).")
+RECONSTRUCT_BATCH_SIZE_HELP = ("Calibration windows per reconstruction step (default 1; 0: one whole calibration "
+                               "batch). A whole batch of 4 costs 4x the steps' compute at the same perplexity on "
+                               "SmolLM2 (bench/calibrate/RESULTS-calibrate.md).")
 
 WEIGHT_ROUNDING_HELP = ("Weight rounding with calibration: 'rtn' (round to nearest) or 'gptq' (error-compensating; "
                         "calibrates weight-only and dynamic schemes too). Default: GPTQ for symmetric weights of 4 bits or fewer "
