@@ -36,6 +36,7 @@ PROMPTS = ("Continue the story from this passage:\n\n{p}",
 ROWS = {  # name -> (scheme, calibration options)
     "w8a8-int8": ("w8a8-int8", {}),
     "nvfp4-rtn": ("nvfp4", {"weight_rounding": "rtn", "reconstruct_iters": 0}),
+    "nvfp4": ("nvfp4", {}),  # its default: GPTQ + 20 reconstruction steps
 }
 
 

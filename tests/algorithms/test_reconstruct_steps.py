@@ -96,3 +96,33 @@ def test_a_non_finite_gradient_is_one_error_naming_the_layer():
     with pytest.raises(QuantizationError, match="layer 'model.layers.3'"):
         plan.exact_sum([[torch.tensor([1.0, float("nan")])]], [torch.zeros(2)], "the decoder layer 'model.layers.3'")
     assert torch.equal(plan.exact_sum([[None], [None]], [torch.zeros(2)], "x")[0], torch.zeros(2))  # no gradient: 0
+
+
+def _adversarial_gradient() -> torch.Tensor:
+    """Ties at the rounding quantum, -0, subnormals, values just below and at 2^23 quanta, the
+    peak on a power of two and just below the next one."""
+    e = 52 - 4 - 1  # 16 atoms (spare 4), the peak below 2^1
+    q = 2.0 ** -e
+    vals = [1.0, 1.9999999, -1.5, 0.0, -0.0, 0.5 * q, -0.5 * q, 1.5 * q, -2.5 * q, 2.5 * q, 0.49 * q,
+            1e-45, -1e-45, 1e-39, 2.0 ** -23, (2 ** 23 + 0.5) * q, (2 ** 23 - 0.5) * q, -(2 ** 24 - 0.5) * q,
+            3.0e-8, -7.1e-12]
+    g = torch.tensor(vals, dtype=torch.float32)
+    return torch.cat([g, torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 10.0 ** torch.randint(
+        -30, 0, (4096,), generator=torch.Generator().manual_seed(2)).float()])
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0 ** -60, 2.0 ** -75, 2.0 ** -100, 2.0 ** 40, 2.0 ** 60])
+def test_one_atoms_float32_sum_has_the_float64_bits(scale):
+    """One atom in one process takes the float32 form of the rounding; its bits are the float64
+    path's (the reference implementation) on ties, signed zeros, subnormals and every exponent
+    range, including the ones the float32 form hands back to float64."""
+    from lowbit.kernels import Implementation, using
+
+    g = _adversarial_gradient() * scale
+    plan = StepPlan(_targets([16]), 1, None)
+    fast = plan.exact_sum([[g]], [torch.zeros_like(g)], "x")[0]
+    with using(Implementation.REFERENCE):
+        slow = plan.exact_sum([[g]], [torch.zeros_like(g)], "x")[0]
+    assert fast.dtype == slow.dtype == torch.float32
+    assert torch.equal(fast.view(torch.int32), slow.view(torch.int32))  # -0 and +0 told apart
+    assert (fast == 0).any() and not torch.signbit(fast[fast == 0]).any()

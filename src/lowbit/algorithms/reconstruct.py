@@ -284,9 +284,9 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                 rep.steps += 1
                 lr = lr0 * (1.0 - step / options.iters)
                 with torch.no_grad():
-                    by_id = {id(p): g for p, g in zip(params, grads)}
+                    by_id = {id(p): g for p, g in zip(params, grads)}  # this step's own tensors: signed in place
                     for o in offs.values():
-                        o.V.sub_(lr * torch.sign(by_id[id(o.V)])).clamp_(-0.5, 0.5)
+                        o.V.sub_(by_id[id(o.V)].sign_().mul_(lr)).clamp_(-0.5, 0.5)
                         if o.c is not None:
                             o.c.sub_(lr * torch.sign(by_id[id(o.c)])).clamp_(min=C_MIN)
                             torch.minimum(o.c, o.c_hi, out=o.c)

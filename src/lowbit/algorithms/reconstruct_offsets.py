@@ -31,20 +31,23 @@ C_MIN = 0.5  # the smallest block-scale coefficient: at most halve a block's ama
 
 class _RoundedWeight(torch.autograd.Function):
     """where(nz, (x + (r - x)) * e, 0) for x = v + V * step, straight-through in V (the torch
-    implementation of ``Offsets.weight`` with fixed scales)."""
+    implementation of ``Offsets.weight`` with fixed scales; ``zero`` = ~nz)."""
 
     @staticmethod
-    def forward(ctx, V, v, step, e, nz, fmt):  # noqa: D401 - autograd's signature
-        x = v + V * step
-        r = codes.decode(fmt, codes.encode(fmt, x))
-        w = torch.where(nz, (x + (r - x)) * e, 0.0)
-        ctx.save_for_backward(step, e, nz)
+    def forward(ctx, V, v, step, e, zero, fmt):  # noqa: D401 - autograd's signature
+        # the plain expression's operations in its order, in place on two new tensors (IEEE
+        # addition is commutative, so V * step + v and (r - x) + x are v + V * step and x + (r - x));
+        # ``zero`` is ~nz: masked_fill(zero, 0) is where(nz, ., 0), +0 included
+        x = torch.mul(V, step).add_(v)
+        w = codes.decode(fmt, codes.encode(fmt, x))
+        w.sub_(x).add_(x).mul_(e).masked_fill_(zero, 0.0)
+        ctx.save_for_backward(step, e, zero)
         return w
 
     @staticmethod
     def backward(ctx, g):
-        step, e, nz = ctx.saved_tensors
-        return torch.where(nz, g, 0.0) * e * step, None, None, None, None, None
+        step, e, zero = ctx.saved_tensors
+        return g.masked_fill(zero, 0.0).mul_(e).mul_(step), None, None, None, None, None
 
 
 def _grid(fmt) -> torch.Tensor:
@@ -97,7 +100,7 @@ class Offsets:
         V0 = torch.where(start == rtn, torch.zeros_like(v), past)
         self.V = V0.clamp(-0.5, 0.5).requires_grad_(True)
         if self.c is None:  # fixed scales: v, its grid step and e never change
-            self.v_fixed, self.step_fixed, self.e_fixed = v, hi - lo, e
+            self.v_fixed, self.step_fixed, self.e_fixed, self.zero_fixed = v, hi - lo, e, ~self.nz
 
     def params(self) -> list[torch.Tensor]:
         return [self.V] if self.c is None else [self.V, self.c]
@@ -136,7 +139,7 @@ class Offsets:
     def weight(self) -> torch.Tensor:
         """The dequantized weight, rounded forward, straight-through backward."""
         if self.c is None and allows(Implementation.TORCH):
-            return _RoundedWeight.apply(self.V, self.v_fixed, self.step_fixed, self.e_fixed, self.nz, self.fmt)
+            return _RoundedWeight.apply(self.V, self.v_fixed, self.step_fixed, self.e_fixed, self.zero_fixed, self.fmt)
         x, e, nz = self._x()
         r = self.fmt.decode(self.fmt.encode(x.detach()))
         return torch.where(nz, (x + (r - x).detach()) * e, 0.0)

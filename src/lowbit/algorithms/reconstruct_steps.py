@@ -27,6 +27,7 @@ import torch
 
 from lowbit.calls import slice_call
 from lowbit.errors import QuantizationError
+from lowbit.kernels.select import Implementation, allows
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,14 @@ class StepPlan:
         spare = math.ceil(math.log2(max(self.total, 1)))
         out = []
         for i, t in enumerate(like):
-            acc = torch.zeros(t.shape, dtype=torch.float64, device=dev)
             m = float(peak[i])
             e = 0 if m == 0.0 else 52 - spare - math.frexp(m)[1]  # m < 2^E: every |rounded| <= 2^(52 - spare)
+            given = [per_atom[i] for per_atom in grads if per_atom[i] is not None]
+            if (self.group is None and len(given) == 1 and given[0].dtype == torch.float32 and 0 <= e <= 126
+                    and allows(Implementation.TORCH)):  # one atom in one process: the float32 form (reference: float64)
+                out.append(_rounded_float32(given[0].detach(), e))
+                continue
+            acc = torch.zeros(t.shape, dtype=torch.float64, device=dev)
             for per_atom in grads:
                 g = per_atom[i]
                 if g is not None:
@@ -106,6 +112,19 @@ class StepPlan:
                 self.group.sum_(acc)
             out.append((acc * 2.0 ** -e).to(torch.float32))
         return out
+
+
+def _rounded_float32(g: torch.Tensor, e: int) -> torch.Tensor:
+    """One float32 gradient rounded to a multiple of 2^-e, as ``exact_sum`` rounds and sums it in
+    float64 (0 <= e <= 126): g * 2^e is exact in float32 (a power-of-two scaling below 2^52 in
+    magnitude), its round-half-even integer k is a float32 (below 2^23 it is rounded, from 2^23 on
+    g * 2^e has no fraction), adding +0 turns a -0 into the +0 the float64 sum starts from, and
+    k * 2^-e is a normal float32 or zero, so every step is exact and the bits are the float64
+    path's; in place on one new tensor instead of float64 temporaries."""
+    r = torch.mul(g, 2.0 ** e)
+    r.round_()
+    r.add_(0.0)
+    return r.mul_(2.0 ** -e)
 
 
 def _atoms(j: int, t: torch.Tensor) -> list[Atom]:
