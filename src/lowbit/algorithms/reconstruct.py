@@ -36,7 +36,8 @@ its 30 layers, both at 1 and 4 windows a step: bench/calibrate/RESULTS-calibrate
 is never worse than the codes it started from on the calibration data.
 Deterministic: no sampling.
 Memory: one layer's float copy, the offsets, the gradients of the step's windows on this rank
-(one float32 copy of the re-rounded weights per window, and one float64 sum), the targets
+(one float32 copy of the re-rounded weights per window, and a float64 sum when a step has
+several windows or ranks), the targets
 (one layer output per batch) and the
 outputs of the best evaluation (``ReconstructReport.outputs``: the layer's outputs with the codes
 kept, computed exactly as the reference backend computes them, so that a caller whose backends
@@ -288,7 +289,7 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                     for o in offs.values():
                         o.V.sub_(by_id[id(o.V)].sign_().mul_(lr)).clamp_(-0.5, 0.5)
                         if o.c is not None:
-                            o.c.sub_(lr * torch.sign(by_id[id(o.c)])).clamp_(min=C_MIN)
+                            o.c.sub_(by_id[id(o.c)].sign_().mul_(lr)).clamp_(min=C_MIN)
                             torch.minimum(o.c, o.c_hi, out=o.c)
                 rep.step_seconds += time.perf_counter() - t0
                 if step + 1 == options.iters or (options.eval_every is not None

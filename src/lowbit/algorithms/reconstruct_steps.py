@@ -15,7 +15,8 @@ e is chosen from the largest magnitude over all atoms and ranks so that any sum 
 values is an integer multiple of 2^-e below 2^52 * 2^-e. Float64 sums of such values are exact,
 hence independent of order and of the split over ranks: one process and any number of ranks get
 the same bits. The rounding keeps 52 - ceil(log2 A) bits below the largest magnitude of each
-tensor (float32 itself keeps 24).
+tensor (float32 itself keeps 24). A step of one atom in one process (the default one window a
+step) rounds in float32 instead (``_rounded_float32``: the same bits, without float64 temporaries).
 """
 
 from __future__ import annotations
