@@ -107,7 +107,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
              ignore: Iterable[str] = (), include_lm_head: bool = False, tokenizer=None,
              config=None, preset: str | None = None, progress: bool | None = None,
              allow_unquantized: bool = False, kv_cache: str | None = DEFAULT_KV_CACHE,
-             **calibration_options) -> nn.Module:
+             float_states=None, **calibration_options) -> nn.Module:
     """Quantize ``model`` in place and return it.
 
     scheme: a preset name or Scheme (every target linear), or a recipe (mixed precision,
@@ -143,6 +143,11 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         ``k_scale = amax(K) / 448``, ``v_scale = amax(V) / 448`` per attention module (K after
         RoPE), and the model's forward QDQs K and V under them from then on. Needs calibration
         data; the report is left on ``model.lowbit_kv_calibration``.
+    float_states: a ``lowbit.calibration.FloatStates`` given to several calibrated quantizations
+        of one float model (copies of it) on the same calibration windows: the float model's
+        hidden states that reconstruction aims at are computed by the first and reused by the
+        others (one float pass of every decoder layer saved each; the same codes as without it;
+        not used with a rotation or SmoothQuant). ``lowbit compare`` shares one across its rows.
     preset: a named calibration budget (``lowbit.calibration.CALIBRATION_PRESETS``, e.g.
         "gptq-fast"); calibration_options given with it override its fields.
 
@@ -211,7 +216,9 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     was_training = model.training
     model.eval()
     sq = smoothquant if isinstance(scheme, Scheme) else alphas
-    report = LayerwiseCalibrator(model, scheme, cfg, sq).run(data.ids, names, progress=progress, valid=data.valid)
+    shared = float_states if cfg.rotation is DEFAULT_ROTATION else None  # a rotation changes the float layers
+    report = LayerwiseCalibrator(model, scheme, cfg, sq, float_states=shared).run(data.ids, names, progress=progress,
+                                                                                 valid=data.valid)
     report.data = data.info.as_dict()
     model.train(was_training)
     model.lowbit_calibration = report

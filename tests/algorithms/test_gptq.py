@@ -185,6 +185,26 @@ def test_groups_solved_together_match_separate_solves(act_order):
 
 
 @pytest.mark.parametrize("act_order", [False, True])
+def test_batches_solved_on_several_threads_are_the_same_bits(act_order):
+    """``workers``: the column-loop batches (two input widths; under act_order every group alone)
+    run on threads of their own, with the bits of one thread."""
+    from lowbit.algorithms.gptq import gptq_batches
+    from lowbit.threads import one_thread
+
+    xa, xb, xc = correlated_inputs(seed=0), correlated_inputs(seed=5), correlated_inputs(n_in=96, seed=6)
+    groups = [[weight(64, seed=1), weight(32, seed=2)], [weight(48, seed=3)], [weight(40, 96, seed=4)]]
+    hs = [hessian(xa), hessian(xb), hessian(xc)]
+    opts = GPTQOptions(act_order=act_order)
+    assert len(gptq_batches(groups, hs, opts)) >= 2
+    with one_thread():
+        one = gptq_quantize_groups(groups, hs, NVFP4, options=opts)
+        many = gptq_quantize_groups(groups, hs, NVFP4, options=opts, workers=3)
+    for a, b in zip(one, many):
+        for q, s in zip(a, b):
+            assert torch.equal(q.codes, s.codes) and torch.equal(q.scale, s.scale)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
 def test_only_the_upper_triangle_of_the_hessian_is_read(act_order):
     """GPTQ reads H's upper triangle and diagonal: the same codes, bit for bit, with the lower
     triangle zeroed (HessianSum.upper()) or filled with garbage, dead columns included."""

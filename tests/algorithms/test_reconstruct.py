@@ -23,6 +23,14 @@ def _layer_mse(model, ref, tokens) -> float:
     return float(((a - b) ** 2).mean())
 
 
+def not_worse(r: dict) -> bool:
+    """A layer's report: the codes kept beat the given ones on step 0's windows, or, where the check
+    sent the decision to the whole set, are not worse there."""
+    if r["mse_start"] is not None:
+        return r["mse_end"] <= r["mse_start"]
+    return r["check_end"] < r["check_start"]
+
+
 @pytest.mark.parametrize("scheme,kw", [
     ("nvfp4", {}),                                   # W4A4: activations quantized in the loop, after GPTQ
     ("w4a16", {"weight_rounding": "gptq"}),          # weight-only INT4, after GPTQ
@@ -36,9 +44,9 @@ def test_reconstruction_lowers_each_layers_output_error(scheme, kw):
     report = rec.lowbit_calibration.reconstruct
     assert sorted(report) == ["model.layers.0", "model.layers.1"]
     for name, r in report.items():
-        assert r["mse_end"] <= r["mse_start"], (name, r)
+        assert not_worse(r), (name, r)
         assert r["changed"] > 0
-    assert any(r["mse_end"] < 0.9 * r["mse_start"] for r in report.values()), report
+    assert any(r["check_end"] < 0.9 * r["check_start"] for r in report.values()), report
     # the whole model's output moves toward float too (on the calibration tokens)
     assert _layer_mse(rec, ref, TOKENS) < _layer_mse(base, ref, TOKENS)
     # only codes changed: every weight scale is the one the quantizer chose (input scales of later
@@ -128,7 +136,7 @@ def test_reconstruction_with_scales_round_trips(tmp_path):
     rec = lowbit.quantize(copy.deepcopy(ref), "w4a16", calibration=TOKENS, weight_rounding="gptq",
                           reconstruct_iters=20, reconstruct_scales=True)
     report = rec.lowbit_calibration.reconstruct
-    assert all(r["mse_end"] <= r["mse_start"] for r in report.values()), report
+    assert all(not_worse(r) for r in report.values()), report
     assert sum(r["scales_changed"] for r in report.values()) > 0, report
     moved = sum(int((b.weight_scale != a.weight_scale).sum()) for a, b in zip(base.modules(), rec.modules())
                 if hasattr(a, "weight_codes"))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import lowbit
+from lowbit.calibration.data import DEFAULT_RECONSTRUCT_ITERS
 from helpers.models import tiny_llama
 from lowbit.kernels import Implementation, using
 
@@ -57,16 +58,21 @@ def test_reused_outputs_are_the_layers_own(scheme, monkeypatch):
 
 
 def test_reconstruction_default_cost_counts():
-    """nvfp4's default with calibration data (GPTQ + 20 steps, evaluated at the start and the end) on 2 layers and 2
-    batches: one observe pass and one target pass per layer, 20 steps and 2 whole-set
-    evaluations per layer, no separate pass for the next layer's inputs."""
+    """nvfp4's default with calibration data (GPTQ + the default steps, the last step evaluated on
+    the whole set and checked against the given codes on step 0's windows) on 2 layers and 2
+    batches: one observe pass and one target pass per layer, the steps and 1 whole-set evaluation
+    per layer (the last step is better on step 0's windows in both), no separate pass for the next
+    layer's inputs."""
     ref = tiny_llama(hidden_size=128, intermediate_size=256)
     q = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS)
     cost = q.lowbit_calibration.cost
     layers, batches = 2, 2
+    steps = DEFAULT_RECONSTRUCT_ITERS
     assert cost.layer_calls == {"observe": layers * batches, "targets": layers * batches,
-                                "reconstruct-steps": layers * 20, "reconstruct-evals": layers * 2 * batches}
-    assert cost.backward_calls == layers * 20  # a step takes one window (reconstruct_batch_size's default)
+                                "reconstruct-steps": layers * steps, "reconstruct-evals": layers * batches}
+    assert cost.backward_calls == layers * steps  # a step takes one window (reconstruct_batch_size's default)
+    report = q.lowbit_calibration.reconstruct
+    assert all(r["mse_start"] is None and r["check_end"] < r["check_start"] for r in report.values()), report
     assert cost.reused_outputs == layers - 1
     assert {"capture", "observe", "targets", "quantize", "reconstruct-steps", "reconstruct-evals"} <= set(cost.seconds)
     d = cost.as_dict()
@@ -145,10 +151,12 @@ def test_reconstruct_batch_size_is_checked_and_the_cli_takes_it():
         reconstruct_batch_size_option(-1)
 
 
-@pytest.mark.parametrize("every, evals", [(None, 2), (2, 4), (4, 3)])
+@pytest.mark.parametrize("every, evals", [(None, 1), (2, 4), (4, 3)])
 def test_whole_set_evaluations_at_the_start_the_end_and_every_eval_every(every, evals, monkeypatch):
-    """By default the whole calibration set is evaluated twice (the given codes, and after the last
-    step); ``eval_every`` adds one every that many steps (6 steps: 2 -> steps 2, 4, 6; 4 -> 4, 6)."""
+    """By default the whole calibration set is evaluated once, after the last step (the given codes
+    are checked on step 0's windows; here the last step is better there in every layer); with
+    ``eval_every`` the given codes are evaluated at the start and every that many steps (6 steps: 2
+    -> steps 2, 4, 6; 4 -> 4, 6)."""
     import dataclasses
 
     from lowbit.calibration import CalibrationConfig
@@ -161,6 +169,8 @@ def test_whole_set_evaluations_at_the_start_the_end_and_every_eval_every(every, 
     for name, r in q.lowbit_calibration.reconstruct.items():
         assert len(r["history"]) == evals, (name, r)
         assert r["mse_end"] == min(r["history"])
+        assert (r["mse_start"] is None) == (every is None), (name, r)
+        assert (r["check_end"] < r["check_start"]) if every is None else r["check_start"] is None, (name, r)
     assert q.lowbit_calibration.cost.layer_calls["reconstruct-evals"] == 2 * evals * 2  # layers x evals x batches
 
 
@@ -170,3 +180,18 @@ def test_eval_every_is_checked(bad):
 
     with pytest.raises(ValueError, match="eval_every"):
         ReconstructOptions(eval_every=bad)
+
+
+def test_a_failed_check_sends_the_decision_to_the_whole_set():
+    """Steps far too large (lr 0.5: every offset jumps half a grid step at once) leave the layer worse
+    on step 0's windows: the given codes are then evaluated on the whole set too, found better,
+    and kept (step 0's offsets: their error is the whole-set start figure)."""
+    ref = tiny_llama(hidden_size=128, intermediate_size=256)
+    q = lowbit.quantize(copy.deepcopy(ref), "nvfp4", calibration=TOKENS, reconstruct_iters=2, reconstruct_lr=0.5)
+    report = q.lowbit_calibration.reconstruct
+    r = report["model.layers.0"]
+    assert r["check_end"] >= r["check_start"], r
+    assert r["mse_start"] is not None and len(r["history"]) == 2 and r["history"][0] == r["mse_start"]
+    assert r["best_step"] == 0 and r["mse_end"] == r["mse_start"] < r["history"][1]
+    evals = sum(1 + (x["mse_start"] is not None) for x in report.values())
+    assert q.lowbit_calibration.cost.layer_calls["reconstruct-evals"] == evals * 2  # x 2 batches

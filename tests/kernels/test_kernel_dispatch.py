@@ -22,7 +22,8 @@ SRC = Path(lowbit.__file__).parent
 TRITON_USERS = {"lowbit.kernels.gpu", "lowbit.kernels.ptx_audit"}
 ENTRY_POINTS = {
     "lowbit.kernels.torch_ops": {"lowbit.kernels.codes", "lowbit.kernels.rounding"},
-    "lowbit.kernels.native": {"lowbit.kernels.codes", "lowbit.kernels.rounding", "lowbit.quant.native_quant"},
+    "lowbit.kernels.native": {"lowbit.kernels.codes", "lowbit.kernels.rounding", "lowbit.quant.native_quant",
+                              "lowbit.kernels.offsets"},
     "lowbit.kernels.native.build": {"lowbit.kernels.select"},
     "lowbit.quant.fast_qdq": {"lowbit.quant.scaling"},
     "lowbit.kernels.triton_ops": {"lowbit.quant.scaling"},

@@ -85,7 +85,7 @@ def test_calibrated_recipe_runs_each_schemes_calibration(calibrated):
     # reconstruction ran on the 4-bit linears with down_proj fixed, and lowered the layer's error
     for layer in ("model.layers.0", "model.layers.1"):
         r = rep.reconstruct[layer]
-        assert r["mse_end"] < r["mse_start"] and r["weights"] == sum(
+        assert r["check_end"] < r["check_start"] and r["weights"] == sum(
             m.weight_codes.numel() for n, m in q.named_modules()
             if isinstance(m, QuantLinear) and n.startswith(layer + ".") and m.scheme.name == "nvfp4")
     assert rep.smoothquant == {"nvfp4": None, "w8a8-fp8": 0.5}
@@ -209,4 +209,4 @@ def test_a_layer_without_reconstruction_still_advances_the_float_targets():
     uniform = lowbit.quantize(tiny_llama(num_hidden_layers=3), "nvfp4", calibration=CALIB, num_samples=4, seq_len=32)
     a, b = mixed.lowbit_calibration.reconstruct, uniform.lowbit_calibration.reconstruct
     assert "model.layers.1" not in a and "model.layers.2" in a
-    assert a["model.layers.2"]["mse_start"] < 2 * b["model.layers.2"]["mse_start"]
+    assert a["model.layers.2"]["check_start"] < 2 * b["model.layers.2"]["check_start"]

@@ -29,6 +29,7 @@ reference GPTQ code):
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 
@@ -185,18 +186,23 @@ def gptq_quantize_shared(Ws: list[torch.Tensor], H: torch.Tensor, spec: QuantSpe
 def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor], spec: QuantSpec, *,
                          global_scales: list[list[torch.Tensor | None]] | None = None,
                          options: GPTQOptions = GPTQOptions(),
-                         names: list[list[str]] | None = None) -> list[list[QuantizedTensor]]:
+                         names: list[list[str]] | None = None, workers: int = 1) -> list[list[QuantizedTensor]]:
     """``gptq_quantize_shared`` of several groups, each with its own Hessian (the fused groups
     of one decoder layer). Without act_order, groups of the same input width share one column
     loop (``lowbit.algorithms.gptq_solve``): the same numbers as separate solves up to float32
-    summation order, in fewer (larger) operations."""
+    summation order, in fewer (larger) operations. ``workers`` > 1: that many column-loop batches
+    (``gptq_batches``) are solved at once, each on its own thread (the caller keeps torch at one
+    intra-op thread, ``lowbit.threads.one_thread``: the loops are many small operations); each
+    batch's numbers do not depend on the others', so the result is the same bits."""
     names = names or [[f"group{g}.weight{i}" for i in range(len(Ws))] for g, Ws in enumerate(groups)]
     global_scales = global_scales or [[None] * len(Ws) for Ws in groups]
     for Ws, H, ns in zip(groups, Hs, names):
         for i, (W, n) in enumerate(zip(Ws, ns)):
             _check(W, H, spec, n, first=i == 0)
     out: list[list[QuantizedTensor]] = [[] for _ in groups]
-    for ks in gptq_batches(groups, Hs, options):  # one batch at a time: its inverse Hessian factors are alive together
+    batches = gptq_batches(groups, Hs, options)  # a batch's inverse Hessian factors are alive together
+
+    def solve(ks: list[int]) -> None:
         parts, perms, rtns, scales = [], [], {}, []
         factors: dict[int, tuple] = {}  # id(H) -> its factor: groups given one Hessian share it
         for k in ks:
@@ -227,6 +233,14 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
                 q = Q[r0:r0 + r.codes.shape[0]]
                 r0 += r.codes.shape[0]
                 out[k].append(quantize(q, spec, scale=r.scale, global_scale=r.global_scale, name=n))
+
+    if workers > 1 and len(batches) > 1:
+        with ThreadPoolExecutor(max_workers=min(workers, len(batches))) as pool:
+            for f in [pool.submit(solve, ks) for ks in batches]:
+                f.result()  # in order: the first error is raised
+    else:
+        for ks in batches:
+            solve(ks)
     return out
 
 

@@ -28,12 +28,16 @@ takes windows 0, 4, 8, 12, step 1 windows 1, 5, 9, 13, ...). Each window's forwa
 runs alone and the step's gradient is their exact sum, so that under torchrun the ranks share
 every step's windows (data parallel) and still make the choices of one process, bit for bit
 (a step of one window, ``CalibrationConfig``'s default, runs on the rank that holds it).
-The codes of the best
-step seen are kept, measured on the whole calibration set at the start, after the last step and,
-with ``eval_every``, every ``eval_every`` steps (default None: start and end only; the steps
-decay to 0, and on SmolLM2 nvfp4 the last step was the best of steps 0, 10 and 20 in every one of
-its 30 layers, both at 1 and 4 windows a step: bench/calibrate/RESULTS-calibrate.md). The result
-is never worse than the codes it started from on the calibration data.
+Which codes are kept (default, ``eval_every`` None): the last step's are evaluated on the whole
+calibration set (their outputs are the next layer's inputs) and checked against the given codes
+on step 0's windows, whose errors with the given codes step 0 computed anyway (its offsets give
+exactly those codes): when the last step's error there is lower, they are kept; otherwise the
+given codes are evaluated on the whole set too and the better of the two is kept. So the result
+is never worse than the given codes on step 0's windows nor, when it is there, on the whole set,
+at one whole-set evaluation a layer instead of two (on SmolLM2 nvfp4 the last step was better on
+the whole set in every layer of every run measured: bench/calibrate/RESULTS-calibrate.md). With
+``eval_every``, the given codes are evaluated on the whole set at the start and the best of the
+start, every ``eval_every`` steps and the end is kept.
 Deterministic: no sampling.
 Memory: one layer's float copy, the offsets, the gradients of the step's windows on this rank
 (one float32 copy of the re-rounded weights per window, and a float64 sum when a step has
@@ -44,8 +48,8 @@ kept, computed exactly as the reference backend computes them, so that a caller 
 match the reference can take them as the next layer's inputs instead of running the layer again).
 
 Cost (``ReconstructReport``'s counters): ``iters`` steps of one forward + backward pass per window,
-and 2 forward passes over every batch (with ``eval_every``: ``iters // eval_every + 1``, plus one
-when ``iters`` is not a multiple). Sibling linears reading one input (q/k/v, gate/up) quantize it once per forward
+and 1 forward pass over every batch (2 when the check sends the decision to the whole set; with
+``eval_every``: ``iters // eval_every + 1``, plus one when ``iters`` is not a multiple). Sibling linears reading one input (q/k/v, gate/up) quantize it once per forward
 (``lowbit.backends.shared_input``), and the rounded weights of fixed scales are one autograd
 function (``lowbit.algorithms.reconstruct_offsets``), bit-identical to the plain expression.
 
@@ -96,7 +100,10 @@ class ReconstructOptions:
 
 @dataclass
 class ReconstructReport:
-    mse_start: float = 0.0           # layer output MSE with the given codes
+    mse_start: float | None = 0.0    # layer output MSE with the given codes (None: not evaluated on
+    #                                  the whole set, the check below sufficed)
+    check_start: float | None = None # summed weighted squared error of step 0's windows with the given
+    check_end: float | None = None   # codes, and with the codes of the last step (eval_every None)
     mse_end: float = 0.0             # with the codes kept
     changed: int = 0                 # weights whose code changed
     scales_changed: int = 0          # block scales that changed
@@ -236,7 +243,7 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         t0 = time.perf_counter()
         with torch.no_grad():
             for n, o in offs.items():  # rounded once for every batch
-                soft[n].w = o.weight()
+                soft[n].w = o.value()
             outs = run(layer, inputs)
             shared.clear()
             for n in offs:
@@ -250,19 +257,44 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         rep.eval_seconds += time.perf_counter() - t0
         return float(total / numel), outs
 
+    def window_se(outs: list[torch.Tensor], atoms) -> list[float]:
+        """The summed weighted squared error of each of ``atoms`` (this rank's) in ``outs``."""
+        out = []
+        for a in atoms:
+            o = outs[a.batch] if a.rows is None else outs[a.batch][a.rows]
+            _, tgt, wts = a.take(inputs, targets, weights)
+            out.append(float(weighted_se(o, tgt, wts).sum()))
+        return out
+
+    def f32_sum(parts: list[float]) -> float:
+        acc = torch.zeros((), dtype=torch.float32)
+        for p in parts:  # float32, in global order
+            acc = acc + torch.tensor(p, dtype=torch.float32)
+        return float(acc)
+
     try:
         lr0 = options.lr if options.lr is not None else default_lr(options.iters)
-        best, best_outs = full_mse()
-        rep.mse_start = best
-        rep.history.append(best)
         params = [p for o in offs.values() for p in o.params()]
-        best_p = [p.detach().clone() for p in params]
+        start_p = [p.detach().clone() for p in params]
+        checked = options.eval_every is None  # the start is checked on step 0's windows (module docstring)
+        best, best_outs, best_p = None, None, start_p
+        start_check: list[float] = []  # step 0's windows' errors with the given codes (this rank's)
+        check_atoms = []               # and those windows
+        if checked:
+            rep.mse_start = None
+        else:
+            best, best_outs = full_mse()
+            rep.mse_start = best
+            rep.history.append(best)
         with torch.enable_grad():
             for step in range(options.iters):
                 t0 = time.perf_counter()
                 mine = plan.atoms(step)
-                ws = [o.weight() for o in offs.values()]  # rounded once a step; the atoms run on copies
-                leaves = [w.detach().requires_grad_(True) for w in ws]
+                if step == 0:
+                    check_atoms = mine
+                # rounded once a step; the atoms run on leaves (fused: the value itself, no graph)
+                ws = [o.value() if o.fused else o.weight() for o in offs.values()]
+                leaves = [(w if o.fused else w.detach()).requires_grad_(True) for w, o in zip(ws, offs.values())]
                 for n, w in zip(offs, leaves):
                     soft[n].w = w
                 per_atom = []
@@ -271,6 +303,8 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                     out = run(layer, [call])[0]
                     shared.clear()
                     loss = weighted_se(out, tgt, wts).sum()
+                    if step == 0 and checked:
+                        start_check.append(float(loss.detach()))
                     # an expert no token of this window reaches has no gradient: None, a zero
                     per_atom.append(torch.autograd.grad(loss, leaves, allow_unused=True))
                     del out, loss
@@ -279,14 +313,17 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                     soft[n].w = None
                 total = plan.exact_sum(per_atom, leaves, what)
                 del per_atom, leaves
-                grads = [torch.zeros_like(p) if g is None else g for p, g in
-                         zip(params, torch.autograd.grad(ws, params, grad_outputs=total, allow_unused=True))]
-                del ws, total
                 rep.steps += 1
                 lr = lr0 * (1.0 - step / options.iters)
+                rest = [k for k, o in enumerate(offs.values()) if not o.step(total[k], lr)]  # fused: stepped
+                own = [p for k in rest for p in list(offs.values())[k].params()]
+                grads = torch.autograd.grad([ws[k] for k in rest], own, grad_outputs=[total[k] for k in rest],
+                                            allow_unused=True) if rest else ()
+                grads = [torch.zeros_like(p) if g is None else g for p, g in zip(own, grads)]
+                del ws, total
                 with torch.no_grad():
-                    by_id = {id(p): g for p, g in zip(params, grads)}  # this step's own tensors: signed in place
-                    for o in offs.values():
+                    by_id = {id(p): g for p, g in zip(own, grads)}  # this step's own tensors: signed in place
+                    for o in (list(offs.values())[k] for k in rest):
                         o.V.sub_(by_id[id(o.V)].sign_().mul_(lr)).clamp_(-0.5, 0.5)
                         if o.c is not None:
                             o.c.sub_(by_id[id(o.c)].sign_().mul_(lr)).clamp_(min=C_MIN)
@@ -296,13 +333,30 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                                                  and (step + 1) % options.eval_every == 0):
                     m, outs = full_mse()
                     rep.history.append(m)
+                    if checked:  # the last step against the given codes on step 0's windows
+                        rep.check_start = f32_sum(plan.gather(start_check))
+                        rep.check_end = f32_sum(plan.gather(window_se(outs, check_atoms)))
+                        if rep.check_end < rep.check_start:
+                            best, rep.best_step, best_outs, best_p = m, step + 1, outs, None
+                            break
+                        end_p = [p.detach().clone() for p in params]  # not better there: the whole set decides
+                        with torch.no_grad():
+                            for p, b in zip(params, start_p):
+                                p.copy_(b)
+                        best, best_outs = full_mse()
+                        rep.mse_start = best
+                        rep.history.insert(0, best)
+                        if m < best:
+                            best, rep.best_step, best_outs, best_p = m, step + 1, outs, end_p
+                        break
                     if m < best:
                         best, rep.best_step, best_outs = m, step + 1, outs
                         best_p = [p.detach().clone() for p in params]
                     del outs
-        with torch.no_grad():
-            for p, b in zip(params, best_p):
-                p.copy_(b)
+        if best_p is not None:  # None: the offsets hold the codes kept
+            with torch.no_grad():
+                for p, b in zip(params, best_p):
+                    p.copy_(b)
         rep.mse_end = best
         rep.outputs = best_outs
     finally:

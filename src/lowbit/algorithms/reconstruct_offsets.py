@@ -2,14 +2,16 @@
 block-scale coefficients), the rounded weight they give (straight-through in the backward) and
 the codes and scales they end at. The contract is in ``lowbit.algorithms.reconstruct``.
 
-The rounded weight of fixed scales (the default) has two implementations, chosen by the kernel
+The rounded weight of fixed scales (the default) has three implementations, chosen by the kernel
 setting (lowbit.kernels.select) and equal bit for bit in the forward value and in the gradient:
 ``reference``, the straight-through expression as autograd records it
 (``where(nz, (x + (r - x).detach()) * e, 0)``, x = v + V * step, r the nearest grid value of x),
-and ``torch``, one autograd function that computes the same expression in the same order with
-the element codes of ``lowbit.kernels.codes`` (native where allowed) and whose backward is the
-gradient autograd would give, ``(where(nz, g, 0) * e) * step``, without recording the
-intermediate tensors.
+``torch``, one autograd function that computes the same expression in the same order with
+the element codes of ``lowbit.kernels.codes`` and whose backward is the gradient autograd would
+give, ``(where(nz, g, 0) * e) * step``, without recording the intermediate tensors, and
+``native`` (``fused``): the value in one C pass (``value``) and the step's update from the
+rounded weight's gradient in another (``step``: V = clamp(V - sign(that gradient) * lr, -0.5,
+0.5)), without autograd (lowbit.kernels.native, reconstruct_native.c).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.kernels import codes
+from lowbit.kernels import codes, offsets as fused_kernels
 from lowbit.kernels.select import Implementation, allows
 from lowbit.numerics import FormatName, get_format
 from lowbit.quant import effective_scale
@@ -99,8 +101,10 @@ class Offsets:
         past = ((lo + hi) / 2 - v) / step + 0.05 * torch.sign(t - v)
         V0 = torch.where(start == rtn, torch.zeros_like(v), past)
         self.V = V0.clamp(-0.5, 0.5).requires_grad_(True)
+        self.fused = False  # value and step as the native kernels (fixed scales, CPU, the setting allows it)
         if self.c is None:  # fixed scales: v, its grid step and e never change
             self.v_fixed, self.step_fixed, self.e_fixed, self.zero_fixed = v, hi - lo, e, ~self.nz
+            self.fused = fused_kernels.fusable(self.fmt, self.V, v, self.step_fixed, e, self.zero_fixed)
 
     def params(self) -> list[torch.Tensor]:
         return [self.V] if self.c is None else [self.V, self.c]
@@ -135,6 +139,26 @@ class Offsets:
         v, e, nz = self._values(self.scale())
         lo, hi = self._neighbours(v)
         return v + self.V * (hi - lo), e, nz
+
+    def value(self) -> torch.Tensor:
+        """The rounded weight's value without autograd (``fused``: one C pass)."""
+        with torch.no_grad():
+            if self.fused:
+                w = fused_kernels.rounded_weight(self.V.detach(), self.v_fixed, self.step_fixed, self.e_fixed,
+                                          self.zero_fixed, self.fmt)
+                if w is not None:
+                    return w
+            return self.weight().detach()
+
+    def step(self, grad: torch.Tensor, lr: float) -> bool:
+        """``fused``: V = clamp(V - sign(d) * lr, -0.5, 0.5) in place for the rounded weight's
+        gradient ``grad`` (d: its gradient in V, ``_RoundedWeight.backward``), in one C pass;
+        returns False (nothing done) when not fused, the caller then takes autograd's gradient."""
+        if not self.fused:
+            return False
+        with torch.no_grad():
+            return fused_kernels.offset_step(self.V.data, grad.contiguous(), self.e_fixed, self.step_fixed, self.zero_fixed,
+                                      lr)
 
     def weight(self) -> torch.Tensor:
         """The dequantized weight, rounded forward, straight-through backward."""

@@ -38,6 +38,8 @@ class CalibrationCost:
     layer_calls: dict[str, int] = field(default_factory=dict)  # phase -> layer forward calls (one batch each)
     backward_calls: int = 0                                   # reconstruction forward + backward passes (one window each)
     reused_outputs: int = 0                                   # layers whose next inputs came from reconstruction
+    reused_float_states: int = 0                              # layers whose float outputs came from a shared
+    #                                                           FloatStates (lowbit.calibration.float_states)
 
     def add(self, phase: Phase, seconds: float, calls: int = 0) -> None:
         key = phase.value
@@ -56,4 +58,5 @@ class CalibrationCost:
 
     def as_dict(self) -> dict:
         return {"seconds": {k: round(v, 4) for k, v in self.seconds.items()}, "layer_calls": dict(self.layer_calls),
-                "backward_calls": self.backward_calls, "reused_outputs": self.reused_outputs}
+                "backward_calls": self.backward_calls, "reused_outputs": self.reused_outputs,
+                "reused_float_states": self.reused_float_states}

@@ -45,6 +45,7 @@ from lowbit.calibration.reduce import check_distributable, check_windows, distin
 from lowbit.calibration.hooks import InMemory, move_call
 from lowbit.calibration.data import CalibrationConfig, LayerInputs
 from lowbit.calibration.cost import Phase
+from lowbit.calibration.float_states import FloatStates
 from lowbit.calibration.observers import make_observer
 from lowbit.calibration.stats import CalibrationReport, GroupReport, GroupStats
 from lowbit.fusion import fused_groups, shared_weight_global_scales
@@ -54,9 +55,8 @@ from lowbit.algorithms.gptq import WeightRounding
 from lowbit.algorithms.reconstruct import reconstruct_layer
 from lowbit.quant.input_scales import input_scales_from_amax
 from lowbit.schemes import Scheme
-from lowbit.algorithms.smoothquant.fold import fold_smoothing, smooth_scales
-from lowbit.algorithms.smoothquant.mappings import MAPPINGS, SmoothMapping, expand_for_layer, mappings_for, model_type
-from lowbit.algorithms.smoothquant.search import search_alpha
+from lowbit.algorithms.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
+from lowbit.calibration.smoothing import smooth_layer
 from lowbit.targets import set_submodule
 from lowbit.threads import one_thread
 
@@ -81,8 +81,11 @@ class LayerwiseCalibrator:
         Scheme -> resolved alpha (a mapping's alpha is its targets' scheme's)."""
 
     def __init__(self, model: nn.Module, scheme, cfg: CalibrationConfig, smoothquant,
-                 group: Group | None = None) -> None:
+                 group: Group | None = None, float_states: FloatStates | None = None) -> None:
         self.model = model
+        self.float_states = float_states  # shared float hidden states (lowbit.calibration.float_states)
+        self._fs_key: tuple | None = None  # their key for this run; None: not used
+        self._index = 0  # the decoder layer being calibrated
         self.group = group or Group.single()  # ranks sharing the calibration batches (lowbit.dist)
         self.assign = None if isinstance(scheme, Scheme) else scheme  # name -> Scheme (mixed)
         schemes = [scheme] if self.assign is None else self.assign.distinct
@@ -165,44 +168,6 @@ class LayerwiseCalibrator:
             return observe_batches(root, inputs, mods, lambda n, x, m: stats[n].observe(x, sinks, seq, m),
                                    self._masks, self._run_on, outputs)
 
-    def _smooth(self, layer: nn.Module, rel: dict[str, str], groups: list[list[str]],
-                stats: dict[str, GroupStats]) -> list[str]:
-        """Apply the mappings whose targets are all quantized here; returns groups to re-observe."""
-        inv = {v: k for k, v in rel.items()}  # relative -> full
-        stale = []
-        for m in expand_for_layer(self.maps, layer):
-            if not all(t in inv for t in m.targets):
-                continue
-            try:
-                layer.get_submodule(m.source)
-            except AttributeError:
-                continue
-            full = {inv[t] for t in m.targets}
-            # MoE: every expert's group reads the source; groups with one input share one statistics
-            # object (_layer), rescaled once: the first group holding each object
-            first: dict[int, str] = {}
-            for g in groups:
-                if full.intersection(g):
-                    first.setdefault(id(stats[g[0]]), g[0])
-            keys = list(first.values())
-            key = keys[0]
-            st = stats[key]
-            ws = [layer.get_submodule(t).weight for t in m.targets]
-            act = st.all_pos.amax()
-            target_scheme = self._scheme(inv[m.targets[0]])
-            alpha, errs = self.alphas.get(target_scheme), None
-            if alpha == "auto":
-                x = torch.cat(st.samples)
-                alpha, errs = search_alpha(x, act, st.scale_chan.amax(), ws, target_scheme, self.cfg.auto_alphas)
-            rep = self.report.groups.setdefault(key, GroupReport(members=[n for g in groups if key in g for n in g]))
-            rep.alpha, rep.alpha_errors = alpha, errs
-            if alpha is None:
-                continue
-            s = smooth_scales(act, ws, float(alpha))
-            fold_smoothing(layer, m, s)
-            stale += [k for k in keys if not stats[k].rescale(s)]
-        return stale
-
     def _quantize_groups(self, root: nn.Module, groups: list[list[str]], rel: dict[str, str],
                          stats: dict[str, GroupStats] | None) -> None:
         solve: dict[Scheme, list] = {}  # per scheme: (linears, weight global scales, input scales, Hessian)
@@ -227,12 +192,15 @@ class LayerwiseCalibrator:
                 continue
             solve.setdefault(scheme, []).append((lins, gscales, sc, st))
         for scheme, items in solve.items():
-            with one_thread():  # every group at once: groups of one input width share the column loop
+            cores = torch.get_num_threads()
+            with one_thread():  # every group at once: groups of one input width share the column loop, and
+                #                 the loops of other widths run beside it on the other cores
                 qts = solve_spread(self.group, [[m.weight for m in lins.values()] for lins, _, _, _ in items],
                                    [st for _, _, _, st in items], scheme.weights,
                                    global_scales=[[gs.get(n) for n in lins] for lins, gs, _, _ in items],
                                    options=self.cfg.gptq_options(scheme),
-                                   names=[[f"{n}.weight" for n in lins] for lins, _, _, _ in items])
+                                   names=[[f"{n}.weight" for n in lins] for lins, _, _, _ in items],
+                                   workers=cores)
             for (lins, _, sc, _), group_qts in zip(items, qts):
                 for (n, lin), qt in zip(lins.items(), group_qts):
                     q = QuantLinear.from_quantized(qt, scheme, lin.bias, name=n, dtype=lin.weight.dtype, **sc)
@@ -252,6 +220,10 @@ class LayerwiseCalibrator:
         hooks = hooks or InMemory()
         t0 = time.perf_counter()
         self._masks = batch_masks(valid, tokens, self.cfg.batch_size)
+        fs = self.float_states
+        if fs is not None and not self.maps and not self.group.distributed and not hooks.offload:
+            key = fs.make_key(tokens, valid, self.cfg.batch_size)
+            self._fs_key = key if fs.matches(key) else None
         self.report.num_samples = int(tokens.shape[0])
         check_windows(self.group, tokens.shape[0], self.cfg.seq_len)  # several ranks: this rank's windows
         found = find_decoder_layers(self.model, names)
@@ -286,6 +258,7 @@ class LayerwiseCalibrator:
                 prefix = f"{path}.{i}."
                 lnames = [n for n in names if n.startswith(prefix)]
                 more = i + 1 < len(layers)
+                self._index = i
                 hooks.enter(i, layer)
                 outs = None
                 if lnames:
@@ -296,8 +269,7 @@ class LayerwiseCalibrator:
                             outs = run_layer(layer, inputs, self._run_on)
                     inputs = [with_hidden(c, o) for c, o in zip(inputs, outs)]
                 if not lnames and self._float_hidden is not None:
-                    with self.report.cost.timed(Phase.TARGETS, len(inputs)):
-                        self._float_hidden = self._float_outputs(layer, inputs)
+                    self._float_hidden = self._float_outputs(layer, inputs)
                 carried = [hidden_of(c) for c in inputs] + (self._float_hidden or [])
                 hooks.leave(i, layer, carried if more else None)
                 bar.update(1)
@@ -332,7 +304,8 @@ class LayerwiseCalibrator:
         reduce_stats(self.group, distinct(stats), next(layer.parameters()).device)
         if self.maps:
             with self.report.cost.timed(Phase.SMOOTH):
-                stale = self._smooth(layer, rel, groups, stats)
+                stale = smooth_layer(layer, rel, groups, stats, self.maps, self._scheme, self.alphas,
+                                     self.report.groups, self.cfg.auto_alphas)
             if stale:
                 fresh = {k: self._new_stats(k) for k in stale}
                 self._observe_pass(layer, [g for g in heads if g[0] in fresh], inputs, fresh, rel)
@@ -344,8 +317,7 @@ class LayerwiseCalibrator:
         if recon is not None:  # the float layer's weights and outputs, before quantization
             floats = {rel[n]: layer.get_submodule(rel[n]).weight.detach() for n in rounded}
             if self._float_hidden is not None:  # the float layer on the float model's hidden states
-                with self.report.cost.timed(Phase.TARGETS, len(inputs)):
-                    targets = self._float_hidden = self._float_outputs(layer, inputs)
+                targets = self._float_hidden = self._float_outputs(layer, inputs)
             elif outs is not None:
                 targets = outs
             else:
@@ -367,7 +339,8 @@ class LayerwiseCalibrator:
             self.report.reconstruct[prefix.rstrip(".")] = {"mse_start": r.mse_start, "mse_end": r.mse_end,
                                                            "changed": r.changed, "weights": r.weights,
                                                            "scales_changed": r.scales_changed, "history": r.history,
-                                                           "best_step": r.best_step}
+                                                           "best_step": r.best_step, "check_start": r.check_start,
+                                                           "check_end": r.check_end}
             if more and outs is None and r.outputs is not None and _runs_as_reference(layer):
                 # the outputs of the codes kept, as the layer's backends compute them: the next inputs
                 cost.reused_outputs += 1
@@ -375,10 +348,19 @@ class LayerwiseCalibrator:
         return outs
 
     def _float_outputs(self, layer: nn.Module, inputs: Inputs) -> list[torch.Tensor]:
-        """The (still float) layer's outputs on the float model's hidden states."""
+        """The (still float) layer's outputs on the float model's hidden states (those of
+        ``float_states`` when they hold this layer's for this run's key; else computed, and
+        kept there when given)."""
+        key, fs = self._fs_key, self.float_states
+        if key is not None and (kept := fs.get(self._index)) is not None:
+            self.report.cost.reused_float_states += 1
+            return kept
         calls = [with_hidden(c, h) for c, h in zip(inputs, self._float_hidden)]
-        with _fast_backends(layer):
-            return run_layer(layer, calls, self._run_on)
+        with _fast_backends(layer), self.report.cost.timed(Phase.TARGETS, len(calls)):
+            outs = run_layer(layer, calls, self._run_on)
+        if key is not None:
+            fs.put(key, self._index, outs)
+        return outs
 
     def _whole_model(self, names: list[str], tokens: torch.Tensor) -> None:
         """Linears outside the decoder layers: observe during full forwards, then quantize."""

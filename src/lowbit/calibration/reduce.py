@@ -128,11 +128,12 @@ def send_hessian(group: Group, st: GroupStats, dst: int) -> None:
 
 
 def solve_spread(group: Group, weights: list[list[torch.Tensor]], stats: list[GroupStats], spec, *,
-                 global_scales, options, names) -> list[list]:
+                 global_scales, options, names, workers: int = 1) -> list[list]:
     """``gptq_quantize_groups`` of the groups (weights, their statistics' Hessians), with each of
     its column-loop batches (``gptq_batches``: the unit whose numbers must not be split) solved on
     one rank, ``Group.owner(batch index)``, and the results sent to every rank. One process: the
-    plain call. The same QuantizedTensors as one process. The solves run where the weights are
+    plain call (``workers``: column-loop batches solved at once, ``gptq_quantize_groups``). The same
+    QuantizedTensors as one process. The solves run where the weights are
     (on an accelerator, the torch column loop there; Hessians are moved to the weights' device);
     results sent between ranks travel as CPU tensors."""
     from lowbit.algorithms.gptq import gptq_batches, gptq_quantize_groups
@@ -147,7 +148,7 @@ def solve_spread(group: Group, weights: list[list[torch.Tensor]], stats: list[Gr
 
     if not group.distributed:
         return gptq_quantize_groups(weights, [hessian(st) for st in stats], spec, global_scales=global_scales,
-                                    options=options, names=names)
+                                    options=options, names=names, workers=workers)
     cpu = torch.device("cpu")
     batches = gptq_batches(weights, stats, options)  # sharing decided by object identity, as with the Hessians
     for j, ks in enumerate(batches):

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 import lowbit
-from lowbit.calibration import CalibrationConfig
+from lowbit.calibration import CalibrationConfig, FloatStates
 from lowbit.errors import LowbitError
 from lowbit.kvcache import DEFAULT_KV_CACHE, check_kv_cache
 from lowbit.eval.lastword import lastword_accuracy, lastword_examples
@@ -143,11 +143,13 @@ def row_specs(opts: CompareOptions) -> list[RowSpec]:
     return specs
 
 
-def quantize_with_options(model, scheme_name: "str | RowSpec", tokenizer, opts: CompareOptions):
+def quantize_with_options(model, scheme_name: "str | RowSpec", tokenizer, opts: CompareOptions,
+                          float_states=None):
     """``lowbit.quantize`` with calibration when the scheme (or SmoothQuant) needs it; returns
     (model, calibrated: bool, smoothquant alpha or None). A RowSpec with a recipe quantizes with
     it; with ``target_bits`` the recipe is chosen first (``lowbit.auto_recipe`` among
-    ``opts.candidates``, on the calibration text) and left on the model as ``lowbit_auto``."""
+    ``opts.candidates``, on the calibration text) and left on the model as ``lowbit_auto``.
+    ``float_states``: shared by the rows (``lowbit.quantize``'s; the same codes, fewer float passes)."""
     spec = scheme_name if isinstance(scheme_name, RowSpec) else RowSpec(scheme_name, scheme=scheme_name)
     options = {**opts.calib_options, "num_samples": opts.calib_samples, "seq_len": opts.calib_seq_len}
     cfg = CalibrationConfig(**options)
@@ -169,7 +171,7 @@ def quantize_with_options(model, scheme_name: "str | RowSpec", tokenizer, opts: 
         return q, False, None
     sq = alphas[plan] if spec.scheme is not None else None
     q = lowbit.quantize(model, plan, calibration=calib, tokenizer=tokenizer, smoothquant=opts.smoothquant,
-                        progress=opts.progress, kv_cache=opts.kv_cache, **options)
+                        progress=opts.progress, kv_cache=opts.kv_cache, float_states=float_states, **options)
     q.lowbit_auto = auto
     if spec.scheme is None:  # the alphas the recipe's schemes got, by scheme name
         sq = q.lowbit_calibration.smoothquant
@@ -270,6 +272,7 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
     report["float"] = base
 
     rows = []
+    float_states = FloatStates()  # the float model's hidden states on the calibration windows, shared by the rows
     save_root = None
     if opts.save_format is not None:
         save_root = Path(output_dir) / "checkpoints" if output_dir is not None else Path(tempfile.mkdtemp(prefix="lowbit-cmp-"))
@@ -280,7 +283,7 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
         qmodel = copy.deepcopy(model)
         try:
             t0 = time.perf_counter()
-            qmodel, calibrated, sq = quantize_with_options(qmodel, spec, tokenizer, opts)
+            qmodel, calibrated, sq = quantize_with_options(qmodel, spec, tokenizer, opts, float_states)
             _recipe_fields(row, qmodel, spec)
             row["quant_seconds"] = time.perf_counter() - t0
             row["calibrated"] = calibrated
@@ -329,6 +332,7 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
         finally:
             del qmodel
         rows.append(row)
+    del float_states
     report["schemes"] = rows
 
     if output_dir is not None:

@@ -40,7 +40,7 @@ from lowbit.kernels.native.constants import header
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("lowbit_native.c", "gptq_native.c"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("lowbit_native.c", "gptq_native.c", "reconstruct_native.c"))
 HEADERS = (Path(__file__).with_name("lowbit_native.h"),)  # hashed with the sources
 DEFAULT = BuildOptions()
 

@@ -1,4 +1,4 @@
-/* lowbit native kernels: what lowbit_native.c and gptq_native.c share (the parameter blocks of
+/* lowbit native kernels: what lowbit_native.c, gptq_native.c and reconstruct_native.c share (the parameter blocks of
  * the exported kernels, float bits, exact conversions from the 16-bit source formats). Compiled
  * into one library (build.py). */
 #ifndef LOWBIT_NATIVE_H

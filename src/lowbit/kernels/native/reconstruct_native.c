@@ -1,0 +1,55 @@
+/* lowbit native kernels: block reconstruction's rounded weight and offset step
+ * (lowbit.algorithms.reconstruct_offsets, fixed scales), compiled into the same library as
+ * lowbit_native.c (build.py), with the same flags: no -ffast-math, no FMA contraction, so every
+ * operation below is one IEEE float32 operation in the order written, as the torch expressions
+ * they replace compute them (bit-identical, tested in tests/kernels/test_reconstruct_native.py).
+ *
+ * Rounding to the element grid is lb_gptq_sub's (gptq_native.c): kind 0 (INT): round half to
+ * even, clamp to [lo, hi]; kind 1 (signed minifloat): clamp to [-lo, lo], then (y + M) - M with
+ * the magic number M from the exponent field (at least ``lowest``) plus ``shift``. It equals the
+ * format's decode(encode(.)) up to the sign of a zero result, which the straight-through value
+ * below does not see ((+-0 - x) + x is +0 for either sign). */
+#include "lowbit_native.h"
+
+static inline float grid_round(float y, int kind, float lo, float hi, uint32_t mask, uint32_t lowest,
+                               uint32_t shift) {
+    if (kind == 0) {
+        y = nearbyintf(y);
+        return y < lo ? lo : (y > hi ? hi : y);
+    }
+    y = y < -lo ? -lo : (y > lo ? lo : y);
+    uint32_t bits = f2u(y) & mask;
+    bits = (bits > lowest ? bits : lowest) + shift;
+    float M = u2f(bits);
+    return (y + M) - M;
+}
+
+/* out[i] = zero[i] ? +0 : ((r - x) + x) * e[i], x = V[i] * step[i] + v[i] (two roundings), r the
+ * nearest grid value of x: Offsets.weight's value, torch's _RoundedWeight.forward. */
+void lb_rounded_weight(const float *V, const float *v, const float *step, const float *e, const uint8_t *zero,
+                       int64_t n, int kind, float lo, float hi, uint32_t mask, uint32_t lowest, uint32_t shift,
+                       float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        float x = V[i] * step[i];
+        x = x + v[i];
+        float w = grid_round(x, kind, lo, hi, mask, lowest, shift) - x;
+        w = w + x;
+        w = w * e[i];
+        out[i] = zero[i] ? 0.0f : w;
+    }
+}
+
+/* One signed step of the offsets: d = (zero ? +0 : g) * e * step (the rounded weight's gradient,
+ * two roundings), V = clamp(V - sign(d) * lr, -0.5, 0.5), where sign is torch's (+1, -1, and +0
+ * for zeros of either sign and NaN) and clamp passes NaN through. */
+void lb_offset_step(float *V, const float *g, const float *e, const float *step, const uint8_t *zero, int64_t n,
+                    float lr) {
+    for (int64_t i = 0; i < n; i++) {
+        float d = zero[i] ? 0.0f : g[i];
+        d = d * e[i];
+        d = d * step[i];
+        float s = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : 0.0f);
+        float u = V[i] - s * lr;
+        V[i] = u < -0.5f ? -0.5f : (u > 0.5f ? 0.5f : u);
+    }
+}
