@@ -103,23 +103,27 @@ def test_reconstruction_gives_the_same_codes_under_every_implementation(scheme):
     assert all(ra[k]["changed"] > 0 and ra[k] == rb[k] for k in ra), (ra, rb)
 
 
-def test_the_kernels_split_over_threads_give_the_same_bits():
-    """Above 2^17 elements the kernels split the tensor over torch's thread count (each range on its
-    own thread): the same bits as one range, ragged last range included."""
+
+@pytest.mark.parametrize("exponent", [0, 20, 126])
+def test_offset_step_rounds_a_one_atom_sum_as_the_plan_does(exponent):
+    """With an exponent the update first rounds the gradient as the one-atom gradient sum does
+    (``_rounded_float32``: ties to even, -0 to +0, values below the rounding unit to 0)."""
+    from lowbit.algorithms.reconstruct_steps import _rounded_float32
+
     fmt = FORMATS[0]
-    V, v, step, e, zero = _case(fmt, n=3 * (1 << 16) + 7, seed=5)
-    g = torch.randn(V.shape, generator=torch.Generator().manual_seed(6))
-    n = torch.get_num_threads()
-    got = {}
-    try:
-        for threads in (1, 3):
-            torch.set_num_threads(threads)
-            with using(Implementation.NATIVE):
-                w = native.rounded_weight(V, v, step, e, zero, fmt)
-                W = V.clone()
-                assert native.offset_step(W, g, e, step, zero, 0.013)
-            got[threads] = (w, W)
-    finally:
-        torch.set_num_threads(n)
-    assert torch.equal(got[1][0].view(torch.int32), got[3][0].view(torch.int32))
-    assert torch.equal(got[1][1].view(torch.int32), got[3][1].view(torch.int32))
+    V, v, step, e, zero = _case(fmt, seed=7)
+    g = torch.randn(V.shape, generator=torch.Generator().manual_seed(8)) * 2.0 ** (-exponent + 3)
+    unit = 2.0 ** -exponent
+    g[:40] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -0.0, 0.49, -0.49] * 5) * unit  # ties and near-zero
+    want = V.clone()
+    with using(Implementation.TORCH):
+        d = _rounded_float32(g, exponent).masked_fill(zero, 0.0).mul_(e).mul_(step)
+    want.sub_(d.sign_().mul_(0.02)).clamp_(-0.5, 0.5)
+    got = V.clone()
+    with using(Implementation.NATIVE):
+        assert native.offset_step(got, g, e, step, zero, 0.02, exponent)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    plain = V.clone()
+    with using(Implementation.NATIVE):
+        native.offset_step(plain, g, e, step, zero, 0.02)
+    assert not torch.equal(plain, got)  # the rounding decided some signs

@@ -66,7 +66,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lowbit.algorithms.reconstruct_offsets import C_MIN, Offsets
-from lowbit.algorithms.reconstruct_steps import StepPlan
+from lowbit.algorithms.reconstruct_steps import StepPlan, Unrounded
 from lowbit.backends.shared_input import SharedInput, input_key
 from lowbit.quant import fake_quantize
 
@@ -311,14 +311,15 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                     rep.backward_calls += 1
                 for n in offs:
                     soft[n].w = None
-                total = plan.exact_sum(per_atom, leaves, what)
+                fused = frozenset(k for k, o in enumerate(offs.values()) if o.fused)  # they round in their step
+                total = plan.exact_sum(per_atom, leaves, what, defer=fused)
                 del per_atom, leaves
                 rep.steps += 1
                 lr = lr0 * (1.0 - step / options.iters)
                 rest = [k for k, o in enumerate(offs.values()) if not o.step(total[k], lr)]  # fused: stepped
                 own = [p for k in rest for p in list(offs.values())[k].params()]
-                grads = torch.autograd.grad([ws[k] for k in rest], own, grad_outputs=[total[k] for k in rest],
-                                            allow_unused=True) if rest else ()
+                outs_g = [t.value() if isinstance(t, Unrounded) else t for t in (total[k] for k in rest)]
+                grads = torch.autograd.grad([ws[k] for k in rest], own, grad_outputs=outs_g, allow_unused=True) if rest else ()
                 grads = [torch.zeros_like(p) if g is None else g for p, g in zip(own, grads)]
                 del ws, total
                 with torch.no_grad():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from lowbit.algorithms.reconstruct_steps import Unrounded
 from lowbit.errors import QuantizationError
 from lowbit.kernels import codes, offsets as fused_kernels
 from lowbit.kernels.select import Implementation, allows
@@ -150,15 +151,17 @@ class Offsets:
                     return w
             return self.weight().detach()
 
-    def step(self, grad: torch.Tensor, lr: float) -> bool:
+    def step(self, grad, lr: float) -> bool:
         """``fused``: V = clamp(V - sign(d) * lr, -0.5, 0.5) in place for the rounded weight's
-        gradient ``grad`` (d: its gradient in V, ``_RoundedWeight.backward``), in one C pass;
-        returns False (nothing done) when not fused, the caller then takes autograd's gradient."""
+        gradient ``grad`` (a tensor, or a ``reconstruct_steps.Unrounded`` one-atom sum, rounded in
+        the same pass; d: its gradient in V, ``_RoundedWeight.backward``), in one C pass; returns
+        False (nothing done) when not fused, the caller then takes autograd's gradient."""
         if not self.fused:
             return False
+        g, e = (grad.g, grad.e) if isinstance(grad, Unrounded) else (grad, None)
         with torch.no_grad():
-            return fused_kernels.offset_step(self.V.data, grad.contiguous(), self.e_fixed, self.step_fixed, self.zero_fixed,
-                                      lr)
+            return fused_kernels.offset_step(self.V.data, g.contiguous(), self.e_fixed, self.step_fixed,
+                                             self.zero_fixed, lr, e)
 
     def weight(self) -> torch.Tensor:
         """The dequantized weight, rounded forward, straight-through backward."""

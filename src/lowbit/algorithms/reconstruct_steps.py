@@ -32,6 +32,18 @@ from lowbit.kernels.select import Implementation, allows
 
 
 @dataclass(frozen=True)
+class Unrounded:
+    """A one-atom gradient sum left for the caller to round (``exact_sum``'s ``defer``): the
+    gradient ``g`` (float32) and the exponent ``e``: the sum is ``_rounded_float32(g, e)``."""
+
+    g: torch.Tensor
+    e: int
+
+    def value(self) -> torch.Tensor:
+        return _rounded_float32(self.g, self.e)
+
+
+@dataclass(frozen=True)
 class Atom:
     """One window of a local calibration batch (``rows`` None: the whole batch)."""
 
@@ -78,10 +90,13 @@ class StepPlan:
         """How many atoms step ``step`` takes over all ranks."""
         return len(range(step % self.units, self.total, self.units))
 
-    def exact_sum(self, grads: list[list[torch.Tensor | None]], like: list[torch.Tensor], what: str) -> list[torch.Tensor]:
+    def exact_sum(self, grads: list[list[torch.Tensor | None]], like: list[torch.Tensor], what: str,
+                  defer: frozenset[int] = frozenset()) -> list:
         """Per tensor of ``like``, the sum of this step's atoms' gradients over all ranks
         (``grads[a][i]``: atom a's gradient of tensor i on this rank, None for zero), rounded as
         the module docstring says; float32, the same bits on every rank and for any split.
+        For the indices in ``defer``, where the one-atom float32 form applies, an ``Unrounded``
+        instead (the caller rounds it in a pass of its own, lowbit.kernels.offsets).
         A non-finite gradient is a QuantizationError naming ``what``."""
         dev = like[0].device
         peak = torch.zeros(len(like), dtype=torch.float32, device=dev)
@@ -102,7 +117,7 @@ class StepPlan:
             given = [per_atom[i] for per_atom in grads if per_atom[i] is not None]
             if (self.group is None and len(given) == 1 and given[0].dtype == torch.float32 and 0 <= e <= 126
                     and allows(Implementation.TORCH)):  # one atom in one process: the float32 form (reference: float64)
-                out.append(_rounded_float32(given[0].detach(), e))
+                out.append(Unrounded(given[0].detach(), e) if i in defer else _rounded_float32(given[0].detach(), e))
                 continue
             acc = torch.zeros(t.shape, dtype=torch.float64, device=dev)
             for per_atom in grads:

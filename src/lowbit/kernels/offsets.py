@@ -33,7 +33,9 @@ def rounded_weight(V, v, step, e, zero, fmt) -> torch.Tensor | None:
     return native.rounded_weight(V, v, step, e, zero, fmt)
 
 
-def offset_step(V, g, e, step, zero, lr: float) -> bool:
+def offset_step(V, g, e, step, zero, lr: float, exponent: int | None = None) -> bool:
     """``V = clamp(V - sign(where(zero, 0, g) * e * step) * lr, -0.5, 0.5)`` in place, in one C
-    pass; False (V untouched) when the library is unavailable."""
-    return native.offset_step(V, g, e, step, zero, lr)
+    pass, g first rounded to a multiple of 2^-exponent when given (as
+    ``lowbit.algorithms.reconstruct_steps`` rounds a one-atom gradient); False (V untouched) when
+    the library is unavailable."""
+    return native.offset_step(V, g, e, step, zero, lr, exponent)

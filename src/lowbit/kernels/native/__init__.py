@@ -256,27 +256,9 @@ def _offsets_ok(*ts: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.is_contiguous() for t in ts)
 
 
-def _split(n: int, parts: int, run) -> None:
-    """``run(start, stop)`` over ``parts`` contiguous ranges of [0, n), on that many threads (the C
-    kernels release the GIL); one range runs on the caller's thread."""
-    parts = max(1, min(parts, n // (1 << 16)))
-    bounds = [n * i // parts for i in range(parts + 1)]
-    if parts == 1:
-        run(0, n)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=parts - 1) as pool:
-        futures = [pool.submit(run, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
-        run(bounds[0], bounds[1])
-        for f in futures:
-            f.result()
-
-
 def rounded_weight(V: torch.Tensor, v: torch.Tensor, step: torch.Tensor, e: torch.Tensor, zero: torch.Tensor,
                    fmt: object) -> torch.Tensor | None:
-    """Block reconstruction's rounded weight in one C pass (``lb_rounded_weight``, split over torch's
-    intra-op thread count; element-wise, so the same bits for any split): float32
+    """Block reconstruction's rounded weight in one C pass (``lb_rounded_weight``): float32
     ``where(zero, 0, ((r - x) + x) * e)``, x = V * step + v, r the nearest grid value of x in
     ``fmt`` (INT or a signed minifloat); None when the library is unavailable or the tensors are
     not contiguous float32 CPU tensors of one shape (``zero``: bool)."""
@@ -287,32 +269,26 @@ def rounded_weight(V: torch.Tensor, v: torch.Tensor, step: torch.Tensor, e: torc
         return None
     kind, lo, hi, mask, lowest, shift = rounding_args(fmt)
     out = torch.empty_like(V)
-    f, b = 4, 1  # bytes per element: float32, bool
-
-    def run(i: int, j: int) -> None:
-        lib.lb_rounded_weight(_ptr(V) + f * i, _ptr(v) + f * i, _ptr(step) + f * i, _ptr(e) + f * i,
-                              _ptr(zero) + b * i, j - i, kind, lo, hi, mask, lowest, shift, _ptr(out) + f * i)
-
-    _split(V.numel(), torch.get_num_threads(), run)
+    lib.lb_rounded_weight(_ptr(V), _ptr(v), _ptr(step), _ptr(e), _ptr(zero), V.numel(), kind, lo, hi, mask, lowest,
+                          shift, _ptr(out))
     return out
 
 
 def offset_step(V: torch.Tensor, g: torch.Tensor, e: torch.Tensor, step: torch.Tensor, zero: torch.Tensor,
-                lr: float) -> bool:
-    """One signed step of the offsets in place, in one C pass (``lb_offset_step``, split as
-    ``rounded_weight``):
-    ``V = clamp(V - sign(where(zero, 0, g) * e * step) * lr, -0.5, 0.5)`` in float32; False (V
-    untouched) when the library is unavailable or the tensors do not fit (as ``rounded_weight``)."""
+                lr: float, exponent: int | None = None) -> bool:
+    """One signed step of the offsets in place, in one C pass (``lb_offset_step``):
+    ``V = clamp(V - sign(where(zero, 0, g) * e * step) * lr, -0.5, 0.5)`` in float32, g first
+    rounded to a multiple of 2^-exponent when given (0 <= exponent <= 126: the one-atom gradient
+    sum's rounding, lowbit.algorithms.reconstruct_steps); False (V untouched) when the library is
+    unavailable or the tensors do not fit (as ``rounded_weight``)."""
     lib = library()
     if lib is None or not _offsets_ok(V, g, e, step, zero) or zero.dtype != torch.bool:
         return False
     if not all(t.dtype == torch.float32 and t.shape == V.shape for t in (V, g, e, step)) or zero.shape != V.shape:
         return False
-    f, b = 4, 1
-
-    def run(i: int, j: int) -> None:
-        lib.lb_offset_step(_ptr(V) + f * i, _ptr(g) + f * i, _ptr(e) + f * i, _ptr(step) + f * i, _ptr(zero) + b * i,
-                           j - i, float(lr))
-
-    _split(V.numel(), torch.get_num_threads(), run)
+    if exponent is not None and not 0 <= exponent <= 126:
+        raise ValueError(f"offset_step: exponent {exponent} outside 0..126")
+    up, down = (1.0, 1.0) if exponent is None else (2.0 ** exponent, 2.0 ** -exponent)
+    lib.lb_offset_step(_ptr(V), _ptr(g), _ptr(e), _ptr(step), _ptr(zero), V.numel(), float(lr),
+                       int(exponent is not None), up, down)
     return True

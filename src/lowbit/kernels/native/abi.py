@@ -70,7 +70,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lb_step_codes": ([P, P, I64, I32, I32, P], None),
         "lb_decode": ([P, I64, P, P], None),
         "lb_rounded_weight": ([P, P, P, P, P, I64, I32, F32, F32, U32, U32, U32, P], None),
-        "lb_offset_step": ([P, P, P, P, P, I64, F32], None),
+        "lb_offset_step": ([P, P, P, P, P, I64, F32, I32, F32, F32], None),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)

@@ -39,13 +39,22 @@ void lb_rounded_weight(const float *V, const float *v, const float *step, const 
     }
 }
 
-/* One signed step of the offsets: d = (zero ? +0 : g) * e * step (the rounded weight's gradient,
- * two roundings), V = clamp(V - sign(d) * lr, -0.5, 0.5), where sign is torch's (+1, -1, and +0
- * for zeros of either sign and NaN) and clamp passes NaN through. */
+/* One signed step of the offsets: with ``rounds``, g is first rounded to a multiple of ``down``
+ * (= 1 / up, both powers of two) as lowbit.algorithms.reconstruct_steps._rounded_float32 rounds
+ * it (g * up, round half to even, + 0, * down: each exact); then d = (zero ? +0 : g) * e * step
+ * (the rounded weight's gradient, two roundings), V = clamp(V - sign(d) * lr, -0.5, 0.5), where
+ * sign is torch's (+1, -1, and +0 for zeros of either sign and NaN) and clamp passes NaN through. */
 void lb_offset_step(float *V, const float *g, const float *e, const float *step, const uint8_t *zero, int64_t n,
-                    float lr) {
+                    float lr, int rounds, float up, float down) {
     for (int64_t i = 0; i < n; i++) {
-        float d = zero[i] ? 0.0f : g[i];
+        float r = g[i];
+        if (rounds) {
+            r = r * up;
+            r = nearbyintf(r);
+            r = r + 0.0f;
+            r = r * down;
+        }
+        float d = zero[i] ? 0.0f : r;
         d = d * e[i];
         d = d * step[i];
         float s = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : 0.0f);
