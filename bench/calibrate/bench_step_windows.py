@@ -52,6 +52,22 @@ def scores(model, tok) -> tuple[float, float, int]:
     return short, whole.perplexity, whole.tokens_scored
 
 
+def float_row(model, tok) -> dict:
+    """The float model's row (both perplexities), printed."""
+    short, whole, n = scores(model, tok)
+    row = {"row": "float", "ppl1024": short, "ppl_all": whole, "tokens": n, "load": os.getloadavg()}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def add_row(rows: list, row: dict, out: str) -> None:
+    """Append ``row``, print it and rewrite ``out`` (one JSON line per row) with every row so far."""
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    with open(out, "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--schemes", default="nvfp4,nvfp4-e5m3")
@@ -61,8 +77,7 @@ def main() -> None:
     a = ap.parse_args()
     model, tok = lowbit.load_model()
     model.eval()
-    short, whole, n = scores(model, tok)
-    rows = [{"row": "float", "ppl1024": short, "ppl_all": whole, "tokens": n, "load": os.getloadavg()}]
+    rows = [float_row(model, tok)]
     for shift in map(int, a.shifts.split(",")):
         for scheme in a.schemes.split(","):
             for size in map(int, a.sizes.split(",")):
@@ -73,13 +88,11 @@ def main() -> None:
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 short, whole, n = scores(q, tok)
                 rec = q.lowbit_calibration.reconstruct
-                rows.append({"scheme": scheme, "windows_a_step": size or "batch", "shift": shift, "wall": wall,
-                             "cpu": cpu, "ppl1024": short, "ppl_all": whole, "tokens": n,
-                             "phases": q.lowbit_calibration.cost.as_dict(),
-                             "best_steps": sorted({r["best_step"] for r in rec.values()}), "load": os.getloadavg()})
-                print(json.dumps(rows[-1]), flush=True)
-                with open(a.out, "w") as f:
-                    f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+                add_row(rows, {"scheme": scheme, "windows_a_step": size or "batch", "shift": shift, "wall": wall,
+                               "cpu": cpu, "ppl1024": short, "ppl_all": whole, "tokens": n,
+                               "phases": q.lowbit_calibration.cost.as_dict(),
+                               "best_steps": sorted({r["best_step"] for r in rec.values()}), "load": os.getloadavg()},
+                        a.out)
                 del q, m
 
 
