@@ -239,6 +239,13 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         counted = sum(t.numel() for t in targets)
     numel = sum(plan.gather([counted]))
 
+    def f32_total(parts: list[float]) -> torch.Tensor:
+        """The gathered parts summed in float32, in global order (every rank the same bits)."""
+        acc = torch.zeros((), dtype=torch.float32)
+        for p in parts:
+            acc = acc + torch.tensor(p, dtype=torch.float32)
+        return acc
+
     def full_mse() -> tuple[float, list[torch.Tensor]]:
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -248,10 +255,7 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
             shared.clear()
             for n in offs:
                 soft[n].w = None
-            parts = plan.gather([float(weighted_se(o, t, w).sum()) for o, t, w in zip(outs, targets, weights)])
-            total = torch.zeros((), dtype=torch.float32)
-            for p in parts:  # float32, in batch order
-                total = total + torch.tensor(p, dtype=torch.float32)
+            total = f32_total(plan.gather([float(weighted_se(o, t, w).sum()) for o, t, w in zip(outs, targets, weights)]))
         rep.evals += 1
         rep.eval_calls += len(inputs)
         rep.eval_seconds += time.perf_counter() - t0
@@ -266,15 +270,11 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
             out.append(float(weighted_se(o, tgt, wts).sum()))
         return out
 
-    def f32_sum(parts: list[float]) -> float:
-        acc = torch.zeros((), dtype=torch.float32)
-        for p in parts:  # float32, in global order
-            acc = acc + torch.tensor(p, dtype=torch.float32)
-        return float(acc)
-
     try:
         lr0 = options.lr if options.lr is not None else default_lr(options.iters)
-        params = [p for o in offs.values() for p in o.params()]
+        olist = list(offs.values())
+        fused = frozenset(k for k, o in enumerate(olist) if o.fused)  # they round their gradient in their step
+        params = [p for o in olist for p in o.params()]
         start_p = [p.detach().clone() for p in params]
         checked = options.eval_every is None  # the start is checked on step 0's windows (module docstring)
         best, best_outs, best_p = None, None, start_p
@@ -293,8 +293,8 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                 if step == 0:
                     check_atoms = mine
                 # rounded once a step; the atoms run on leaves (fused: the value itself, no graph)
-                ws = [o.value() if o.fused else o.weight() for o in offs.values()]
-                leaves = [(w if o.fused else w.detach()).requires_grad_(True) for w, o in zip(ws, offs.values())]
+                ws = [o.value() if o.fused else o.weight() for o in olist]
+                leaves = [(w if o.fused else w.detach()).requires_grad_(True) for w, o in zip(ws, olist)]
                 for n, w in zip(offs, leaves):
                     soft[n].w = w
                 per_atom = []
@@ -311,20 +311,19 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                     rep.backward_calls += 1
                 for n in offs:
                     soft[n].w = None
-                fused = frozenset(k for k, o in enumerate(offs.values()) if o.fused)  # they round in their step
                 total = plan.exact_sum(per_atom, leaves, what, defer=fused)
                 del per_atom, leaves
                 rep.steps += 1
                 lr = lr0 * (1.0 - step / options.iters)
-                rest = [k for k, o in enumerate(offs.values()) if not o.step(total[k], lr)]  # fused: stepped
-                own = [p for k in rest for p in list(offs.values())[k].params()]
+                rest = [k for k, o in enumerate(olist) if not o.step(total[k], lr)]  # fused: stepped
+                own = [p for k in rest for p in olist[k].params()]
                 outs_g = [t.value() if isinstance(t, Unrounded) else t for t in (total[k] for k in rest)]
                 grads = torch.autograd.grad([ws[k] for k in rest], own, grad_outputs=outs_g, allow_unused=True) if rest else ()
                 grads = [torch.zeros_like(p) if g is None else g for p, g in zip(own, grads)]
                 del ws, total
                 with torch.no_grad():
                     by_id = {id(p): g for p, g in zip(own, grads)}  # this step's own tensors: signed in place
-                    for o in (list(offs.values())[k] for k in rest):
+                    for o in (olist[k] for k in rest):
                         o.V.sub_(by_id[id(o.V)].sign_().mul_(lr)).clamp_(-0.5, 0.5)
                         if o.c is not None:
                             o.c.sub_(by_id[id(o.c)].sign_().mul_(lr)).clamp_(min=C_MIN)
@@ -335,8 +334,8 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                     m, outs = full_mse()
                     rep.history.append(m)
                     if checked:  # the last step against the given codes on step 0's windows
-                        rep.check_start = f32_sum(plan.gather(start_check))
-                        rep.check_end = f32_sum(plan.gather(window_se(outs, check_atoms)))
+                        rep.check_start = float(f32_total(plan.gather(start_check)))
+                        rep.check_end = float(f32_total(plan.gather(window_se(outs, check_atoms))))
                         if rep.check_end < rep.check_start:
                             best, rep.best_step, best_outs, best_p = m, step + 1, outs, None
                             break

@@ -27,7 +27,6 @@ import torch
 class FloatStates:
     key: tuple | None = None
     states: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer index -> its outputs per batch
-    reused: int = 0  # layers whose outputs a run took from here
 
     @staticmethod
     def make_key(tokens: torch.Tensor, valid: torch.Tensor | None, batch_size: int) -> tuple:
@@ -44,10 +43,7 @@ class FloatStates:
         return bs == bs2 and ids.shape == ids2.shape and torch.equal(ids, ids2) and same_valid
 
     def get(self, layer: int) -> list[torch.Tensor] | None:
-        out = self.states.get(layer)
-        if out is not None:
-            self.reused += 1
-        return out
+        return self.states.get(layer)
 
     def put(self, key: tuple, layer: int, outputs: list[torch.Tensor]) -> None:
         if self.key is None:

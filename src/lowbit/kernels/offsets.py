@@ -21,10 +21,8 @@ from lowbit.kernels.select import Implementation, allows
 def fusable(fmt: object, V: torch.Tensor, v: torch.Tensor, step: torch.Tensor, e: torch.Tensor,
             zero: torch.Tensor) -> bool:
     """Whether ``rounded_weight`` and ``offset_step`` take these offsets (see the module docstring)."""
-    parts = (V, v, step, e, zero)
     return (allows(Implementation.NATIVE) and supports(fmt) and getattr(fmt, "signed", True) is not False
-            and all(t.device.type == "cpu" and t.is_contiguous() and t.shape == V.shape for t in parts)
-            and all(t.dtype == torch.float32 for t in parts[:4]) and zero.dtype == torch.bool)
+            and native.offsets_fit(V, (v, step, e), zero))
 
 
 def rounded_weight(V, v, step, e, zero, fmt) -> torch.Tensor | None:

@@ -252,8 +252,12 @@ def gptq_sub_fn():
     return sub
 
 
-def _offsets_ok(*ts: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" and t.is_contiguous() for t in ts)
+def offsets_fit(V: torch.Tensor, floats: tuple[torch.Tensor, ...], zero: torch.Tensor) -> bool:
+    """Whether the offset kernels take these: contiguous CPU tensors of V's shape, ``V`` and
+    ``floats`` float32, ``zero`` bool."""
+    ts = (V, *floats, zero)
+    return (all(t.device.type == "cpu" and t.is_contiguous() and t.shape == V.shape for t in ts)
+            and all(t.dtype == torch.float32 for t in (V, *floats)) and zero.dtype == torch.bool)
 
 
 def rounded_weight(V: torch.Tensor, v: torch.Tensor, step: torch.Tensor, e: torch.Tensor, zero: torch.Tensor,
@@ -263,9 +267,7 @@ def rounded_weight(V: torch.Tensor, v: torch.Tensor, step: torch.Tensor, e: torc
     ``fmt`` (INT or a signed minifloat); None when the library is unavailable or the tensors are
     not contiguous float32 CPU tensors of one shape (``zero``: bool)."""
     lib = library()
-    if lib is None or not _offsets_ok(V, v, step, e, zero) or zero.dtype != torch.bool:
-        return None
-    if not all(t.dtype == torch.float32 and t.shape == V.shape for t in (V, v, step, e)) or zero.shape != V.shape:
+    if lib is None or not offsets_fit(V, (v, step, e), zero):
         return None
     kind, lo, hi, mask, lowest, shift = rounding_args(fmt)
     out = torch.empty_like(V)
@@ -282,9 +284,7 @@ def offset_step(V: torch.Tensor, g: torch.Tensor, e: torch.Tensor, step: torch.T
     sum's rounding, lowbit.algorithms.reconstruct_steps); False (V untouched) when the library is
     unavailable or the tensors do not fit (as ``rounded_weight``)."""
     lib = library()
-    if lib is None or not _offsets_ok(V, g, e, step, zero) or zero.dtype != torch.bool:
-        return False
-    if not all(t.dtype == torch.float32 and t.shape == V.shape for t in (V, g, e, step)) or zero.shape != V.shape:
+    if lib is None or not offsets_fit(V, (g, e, step), zero):
         return False
     if exponent is not None and not 0 <= exponent <= 126:
         raise ValueError(f"offset_step: exponent {exponent} outside 0..126")

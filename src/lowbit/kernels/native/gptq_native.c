@@ -14,9 +14,7 @@
  *   y = w_i / dv_i; y = nearest grid value; e_i = w_i - y * ef_i;
  *   for each part p (rows a[p]..b[p]) and k = i+1..m-1: w_k[a:b] += u_p[i, k] * e_i[a:b],
  * u_p: the part's -Ub [in, in] (row stride ld, up[p] is its address) from row and column j0,
- * the sub-block's first column. Rounding (kind 0, INT): round half to even (default rounding mode), clamp to
- * [lo, hi]; (kind 1, signed minifloat): clamp to [-lo, lo] (lo: max finite), then the magic
- * number M from the exponent field (at least ``lowest``) plus ``shift``: (y + M) - M. */
+ * the sub-block's first column. Rounding: lb_grid_round (lowbit_native.h). */
 int lb_gptq_sub(const lb_gptq_args *args) {
     float *W = args->W, *E = args->E;
     const float *dv = args->dv, *ef = args->ef;
@@ -29,17 +27,7 @@ int lb_gptq_sub(const lb_gptq_args *args) {
         float *w = W + i * R, *e = E + i * R;
         const float *d = dv + i * ds, *f = ef + i * ds;
         for (int64_t r = 0; r < R; r++) {
-            float y = w[r] / d[r];
-            if (kind == 0) {
-                y = nearbyintf(y);
-                y = y < lo ? lo : (y > hi ? hi : y);
-            } else {
-                y = y < -lo ? -lo : (y > lo ? lo : y);
-                uint32_t bits = f2u(y) & mask;
-                bits = (bits > lowest ? bits : lowest) + shift;
-                float M = u2f(bits);
-                y = (y + M) - M;  /* two IEEE roundings: no -ffast-math, so never reassociated */
-            }
+            float y = lb_grid_round(w[r] / d[r], kind, lo, hi, mask, lowest, shift);
             e[r] = fmaf(-y, f[r], w[r]);  /* w - y * f, one rounding */
         }
         for (int64_t p = 0; p < nparts; p++) {

@@ -83,4 +83,23 @@ static inline float h2f(uint16_t h) {
 
 static inline float bf2f(uint16_t h) { return u2f((uint32_t)h << 16); }
 
+/* The nearest grid value of y (lowbit.kernels.native.rounding_args gives the arguments): kind 0
+ * (INT): round half to even (default rounding mode), clamp to [lo, hi]; kind 1 (signed minifloat):
+ * clamp to [-lo, lo] (lo: max finite), then the magic number M from the exponent field (at least
+ * ``lowest``) plus ``shift``: (y + M) - M, two IEEE roundings (no -ffast-math: never reassociated).
+ * The format's qdq up to the sign of a zero result. GPTQ's column loop and block reconstruction's
+ * rounded weight both round with it. */
+static inline float lb_grid_round(float y, int kind, float lo, float hi, uint32_t mask, uint32_t lowest,
+                                  uint32_t shift) {
+    if (kind == 0) {
+        y = nearbyintf(y);
+        return y < lo ? lo : (y > hi ? hi : y);
+    }
+    y = y < -lo ? -lo : (y > lo ? lo : y);
+    uint32_t bits = f2u(y) & mask;
+    bits = (bits > lowest ? bits : lowest) + shift;
+    float M = u2f(bits);
+    return (y + M) - M;
+}
+
 #endif

@@ -4,25 +4,10 @@
  * operation below is one IEEE float32 operation in the order written, as the torch expressions
  * they replace compute them (bit-identical, tested in tests/kernels/test_reconstruct_native.py).
  *
- * Rounding to the element grid is lb_gptq_sub's (gptq_native.c): kind 0 (INT): round half to
- * even, clamp to [lo, hi]; kind 1 (signed minifloat): clamp to [-lo, lo], then (y + M) - M with
- * the magic number M from the exponent field (at least ``lowest``) plus ``shift``. It equals the
- * format's decode(encode(.)) up to the sign of a zero result, which the straight-through value
- * below does not see ((+-0 - x) + x is +0 for either sign). */
+ * Rounding to the element grid is lb_grid_round (lowbit_native.h), GPTQ's: the format's
+ * decode(encode(.)) up to the sign of a zero result, which the straight-through value below does
+ * not see ((+-0 - x) + x is +0 for either sign). */
 #include "lowbit_native.h"
-
-static inline float grid_round(float y, int kind, float lo, float hi, uint32_t mask, uint32_t lowest,
-                               uint32_t shift) {
-    if (kind == 0) {
-        y = nearbyintf(y);
-        return y < lo ? lo : (y > hi ? hi : y);
-    }
-    y = y < -lo ? -lo : (y > lo ? lo : y);
-    uint32_t bits = f2u(y) & mask;
-    bits = (bits > lowest ? bits : lowest) + shift;
-    float M = u2f(bits);
-    return (y + M) - M;
-}
 
 /* out[i] = zero[i] ? +0 : ((r - x) + x) * e[i], x = V[i] * step[i] + v[i] (two roundings), r the
  * nearest grid value of x: Offsets.weight's value, torch's _RoundedWeight.forward. */
@@ -32,7 +17,7 @@ void lb_rounded_weight(const float *V, const float *v, const float *step, const 
     for (int64_t i = 0; i < n; i++) {
         float x = V[i] * step[i];
         x = x + v[i];
-        float w = grid_round(x, kind, lo, hi, mask, lowest, shift) - x;
+        float w = lb_grid_round(x, kind, lo, hi, mask, lowest, shift) - x;
         w = w + x;
         w = w * e[i];
         out[i] = zero[i] ? 0.0f : w;
