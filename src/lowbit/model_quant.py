@@ -85,6 +85,14 @@ def quantized_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(getattr(m, "scheme", None), Scheme)]
 
 
+def _check_float_states(float_states) -> None:
+    from lowbit.calibration.float_states import FloatStates
+
+    if float_states is not None and not isinstance(float_states, FloatStates):
+        raise QuantizationError(f"float_states must be a lowbit.calibration.FloatStates or None, "
+                                f"got {type(float_states).__name__}")
+
+
 def _refuse_quantized(model: nn.Module) -> None:
     done = quantized_layers(model)
     if done:
@@ -148,6 +156,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         hidden states that reconstruction aims at are computed by the first and reused by the
         others (one float pass of every decoder layer saved each; the same codes as without it;
         not used with a rotation or SmoothQuant). ``lowbit compare`` shares one across its rows.
+        Anything else is a QuantizationError before any work.
     preset: a named calibration budget (``lowbit.calibration.CALIBRATION_PRESETS``, e.g.
         "gptq-fast"); calibration_options given with it override its fields.
 
@@ -167,6 +176,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     from lowbit.calibration.data import calibration_config
 
     kv_cache = check_kv_cache(kv_cache)
+    _check_float_states(float_states)
     if scheme is None and kv_cache is not None:
         return _kv_only(model, calibration, tokenizer, kv_cache, config, preset, calibration_options)
     scheme = recipe_of(scheme)  # an unknown preset: SchemeError; a malformed recipe: RecipeError

@@ -80,3 +80,12 @@ def test_compare_rows_share_the_float_states(tmp_path):
     first, second = (r["calibration_cost"] for r in report["schemes"])
     assert first["reused_float_states"] == 0 and first["layer_calls"]["targets"] == LAYERS
     assert second["reused_float_states"] == LAYERS and "targets" not in second["layer_calls"]
+
+
+def test_something_else_than_float_states_is_one_error_before_any_work():
+    from lowbit.errors import QuantizationError
+
+    model = _model()
+    with pytest.raises(QuantizationError, match="float_states must be a lowbit.calibration.FloatStates or None, got dict"):
+        lowbit.quantize(model, "nvfp4", calibration=TOKENS, float_states={})
+    assert not any(hasattr(m, "scheme") for m in model.modules())  # nothing quantized
