@@ -6,7 +6,9 @@ text (26895 tokens, 512-token windows) after calibrating on the main job's 16 x 
 a second draw (``--shifts``: every window index moved along the built-in text, as in
 bench/calibrate/bench_step_windows.py), so that a difference between a recipe and a uniform scheme
 can be read against the draw-to-draw spread. Rows: a scheme name, or ``auto:BITS:C1+C2+...``
-(``lowbit.auto_recipe`` on the same windows, its choice time included).
+(``lowbit.auto_recipe`` on the same windows, its choice time included), or a recipe file.
+``--model FOLDER`` runs another float model (e.g. Gemma-3-270M expanded by
+``lowbit.models.builtin.convert_gguf``); the evaluation is lowbit's own, a BOS per window.
 
     .venv/bin/python bench/mixed/bench_mixed_draws.py --rows nvfp4-e5m3,auto:4.5:nvfp4+nvfp4-e5m3+mxfp4+w8a8-fp8 \\
         --shifts 0,2 [--out rows.jsonl]
@@ -34,8 +36,9 @@ def main() -> None:
     ap.add_argument("--rows", default="nvfp4,nvfp4-e5m3,auto:4.5:nvfp4+nvfp4-e5m3+mxfp4+w8a8-fp8")
     ap.add_argument("--shifts", default="0,2")
     ap.add_argument("--out", default="mixed-draws.jsonl")
+    ap.add_argument("--model", default=None, help="a float model folder (default: the built-in SmolLM2-135M)")
     a = ap.parse_args()
-    model, tok = lowbit.load_model()
+    model, tok = lowbit.load_model(a.model)
     model.eval()
     rows = [float_row(model, tok)]
     for shift in map(int, a.shifts.split(",")):

@@ -44,11 +44,13 @@ def test_choose_meets_the_budget_with_the_least_score():
 
 
 def test_sensitivity_is_the_fisher_weighted_output_error():
-    """S for one linear equals sum((dL/dy * (y_q - y))^2) computed by hand with autograd."""
+    """S for one linear equals the mean over windows of N * sum((dL/dy * (y_q - y))^2), N the
+    window's target count, computed by hand with autograd."""
     import torch.nn.functional as F
 
     from lowbit.quant.input_scales import qdq_activation
-    from lowbit.recipes.sensitivity import quantized_weights, sensitivities
+    from lowbit.recipes.rounded import quantized_weights
+    from lowbit.recipes.sensitivity import sensitivities
 
     m = tiny_llama(**DIMS)
     name = "model.layers.1.mlp.down_proj"
@@ -68,11 +70,11 @@ def test_sensitivity_is_the_fisher_weighted_output_error():
             for c in cands:
                 wq = quantized_weights(m, [name], c)[name]
                 yq = F.linear(qdq_activation(x, c.input_activations, x.abs().amax()), wq)
-                want[c.name] += float(((yq - y) * g).pow(2).sum())
+                want[c.name] += (ids.shape[1] - 1) * float(((yq - y) * g).pow(2).sum())
             m.zero_grad()
 
     for c in cands:
-        assert got[name][c.name] == pytest.approx(want[c.name], rel=1e-5)
+        assert got[name][c.name] == pytest.approx(want[c.name] / 2, rel=1e-5)
         assert got[name][c.name] > 0
     assert got[name]["w8a8-fp8"] < got[name]["nvfp4"]  # 8 bits lose less
 
@@ -105,7 +107,8 @@ def test_auto_recipe_bad_input():
 
 
 def test_padded_windows_count_only_their_real_positions():
-    """S on right-padded windows under their mask equals S on each window cut to its real length."""
+    """S on right-padded windows under their mask equals the mean of S on each window cut to its
+    real length (S is a per-token figure)."""
     from lowbit.recipes.sensitivity import sensitivities
 
     m = tiny_llama(**DIMS)
@@ -121,10 +124,13 @@ def test_padded_windows_count_only_their_real_positions():
         one = sensitivities(m, names, cands, ids[i:i + 1, :n_real])
         for n in names:
             for c in cands:
-                want[n][c.name] += one[n][c.name]
+                want[n][c.name] += one[n][c.name] / len(lengths)
     for n in names:
         for c in cands:
             assert got[n][c.name] == pytest.approx(want[n][c.name], rel=1e-4)
+    twice = sensitivities(m, names, cands, torch.cat([ids[:1], ids[:1]]), valid=torch.cat([valid[:1], valid[:1]]))
+    for n in names:  # the same window twice: the same per-token figure as once
+        assert twice[n]["nvfp4"] == pytest.approx(sensitivities(m, names, cands, ids[:1])[n]["nvfp4"], rel=1e-5)
     with pytest.raises(ValueError, match="does not match"):
         sensitivities(m, names, cands, ids, valid=valid[:, :10])
 

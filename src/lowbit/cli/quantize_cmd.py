@@ -223,7 +223,7 @@ def quantize_cmd(
         if summary.get("auto_recipe"):
             a = summary["auto_recipe"]
             console.print(f"chose a scheme per layer for {a['target_bits']:g} average weight bits: "
-                          f"{a['average_bits']:.3f} reached, {a['counts']} (predicted loss +{a['predicted_loss']:.4g}; "
+                          f"{a['average_bits']:.3f} reached, {a['counts']} (predicted loss +{a['predicted_loss']:.3g} nats; "
                           f"measured on {len(a['windows'])} of {a['calibration']['samples']} calibration windows in "
                           f"{a['seconds']:.1f} s)", highlight=False)
         if q is not None and q.get("schemes") and len(q["schemes"]) > 1:

@@ -4,7 +4,10 @@
    fused q/k/v and gate/up siblings, the experts of one MoE block; every other linear alone).
 2. Each unit's cost under each candidate: its weight bits, scales included (``bits``), and its
    sensitivity (``sensitivity``: the Fisher-weighted output error summed over its linears,
-   measured on the float model on calibration windows). The windows are the ones
+   measured on the float model on calibration windows, with the weights the candidate's
+   calibration rounds to, ``rounded.calibrated_weights``: GPTQ's, solved on the float model's
+   Hessians over the same windows, for the candidates ``lowbit.quantize`` rounds with GPTQ given
+   the same options; round to nearest for the others). The windows are the ones
    ``lowbit.quantize`` calibrates on given the same calibration and options (the same
    ``calibration_set``: window count and length, packing, chat template, column, split, and the
    padding mask of unpacked windows), ``sensitivity_samples`` of them, evenly spaced.
@@ -37,11 +40,13 @@ DEFAULT_SENSITIVITY_SAMPLES = 4
 @dataclass
 class AutoRecipe:
     """What ``auto_recipe`` chose: the recipe, the average weight bits it reaches (target:
-    ``target_bits``), its predicted loss increase (half the summed sensitivities), the units
+    ``target_bits``), its predicted loss increase (half the summed sensitivities: nats of mean next-token
+    loss, to second order), the units
     (names, chosen scheme, bits and score per candidate), seconds spent measuring; the
     calibration windows it measured on: ``calibration`` (the ``CalibrationInfo`` dict of the
     windows ``lowbit.quantize`` calibrates on with the same options) and ``windows`` (the indices
-    of those measured)."""
+    of those measured); ``rounding``: per candidate, the weight rounding its scores were measured
+    with ("gptq" or "rtn")."""
 
     recipe: Recipe
     target_bits: float
@@ -51,6 +56,7 @@ class AutoRecipe:
     seconds: float = 0.0
     calibration: dict = field(default_factory=dict)
     windows: list[int] = field(default_factory=list)
+    rounding: dict[str, str] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -98,6 +104,7 @@ def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, targ
     from lowbit.calibration.packing import spaced
     from lowbit.calibration.data import calibration_config
     from lowbit.moe import split_experts
+    from lowbit.recipes.rounded import calibrated_weights
     from lowbit.recipes.sensitivity import sensitivities
     from lowbit.targets import quantizable_linears
 
@@ -127,7 +134,10 @@ def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, targ
     data = calibration_set(calibration, tokenizer, **cfg.data_options())  # lowbit.quantize's windows
     n = data.ids.shape[0]
     keep = spaced(n, n if sensitivity_samples is None else sensitivity_samples)
-    sens = sensitivities(model, names, cands, data.ids[keep], valid=None if data.valid is None else data.valid[keep])
+    ids, valid = data.ids[keep], None if data.valid is None else data.valid[keep]
+    weights, rounding = calibrated_weights(model, names, cands, ids, valid, cfg)
+    sens = sensitivities(model, names, cands, ids, valid=valid, weights=weights)
+    del weights
     scores = [[sum(sens[n][c.name] for n in u) for c in cands] for u in groups]
     pick = choose([[Option(b, s) for b, s in zip(bu, su)] for bu, su in zip(bits, scores)], target * elements,
                   elements)
@@ -142,4 +152,4 @@ def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, targ
                                                                                  key=lambda kv: order[kv[0]])))
     total = sum(b[k] for b, k in zip(bits, pick))
     return AutoRecipe(recipe, target, total / elements, 0.5 * sum(s[k] for s, k in zip(scores, pick)), table,
-                      time.perf_counter() - t0, data.info.as_dict(), [int(i) for i in keep])
+                      time.perf_counter() - t0, data.info.as_dict(), [int(i) for i in keep], rounding)

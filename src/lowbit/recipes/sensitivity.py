@@ -4,17 +4,22 @@
 the calibration tokens (next-token cross-entropy) and, for every linear ``l`` and candidate ``c``,
 accumulates the Fisher-weighted output error
 
-    S[l][c] = sum over tokens and output features of (dL/dy_l * (y_l^c - y_l))^2,
+    S[l][c] = mean over batches b of  N_b * sum over b's tokens and output features of
+              (dL_b/dy_l * (y_l^c - y_l))^2,
 
 where y_l is the float linear's output and y_l^c the output of the same input with the weight
-quantized by ``c`` (round to nearest, the scheme's own observer) and the input quantize-dequantized
+quantized by ``c`` (the weights given, ``lowbit.recipes.rounded.calibrated_weights``: GPTQ's for the
+candidates calibrated with it; else round to nearest with the scheme's own observer) and the input quantize-dequantized
 as ``c`` quantizes activations (static scales from the batch's amax). With a ``valid`` mask
 (padded calibration windows) only the real positions count: the loss is the mean over real
 next-token targets, the static amax and the sum run over real positions (right padding under
 causal attention leaves the real positions' outputs unchanged; a routed MoE expert's rows are
 not masked: its padded rows get no gradient, only its amax may see them). To second order, half the
-sum over layers of S is the loss increase of quantizing them together (the additive, diagonal
-Fisher approximation that NVIDIA ModelOpt's auto_quantize scores layers with). The model's
+sum over layers of S is the increase of the mean next-token loss, in nats, of quantizing them
+together (the additive, diagonal Fisher approximation that NVIDIA ModelOpt's auto_quantize scores
+layers with). L_b is batch b's mean loss over its N_b real targets: its gradient is 1/N_b of the
+summed loss's, whose squared gradient is the batch's empirical Fisher; hence the factor N_b, which
+makes S a per-token figure, the same for one window or many. The model's
 weights are not changed and get no gradients.
 """
 
@@ -26,32 +31,36 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lowbit.fusion import shared_weight_global_scales
 from lowbit.quant.input_scales import qdq_activation
+from lowbit.recipes.rounded import quantized_weights
 from lowbit.schemes import Scheme
 
 
-def quantized_weights(model: nn.Module, names: list[str], scheme: Scheme) -> dict[str, torch.Tensor]:
-    """Each linear's weight quantized by ``scheme`` (RTN; fused siblings share NVFP4 global
-    scales), dequantized to float32."""
-    from lowbit.modules import QuantLinear
-
-    lins = {n: model.get_submodule(n) for n in names}
-    gs = shared_weight_global_scales({n: m.weight for n, m in lins.items()}, scheme)
-    return {n: QuantLinear.from_linear(m, scheme, name=n, weight_global_scale=gs.get(n)).dequantized_weight()
-            for n, m in lins.items()}
+def window_loss(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean next-token cross-entropy of ``ids`` [b, seq_len] over the real targets (``mask``
+    [b, seq_len] of real positions, right padding; None: all)."""
+    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].to(torch.float32)
+    flat, targets = logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+    if mask is None:
+        return F.cross_entropy(flat, targets)
+    real = mask[:, 1:].reshape(-1)  # right padding: a real target has a real input
+    return F.cross_entropy(flat[real], targets[real])
 
 
 def sensitivities(model: nn.Module, names: list[str], candidates: Iterable[Scheme], tokens: torch.Tensor,
-                  batch_size: int = 1, valid: torch.Tensor | None = None) -> dict[str, dict[str, float]]:
+                  batch_size: int = 1, valid: torch.Tensor | None = None,
+                  weights: dict[str, dict[str, torch.Tensor]] | None = None) -> dict[str, dict[str, float]]:
     """S[name][scheme name] for the linears ``names`` (see the module's docstring), on ``tokens``
     [n, seq_len] in batches of ``batch_size``; ``valid`` [n, seq_len] bool: the positions that
-    count (``CalibrationSet.valid``; None: all). ValueError for a mask of another shape."""
+    count (``CalibrationSet.valid``; None: all); ``weights``: per candidate name, each linear's
+    quantized weight (float32 [out, in]); a candidate left out is rounded to nearest. ValueError
+    for a mask of another shape."""
     candidates = list(candidates)
     if valid is not None and tuple(valid.shape) != tuple(tokens.shape):
         raise ValueError(f"valid {tuple(valid.shape)} does not match tokens {tuple(tokens.shape)}")
-    batch: dict[str, torch.Tensor | None] = {"mask": None}  # the current batch's valid positions
-    wq = {c.name: quantized_weights(model, names, c) for c in candidates}
+    batch: dict = {"mask": None, "targets": 0}  # the current batch's valid positions and target count
+    given = weights or {}
+    wq = {c.name: given[c.name] if c.name in given else quantized_weights(model, names, c) for c in candidates}
     scores = {n: {c.name: 0.0 for c in candidates} for n in names}
     device = next(model.parameters()).device
 
@@ -75,7 +84,7 @@ def sensitivities(model: nn.Module, names: list[str], candidates: Iterable[Schem
                         err = ((yq - y0) * g32).pow(2)
                         if mask is not None:
                             err = err[mask]
-                        scores[name][c.name] += float(err.sum())
+                        scores[name][c.name] += batch["targets"] * float(err.sum())
 
             if y.requires_grad:
                 y.register_hook(on_grad)
@@ -90,6 +99,7 @@ def sensitivities(model: nn.Module, names: list[str], candidates: Iterable[Schem
         for p, _ in flags:
             p.requires_grad_(False)
         model.eval()
+        batches = 0
         with torch.enable_grad():
             for i in range(0, tokens.shape[0], batch_size):
                 ids = tokens[i:i + batch_size].to(device)
@@ -97,18 +107,13 @@ def sensitivities(model: nn.Module, names: list[str], candidates: Iterable[Schem
                 if mask is not None and not bool(mask[:, 1:].any()):
                     continue  # no real next-token target in these windows
                 batch["mask"] = mask
-                out = model(input_ids=ids, use_cache=False)
-                logits = out.logits[:, :-1].to(torch.float32)
-                if mask is None:
-                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-                else:
-                    targets = mask[:, 1:].reshape(-1)  # right padding: a real target has a real input
-                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1])[targets], ids[:, 1:].reshape(-1)[targets])
-                loss.backward()
+                batch["targets"] = ids[:, 1:].numel() if mask is None else int(mask[:, 1:].sum())
+                window_loss(model, ids, mask).backward()
+                batches += 1
     finally:
         for h in handles:
             h.remove()
         for p, req in flags:
             p.requires_grad_(req)
         model.train(was_training)
-    return scores
+    return {n: {c: v / max(1, batches) for c, v in per.items()} for n, per in scores.items()}
