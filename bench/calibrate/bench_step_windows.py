@@ -46,15 +46,16 @@ def calibration(tok, shift: int, n: int = 16, seq_len: int = 512):
     return prepend(ids[: n_win * span].reshape(n_win, span)[idx], bos)
 
 
-def scores(model, tok) -> tuple[float, float, int]:
+def scores(model, tok, limit: int | None = None) -> tuple[float, float, int]:
+    """Perplexity on the first 1024 evaluation tokens and on ``limit`` of them (None: the whole text)."""
     short = perplexity(model, tok, limit=1024, progress=False).perplexity
-    whole = perplexity(model, tok, limit=None, progress=False)
+    whole = perplexity(model, tok, limit=limit, progress=False)
     return short, whole.perplexity, whole.tokens_scored
 
 
-def float_row(model, tok) -> dict:
+def float_row(model, tok, limit: int | None = None) -> dict:
     """The float model's row (both perplexities), printed."""
-    short, whole, n = scores(model, tok)
+    short, whole, n = scores(model, tok, limit)
     row = {"row": "float", "ppl1024": short, "ppl_all": whole, "tokens": n, "load": os.getloadavg()}
     print(json.dumps(row), flush=True)
     return row

@@ -37,10 +37,11 @@ def main() -> None:
     ap.add_argument("--shifts", default="0,2")
     ap.add_argument("--out", default="mixed-draws.jsonl")
     ap.add_argument("--model", default=None, help="a float model folder (default: the built-in SmolLM2-135M)")
+    ap.add_argument("--limit", type=int, default=None, help="evaluation tokens (default: the whole text)")
     a = ap.parse_args()
     model, tok = lowbit.load_model(a.model)
     model.eval()
-    rows = [float_row(model, tok)]
+    rows = [float_row(model, tok, a.limit)]
     for shift in map(int, a.shifts.split(",")):
         for spec in a.rows.split(","):
             m = copy.deepcopy(model)
@@ -54,7 +55,7 @@ def main() -> None:
                 plan = auto.recipe
             q = lowbit.quantize(m, plan, calibration=calib, tokenizer=tok, progress=False)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            short, whole, n = scores(q, tok)
+            short, whole, n = scores(q, tok, a.limit)
             row = {"row": spec, "shift": shift, "wall": wall, "cpu": cpu, "ppl1024": short, "ppl_all": whole,
                    "tokens": n, "load": os.getloadavg()}
             if auto is not None:
