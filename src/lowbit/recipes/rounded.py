@@ -41,33 +41,28 @@ def input_hessians(model: nn.Module, groups: list[list[str]], tokens: torch.Tens
     group's shared input, keyed by the group's first linear, over ``tokens`` [n, seq_len] one
     window at a time; ``valid`` [n, seq_len]: the positions that count (a routed expert's rows
     all count). A linear that never sees an input (an expert no token reached) has no entry."""
+    from lowbit.calibration.capture import observing
     from lowbit.calibration.hessian import HessianSum
 
     sums = {g[0]: HessianSum() for g in groups}
     window: dict = {"mask": None}
     device = next(model.parameters()).device
 
-    def hook_for(name: str):
-        def hook(mod: nn.Linear, args, y) -> None:
-            x = args[0].detach()
-            mask = window["mask"]
-            if mask is not None and tuple(x.shape[:-1]) == tuple(mask.shape):
-                x = x[mask]
-            if x.numel():
-                sums[name].add(x)
-        return hook
+    def add(name: str, x: torch.Tensor) -> None:
+        mask = window["mask"]
+        if mask is not None and tuple(x.shape[:-1]) == tuple(mask.shape):
+            x = x[mask]
+        if x.numel():
+            sums[name].add(x)
 
-    handles = [model.get_submodule(n).register_forward_hook(hook_for(n)) for n in sums]
     was_training = model.training
     try:
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), observing({n: model.get_submodule(n) for n in sums}, add):
             for i in range(tokens.shape[0]):
                 window["mask"] = None if valid is None else valid[i:i + 1].to(device)
                 model(input_ids=tokens[i:i + 1].to(device), use_cache=False)
     finally:
-        for h in handles:
-            h.remove()
         model.train(was_training)
     return {n: s.upper() for n, s in sums.items() if s.upper() is not None}
 
@@ -93,8 +88,8 @@ def calibrated_weights(model: nn.Module, names: list[str], candidates: list[Sche
         for g in solvable:
             chunks[g[0].rsplit(".", 2)[0]].append(g)
         cores = torch.get_num_threads()
+        weights = {n: model.get_submodule(n).weight for n in names}
         for c in gptq:
-            weights = {n: model.get_submodule(n).weight for n in names}
             gs = shared_weight_global_scales(weights, c)
             for chunk in chunks.values():
                 with one_thread():
