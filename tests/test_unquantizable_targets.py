@@ -1,6 +1,7 @@
-"""Never silently skip: weight matrices a scheme targets that lowbit cannot quantize (GPT-2's
-Conv1D projections) are an error, or with allow_unquantized a listed warning; fused MoE experts are
-split and quantized; the CLI says what it quantized."""
+"""Never silently skip: matmul weights a scheme targets that lowbit cannot quantize (RecurrentGemma's
+block-diagonal gate weights) are an error, or with allow_unquantized a listed warning; fused MoE
+experts are split and GPT-2's Conv1D projections made linears, and both quantized; the CLI says
+what it quantized."""
 
 from __future__ import annotations
 
@@ -55,15 +56,41 @@ def test_quantize_splits_and_quantizes_fused_experts():
     assert sum(hasattr(m, "weight_codes") for m in q.modules()) == 8 + 2 * 4 * 3  # q/k/v/o + 4 experts x 3
 
 
+def tiny_recurrent_gemma():
+    from helpers.families import tiny_model
+
+    return tiny_model("recurrent_gemma")
+
+
+RG_LRU = [f"model.layers.{i}.temporal_block.rg_lru.{p}" for i in range(2)
+          for p in ("input_gate_weight", "recurrent_gate_weight")]
+
+
 def test_quantize_refuses_or_warns_and_lists():
-    model = tiny_gpt2()
-    with pytest.raises(QuantizationError, match=r"8 weight matrices .* transformer\.h\.0\.attn\.c_attn\.weight "
-                                                r"\[32, 96\].*allow_unquantized=True"):
+    model = tiny_recurrent_gemma()
+    with pytest.raises(QuantizationError, match=r"4 weight matrices .* model\.layers\.0\.temporal_block\.rg_lru\."
+                                                r"input_gate_weight \[4, 32, 32\].*allow_unquantized=True"):
         lowbit.quantize(copy.deepcopy(model), "w8a16")
-    with pytest.warns(UserWarning, match="8 weight matrices"):
+    with pytest.warns(UserWarning, match="4 weight matrices"):
         q = lowbit.quantize(copy.deepcopy(model), "w8a16", allow_unquantized=True)
-    assert q.lowbit_unquantized == CONV1D
-    assert sum(hasattr(m, "weight_codes") for m in q.modules()) == 0  # GPT-2 has no nn.Linear but lm_head
+    assert q.lowbit_unquantized == RG_LRU
+    # the gate biases ride in baddbmm's added operand: not matmul weights, kept in float
+    assert q.lowbit_float_weights["model.layers.0.temporal_block.rg_lru.input_gate_bias"] == "elementwise parameter"
+
+
+def test_gpt2_conv1d_projections_are_quantized_as_linears():
+    model = tiny_gpt2()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(ids).logits
+    q = lowbit.quantize(copy.deepcopy(model), "w8a16")
+    assert q.lowbit_unquantized == [] and unquantizable_targets(q) == []
+    names = [n for n, m in q.named_modules() if hasattr(m, "weight_codes")]
+    assert names == [n.removesuffix(".weight") for n in CONV1D]
+    assert q.get_submodule("transformer.h.0.attn.c_attn").weight_codes.shape == (96, 32)  # [out, in]
+    with torch.no_grad():
+        err = ((q(ids).logits - ref).norm() / ref.norm()).item()
+    assert err < 0.01, err
 
 
 def _folder(model, path, capsys):
@@ -75,10 +102,14 @@ def _folder(model, path, capsys):
 
 
 def test_cli_refuses_then_reports_what_it_quantized(capsys, tmp_path):
-    src = _folder(tiny_gpt2(), tmp_path / "gpt2", capsys)
+    src = _folder(tiny_recurrent_gemma(), tmp_path / "rg", capsys)
     code, _, err = run(capsys, "quantize", src, "--scheme", "w8a16", "-o", tmp_path / "q")
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "--allow-unquantized" in errors[0] and "Traceback" not in err
+    assert not (tmp_path / "q").exists()
+    src = _folder(tiny_gpt2(), tmp_path / "gpt2", capsys)
+    code, out, _ = run(capsys, "quantize", src, "--scheme", "w8a16", "-o", tmp_path / "q2")
+    assert code == 0 and "quantized 8 linears" in out, out
 
 
 def test_cli_reports_experts(capsys, tmp_path):

@@ -18,14 +18,16 @@ from lowbit.errors import OptionRef, QuantizationError
 from lowbit.fusion import shared_weight_global_scales
 from lowbit.kvcache import DEFAULT_KV_CACHE, check_kv_cache
 from lowbit.modules import QuantLinear
-from lowbit.moe import split_experts
+from lowbit.linearize import linearize
 from lowbit.algorithms import WeightRounding
 from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
 from lowbit.recipes import Assignment
 from lowbit.recipes.plan import plan as recipe_plan, recipe_of, schemes_of
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.algorithms.smoothquant.defaults import DEFAULT, scheme_alphas
-from lowbit.targets import quantizable_linears, set_submodule, unquantizable_targets
+from lowbit.targets import (
+    READ_DIRECTLY, float_weights, matmul_targets, quantizable_linears, set_submodule, survey_weights,
+)
 
 
 @torch.no_grad()
@@ -34,7 +36,7 @@ def quantize_rtn(model: nn.Module, scheme: "Scheme | str | Assignment", *, ignor
     """Replace target linears with QuantLinear by round-to-nearest (no activation scales); every
     layer gets the automatic backend. ``scheme``: one for every linear, or an ``Assignment`` (a
     scheme per linear name; its names are the ones quantized)."""
-    split_experts(model)
+    linearize(model)
     if isinstance(scheme, Assignment):
         schemes = dict(scheme)
     else:
@@ -64,11 +66,15 @@ def _schemes(plan) -> list[Scheme]:
     return schemes_of(plan)
 
 
-def check_targets(model: nn.Module, ignore: Iterable[str], include_lm_head: bool, allow_unquantized: bool) -> list:
+def check_targets(model: nn.Module, ignore: Iterable[str], include_lm_head: bool, allow_unquantized: bool,
+                  survey=None) -> list:
     """Refuse (QuantizationError) a model with weight matrices the scheme targets but lowbit cannot
     quantize (``targets.unquantizable_targets``), unless ``allow_unquantized``: then warn, listing
-    them. Returns them."""
-    left = unquantizable_targets(model, ignore, include_lm_head)
+    them. Returns them. ``survey``: ``targets.survey_weights`` already made (else made here). The weights that are not targets (depthwise convolutions, ``A_log``, ...:
+    ``targets.float_weights``) are left on ``model.lowbit_float_weights`` (name -> kind)."""
+    survey = survey or survey_weights(model, ignore, include_lm_head)
+    model.lowbit_float_weights = float_weights(survey)
+    left = matmul_targets(model, survey.kinds)
     if left:
         shown = ", ".join(f"{n} {list(s)}" for n, s in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
         msg = (f"{len(left)} weight matrices are not nn.Linear and cannot be quantized by lowbit: {shown} "
@@ -78,6 +84,18 @@ def check_targets(model: nn.Module, ignore: Iterable[str], include_lm_head: bool
                                     allow=OptionRef("allow_unquantized"), ignore=OptionRef("ignore", "NAME"))
         warnings.warn(f"lowbit: {msg}; they stay in float (allow_unquantized)", stacklevel=3)
     return left
+
+
+def _set_apart(ignore: Iterable[str], survey) -> list[str]:
+    """``ignore`` and, by exact name, the linears the forward showed are not to be quantized:
+    routers found by their top-k (in float like every router) and linears whose weight the forward
+    reads without calling them (a warning lists them)."""
+    if survey.read_directly:
+        shown = ", ".join(survey.read_directly[:3]) + (f" and {len(survey.read_directly) - 3} more"
+                                                      if len(survey.read_directly) > 3 else "")
+        warnings.warn(f"lowbit: {len(survey.read_directly)} linears stay in float, a {READ_DIRECTLY}: {shown}",
+                      stacklevel=3)
+    return list(ignore) + survey.routers + survey.read_directly
 
 
 def quantized_layers(model: nn.Module) -> list[str]:
@@ -185,10 +203,12 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         from lowbit.kvcache.calibrate import check_kv_model
 
         check_kv_model(model, kv_cache)  # before any work
-    split_experts(model)
+    linearize(model)
+    survey = survey_weights(model, ignore, include_lm_head)
+    ignore = _set_apart(ignore, survey)
     scheme = _plan(model, scheme, ignore, include_lm_head)  # a Scheme, or an Assignment (mixed)
     schemes = _schemes(scheme)
-    left = check_targets(model, ignore, include_lm_head, allow_unquantized)
+    left = check_targets(model, ignore, include_lm_head, allow_unquantized, survey)
     try:
         alphas = scheme_alphas(smoothquant, schemes)
     except ValueError as e:

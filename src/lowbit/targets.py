@@ -13,6 +13,8 @@ from typing import Iterable
 
 import torch.nn as nn
 
+from lowbit.param_uses import ParamKind, Trace, structural_kind, trace_model
+
 ROUTER_COMPONENTS = frozenset({"gate", "router", "shared_expert_gate"})  # MoE routers stay in float
 NON_TEXT_COMPONENTS = frozenset({
     "vision_tower", "vision_model", "visual", "vision_encoder", "audio_tower", "audio_model",
@@ -58,24 +60,66 @@ def quantizable_linears(model: nn.Module, ignore: Iterable[str] = (), include_lm
     return names
 
 
-def unquantizable_targets(model: nn.Module, ignore: Iterable[str] = (), include_lm_head: bool = False
-                          ) -> list[tuple[str, tuple[int, ...]]]:
-    """Weight matrices a scheme targets that lowbit cannot quantize: (parameter name, shape).
-
-    A target is a floating-point parameter of two or more dimensions that is not an
-    ``nn.Linear`` weight (those are quantized), not an embedding table, not the output embedding
-    (unless ``include_lm_head``) and not excluded by name (routers, non-text towers, ``ignore``
-    patterns matched against the module's name). Examples: the fused 3-D expert weights of
-    transformers' MoE blocks (``experts.gate_up_proj`` [E, 2I, H]), GPT-2's ``Conv1D``."""
-    ignore = list(ignore)
+def _weight_candidates(model: nn.Module, ignore: list[str], include_lm_head: bool) -> dict[str, tuple[nn.Module, nn.Parameter]]:
+    """Floating-point parameters of two or more dimensions outside ``nn.Linear`` and
+    ``nn.Embedding`` modules, the output embedding (unless ``include_lm_head``) and the modules
+    excluded by name: parameter name -> (its module, it)."""
     heads = set() if include_lm_head else output_embedding_names(model)
-    out = []
+    out = {}
     for mod_name, mod in model.named_modules():
         if isinstance(mod, (nn.Linear, nn.Embedding)) or mod_name in heads or is_excluded_name(mod_name, ignore):
             continue
         for p_name, p in mod.named_parameters(recurse=False):
             if p.dim() >= 2 and p.is_floating_point():
-                out.append((f"{mod_name}.{p_name}" if mod_name else p_name, tuple(p.shape)))
+                out[f"{mod_name}.{p_name}" if mod_name else p_name] = (mod, p)
+    return out
+
+
+def survey_weights(model: nn.Module, ignore: Iterable[str] = (), include_lm_head: bool = False) -> Trace:
+    """What the forward does with the model's weights (``lowbit.param_uses.trace_model``, one
+    forward on a few tokens): the kind of every parameter of two or more dimensions that is not an
+    ``nn.Linear`` weight (nor an embedding table, the output embedding or a module excluded by
+    name; only ``ParamKind.MATMUL`` ones are targets), the linears whose weight is read without
+    calling them, and the routers found by their top-k. When the forward cannot run (a model on
+    the meta device), the kinds come from types and shapes (``structural_kind``) and no linear is
+    set apart."""
+    cands = _weight_candidates(model, list(ignore), include_lm_head)
+    traced = trace_model(model, {n: p for n, (_, p) in cands.items()})
+    if traced is None:
+        return Trace({n: structural_kind(m, p) for n, (m, p) in cands.items()}, [], [])
+    heads = set() if include_lm_head else output_embedding_names(model)
+    ignore = list(ignore)
+    keep = [n for n in traced.read_directly if n not in heads and not is_excluded_name(n, ignore)]
+    routers = [n for n in traced.routers if n not in heads and not is_excluded_name(n, ignore)]
+    return Trace(traced.kinds, keep, routers)
+
+
+def unquantizable_targets(model: nn.Module, ignore: Iterable[str] = (), include_lm_head: bool = False
+                          ) -> list[tuple[str, tuple[int, ...]]]:
+    """Weight matrices a scheme targets that lowbit cannot quantize: (parameter name, shape).
+
+    A target is a matmul weight (``weight_kinds``: ``ParamKind.MATMUL``) that is not an
+    ``nn.Linear`` weight (those are quantized; transformers' ``Conv1D`` and fused experts become
+    linears first, ``lowbit.linearize``). Depthwise convolutions, Mamba's ``A_log``, router
+    score-correction biases and other parameters the forward does not multiply as a matrix are
+    not targets (they stay in float, ``float_weights``)."""
+    return matmul_targets(model, survey_weights(model, ignore, include_lm_head).kinds)
+
+
+def matmul_targets(model: nn.Module, kinds: dict[str, ParamKind]) -> list[tuple[str, tuple[int, ...]]]:
+    """The ``ParamKind.MATMUL`` entries of ``kinds`` with their shapes."""
+    shapes = dict(model.named_parameters(remove_duplicate=False))
+    return [(n, tuple(shapes[n].shape)) for n, k in kinds.items() if k is ParamKind.MATMUL]
+
+
+READ_DIRECTLY = "linear whose weight the forward reads without calling it"
+
+
+def float_weights(survey: Trace) -> dict[str, str]:
+    """What stays in float and why, from ``survey_weights``: name -> kind (the non-target
+    parameters, and the linears whose weight the forward reads directly)."""
+    out = {n: k.value for n, k in survey.kinds.items() if k is not ParamKind.MATMUL}
+    out.update({f"{n}.weight": READ_DIRECTLY for n in survey.read_directly})
     return out
 
 

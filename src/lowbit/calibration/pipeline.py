@@ -35,9 +35,10 @@ import warnings
 import torch
 import torch.nn as nn
 
+from lowbit.calibration.layer_calls import capture_calls
 from lowbit.calibration.layer_backends import fast_backends as _fast_backends, runs_as_reference as _runs_as_reference
 from lowbit.calibration.capture import (
-    Inputs, batch_masks, capture_layer_inputs, find_decoder_layers, hidden_of, observe_batches, observing, run_layer,
+    Inputs, batch_masks, find_decoder_layers, hidden_of, observe_batches, observing, run_layer,
     with_hidden,
 )
 from lowbit.dist import Group
@@ -232,7 +233,8 @@ class LayerwiseCalibrator:
             path, layers = found
             first, saved = hooks.start(path, layers)
             with self.report.cost.timed(Phase.CAPTURE):
-                inputs = capture_layer_inputs(self.model, layers[0], tokens, self.cfg.batch_size)
+                calls = capture_calls(self.model, layers, tokens, self.cfg.batch_size)
+            inputs = calls.first
             hooks.captured()
             # block reconstruction on quantized layer inputs aims at the float model's outputs:
             # the float model's hidden states are carried along (the float inputs otherwise are them)
@@ -259,6 +261,7 @@ class LayerwiseCalibrator:
                 lnames = [n for n in names if n.startswith(prefix)]
                 more = i + 1 < len(layers)
                 self._index = i
+                inputs = calls.for_layer(i, inputs, hooks.device if not hooks.offload else None)
                 hooks.enter(i, layer)
                 outs = None
                 if lnames:

@@ -36,7 +36,8 @@ from lowbit.kvcache.attention import attach, attention_modules
 from lowbit.modules import QuantLinear
 from lowbit.hostcpu import cpu_flags
 from lowbit.quant.serving import ServingNumerics, host_isa
-from lowbit.moe import checkpoint_names, model_names, split_experts
+from lowbit.linearize import linearize
+from lowbit.moe import checkpoint_names, model_names
 from lowbit.targets import set_submodule
 
 
@@ -69,7 +70,7 @@ def model_view(model: nn.Module, folder: SafetensorsFolder | None, parsed: Parse
     return the folder and config under the model's names (the family's checkpoint names, e.g.
     Mixtral's legacy ones, mapped by ``lowbit.moe.naming``) with ``{linear: its name in the
     config}``. The one view lowbit.load and lowbit inspect read a folder through."""
-    split_experts(model)
+    linearize(model)
     mt = getattr(model.config, "model_type", None)
     if folder is not None:
         folder = folder.with_names(model_names(mt, list(folder)))

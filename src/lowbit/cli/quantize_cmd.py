@@ -199,6 +199,7 @@ def quantize_cmd(
         if q is not None:
             kept = f"; kept in float: {len(q['unquantized_targets'])} weight matrices lowbit cannot quantize" \
                 if q["unquantized_targets"] else ""
+            kept += "".join(f"; {kind} x{n}" for kind, n in q.get("float_weights", {}).items())
             moe = f", {q['expert_linears']} of them in {q['experts']} experts of {q['moe_blocks']} MoE blocks" \
                 if q["moe_blocks"] else ""
             spread = q["expert_input_scale_spread"]

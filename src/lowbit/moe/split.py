@@ -7,9 +7,10 @@ flags ``is_transposed`` (weights stored [E, in, out]), ``is_concatenated`` (gate
 rows; False: interleaved g0, u0, g1, u1, ...) and ``has_bias`` (``gate_up_proj_bias`` [E, 2I],
 ``down_proj_bias`` [E, H]). Expert e's linears hold exactly the rows of the fused tensors
 (copies, in the fused tensors' dtype and device), so the split module computes what the fused
-one does. A module without the flags (Llama 4's experts) is not split: its layout is not
-known, so it stays a weight lowbit cannot quantize (``lowbit.targets.unquantizable_targets``:
-an error, or a listed warning). The gating is transformers' default (``act_fn(gate) * up``) unless the class
+one does. A module without the flags that is called on rows laid out per expert (Llama 4's
+experts) is split by ``lowbit.moe.batched``, its layout checked against its own forward; any
+other stays a weight lowbit cannot quantize (``lowbit.targets.unquantizable_targets``: an
+error, or a listed warning). The gating is transformers' default (``act_fn(gate) * up``) unless the class
 defines its own ``_apply_gate``; the one known own gating is gpt-oss's clamped SwiGLU (``alpha``
 and ``limit`` attributes). Anything else is refused, naming the module.
 """
@@ -23,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.errors import QuantizationError
+from lowbit.moe.batched import is_batched_experts, split_batched
 from lowbit.moe.experts import ExpertMLP, Gate, GateKind, SplitExperts
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
 from lowbit.targets import ROUTER_COMPONENTS
@@ -104,11 +106,12 @@ def split_experts(model: nn.Module) -> list[str]:
     the names of the replaced modules, in model order. Idempotent: split modules are left alone.
     Memory: one block's experts are copied at a time (the fused tensors are released as soon as
     their block is replaced, unless the caller holds them)."""
-    names = [n for n, m in model.named_modules() if is_fused_experts(m)]
+    names = [n for n, m in model.named_modules() if is_fused_experts(m) or is_batched_experts(m)]
     for name in names:  # one block at a time: its fused tensors are freed before the next is split
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, _split_one(name, getattr(parent, child)))
+        old = getattr(parent, child)
+        setattr(parent, child, _split_one(name, old) if is_fused_experts(old) else split_batched(name, old))
     return names
 
 

@@ -103,7 +103,7 @@ def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, targ
     from lowbit.calibration import calibration_set
     from lowbit.calibration.packing import spaced
     from lowbit.calibration.data import calibration_config
-    from lowbit.moe import split_experts
+    from lowbit.linearize import linearize
     from lowbit.recipes.rounded import calibrated_weights
     from lowbit.recipes.sensitivity import sensitivities
     from lowbit.targets import quantizable_linears
@@ -119,7 +119,7 @@ def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, targ
         raise RecipeError(f"sensitivity_samples must be a positive number of windows or None, "
                           f"got {sensitivity_samples!r}")
     cfg = calibration_config(config, preset, calibration_options)
-    split_experts(model)
+    linearize(model)
     names = quantizable_linears(model, ignore, include_lm_head)
     if not names:
         raise RecipeError("the model has no quantizable linear to choose schemes for")

@@ -35,7 +35,7 @@ from lowbit.eval.lastword import lastword_accuracy, lastword_examples
 from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
 from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, measure_spread
 from lowbit.eval.text import read_paragraphs
-from lowbit.moe import split_experts
+from lowbit.linearize import linearize
 from lowbit.report.writer import row_label  # noqa: F401  (re-exported: the label of a scheme row)
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
 from lowbit.model_quant import calibrates
@@ -250,7 +250,7 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
     if tokenizer is None:
         raise LowbitError("run_compare needs the model's tokenizer")
     model.eval()
-    split_experts(model)  # MoE: the float model computes the same, and its experts match the quantized ones by name
+    linearize(model)  # MoE: the float model computes the same, and its experts match the quantized ones by name
 
     paragraphs = read_paragraphs(opts.text_file)
     examples = lastword_examples(paragraphs, limit=opts.lastword) if opts.lastword > 0 else []

@@ -31,7 +31,16 @@ def quantized_summary(model) -> dict:
             "moe_blocks": len(blocks), "experts": experts, "expert_linears": in_experts,
             "expert_input_scale_spread": expert_scale_spread(blocks),
             "unquantized_targets": list(getattr(model, "lowbit_unquantized", [])),
+            "float_weights": float_weight_kinds(getattr(model, "lowbit_float_weights", {})),
             "rotation": rotation.describe() if (rotation := getattr(model, "lowbit_rotation", None)) else None}
+
+
+def float_weight_kinds(float_weights: dict[str, str]) -> dict[str, int]:
+    """kind -> count of the weights that are not targets and stay in float (``targets.float_weights``)."""
+    out: dict[str, int] = {}
+    for kind in float_weights.values():
+        out[kind] = out.get(kind, 0) + 1
+    return out
 
 
 def expert_scale_spread(blocks: dict) -> dict[str, float]:
@@ -59,6 +68,7 @@ def merge_summaries(parts: list[dict], float_parameters: int, unquantized: list[
     added, spreads the largest; ``float_parameters`` of the parts outside them added."""
     out = {"linears": 0, "weight_parameters": 0, "float_parameters": float_parameters, "moe_blocks": 0, "experts": 0,
            "expert_linears": 0, "expert_input_scale_spread": {}, "unquantized_targets": list(unquantized),
+           "float_weights": {},
            "rotation": None}  # a streamed run never rotates (lowbit.streamed.api)
     for p in parts:
         for k in ("linears", "weight_parameters", "float_parameters", "moe_blocks", "experts", "expert_linears"):

@@ -196,9 +196,15 @@ class StreamOutput:
         write_side_files(w, model, config_dict(model, dtype, qcfg, False), source, tokenizer)
         w.close(remove=(STATE_DIR,))
 
-    def abort(self) -> None:
-        """After an error: the temporary folder stays (a rerun resumes), the lock is released."""
-        if self.writer is not None:
+    def abort(self, refused: bool = False) -> None:
+        """After an error: the temporary folder stays (a rerun resumes), the lock is released; a
+        refusal (``refused``: the input cannot be quantized) before any layer was written removes
+        it instead, as nothing in it could be resumed."""
+        if self.writer is None:
+            return
+        if refused and int(getattr(self, "progress", {}).get("done", 0)) == 0:
+            self.writer.abort()
+        else:
             self.writer.keep_for_resume()
 
 

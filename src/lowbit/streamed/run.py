@@ -108,8 +108,9 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
         if isinstance(e, LowbitError):
             raise
         raise resumable_failure(e, out, "layers") from e
-    except BaseException:
-        output.abort()  # the temporary folder stays: the same command resumes
+    except BaseException as e:
+        # the temporary folder stays (the same command resumes), unless a refusal came first
+        output.abort(refused=isinstance(e, QuantizationError))
         raise
     finally:
         stream.close()

@@ -99,7 +99,7 @@ def rotate_model(model: nn.Module, rotation: Rotation | str) -> RotationReport |
         return None
     from lowbit.moe import split_experts
 
-    split_experts(model)
+    split_experts(model)  # Conv1D stays: the layout refuses those families before any weight changes
     layout = residual_layout(model)
     r1, r2 = block_size(layout.hidden), block_size(layout.head_dim)
     if r1 == 1 or r2 == 1:

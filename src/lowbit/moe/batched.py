@@ -1,0 +1,114 @@
+"""Fused experts called on a batch already laid out per expert (Llama 4), split per expert.
+
+Llama 4's experts module takes the routed hidden states as one tensor of E * T rows (expert e's
+rows are ``e*T .. (e+1)*T - 1``, each token's row already scaled by its router score, zero for an
+expert not chosen), multiplies each expert's rows by its slice of the 3-D ``gate_up_proj`` and
+``down_proj`` and returns E * T rows. It carries no layout flags, so the layout is found from the
+module itself: a module with an int ``num_experts``, 3-D ``gate_up_proj`` and ``down_proj``
+parameters and a forward of one tensor; the weights' orientation comes from their shapes, and
+the gate/up order (concatenated halves or interleaved) is the candidate whose split computes
+what the module's own forward computes on one expert of seeded random weights (``_probe``,
+``_matches``; the module's weights may not be loaded yet; no candidate: a QuantizationError
+naming the module, never a guess). ``BatchedExperts`` holds the experts as ``ExpertMLP``
+children ``0`` .. ``E-1`` (linears ``experts.{e}.gate_proj`` ...) and is called like the module
+it replaces.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+import torch.nn as nn
+
+from lowbit.errors import QuantizationError
+from lowbit.moe.experts import ExpertMLP, Gate, GateKind
+from lowbit.moe.slices import FusedLayout, Proj, expert_part
+
+
+class BatchedExperts(nn.Module):
+    """Experts ``0`` .. ``E-1`` called on E * T rows laid out per expert (module docstring)."""
+
+    def __init__(self, experts: list[ExpertMLP]) -> None:
+        super().__init__()
+        for e, m in enumerate(experts):
+            self.add_module(str(e), m)
+        self.num_experts = len(experts)
+
+    def __getitem__(self, e: int) -> ExpertMLP:
+        return self._modules[str(e)]
+
+    def __len__(self) -> int:
+        return self.num_experts
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        h = hidden_states.shape[-1]
+        x = hidden_states.reshape(self.num_experts, -1, h)
+        return torch.stack([self[e](x[e]) for e in range(self.num_experts)]).reshape(-1, h)
+
+
+def is_batched_experts(module: nn.Module) -> bool:
+    """Whether ``module`` is a fused experts module of the batched kind (module docstring)."""
+    up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not (isinstance(getattr(module, "num_experts", None), int) and isinstance(up, nn.Parameter)
+            and isinstance(down, nn.Parameter) and up.dim() == 3 and down.dim() == 3):
+        return False
+    if isinstance(getattr(module, "is_transposed", None), bool):  # transformers' flagged kind: split.py
+        return False
+    params = [p for p in inspect.signature(module.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(params) == 1
+
+
+def _linear(w: torch.Tensor) -> nn.Linear:
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+    lin.weight = nn.Parameter(w, requires_grad=False)
+    return lin
+
+
+def _build(module: nn.Module, layout: FusedLayout) -> BatchedExperts:
+    gate = Gate(GateKind.ACT_MUL, act=module.act_fn)
+    up_all, down_all = module.gate_up_proj.detach(), module.down_proj.detach()
+    return BatchedExperts([ExpertMLP(_linear(expert_part(up_all, e, Proj.GATE, layout)),
+                                     _linear(expert_part(up_all, e, Proj.UP, layout)),
+                                     _linear(expert_part(down_all, e, Proj.DOWN, layout)), gate)
+                           for e in range(module.num_experts)])
+
+
+def _probe(module: nn.Module) -> nn.Module:
+    """A shallow copy of ``module`` holding one expert of seeded random weights of its shapes (its
+    forward is the module's own code; the module itself is not touched, and its own weights, maybe
+    not loaded yet, play no part)."""
+    g = torch.Generator().manual_seed(0)
+    probe = copy.copy(module)
+    probe._parameters = dict(module._parameters)
+    for leaf in ("gate_up_proj", "down_proj"):
+        p = module._parameters[leaf]
+        probe._parameters[leaf] = nn.Parameter(torch.randn((1,) + tuple(p.shape[1:]), generator=g), requires_grad=False)
+    probe.num_experts = 1
+    return probe
+
+
+@torch.no_grad()
+def _matches(probe: nn.Module, split: BatchedExperts, hidden: int) -> bool:
+    x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(1))
+    ref = probe(x)
+    return ref.shape == x.shape and torch.allclose(split(x), ref, rtol=1e-4, atol=1e-5)
+
+
+def split_batched(name: str, module: nn.Module) -> BatchedExperts:
+    """The ``BatchedExperts`` computing what ``module`` computes (module docstring)."""
+    up, down = module.gate_up_proj, module.down_proj
+    transposed = up.shape[1] == down.shape[2]  # [E, H, 2I] with down [E, I, H]: stored [in, out]
+    hidden = down.shape[2] if transposed else down.shape[1]
+    if not hasattr(module, "act_fn"):
+        raise QuantizationError(f"module {name!r} ({type(module).__name__}): fused experts without an act_fn, "
+                                f"whose layout lowbit cannot check; they cannot be split")
+    probe = _probe(module)
+    for concatenated in (True, False):
+        layout = FusedLayout(transposed=transposed, concatenated=concatenated)
+        if _matches(probe, _build(probe, layout), hidden):
+            return _build(module, layout)
+    raise QuantizationError(f"module {name!r} ({type(module).__name__}): no known layout of its fused experts "
+                            f"computes what it computes; lowbit cannot split them")

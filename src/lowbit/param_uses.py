@@ -1,0 +1,204 @@
+"""What each weight of a model is for, read from its forward: a matmul operand or something else.
+
+A scheme targets matmul weights. ``nn.Linear`` says so by its type; a parameter held elsewhere
+(Mamba's ``A_log``, a depthwise ``conv1d``, a router's score-correction bias, RWKV's time-mix
+vectors, fused experts of an unknown layout) says so only by what the forward does with it.
+``parameter_kinds`` runs the model once on a few tokens under a ``TorchFunctionMode`` that follows
+each asked-for parameter through the ops it flows into:
+
+- a tensor derived from a parameter (by indexing, slicing, a view, a cast, or an op whose output
+  has the parameter's element count, e.g. ``w * scale``) stays that parameter's;
+- an operand of a matmul (``F.linear``, ``matmul``/``@``, ``mm``, ``bmm``, ``addmm``,
+  ``baddbmm``, ``einsum``, grouped matmuls, a convolution with ``groups == 1``) makes it a
+  ``ParamKind.MATMUL`` weight;
+- otherwise a convolution with groups (``DEPTHWISE_CONV``), a table read by ``F.embedding``
+  (``LOOKUP``), any other op (``ELEMENTWISE``), or no op at all on those tokens (``UNUSED``).
+
+Only ``MATMUL`` weights are targets; the others stay in float and are listed by kind. When the
+forward cannot run (a model on the meta device, a forward that needs more than token ids),
+``structural_kind`` decides from types and shapes alone: a grouped ``nn.Conv*`` with one input
+channel per group is a depthwise convolution, a tensor with a dimension of size 1 is a vector
+(``ELEMENTWISE``), anything else ``MATMUL`` (an error naming it, never a guess that skips it).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+
+class ParamKind(str, Enum):
+    MATMUL = "matmul weight"
+    DEPTHWISE_CONV = "depthwise convolution"
+    LOOKUP = "lookup table"
+    ELEMENTWISE = "elementwise parameter"
+    UNUSED = "not used by the forward"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _ops(*fns) -> frozenset:
+    return frozenset(f for f in fns if f is not None)
+
+
+_T = torch.Tensor
+_MATMUL = _ops(F.linear, torch.matmul, _T.matmul, _T.__matmul__, _T.__rmatmul__, torch.mm, _T.mm, torch.bmm, _T.bmm,
+               torch.addmm, _T.addmm, torch.baddbmm, _T.baddbmm, torch.addbmm, torch.einsum, torch.tensordot,
+               getattr(torch, "_grouped_mm", None), getattr(F, "grouped_mm", None))
+_ADDED_FIRST = _ops(torch.addmm, _T.addmm, torch.baddbmm, _T.baddbmm, torch.addbmm)  # args[0] is added, not multiplied
+_TOPK = _ops(torch.topk, _T.topk, torch.argsort, _T.argsort, torch.sort, _T.sort, torch.argmax, _T.argmax)
+_CONV = _ops(F.conv1d, F.conv2d, F.conv3d)
+_LOOKUP = _ops(F.embedding)
+_SELECT = _ops(_T.__getitem__, torch.index_select, _T.index_select, torch.narrow, _T.narrow, torch.select,
+               _T.select, torch.chunk, _T.chunk, torch.split, _T.split, torch.unbind, _T.unbind,
+               torch.tensor_split, _T.tensor_split)
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+
+
+class _Follow(TorchFunctionMode):
+    """Follows the tracked tensors through the ops of a forward (module docstring)."""
+
+    def __init__(self, params: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.origin: dict[int, tuple[str, weakref.ref]] = {}
+        self.uses: dict[str, set[ParamKind]] = {n: set() for n in params}
+        self.selected: set[str] = set()  # tracked names whose values reach a top-k selection
+        for n, p in params.items():
+            self._tag(p, n)
+
+    def _tag(self, t: torch.Tensor, name: str) -> None:
+        self.origin[id(t)] = (name, weakref.ref(t))
+
+    def _name(self, t: torch.Tensor) -> str | None:
+        ent = self.origin.get(id(t))
+        return ent[0] if ent is not None and ent[1]() is t else None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        tracked = [(t, n) for t in _tensors((args, kwargs)) if (n := self._name(t)) is not None]
+        if not tracked:
+            return out
+        if func in _TOPK:
+            for _, n in tracked:
+                self.selected.add(n)
+            return out
+        if func in _MATMUL:
+            kind = ParamKind.MATMUL
+            skip = {id(t) for t in _tensors(args[0] if func in _ADDED_FIRST and args else None)}
+            skip |= {id(t) for t in _tensors(args[2] if func is F.linear and len(args) > 2 else kwargs.get("bias"))}
+            for t, n in tracked:
+                if id(t) in skip and n in self.uses:  # an added term (a bias), not a matrix operand
+                    self.uses[n].add(ParamKind.ELEMENTWISE)
+            tracked = [(t, n) for t, n in tracked if id(t) not in skip]
+        elif func in _CONV:
+            groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
+            kind = ParamKind.MATMUL if groups == 1 else ParamKind.DEPTHWISE_CONV
+        elif func in _LOOKUP:
+            kind = ParamKind.LOOKUP
+        else:
+            kind = None
+            for t, n in tracked:  # a derived tensor stays its parameter's
+                for o in _tensors(out):
+                    if func in _SELECT or o.numel() == t.numel():
+                        self._tag(o, n)
+        for _, n in tracked:
+            if n not in self.uses:
+                continue
+            if kind is not None:
+                self.uses[n].add(kind)
+            elif not any(self._name(o) == n for o in _tensors(out)):
+                self.uses[n].add(ParamKind.ELEMENTWISE)
+        return out
+
+
+def _verdict(uses: set[ParamKind]) -> ParamKind:
+    for kind in (ParamKind.MATMUL, ParamKind.DEPTHWISE_CONV, ParamKind.LOOKUP, ParamKind.ELEMENTWISE):
+        if kind in uses:
+            return kind
+    return ParamKind.UNUSED
+
+
+def structural_kind(module: nn.Module, param: torch.Tensor) -> ParamKind:
+    """The kind from types and shapes alone (module docstring)."""
+    if isinstance(module, nn.modules.conv._ConvNd) and module.groups > 1 and param is module.weight \
+            and param.shape[1] == 1:
+        return ParamKind.DEPTHWISE_CONV
+    if any(d == 1 for d in param.shape):
+        return ParamKind.ELEMENTWISE
+    return ParamKind.MATMUL
+
+
+@dataclass
+class Trace:
+    """What one forward showed (module docstring): ``kinds``, the asked-for parameters' kinds;
+    ``read_directly``, linears whose weight the forward uses without calling the module (Mamba's
+    ``dt_proj``: a ``QuantLinear`` in its place would not be used as one); ``routers``, linears
+    whose output reaches a top-k selection (MoE routers, whatever their name)."""
+
+    kinds: dict[str, ParamKind]
+    read_directly: list[str]
+    routers: list[str]
+
+
+@torch.no_grad()
+def trace_model(model: nn.Module, params: dict[str, torch.Tensor], tokens: int = 8) -> Trace | None:
+    """One forward of ``model`` on ``tokens`` token ids, followed (module docstring); None when the
+    forward cannot run."""
+    try:
+        first = next(model.parameters())
+    except StopIteration:
+        return None
+    if first.device.type == "meta":
+        return None
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    weights = {f"{n}.weight": m.weight for n, m in linears.items()}
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 32
+    ids = (torch.arange(tokens) % max(int(vocab) - 1, 1) + 1).reshape(1, -1).to(first.device)
+    follow = _Follow({**weights, **params})
+    called: set[str] = set()
+    inside: list[str] = []
+
+    def pre(name):
+        def hook(_m, _a):
+            called.add(name)
+            inside.append(name)
+        return hook
+
+    def post(name):
+        def hook(_m, _a, out):
+            inside.pop()
+            if isinstance(out, torch.Tensor):
+                follow._tag(out, f"out:{name}")
+        return hook
+
+    handles = [h for n, m in linears.items() for h in (m.register_forward_pre_hook(pre(n)),
+                                                      m.register_forward_hook(post(n)))]
+    try:
+        with follow:
+            model(input_ids=ids, use_cache=False)
+    except Exception:  # noqa: BLE001 - any failure of the forward falls back to the structural rule
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    direct = [n for n in linears if n not in called and follow.uses[f"{n}.weight"]]
+    routers = [n for n in linears if f"out:{n}" in follow.selected]
+    return Trace({n: _verdict(follow.uses[n]) for n in params}, direct, routers)

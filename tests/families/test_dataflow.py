@@ -1,0 +1,102 @@
+"""What lowbit reads from a model's forward: each layer's own call arguments, what each weight is
+for (matmul operand, depthwise convolution, elementwise), linears read without being called, and
+routers found by their top-k."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from helpers.families import tiny_model
+from lowbit.calibration.capture import find_decoder_layers, run_layer
+from lowbit.calibration.layer_calls import capture_calls
+from lowbit.linearize import linearize
+from lowbit.param_uses import ParamKind
+from lowbit.targets import quantizable_linears, survey_weights
+
+
+def _model(t):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tiny_model(t)
+
+
+def _replayed(model, tokens):
+    """The last decoder layer's output, layer by layer on the captured calls (as calibration runs)."""
+    path, layers = find_decoder_layers(model, quantizable_linears(model))
+    calls = capture_calls(model, layers, tokens, 2)
+    inputs = calls.first
+    for i, layer in enumerate(layers):
+        inputs = calls.for_layer(i, inputs)
+        outs = run_layer(layer, inputs)
+        inputs = [((o,) + tuple(c[0][1:]), c[1]) if c[0] else ((), {**c[1], "hidden_states": o})
+                  for c, o in zip(inputs, outs)]
+    return calls, torch.cat(outs)
+
+
+def test_gemma4_layers_get_their_own_rope_and_replay_equals_the_forward():
+    model = _model("gemma4_text")
+    tokens = torch.randint(3, 256, (4, 16), generator=torch.Generator().manual_seed(0))
+    calls, last = _replayed(model, tokens)
+    assert calls.kinds == 2 and "position_embeddings" in calls.keys  # sliding and full attention
+    widths = {calls.own[i][0]["position_embeddings"][0].shape[-1] for i in range(2)}
+    assert len(widths) == 2
+    with torch.no_grad():
+        ref = model(input_ids=tokens, use_cache=False, output_hidden_states=True).hidden_states
+    # hidden_states[-1] is after the final norm: compare the pre-norm stream through the norm
+    assert torch.allclose(model.model.norm(last), ref[-1], atol=1e-5)
+
+
+def test_a_uniform_model_replays_the_first_call_unchanged():
+    calls, _ = _replayed(_model("llama"), torch.randint(3, 256, (2, 8)))
+    assert calls.keys == () and calls.kinds == 1
+
+
+def test_mamba_weights_by_what_the_forward_does():
+    s = survey_weights(_model("mamba"))
+    assert s.kinds["backbone.layers.0.mixer.A_log"] is ParamKind.ELEMENTWISE
+    assert s.kinds["backbone.layers.0.mixer.conv1d.weight"] is ParamKind.DEPTHWISE_CONV
+    assert s.read_directly == ["backbone.layers.0.mixer.dt_proj", "backbone.layers.1.mixer.dt_proj"]
+
+
+def test_score_correction_bias_is_not_a_target_and_routers_are_found_by_topk():
+    ernie = _model("ernie4_5_moe")
+    linearize(ernie)
+    s = survey_weights(ernie)
+    assert s.kinds == {"model.layers.1.mlp.gate.moe_statics.e_score_correction_bias": ParamKind.ELEMENTWISE}
+    hy = _model("hunyuan_v1_moe")
+    linearize(hy)
+    assert survey_weights(hy).routers == ["model.layers.0.mlp.gate.wg", "model.layers.1.mlp.gate.wg"]
+
+
+def test_a_matmul_weight_in_a_plain_parameter_is_a_target():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 8))
+            self.scale = torch.nn.Parameter(torch.ones(8, 8))
+
+        def forward(self, input_ids, use_cache=False):
+            x = torch.nn.functional.one_hot(input_ids, 8).float()
+            return torch.einsum("btd,de->bte", x, self.w * self.scale)  # a derived product is still the weight
+
+    s = survey_weights(Odd())
+    assert s.kinds == {"w": ParamKind.MATMUL, "scale": ParamKind.MATMUL}
+
+
+def test_llama4_batched_experts_are_split_and_compute_the_same():
+    from lowbit.moe.batched import BatchedExperts
+
+    model = _model("llama4_text")
+    tokens = torch.randint(3, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(input_ids=tokens, use_cache=False).logits
+    linearize(model)
+    block = model.get_submodule("model.layers.0.feed_forward.experts")
+    assert isinstance(block, BatchedExperts) and len(block) == 4
+    assert block[0].gate_proj.weight.shape == (256, 128) and block[0].down_proj.weight.shape == (128, 256)
+    with torch.no_grad():
+        got = model(input_ids=tokens, use_cache=False).logits
+    assert torch.allclose(got, ref, atol=1e-5)
+    assert "model.layers.1.feed_forward.experts.3.down_proj" in quantizable_linears(model)

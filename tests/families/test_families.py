@@ -1,0 +1,63 @@
+"""Every decoder-only family transformers registers, quantized with the defaults and reloaded.
+
+The fast tier runs a representative subset (dense, hybrid linear-attention and Mamba, MoE of
+several router kinds, Gemma 4's two attention kinds, GPT-2's Conv1D); the slow tier runs every
+family ``helpers.families.decoder_only_types`` lists that transformers can build tiny.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import lowbit
+from helpers.families import decoder_only_types, tiny_model
+
+FAST = ["llama", "llama4_text", "gemma4_text", "qwen3_next", "qwen3_5_moe_text", "nemotron_h", "granitemoehybrid", "jamba",
+        "ernie4_5_moe", "hunyuan_v1_moe", "gpt2", "mamba"]
+SCHEMES = ["w8a8-int8", "nvfp4", "w4a16"]
+BOUND = {"w8a8-int8": 0.15, "nvfp4": 0.5, "w4a16": 0.3}  # relative logit error against float, random weights
+
+
+def _ids():
+    return torch.randint(3, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+
+
+def _quantize_and_reload(model_type: str, scheme: str, tmp_path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            base = tiny_model(model_type)
+        except Exception as e:  # noqa: BLE001 - transformers cannot build it tiny: listed, not ours
+            pytest.skip(f"transformers cannot build {model_type} tiny: {type(e).__name__}: {str(e)[:120]}")
+        ids = _ids()
+        with torch.no_grad():
+            ref = base(input_ids=ids, use_cache=False).logits
+        q = lowbit.quantize(copy.deepcopy(base), scheme, calibration=ids, batch_size=2, num_samples=4, seq_len=32)
+        with torch.no_grad():
+            got = q(input_ids=ids, use_cache=False).logits
+    assert torch.isfinite(got).all()
+    assert sum(hasattr(m, "weight_codes") for m in q.modules()) > 0
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < BOUND[scheme], f"{model_type} {scheme}: relative logit error {err:.3f}"
+    out = lowbit.save(q, tmp_path / "q")
+    back = lowbit.load(out)
+    with torch.no_grad():
+        again = back(input_ids=ids, use_cache=False).logits
+    assert torch.equal(again, got)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("model_type", FAST)
+def test_family_quantizes_and_reloads_exactly(model_type, scheme, tmp_path):
+    _quantize_and_reload(model_type, scheme, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("model_type", [t for t in decoder_only_types() if t not in FAST])
+def test_every_family(model_type, scheme, tmp_path):
+    _quantize_and_reload(model_type, scheme, tmp_path)
