@@ -23,24 +23,12 @@ import torch
 import torch.nn as nn
 
 from lowbit.errors import QuantizationError
-from lowbit.moe.experts import ExpertMLP, Gate, GateKind
+from lowbit.moe.experts import ExpertList, ExpertMLP, Gate, GateKind
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
 
 
-class BatchedExperts(nn.Module):
+class BatchedExperts(ExpertList):
     """Experts ``0`` .. ``E-1`` called on E * T rows laid out per expert (module docstring)."""
-
-    def __init__(self, experts: list[ExpertMLP]) -> None:
-        super().__init__()
-        for e, m in enumerate(experts):
-            self.add_module(str(e), m)
-        self.num_experts = len(experts)
-
-    def __getitem__(self, e: int) -> ExpertMLP:
-        return self._modules[str(e)]
-
-    def __len__(self) -> int:
-        return self.num_experts
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         h = hidden_states.shape[-1]

@@ -69,21 +69,29 @@ class ExpertMLP(nn.Module):
         return self.down_proj(self.gate(g, self.up_proj(x)))
 
 
-class SplitExperts(nn.Module):
-    """A block's experts as ``ExpertMLP`` children ``0`` .. ``E-1``; see the module docstring."""
+class ExpertList(nn.Module):
+    """Experts as ``ExpertMLP`` children ``0`` .. ``E-1`` (so their linears are named
+    ``experts.{e}.gate_proj`` ...); subclasses say how a call reaches them."""
 
     def __init__(self, experts: list[ExpertMLP]) -> None:
         super().__init__()
         for e, m in enumerate(experts):
             self.add_module(str(e), m)
         self.num_experts = len(experts)
-        self.route_all_tokens = False
 
     def __getitem__(self, e: int) -> ExpertMLP:
         return self._modules[str(e)]
 
     def __len__(self) -> int:
         return self.num_experts
+
+
+class SplitExperts(ExpertList):
+    """A block's routed experts; see the module docstring."""
+
+    def __init__(self, experts: list[ExpertMLP]) -> None:
+        super().__init__(experts)
+        self.route_all_tokens = False
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor | None = None,
                 top_k_weights: torch.Tensor | None = None, *, router_indices: torch.Tensor | None = None,
