@@ -23,7 +23,6 @@ channel per group is a depthwise convolution, a tensor with a dimension of size 
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from enum import Enum
 
@@ -31,6 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from lowbit.tensor_tags import Tags, tensors
 
 
 class ParamKind(str, Enum):
@@ -61,39 +62,27 @@ _SELECT = _ops(_T.__getitem__, torch.index_select, _T.index_select, torch.narrow
                torch.tensor_split, _T.tensor_split)
 
 
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            yield from _tensors(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _tensors(v)
-
-
 class _Follow(TorchFunctionMode):
     """Follows the tracked tensors through the ops of a forward (module docstring)."""
 
     def __init__(self, params: dict[str, torch.Tensor]) -> None:
         super().__init__()
-        self.origin: dict[int, tuple[str, weakref.ref]] = {}
+        self.origin = Tags()
         self.uses: dict[str, set[ParamKind]] = {n: set() for n in params}
         self.selected: set[str] = set()  # tracked names whose values reach a top-k selection
         for n, p in params.items():
             self._tag(p, n)
 
     def _tag(self, t: torch.Tensor, name: str) -> None:
-        self.origin[id(t)] = (name, weakref.ref(t))
+        self.origin.tag(t, name)
 
     def _name(self, t: torch.Tensor) -> str | None:
-        ent = self.origin.get(id(t))
-        return ent[0] if ent is not None and ent[1]() is t else None
+        return self.origin.of(t)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        tracked = [(t, n) for t in _tensors((args, kwargs)) if (n := self._name(t)) is not None]
+        tracked = [(t, n) for t in tensors((args, kwargs)) if (n := self._name(t)) is not None]
         if not tracked:
             return out
         if func in _TOPK:
@@ -102,8 +91,8 @@ class _Follow(TorchFunctionMode):
             return out
         if func in _MATMUL:
             kind = ParamKind.MATMUL
-            skip = {id(t) for t in _tensors(args[0] if func in _ADDED_FIRST and args else None)}
-            skip |= {id(t) for t in _tensors(args[2] if func is F.linear and len(args) > 2 else kwargs.get("bias"))}
+            skip = {id(t) for t in tensors(args[0] if func in _ADDED_FIRST and args else None)}
+            skip |= {id(t) for t in tensors(args[2] if func is F.linear and len(args) > 2 else kwargs.get("bias"))}
             for t, n in tracked:
                 if id(t) in skip and n in self.uses:  # an added term (a bias), not a matrix operand
                     self.uses[n].add(ParamKind.ELEMENTWISE)
@@ -116,7 +105,7 @@ class _Follow(TorchFunctionMode):
         else:
             kind = None
             for t, n in tracked:  # a derived tensor stays its parameter's
-                for o in _tensors(out):
+                for o in tensors(out):
                     if func in _SELECT or o.numel() == t.numel():
                         self._tag(o, n)
         for _, n in tracked:
@@ -124,7 +113,7 @@ class _Follow(TorchFunctionMode):
                 continue
             if kind is not None:
                 self.uses[n].add(kind)
-            elif not any(self._name(o) == n for o in _tensors(out)):
+            elif not any(self._name(o) == n for o in tensors(out)):
                 self.uses[n].add(ParamKind.ELEMENTWISE)
         return out
 
@@ -156,6 +145,7 @@ class Trace:
     kinds: dict[str, ParamKind]
     read_directly: list[str]
     routers: list[str]
+    traced: bool = True  # False: the kinds come from ``structural_kind`` (the forward could not run)
 
 
 @torch.no_grad()
@@ -168,23 +158,27 @@ def trace_model(model: nn.Module, params: dict[str, torch.Tensor], tokens: int =
         return None
     if first.device.type == "meta":
         return None
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    weights = {f"{n}.weight": m.weight for n, m in linears.items()}
     vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 32
     ids = (torch.arange(tokens) % max(int(vocab) - 1, 1) + 1).reshape(1, -1).to(first.device)
+    return trace_call(model, params, lambda: model(input_ids=ids, use_cache=False))
+
+
+@torch.no_grad()
+def trace_call(root: nn.Module, params: dict[str, torch.Tensor], run) -> Trace | None:
+    """``run()`` (a forward through ``root``: the model, or one decoder layer on its own call),
+    followed (module docstring); names relative to ``root``; None when it raises."""
+    linears = {n: m for n, m in root.named_modules() if isinstance(m, nn.Linear)}
+    weights = {f"{n}.weight": m.weight for n, m in linears.items()}
     follow = _Follow({**weights, **params})
     called: set[str] = set()
-    inside: list[str] = []
 
     def pre(name):
         def hook(_m, _a):
             called.add(name)
-            inside.append(name)
         return hook
 
     def post(name):
         def hook(_m, _a, out):
-            inside.pop()
             if isinstance(out, torch.Tensor):
                 follow._tag(out, f"out:{name}")
         return hook
@@ -193,7 +187,7 @@ def trace_model(model: nn.Module, params: dict[str, torch.Tensor], tokens: int =
                                                       m.register_forward_hook(post(n)))]
     try:
         with follow:
-            model(input_ids=ids, use_cache=False)
+            run()
     except Exception:  # noqa: BLE001 - any failure of the forward falls back to the structural rule
         return None
     finally:

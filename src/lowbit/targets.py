@@ -86,7 +86,7 @@ def survey_weights(model: nn.Module, ignore: Iterable[str] = (), include_lm_head
     cands = _weight_candidates(model, list(ignore), include_lm_head)
     traced = trace_model(model, {n: p for n, (_, p) in cands.items()})
     if traced is None:
-        return Trace({n: structural_kind(m, p) for n, (m, p) in cands.items()}, [], [])
+        return Trace({n: structural_kind(m, p) for n, (m, p) in cands.items()}, [], [], traced=False)
     heads = set() if include_lm_head else output_embedding_names(model)
     ignore = list(ignore)
     keep = [n for n in traced.read_directly if n not in heads and not is_excluded_name(n, ignore)]

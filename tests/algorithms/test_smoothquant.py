@@ -135,14 +135,15 @@ def test_other_families_quantize_with_smoothing(build, token_ids):
     assert e_sq < 0.1 and e_plain < 0.1
 
 
-def test_unknown_architecture_warns_and_is_still_quantized(llama, token_ids):
-    llama.config.model_type = "mystery"
+def test_an_unknown_model_type_is_smoothed_from_its_data_flow_as_the_table_would(llama, token_ids):
     calib = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(3))
-    with pytest.warns(UserWarning, match="no SmoothQuant mapping for model_type 'mystery'"):
-        q = lowbit.quantize(llama, "w8a8-int8", calib, smoothquant=0.5, num_samples=4, seq_len=32)
-    assert q.lowbit_calibration.smoothing_family is None
-    assert sum(isinstance(m, QuantLinear) for m in q.modules()) == 14
-    assert q.model.layers[0].self_attn.q_proj.input_scale is not None
+    known = lowbit.quantize(copy.deepcopy(llama), "w8a8-int8", calib, smoothquant=0.5, num_samples=4, seq_len=32)
+    llama.config.model_type = "mystery"
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        q(token_ids)
+        warnings.simplefilter("error")  # no "no mapping" warning: the mappings come from the layer
+        q = lowbit.quantize(llama, "w8a8-int8", calib, smoothquant=0.5, num_samples=4, seq_len=32)
+    assert q.lowbit_calibration.smoothing_family == "mystery" and q.lowbit_calibration.unsmoothed == {}
+    assert sum(isinstance(m, QuantLinear) for m in q.modules()) == 14
+    for (n, a), (_, b) in zip(q.state_dict().items(), known.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert q.lowbit_calibration.groups["model.layers.0.self_attn.q_proj"].alpha == 0.5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 
 from helpers.families import tiny_model
@@ -100,3 +101,53 @@ def test_llama4_batched_experts_are_split_and_compute_the_same():
         got = model(input_ids=tokens, use_cache=False).logits
     assert torch.allclose(got, ref, atol=1e-5)
     assert "model.layers.1.feed_forward.experts.3.down_proj" in quantizable_linears(model)
+
+
+def _flow_maps(model_type):
+    from lowbit.algorithms.smoothquant.dataflow import layer_mappings
+    from lowbit.algorithms.smoothquant.mappings import expand_for_layer, mappings_for
+    from lowbit.moe import all_tokens
+
+    model = _model(model_type)
+    linearize(model)
+    names = quantizable_linears(model)
+    path, layers = find_decoder_layers(model, names)
+    calls = capture_calls(model, layers, torch.randint(3, 256, (2, 16), generator=torch.Generator().manual_seed(0)), 2)
+    out = []
+    for i, layer in enumerate(layers):
+        rel = [n[len(f"{path}.{i}."):] for n in names if n.startswith(f"{path}.{i}.")]
+        with all_tokens(layer):
+            maps, skipped = layer_mappings(layer, calls.for_layer(i, calls.first)[0], rel)
+        table = mappings_for(model)
+        if table is not None:
+            mods = dict(layer.named_modules())
+            table = tuple(m for m in expand_for_layer(table, layer) if m.source in mods and set(m.targets) <= set(rel))
+        out.append((maps, skipped, table))
+    return out
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "qwen3_moe", "qwen2_moe", "mixtral", "opt", "gpt_oss"])
+def test_data_flow_finds_the_tables_mappings_folded_in_a_valid_order(model_type):
+    def key(m):
+        return m.source, frozenset(m.targets), m.kind, frozenset(m.float_targets)
+
+    for maps, skipped, table in _flow_maps(model_type):
+        assert skipped == {} and len(maps) == len(table)
+        assert {key(m) for m in maps} == {key(m) for m in table}
+        # a mapping whose targets hold another mapping's source is folded first (its scales
+        # are computed from those weights before they change), as in the table
+        at = {m.source: i for i, m in enumerate(maps)}
+        for i, m in enumerate(maps):
+            assert all(at[t] > i for t in m.targets if t in at)
+
+
+def test_families_without_a_table_are_smoothed_and_unfoldable_sources_are_said():
+    from lowbit.algorithms.smoothquant.mappings import SourceKind
+
+    (maps, skipped, _), _ = _flow_maps("qwen3_next")  # Gated DeltaNet layer, then attention
+    assert ("input_layernorm", SourceKind.RMS_ONE_PLUS) in [(m.source, m.kind) for m in maps]
+    assert skipped == {"linear_attn.norm": "no fold of its weight divides its output by s"}  # norm(x) * silu(z)
+    (maps, _, _), _ = _flow_maps("falcon")  # parallel attention and MLP read one LayerNorm
+    assert maps[0].source == "input_layernorm" and maps[0].kind is SourceKind.LAYERNORM and len(maps[0].targets) == 2
+    (_, skipped, _), _ = _flow_maps("gpt2")  # GELU between c_fc and c_proj: not folded, said
+    assert skipped == {"mlp.c_fc": "its output also feeds pow"}

@@ -61,3 +61,19 @@ def test_family_quantizes_and_reloads_exactly(model_type, scheme, tmp_path):
 @pytest.mark.parametrize("model_type", [t for t in decoder_only_types() if t not in FAST])
 def test_every_family(model_type, scheme, tmp_path):
     _quantize_and_reload(model_type, scheme, tmp_path)
+
+
+@pytest.mark.parametrize("model_type,scheme", [("falcon_mamba", "w8a8-int8"), ("qwen3_next", "nvfp4"),
+                                               ("qwen3_5_moe_text", "w8a8-int8"), ("gpt2", "w8a8-int8"),
+                                               ("llama4_text", "w4a16")])
+def test_streamed_equals_in_memory_on_new_families(model_type, scheme, tmp_path):
+    from helpers.folders import assert_same_tensors, folder_tensors
+    from helpers.streamed import in_memory, write_folder
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        src = write_folder(tiny_model(model_type), tmp_path / "src")
+        tokens = _ids()
+        a = in_memory(src, tmp_path / "mem", scheme, "lowbit", tokens)
+        b = lowbit.quantize_checkpoint(src, tmp_path / "str", scheme, "lowbit", calibration=tokens)
+    assert_same_tensors(folder_tensors(a), folder_tensors(b))

@@ -63,7 +63,12 @@ def tiny_config(model_type: str):
 
     cls = type(AutoConfig.for_model(model_type))
     params = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in SIZES.items() if k in params})
+    kw = {k: v for k, v in SIZES.items() if k in params}
+    if "kv_lora_rank" in params:  # multi-head latent attention: one KV head per query head
+        kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)
+    if "rotary_dim" in params:  # partial rotary: within the head
+        kw["rotary_dim"] = 16
+    return cls(**kw)
 
 
 def tiny_model(model_type: str, seed: int = 0) -> torch.nn.Module:

@@ -56,8 +56,8 @@ from lowbit.algorithms.gptq import WeightRounding
 from lowbit.algorithms.reconstruct import reconstruct_layer
 from lowbit.quant.input_scales import input_scales_from_amax
 from lowbit.schemes import Scheme
-from lowbit.algorithms.smoothquant.mappings import MAPPINGS, SmoothMapping, mappings_for, model_type
-from lowbit.calibration.smoothing import smooth_layer
+from lowbit.algorithms.smoothquant.mappings import mappings_for, model_type
+from lowbit.calibration.smoothing import smooth_layer, smoothing_maps
 from lowbit.targets import set_submodule
 from lowbit.threads import one_thread
 
@@ -82,8 +82,9 @@ class LayerwiseCalibrator:
         Scheme -> resolved alpha (a mapping's alpha is its targets' scheme's)."""
 
     def __init__(self, model: nn.Module, scheme, cfg: CalibrationConfig, smoothquant,
-                 group: Group | None = None, float_states: FloatStates | None = None) -> None:
+                 group: Group | None = None, float_states: FloatStates | None = None, survey=None) -> None:
         self.model = model
+        self.survey = survey  # a LayerSurvey: targets decided per loaded layer (streamed), or None
         self.float_states = float_states  # shared float hidden states (lowbit.calibration.float_states)
         self._fs_key: tuple | None = None  # their key for this run; None: not used
         self._index = 0  # the decoder layer being calibrated
@@ -99,19 +100,10 @@ class LayerwiseCalibrator:
         self._layer_device: torch.device | None = None  # where each layer computes (None: where it is)
         self._float_hidden: list[torch.Tensor] | None = None  # the float model's, for reconstruction targets
         self._masks: list[torch.Tensor] | None = None  # per batch [B, T] bool: the positions that count
-        self.maps: tuple[SmoothMapping, ...] = ()
+        self.smoothing = smoothquant is not None
+        # the family table: only where a layer's data flow cannot be read (smoothing_maps)
+        self.table = mappings_for(model, include_mlp_inner=cfg.smooth_down_proj) if self.smoothing else None
         family = model_type(model)
-        if smoothquant is not None:
-            maps = mappings_for(model, include_mlp_inner=cfg.smooth_down_proj)
-            if maps is None:
-                warnings.warn(
-                    f"lowbit: no SmoothQuant mapping for model_type {family!r} (known: "
-                    f"{', '.join(sorted(MAPPINGS))}); the model is quantized without smoothing",
-                    stacklevel=3,
-                )
-                family = None
-            else:
-                self.maps = maps
         check_distributable(self.group, cfg, smoothquant)
         self.inputs = _layer_inputs(cfg, schemes)
         roundings = {s: cfg.rounding_for(s) for s in schemes}
@@ -121,7 +113,7 @@ class LayerwiseCalibrator:
         self.report = CalibrationReport(label, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
                                         smoothquant if self.assign is None else
                                         {s.name: a for s, a in self.alphas.items()},
-                                        family if self.maps else None,
+                                        family if self.smoothing else None,
                                         weight_rounding=rounding,
                                         gptq=dataclasses.asdict(cfg.gptq_options(gptq[0])) if gptq else None,
                                         layer_inputs=self.inputs.value)
@@ -222,7 +214,7 @@ class LayerwiseCalibrator:
         t0 = time.perf_counter()
         self._masks = batch_masks(valid, tokens, self.cfg.batch_size)
         fs = self.float_states
-        if fs is not None and not self.maps and not self.group.distributed and not hooks.offload:
+        if fs is not None and not self.smoothing and not self.group.distributed and not hooks.offload:
             key = fs.make_key(tokens, valid, self.cfg.batch_size)
             self._fs_key = key if fs.matches(key) else None
         self.report.num_samples = int(tokens.shape[0])
@@ -264,6 +256,8 @@ class LayerwiseCalibrator:
                 inputs = calls.for_layer(i, inputs, hooks.device if not hooks.offload else None)
                 hooks.enter(i, layer)
                 outs = None
+                if lnames and self.survey is not None:
+                    lnames = self.survey.check(layer, prefix, lnames, inputs, self._run_on, self.group)
                 if lnames:
                     outs = self._layer(layer, prefix, lnames, inputs, outputs=float_inputs and more, more=more)
                 if more:
@@ -279,7 +273,7 @@ class LayerwiseCalibrator:
             done.update(n for n in names if n.startswith(path + "."))
             bar.close()
             del inputs
-        elif self.maps:
+        elif self.smoothing:
             warnings.warn("lowbit: no decoder layers found; the model is calibrated as a whole, without "
                           "SmoothQuant", stacklevel=3)
         rest = [n for n in names if n not in done]
@@ -305,9 +299,11 @@ class LayerwiseCalibrator:
         outs = self._observe_pass(layer, heads, inputs, stats, rel, outputs=outputs)
         # several ranks: what one process observes (a rank holding no batch observed on the layer's device)
         reduce_stats(self.group, distinct(stats), next(layer.parameters()).device)
-        if self.maps:
+        if self.smoothing:
             with self.report.cost.timed(Phase.SMOOTH):
-                stale = smooth_layer(layer, rel, groups, stats, self.maps, self._scheme, self.alphas,
+                maps = smoothing_maps(layer, prefix, list(rel.values()), inputs, self.table, self.cfg.smooth_down_proj,
+                                      self.report, self._run_on, self.group)
+                stale = smooth_layer(layer, rel, groups, stats, maps, self._scheme, self.alphas,
                                      self.report.groups, self.cfg.auto_alphas)
             if stale:
                 fresh = {k: self._new_stats(k) for k in stale}

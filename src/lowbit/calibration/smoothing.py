@@ -15,6 +15,47 @@ from lowbit.calibration.stats import GroupReport, GroupStats
 from lowbit.schemes import Scheme
 
 
+def smoothing_maps(layer: nn.Module, prefix: str, targets: list[str], inputs, table, include_mlp_inner: bool,
+                   report, device=None, group=None) -> tuple[SmoothMapping, ...]:
+    """The SmoothQuant mappings of one decoder layer: read from its data flow on the first window
+    of its first calibration batch (``lowbit.algorithms.smoothquant.dataflow``, every expert on every
+    token), without the linear -> linear ones unless ``include_mlp_inner``; the sources that cannot
+    be folded go to ``report.unsmoothed[layer]``. A layer whose forward cannot be followed falls back
+    to the family ``table`` (None: no smoothing for it, said in the report). Several ranks
+    (``group``): rank 0 reads them and every rank folds the same."""
+    found = _read_flow(layer, targets, inputs, device) if inputs else None
+    if group is not None and group.distributed:
+        found = group.broadcast_object(found, src=0)
+    name = prefix.rstrip(".")
+    if found is None or isinstance(found, str):
+        if table is None:
+            report.unsmoothed[name] = {"*": f"its data flow could not be read ({found or 'no calibration batch'})"}
+            return ()
+        return table
+    maps, skipped = found
+    if skipped:
+        report.unsmoothed[name] = skipped
+    elif not maps:
+        report.unsmoothed[name] = {"*": "no norm or linear with a weight feeds its linears"}
+    return tuple(m for m in maps if include_mlp_inner or not m.is_mlp_inner)
+
+
+def _read_flow(layer: nn.Module, targets: list[str], inputs, device):
+    """(mappings, unfoldable sources) of the layer on its first window, or the error's type name."""
+    from lowbit.algorithms.smoothquant.dataflow import layer_mappings
+    from lowbit.calls import move_call, slice_call
+    from lowbit.calibration.capture import hidden_of
+    from lowbit.moe import all_tokens
+
+    call = inputs[0]
+    call = move_call(slice_call(call, hidden_of(call).shape[0], 0, 1), device)
+    try:
+        with all_tokens(layer):
+            return layer_mappings(layer, call, targets)
+    except Exception as e:  # noqa: BLE001 - a forward the flow cannot follow: the table, or nothing
+        return type(e).__name__
+
+
 def smooth_layer(layer: nn.Module, rel: dict[str, str], groups: list[list[str]], stats: dict[str, GroupStats],
                  maps: tuple[SmoothMapping, ...], scheme_of: Callable[[str], Scheme], alphas: dict,
                  reports: dict[str, GroupReport], auto_alphas) -> list[str]:

@@ -38,6 +38,7 @@ class CalibrationReport:
     seconds: float = 0.0
     data: dict | None = None            # what it ran on (lowbit.calibration.inputs.CalibrationInfo.as_dict)
     cost: CalibrationCost = field(default_factory=CalibrationCost)  # seconds and layer passes per phase
+    unsmoothed: dict[str, dict[str, str]] = field(default_factory=dict)  # per layer: source -> why not folded
 
 
 def masked_rows(x: torch.Tensor, valid: torch.Tensor, sinks: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -212,6 +212,10 @@ def quantize_cmd(
             from lowbit.report.calibration import describe_calibration
 
             console.print(describe_calibration(summary["calibration"]), highlight=False)
+        if summary.get("smoothing"):
+            from lowbit.report.smoothing import describe_smoothing
+
+            console.print(describe_smoothing(summary["smoothing"]), highlight=False)
         if q is not None and q.get("rotation"):
             console.print(q["rotation"], highlight=False)
         if summary.get("kv_cache"):
@@ -305,6 +309,7 @@ def _calib_desc(calib) -> str:
 def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, allow_unquantized, device,
               offload) -> dict | None:
     """Calibrate and quantize ``folder`` streamed (lowbit.streamed); None on ranks other than 0."""
+    from lowbit.report.smoothing import smoothing_summary
     from lowbit.streamed import run_streamed
 
     err_console.print(f"[dim]calibrating on {_calib_desc(calib)} (streamed)[/dim]", highlight=False)
@@ -327,7 +332,7 @@ def _streamed(folder, out, sch, fmt, calib, sq_choice, cfg, ignore, overwrite, a
         return None
     return {"quantized": res.summary, "smoothquant": res.report.smoothquant, "kv_cache": None, "kv_scales": None,
             "streamed": True, "ranks": res.ranks, "peak_rss": res.peak_rss, "calibration": res.report.data,
-            "layer_seconds": [round(x, 3) for x in res.layer_seconds]}
+            "smoothing": smoothing_summary(res.report), "layer_seconds": [round(x, 3) for x in res.layer_seconds]}
 
 
 def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignore, overwrite, t0, allow_unquantized,
@@ -338,6 +343,7 @@ def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignor
     from lowbit.model_quant import calibrates
     from lowbit.models import load_model
     from lowbit.report.quantized import quantized_summary
+    from lowbit.report.smoothing import smoothing_summary
     from lowbit.algorithms.smoothquant.defaults import resolve_alpha
 
     qmodel, tok = load_model(folder)
@@ -369,4 +375,5 @@ def _calibrated(lowbit, folder, out, plan, fmt, calib, cfg, sq_choice, sq, ignor
     report = getattr(qmodel, "lowbit_calibration", None)
     return {"quant_seconds": t_quant, "smoothquant": sq, "quantized": quantized_summary(qmodel), "kv_cache": kv,
             "kv_scales": getattr(qmodel, "lowbit_kv_calibration", None),
-            "calibration": report.data if report is not None else None, **extra}
+            "calibration": report.data if report is not None else None,
+            "smoothing": smoothing_summary(report), **extra}

@@ -28,7 +28,13 @@ from lowbit.moe.slices import FusedLayout, Proj, expert_part
 
 
 class BatchedExperts(ExpertList):
-    """Experts ``0`` .. ``E-1`` called on E * T rows laid out per expert (module docstring)."""
+    """Experts ``0`` .. ``E-1`` called on E * T rows laid out per expert (module docstring);
+    ``layout``: how the fused tensors it was split from hold each expert (what a checkpoint of
+    the fused module holds, read per expert by ``lowbit.streamed``)."""
+
+    def __init__(self, experts: list[ExpertMLP], layout: FusedLayout) -> None:
+        super().__init__(experts)
+        self.layout = layout
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         h = hidden_states.shape[-1]
@@ -61,7 +67,7 @@ def _build(module: nn.Module, layout: FusedLayout) -> BatchedExperts:
     return BatchedExperts([ExpertMLP(_linear(expert_part(up_all, e, Proj.GATE, layout)),
                                      _linear(expert_part(up_all, e, Proj.UP, layout)),
                                      _linear(expert_part(down_all, e, Proj.DOWN, layout)), gate)
-                           for e in range(module.num_experts)])
+                           for e in range(module.num_experts)], layout)
 
 
 def _probe(module: nn.Module) -> nn.Module:

@@ -55,7 +55,10 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
     from lowbit.dist import Group
     from lowbit.files.outguard import check_not_source
     from lowbit.files.writer import check_output_free
+    from lowbit.calibration.layer_survey import LayerSurvey
     from lowbit.model_quant import check_targets
+    from lowbit.param_uses import ParamKind
+    from lowbit.targets import survey_weights
     from lowbit.modelfree.device import resolve_device
     from lowbit.streamed.api import fingerprint
     from lowbit.streamed.output import StreamOutput
@@ -72,7 +75,12 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
 
     check_distributable(group, cfg, representative_alpha(sq))  # before any collective
     model = skel.model
-    left = check_targets(model, ignore, False, allow_unquantized)
+    survey = survey_weights(model, ignore, False)
+    deferred = frozenset() if survey.traced else frozenset(n for n, k in survey.kinds.items() if k is ParamKind.MATMUL)
+    # structure alone cannot place them (the skeleton is on the meta device): each loaded layer's forward will
+    survey.kinds = {n: k for n, k in survey.kinds.items() if n not in deferred}
+    left = check_targets(model, ignore, False, allow_unquantized, survey)
+    model.lowbit_layer_survey = LayerSurvey(deferred, allow_unquantized)
     tok = _tokenizer_for(src, calibration, tokenizer)
     data = calibration_set(calibration, tok, **cfg.data_options())
     tokens = data.ids
@@ -123,7 +131,8 @@ def _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, o
     from lowbit.streamed.output import ignore_list
 
     skel, names = planned.skel, planned.names
-    calib = LayerwiseCalibrator(model, planned.chosen, cfg, smoothquant=sq, group=group)
+    survey = model.lowbit_layer_survey
+    calib = LayerwiseCalibrator(model, planned.chosen, cfg, smoothquant=sq, group=group, survey=survey)
     tokens = data.ids
     valid = None if data.valid is None else local_batches(data.valid, cfg.batch_size, group)
     report = calib.run(local_batches(tokens, cfg.batch_size, group), names, valid=valid,
@@ -131,6 +140,7 @@ def _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, o
     report.num_samples = int(tokens.shape[0])
     report.data = data.info.as_dict()
     skel.materialize_outside(path)  # released after the capture (LayerStream.captured)
+    names = [n for n in names if n not in set(survey.dropped)]
     summary = output.finish(model, path, ignore_list(model, names), tok, src, planned.by_name())
-    summary["unquantized_targets"] = [n for n, _ in left]
+    summary["unquantized_targets"] = [n for n, _ in left] + survey.unquantized
     return StreamResult(out, summary, report, stream.seconds, peak_rss_bytes(), group.world)

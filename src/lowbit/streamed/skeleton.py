@@ -3,7 +3,8 @@
     skel = Skeleton.open(folder)        # checks the folder (models.float_check), builds the model
                                         # class from config.json with every parameter on the meta
                                         # device (buffers computed on the CPU, as from_pretrained
-                                        # computes them), splits MoE experts (moe.split_experts)
+                                        # computes them), splits MoE experts (moe.split_experts) and
+                                        # makes Conv1D projections linears (linearize)
     skel.materialize(module, prefix)    # reads the module's parameters and persistent buffers
                                         # from the shards (memory-mapped, lowbit.files.tensors),
                                         # in float32 as lowbit.load_model loads them
@@ -29,6 +30,7 @@ import torch.nn as nn
 from lowbit.errors import FormatError
 from lowbit.files.tensors import TensorReader
 from lowbit.modelfree.source import Checkpoint
+from lowbit.linearize import conv1d_as_linears
 from lowbit.moe import split_experts
 from lowbit.moe.naming import FUSED_ON_DISK, checkpoint_names
 from lowbit.moe.slices import Proj, expert_part
@@ -46,10 +48,12 @@ class _Fused:
 
 
 class Skeleton:
-    def __init__(self, folder: Path, model: nn.Module, ckpt: Checkpoint) -> None:
+    def __init__(self, folder: Path, model: nn.Module, ckpt: Checkpoint, transposed: frozenset[str] = frozenset()
+                 ) -> None:
         self.folder = folder
         self.model = model
         self.ckpt = ckpt
+        self.transposed = transposed  # keys of Conv1D weights made linears: stored [in, out] on disk
         self._reader = TensorReader(folder)
         self._lock = threading.Lock()  # the reader's maps are shared by the prefetch thread
         self.model_type = getattr(model.config, "model_type", None)
@@ -72,7 +76,8 @@ class Skeleton:
             model.generation_config = GenerationConfig.from_pretrained(folder)
         model.eval()
         split_experts(model)
-        return cls(folder, model, ckpt)
+        conv = conv1d_as_linears(model)  # read transposed (lowbit.linearize)
+        return cls(folder, model, ckpt, frozenset(f"{n}.weight" for n in conv))
 
     # ------------------------------------------------------------------ names
     def _disk_name(self, key: str) -> str | _Fused:
@@ -80,8 +85,8 @@ class Skeleton:
         disk = checkpoint_names(self.model_type, [key])[key]
         if disk in self.ckpt.tensors:
             return disk
-        layout = FUSED_ON_DISK.get(self.model_type or "")
         parts = key.split(".")
+        layout = FUSED_ON_DISK.get(self.model_type or "") or self._split_layout(".".join(parts[:-3]))
         # <block>.experts.<e>.<proj>.<weight|bias> from <block>.experts.<gate_up_proj|down_proj>[_bias]
         if layout is not None and len(parts) >= 4 and parts[-4] == "experts" and parts[-3].isdigit():
             proj = Proj(parts[-2]) if parts[-2] in {p.value for p in Proj} else None
@@ -93,13 +98,23 @@ class Skeleton:
                     return _Fused(fused, int(parts[-3]), proj)
         raise FormatError(f"{self.folder}: the checkpoint holds no tensor {disk!r} (the model's {key!r})")
 
+    def _split_layout(self, container: str):
+        """The fused layout a module split by its own forward recorded (``moe.batched``), or None."""
+        try:
+            return getattr(self.model.get_submodule(container), "layout", None) if container else None
+        except AttributeError:
+            return None
+
     def _read(self, key: str) -> torch.Tensor:
         where = self._disk_name(key)
         with self._lock:
             if isinstance(where, _Fused):
                 t = self._reader.get(self.ckpt.tensors[where.disk])
-                return expert_part(t.to(DTYPE), where.expert, where.proj, FUSED_ON_DISK[self.model_type])
+                layout = FUSED_ON_DISK.get(self.model_type or "") or self._split_layout(where.disk.rpartition(".")[0])
+                return expert_part(t.to(DTYPE), where.expert, where.proj, layout)
             t = self._reader.get(self.ckpt.tensors[where])
+            if key in self.transposed:
+                return t.to(DTYPE).t().contiguous()
             return t.to(DTYPE) if t.dtype.is_floating_point else t.clone()
 
     # ------------------------------------------------------------------ loading
