@@ -35,8 +35,22 @@ def move_call(call: tuple[tuple, dict], device: torch.device | None) -> tuple[tu
 def slice_call(call: tuple[tuple, dict], batch: int, start: int, stop: int) -> tuple[tuple, dict]:
     """The windows ``start:stop`` of a layer call over ``batch`` windows: every tensor of two or
     more dimensions whose first dimension is ``batch`` (hidden states, masks, per-window position
-    ids and RoPE tables) is sliced there; the rest (shared position tables [1, ...], 1-D cache
-    positions, non-tensors) is kept."""
+    ids and RoPE tables) is sliced there; a tensor of three or more dimensions whose first
+    dimension is ``m * batch`` (m > 1) and whose last is the hidden states' length (BLOOM's ALiBi
+    bias [batch * heads, 1, T]: window-major) is sliced at rows ``start * m : stop * m``; the rest
+    (shared position tables [1, ...], 1-D cache positions, non-tensors) is kept."""
     if start == 0 and stop == batch:
         return call
-    return map_tensors(call, lambda t: t[start:stop] if t.dim() >= 2 and t.shape[0] == batch else t)
+    args, kwargs = call
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    seq = hidden.shape[1] if isinstance(hidden, torch.Tensor) and hidden.dim() >= 3 else None
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() >= 2 and t.shape[0] == batch:
+            return t[start:stop]
+        m = t.shape[0] // batch if t.dim() >= 3 and batch else 0
+        if m > 1 and t.shape[0] == m * batch and seq is not None and t.shape[-1] == seq:
+            return t[start * m:stop * m]
+        return t
+
+    return map_tensors(call, cut)

@@ -151,3 +151,13 @@ def test_families_without_a_table_are_smoothed_and_unfoldable_sources_are_said()
     assert maps[0].source == "input_layernorm" and maps[0].kind is SourceKind.LAYERNORM and len(maps[0].targets) == 2
     (_, skipped, _), _ = _flow_maps("gpt2")  # GELU between c_fc and c_proj: not folded, said
     assert skipped == {"mlp.c_fc": "its output also feeds pow"}
+
+
+def test_a_window_cut_of_a_call_cuts_alibi_rows_by_window():
+    from lowbit.calls import slice_call
+
+    h = torch.randn(4, 8, 16)
+    alibi = torch.arange(4 * 2 * 8, dtype=torch.float32).reshape(8, 1, 8)  # [batch * heads, 1, T]
+    rope = torch.randn(8, 4)  # [T, D]: shared, whatever its first dimension
+    args, kw = slice_call(((h,), {"alibi": alibi, "rope": rope}), 4, 1, 3)
+    assert torch.equal(args[0], h[1:3]) and torch.equal(kw["alibi"], alibi[2:6]) and kw["rope"] is rope

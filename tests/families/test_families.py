@@ -17,7 +17,7 @@ import lowbit
 from helpers.families import decoder_only_types, tiny_model
 
 FAST = ["llama", "llama4_text", "gemma4_text", "qwen3_next", "qwen3_5_moe_text", "nemotron_h", "granitemoehybrid", "jamba",
-        "ernie4_5_moe", "hunyuan_v1_moe", "gpt2", "mamba"]
+        "ernie4_5_moe", "hunyuan_v1_moe", "gpt2", "mamba", "minimax_m3_vl_text", "bloom"]
 SCHEMES = ["w8a8-int8", "nvfp4", "w4a16"]
 BOUND = {"w8a8-int8": 0.15, "nvfp4": 0.5, "w4a16": 0.3}  # relative logit error against float, random weights
 

@@ -11,6 +11,7 @@ import torch.nn as nn
 from helpers.moe_models import MOE_FAMILIES, tiny_moe
 from lowbit.errors import QuantizationError
 from lowbit.moe import SplitExperts, all_tokens, expert_blocks, router_names, split_experts
+from lowbit.moe.experts import GateKind
 
 torch.set_grad_enabled(False)
 
@@ -88,6 +89,25 @@ def test_unknown_gating_is_refused_naming_the_module():
     model.model.layers[0].mlp.experts.__class__ = custom
     with pytest.raises(QuantizationError, match=r"model.layers.0.mlp.experts.*CustomGateExperts.*_apply_gate"):
         split_experts(model)
+
+
+def test_a_class_own_gating_is_kept_per_expert_and_checked():
+    model = tiny_moe("qwen3_moe")
+    cls = type(model.model.layers[0].mlp.experts)
+
+    def clamped(self, gate_up):  # a clamped SwiGLU, as DeepSeek-V4's and Hunyuan-V4's experts gate
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate.clamp(max=0.05)) * up.clamp(-0.05, 0.05)
+
+    for layer in model.model.layers:
+        layer.mlp.experts.__class__ = type("ClampedExperts", (cls,), {"_apply_gate": clamped})
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(ids).logits
+    split_experts(model)
+    assert model.model.layers[0].mlp.experts[1].gate.kind is GateKind.OWN
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, ref, atol=1e-6)
 
 
 def test_fused_experts_without_layout_flags_are_not_guessed():

@@ -7,7 +7,7 @@ expert not chosen), multiplies each expert's rows by its slice of the 3-D ``gate
 module itself: a module with an int ``num_experts``, 3-D ``gate_up_proj`` and ``down_proj``
 parameters and a forward of one tensor; the weights' orientation comes from their shapes, and
 the gate/up order (concatenated halves or interleaved) is the candidate whose split computes
-what the module's own forward computes on one expert of seeded random weights (``_probe``,
+what the module's own forward computes on one expert of seeded random weights (``probe_experts``,
 ``_matches``; the module's weights may not be loaded yet; no candidate: a QuantizationError
 naming the module, never a guess). ``BatchedExperts`` holds the experts as ``ExpertMLP``
 children ``0`` .. ``E-1`` (linears ``experts.{e}.gate_proj`` ...) and is called like the module
@@ -70,16 +70,17 @@ def _build(module: nn.Module, layout: FusedLayout) -> BatchedExperts:
                            for e in range(module.num_experts)], layout)
 
 
-def _probe(module: nn.Module) -> nn.Module:
-    """A shallow copy of ``module`` holding one expert of seeded random weights of its shapes (its
-    forward is the module's own code; the module itself is not touched, and its own weights, maybe
-    not loaded yet, play no part)."""
+def probe_experts(module: nn.Module) -> nn.Module:
+    """A shallow copy of a fused experts ``module`` holding one expert of seeded random values in
+    every per-expert tensor (its forward is the module's own code; the module itself is not
+    touched, and its own weights, maybe not loaded yet, play no part)."""
     g = torch.Generator().manual_seed(0)
     probe = copy.copy(module)
     probe._parameters = dict(module._parameters)
-    for leaf in ("gate_up_proj", "down_proj"):
-        p = module._parameters[leaf]
-        probe._parameters[leaf] = nn.Parameter(torch.randn((1,) + tuple(p.shape[1:]), generator=g), requires_grad=False)
+    for leaf, p in module._parameters.items():
+        if p is not None and p.dim() >= 2 and p.shape[0] == module.num_experts:
+            probe._parameters[leaf] = nn.Parameter(torch.randn((1,) + tuple(p.shape[1:]), generator=g) * 0.5,
+                                                   requires_grad=False)
     probe.num_experts = 1
     return probe
 
@@ -99,7 +100,7 @@ def split_batched(name: str, module: nn.Module) -> BatchedExperts:
     if not hasattr(module, "act_fn"):
         raise QuantizationError(f"module {name!r} ({type(module).__name__}): fused experts without an act_fn, "
                                 f"whose layout lowbit cannot check; they cannot be split")
-    probe = _probe(module)
+    probe = probe_experts(module)
     for concatenated in (True, False):
         layout = FusedLayout(transposed=transposed, concatenated=concatenated)
         if _matches(probe, _build(probe, layout), hidden):

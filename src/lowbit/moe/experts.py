@@ -6,7 +6,9 @@ function is a ``GateKind``:
 - ACT_MUL: ``act(g) * u`` (Llama-style SwiGLU and its kin; transformers' default gating);
 - CLAMPED_SWIGLU: gpt-oss's ``(clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g')`` with
   ``g' = clamp(g, max=limit)``;
-- ACT: ``act(u)``, experts without a gate projection (``gate_proj`` is None).
+- ACT: ``act(u)``, experts without a gate projection (``gate_proj`` is None);
+- OWN: the fused module's own ``_apply_gate`` (clamped SwiGLUs of DeepSeek-V4, Hunyuan-V4,
+  MiniMax-M3 ...), called on ``[gate | up]`` re-assembled in the fused layout.
 
 ``SplitExperts`` holds experts ``0`` .. ``E-1`` as children (so their linears are named
 ``experts.{e}.gate_proj`` ...) and is called like transformers' fused experts module: with the
@@ -30,6 +32,7 @@ class GateKind(str, Enum):
     ACT_MUL = "act_mul"
     CLAMPED_SWIGLU = "clamped_swiglu"
     ACT = "act"
+    OWN = "own"  # the fused module's own ``_apply_gate`` on the re-assembled gate_up output
 
     def __str__(self) -> str:
         return self.value
@@ -43,12 +46,17 @@ class Gate:
     act: Callable[[torch.Tensor], torch.Tensor] | None = None
     alpha: float = 0.0
     limit: float = 0.0
+    own: Callable[[torch.Tensor], torch.Tensor] | None = None  # OWN: gate_up [.., 2I] -> [.., I]
+    concatenated: bool = True  # OWN: gate_up holds [gate | up] (False: g0, u0, g1, u1, ...)
 
     def __call__(self, g: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
         if self.kind is GateKind.ACT:
             return self.act(u)
         if self.kind is GateKind.ACT_MUL:
             return self.act(g) * u
+        if self.kind is GateKind.OWN:
+            gate_up = torch.cat([g, u], -1) if self.concatenated else torch.stack([g, u], -1).flatten(-2)
+            return self.own(gate_up)
         g = g.clamp(min=None, max=self.limit)
         u = u.clamp(min=-self.limit, max=self.limit)
         return (u + 1) * (g * torch.sigmoid(g * self.alpha))

@@ -17,6 +17,7 @@ and ``limit`` attributes). Anything else is refused, naming the module.
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -24,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.errors import QuantizationError
-from lowbit.moe.batched import is_batched_experts, split_batched
+from lowbit.moe.batched import is_batched_experts, probe_experts, split_batched
 from lowbit.moe.experts import ExpertMLP, Gate, GateKind, SplitExperts
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
 from lowbit.targets import ROUTER_COMPONENTS
@@ -64,8 +65,11 @@ def _gate(name: str, module: nn.Module) -> Gate:
     if isinstance(getattr(module, "alpha", None), float) and isinstance(getattr(module, "limit", None), float) \
             and not getattr(module, "is_concatenated", True):
         return Gate(GateKind.CLAMPED_SWIGLU, alpha=module.alpha, limit=module.limit)
-    raise QuantizationError(f"module {name!r} ({type(module).__name__}) gates its experts in its own way "
-                            f"(_apply_gate), which lowbit does not know: it cannot split its experts")
+    # the class's own gating, bound to a copy of the module without its tensors (its constants and
+    # activation stay); checked below against the fused module's forward (_own_gate_matches)
+    shell = copy.copy(module)
+    shell._parameters, shell._buffers = {}, dict(module._buffers)
+    return Gate(GateKind.OWN, own=type(module)._apply_gate.__get__(shell), concatenated=module.is_concatenated)
 
 
 def _linear(w: torch.Tensor, b: torch.Tensor | None) -> nn.Linear:
@@ -91,6 +95,9 @@ def _split_one(name: str, module: nn.Module) -> SplitExperts:
     def part(t, e, proj):
         return None if t is None else expert_part(t.detach(), e, proj, layout)
 
+    if gate.kind is GateKind.OWN and not _own_gate_matches(module, layout, gate, bias):
+        raise QuantizationError(f"module {name!r} ({type(module).__name__}) gates its experts in its own way "
+                                f"(_apply_gate) that lowbit could not reproduce per expert: it cannot split them")
     experts = []
     for e in range(module.num_experts):
         g_lin = _linear(part(up_all, e, Proj.GATE), part(up_bias_all, e, Proj.GATE)) if has_gate else None
@@ -98,6 +105,30 @@ def _split_one(name: str, module: nn.Module) -> SplitExperts:
                                  _linear(part(module.down_proj, e, Proj.DOWN), part(down_bias_all, e, Proj.DOWN)),
                                  gate))
     return SplitExperts(experts)
+
+
+@torch.no_grad()
+def _own_gate_matches(module: nn.Module, layout: FusedLayout, gate: Gate, bias: bool) -> bool:
+    """Whether one expert split with ``gate`` computes what the fused module's own forward computes
+    for tokens all routed to it, on one expert of seeded random values (``probe_experts``: the
+    module's own weights may not be loaded yet)."""
+    probe = probe_experts(module)
+    up_all = probe.gate_up_proj
+    x = torch.randn(3, up_all.shape[1 if layout.transposed else 2], generator=torch.Generator().manual_seed(1))
+    idx = torch.zeros(3, 1, dtype=torch.long)
+
+    def part(leaf, p):
+        t = getattr(probe, leaf, None) if bias or not leaf.endswith("_bias") else None
+        return None if t is None else expert_part(t.detach(), 0, p, layout)
+
+    lin = [_linear(part("gate_up_proj", p), part("gate_up_proj_bias", p)) for p in (Proj.GATE, Proj.UP)]
+    lin.append(_linear(part("down_proj", Proj.DOWN), part("down_proj_bias", Proj.DOWN)))
+    try:
+        ref = probe(x, idx, torch.ones(3, 1))
+        got = ExpertMLP(*lin, gate)(x)
+    except (RuntimeError, TypeError, ValueError, IndexError):  # a gating whose output the experts cannot take
+        return False
+    return ref.shape == got.shape and torch.allclose(got, ref, rtol=1e-4, atol=1e-5)
 
 
 @torch.no_grad()
