@@ -42,6 +42,7 @@ from lowbit.calibration.capture import (
     with_hidden,
 )
 from lowbit.dist import Group
+from lowbit.errors import QuantizationError
 from lowbit.calibration.reduce import check_distributable, check_windows, distinct, reduce_stats, solve_spread
 from lowbit.calibration.hooks import InMemory, move_call
 from lowbit.calibration.data import CalibrationConfig, LayerInputs
@@ -172,9 +173,14 @@ class LayerwiseCalibrator:
             rep = self.report.groups.setdefault(g[0], GroupReport(members=list(g)))
             if stats is not None and g[0] in stats:
                 st = stats[g[0]]
-                rep.amax_all = float(st.all_pos.amax().amax())
+                try:
+                    rep.amax_all = float(st.all_pos.amax().amax())
+                    amax = st.scale_amax() if scheme.needs_calibration else None
+                except ValueError as e:  # the observer saw nothing: the forward never reached it
+                    raise QuantizationError(
+                        f"linear {g[0]!r} saw no calibration input: the model's forward on the calibration "
+                        f"tokens never calls it (add it to ignore to keep it in float)") from e
                 if scheme.needs_calibration:
-                    amax = st.scale_amax()
                     rep.amax_used = float(amax)
                     sc = input_scales_from_amax(scheme.input_activations, amax)
             st = stats[g[0]] if self._gptq(scheme) and stats is not None and g[0] in stats else None
