@@ -7,8 +7,9 @@
   transposed ([out, in], a contiguous copy) and the same bias, so ``F.linear(x, W^T, b)`` computes
   the same products (the float sums may be ordered otherwise). Recognised by its type.
 
-``linearize`` is what every path (``quantize``, streamed, ``load``, ``compare``) runs before it
-lists the linears, so the names and shapes it sees are the same everywhere. Idempotent.
+``linearize`` is what ``quantize``, ``load``, ``compare`` and ``auto_recipe`` run before they list
+the linears (the streamed skeleton runs its two steps itself, reading Conv1D weights transposed),
+so the names and shapes are the same everywhere. Idempotent.
 """
 
 from __future__ import annotations

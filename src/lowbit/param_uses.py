@@ -3,7 +3,7 @@
 A scheme targets matmul weights. ``nn.Linear`` says so by its type; a parameter held elsewhere
 (Mamba's ``A_log``, a depthwise ``conv1d``, a router's score-correction bias, RWKV's time-mix
 vectors, fused experts of an unknown layout) says so only by what the forward does with it.
-``parameter_kinds`` runs the model once on a few tokens under a ``TorchFunctionMode`` that follows
+``trace_model`` runs the model once on a few tokens under a ``TorchFunctionMode`` that follows
 each asked-for parameter through the ops it flows into:
 
 - a tensor derived from a parameter (by indexing, slicing, a view, a cast, or an op whose output
@@ -67,22 +67,16 @@ class _Follow(TorchFunctionMode):
 
     def __init__(self, params: dict[str, torch.Tensor]) -> None:
         super().__init__()
-        self.origin = Tags()
+        self.tags = Tags()
         self.uses: dict[str, set[ParamKind]] = {n: set() for n in params}
         self.selected: set[str] = set()  # tracked names whose values reach a top-k selection
         for n, p in params.items():
-            self._tag(p, n)
-
-    def _tag(self, t: torch.Tensor, name: str) -> None:
-        self.origin.tag(t, name)
-
-    def _name(self, t: torch.Tensor) -> str | None:
-        return self.origin.of(t)
+            self.tags.tag(p, n)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        tracked = [(t, n) for t in tensors((args, kwargs)) if (n := self._name(t)) is not None]
+        tracked = [(t, n) for t in tensors((args, kwargs)) if (n := self.tags.of(t)) is not None]
         if not tracked:
             return out
         if func in _TOPK:
@@ -107,13 +101,13 @@ class _Follow(TorchFunctionMode):
             for t, n in tracked:  # a derived tensor stays its parameter's
                 for o in tensors(out):
                     if func in _SELECT or o.numel() == t.numel():
-                        self._tag(o, n)
+                        self.tags.tag(o, n)
         for _, n in tracked:
             if n not in self.uses:
                 continue
             if kind is not None:
                 self.uses[n].add(kind)
-            elif not any(self._name(o) == n for o in tensors(out)):
+            elif not any(self.tags.of(o) == n for o in tensors(out)):
                 self.uses[n].add(ParamKind.ELEMENTWISE)
         return out
 
@@ -180,7 +174,7 @@ def trace_call(root: nn.Module, params: dict[str, torch.Tensor], run) -> Trace |
     def post(name):
         def hook(_m, _a, out):
             if isinstance(out, torch.Tensor):
-                follow._tag(out, f"out:{name}")
+                follow.tags.tag(out, f"out:{name}")
         return hook
 
     handles = [h for n, m in linears.items() for h in (m.register_forward_pre_hook(pre(n)),

@@ -98,7 +98,7 @@ def unquantizable_targets(model: nn.Module, ignore: Iterable[str] = (), include_
                           ) -> list[tuple[str, tuple[int, ...]]]:
     """Weight matrices a scheme targets that lowbit cannot quantize: (parameter name, shape).
 
-    A target is a matmul weight (``weight_kinds``: ``ParamKind.MATMUL``) that is not an
+    A target is a matmul weight (``survey_weights``: ``ParamKind.MATMUL``) that is not an
     ``nn.Linear`` weight (those are quantized; transformers' ``Conv1D`` and fused experts become
     linears first, ``lowbit.linearize``). Depthwise convolutions, Mamba's ``A_log``, router
     score-correction biases and other parameters the forward does not multiply as a matrix are

@@ -9,12 +9,12 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from lowbit.calls import move_call
+from lowbit.calls import move_call, slice_call
 from lowbit.targets import NON_TEXT_COMPONENTS
 
 
-class _Stop(Exception):
-    pass
+class Stop(Exception):
+    """Raised by a hook to end a model's forward once what it needs was seen (``run_batches``)."""
 
 
 def find_decoder_layers(model: nn.Module, linear_names: list[str]) -> tuple[str, nn.ModuleList] | None:
@@ -44,21 +44,37 @@ def capture_layer_inputs(model: nn.Module, layer: nn.Module, tokens: torch.Tenso
 
     def hook(_mod, args, kwargs):
         captured.append((tuple(args), dict(kwargs)))
-        raise _Stop
+        raise Stop
 
     device = device or next(model.parameters()).device
     h = layer.register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        for i in range(0, tokens.shape[0], batch_size):
-            try:
-                model(input_ids=tokens[i:i + batch_size].to(device), use_cache=False)
-            except _Stop:
-                pass
+        run_batches(model, tokens, batch_size, device)
     finally:
         h.remove()
     if len(captured) != -(-tokens.shape[0] // batch_size):
         raise RuntimeError("could not capture the inputs of the first decoder layer")
     return captured
+
+
+@torch.no_grad()
+def run_batches(model: nn.Module, tokens: torch.Tensor, batch_size: int, device: torch.device) -> None:
+    """The model's forward on each batch of ``tokens`` (on ``device``), each ended early where a
+    hook raises ``Stop``."""
+    for i in range(0, tokens.shape[0], batch_size):
+        try:
+            model(input_ids=tokens[i:i + batch_size].to(device), use_cache=False)
+        except Stop:
+            pass
+
+
+def first_window(inputs: Inputs, device: torch.device | None = None) -> tuple[tuple, dict] | None:
+    """The first window of the first batch's call (on ``device`` when given), or None without a
+    batch: what the probes of one decoder layer's forward run on (its SmoothQuant mappings,
+    what its weights are for)."""
+    if not inputs:
+        return None
+    return move_call(slice_call(inputs[0], hidden_of(inputs[0]).shape[0], 0, 1), device)
 
 
 def hidden_of(call: tuple[tuple, dict]) -> torch.Tensor:
@@ -116,7 +132,7 @@ def observe_layer(layer: nn.Module, inputs: Inputs, modules: dict[str, nn.Module
         fn(name, x)
         seen.add(name)
         if len(seen) == len(modules):
-            raise _Stop
+            raise Stop
 
     with observing(modules, hook):
         for call in inputs:
@@ -124,7 +140,7 @@ def observe_layer(layer: nn.Module, inputs: Inputs, modules: dict[str, nn.Module
             args, kwargs = move_call(call, device)
             try:
                 layer(*args, **kwargs)
-            except _Stop:
+            except Stop:
                 pass
 
 

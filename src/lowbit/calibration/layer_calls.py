@@ -25,14 +25,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from lowbit.calibration.capture import Stop, capture_layer_inputs, run_batches
 from lowbit.calls import move_call
 
 Call = tuple[tuple, dict]
 _ABSENT = object()  # an argument a layer's call does not have
-
-
-class _Stop(Exception):
-    pass
 
 
 class _Recorder(nn.Module):
@@ -55,7 +52,7 @@ class _Recorder(nn.Module):
     def forward(self, *args, **kwargs):
         self.calls.append((tuple(args), dict(kwargs)))
         if self.last:
-            raise _Stop
+            raise Stop
         h = args[0] if args else kwargs["hidden_states"]
         return (h,) if self.as_tuple else h
 
@@ -134,11 +131,7 @@ def _record(model: nn.Module, layers: nn.ModuleList, tokens: torch.Tensor, batch
     try:
         for i in range(n):
             layers[i] = _Recorder(real[i], per_layer[i], i == n - 1, as_tuple)
-        for s in range(0, tokens.shape[0], batch_size):
-            try:
-                model(input_ids=tokens[s:s + batch_size].to(device), use_cache=False)
-            except _Stop:
-                pass
+        run_batches(model, tokens, batch_size, device)
     finally:
         for i in range(n):
             layers[i] = real[i]
@@ -154,18 +147,15 @@ def capture_calls(model: nn.Module, layers: nn.ModuleList, tokens: torch.Tensor,
     device = device or next(model.parameters()).device
     batches = -(-tokens.shape[0] // batch_size)
     per_layer = None
-    err: Exception | None = None
     for as_tuple in (False, True):  # loops that take the layer's output whole, then those that index it
         try:
             per_layer = _record(model, layers, tokens, batch_size, device, as_tuple)
             break
-        except (TypeError, IndexError, AttributeError, RuntimeError, ValueError) as e:
-            err = e
+        except (TypeError, IndexError, AttributeError, RuntimeError, ValueError):
+            continue
     if per_layer is None or len(per_layer[0]) != batches:
         # a loop that does more with a layer's output than pass its hidden states on (RWKV's
         # state tuples): the first layer's calls only, captured by running up to it
-        from lowbit.calibration.capture import capture_layer_inputs
-
         return LayerCalls(capture_layer_inputs(model, layers[0], tokens, batch_size, device))
     called = [len(c) == batches for c in per_layer]
     if not all(called):

@@ -27,20 +27,19 @@ class LayerSurvey:
     deferred: frozenset[str]                 # full parameter names decided by structure only
     allow_unquantized: bool = False
     dropped: list[str] = field(default_factory=list)      # linears left in float, full names
-    unquantized: list[str] = field(default_factory=list)  # deferred matmul weights kept in float
+    unquantized: list[str] = field(default_factory=list)  # matmul weights kept in float (allow_unquantized)
 
     def check(self, layer: nn.Module, prefix: str, lnames: list[str], inputs, device=None, group=None) -> list[str]:
         """``lnames`` (full names of the layer's linears to quantize, the layer named ``prefix``)
         less the ones the layer's forward shows are not to be quantized (module docstring), read on
         the first window of ``inputs``; several ranks (``group``): rank 0 reads, every rank follows."""
-        from lowbit.calls import move_call, slice_call
-        from lowbit.calibration.capture import hidden_of
+        from lowbit.calibration.capture import first_window
         from lowbit.moe import all_tokens
 
         params = {n[len(prefix):]: layer.get_parameter(n[len(prefix):]) for n in self.deferred if n.startswith(prefix)}
         tr = None
-        if inputs:
-            call = move_call(slice_call(inputs[0], hidden_of(inputs[0]).shape[0], 0, 1), device)
+        call = first_window(inputs, device)
+        if call is not None:
             with all_tokens(layer):
                 tr = trace_call(layer, params, lambda: layer(*call[0], **call[1]))
         if group is not None and group.distributed:

@@ -11,6 +11,7 @@ import torch.nn as nn
 from lowbit.algorithms.smoothquant.fold import fold_smoothing, smooth_scales
 from lowbit.algorithms.smoothquant.mappings import SmoothMapping, expand_for_layer
 from lowbit.algorithms.smoothquant.search import search_alpha
+from lowbit.calibration.capture import first_window
 from lowbit.calibration.stats import GroupReport, GroupStats
 from lowbit.schemes import Scheme
 
@@ -23,7 +24,8 @@ def smoothing_maps(layer: nn.Module, prefix: str, targets: list[str], inputs, ta
     be folded go to ``report.unsmoothed[layer]``. A layer whose forward cannot be followed falls back
     to the family ``table`` (None: no smoothing for it, said in the report). Several ranks
     (``group``): rank 0 reads them and every rank folds the same."""
-    found = _read_flow(layer, targets, inputs, device) if inputs else None
+    call = first_window(inputs, device)
+    found = _read_flow(layer, targets, call) if call is not None else None
     if group is not None and group.distributed:
         found = group.broadcast_object(found, src=0)
     name = prefix.rstrip(".")
@@ -40,15 +42,11 @@ def smoothing_maps(layer: nn.Module, prefix: str, targets: list[str], inputs, ta
     return tuple(m for m in maps if include_mlp_inner or not m.is_mlp_inner)
 
 
-def _read_flow(layer: nn.Module, targets: list[str], inputs, device):
-    """(mappings, unfoldable sources) of the layer on its first window, or the error's type name."""
+def _read_flow(layer: nn.Module, targets: list[str], call):
+    """(mappings, unfoldable sources) of the layer on ``call``, or the error's type name."""
     from lowbit.algorithms.smoothquant.dataflow import layer_mappings
-    from lowbit.calls import move_call, slice_call
-    from lowbit.calibration.capture import hidden_of
     from lowbit.moe import all_tokens
 
-    call = inputs[0]
-    call = move_call(slice_call(call, hidden_of(call).shape[0], 0, 1), device)
     try:
         with all_tokens(layer):
             return layer_mappings(layer, call, targets)

@@ -80,7 +80,7 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
     # structure alone cannot place them (the skeleton is on the meta device): each loaded layer's forward will
     survey.kinds = {n: k for n, k in survey.kinds.items() if n not in deferred}
     left = check_targets(model, ignore, False, allow_unquantized, survey)
-    model.lowbit_layer_survey = LayerSurvey(deferred, allow_unquantized)
+    layer_survey = LayerSurvey(deferred, allow_unquantized, unquantized=[n for n, _ in left])
     tok = _tokenizer_for(src, calibration, tokenizer)
     data = calibration_set(calibration, tok, **cfg.data_options())
     tokens = data.ids
@@ -107,7 +107,7 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
     log = progress is True or (group.distributed and progress is not False)
     stream = LayerStream(skel, output, dev, offload, log=log)
     try:
-        return _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, out, left, progress)
+        return _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, out, layer_survey, progress)
     except OSError as e:  # StreamOutput's writes raise OutputError already; any other write, the same line
         output.abort()
         from lowbit.errors import LowbitError
@@ -124,14 +124,13 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
         stream.close()
 
 
-def _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, out, left, progress):
+def _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, out, survey, progress):
     """The layer loop and the output's end; the StreamResult."""
     from lowbit.calibration import LayerwiseCalibrator
     from lowbit.streamed.api import StreamResult, peak_rss_bytes
     from lowbit.streamed.output import ignore_list
 
     skel, names = planned.skel, planned.names
-    survey = model.lowbit_layer_survey
     calib = LayerwiseCalibrator(model, planned.chosen, cfg, smoothquant=sq, group=group, survey=survey)
     tokens = data.ids
     valid = None if data.valid is None else local_batches(data.valid, cfg.batch_size, group)
@@ -142,5 +141,5 @@ def _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, o
     skel.materialize_outside(path)  # released after the capture (LayerStream.captured)
     names = [n for n in names if n not in set(survey.dropped)]
     summary = output.finish(model, path, ignore_list(model, names), tok, src, planned.by_name())
-    summary["unquantized_targets"] = [n for n, _ in left] + survey.unquantized
+    summary["unquantized_targets"] = list(survey.unquantized)
     return StreamResult(out, summary, report, stream.seconds, peak_rss_bytes(), group.world)

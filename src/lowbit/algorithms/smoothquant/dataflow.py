@@ -68,35 +68,27 @@ class _Flow(TorchFunctionMode):
         self.weights = weights  # id(weight parameter) -> its module's name
         self.inside: list[str] = []  # the target linears whose forward is running
 
-    def tag(self, t: torch.Tensor, name: str) -> None:
-        self.tags.tag(t, name)
-
-    def of(self, t) -> str | None:
-        return self.tags.of(t)
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        tagged = [(t, n) for t in tensors((args, kwargs)) if (n := self.of(t)) is not None]
-        if not tagged:
-            return out
+        if self.inside or func in _METADATA:  # a target linear's own product (recorded by its pre-hook),
+            return out                        # or zeros_like and kin: shape, dtype and device only
+        tagged = [(t, n) for t in tensors((args, kwargs)) if (n := self.tags.of(t)) is not None]
         outs = list(tensors(out))
-        if not outs or func in _METADATA:  # .shape, .size(), zeros_like: metadata, not a use of the values
-            return out
-        if self.inside:  # within a target linear's forward: its own product, recorded by its pre-hook
+        if not tagged or not outs:  # .shape, .size(): metadata, not a use of the values
             return out
         for t, n in tagged:
             src = self.sources[n]
             if func in _VIEWS and args and args[0] is t:
                 for o in outs:
-                    self.tag(o, n)
+                    self.tags.tag(o, n)
             elif func in _MATMUL and args and args[0] is t and len(args) > 1 and id(args[1]) in self.weights:
                 owner = self.weights[id(args[1])]
                 if owner not in src.float_targets:
                     src.float_targets.append(owner)
             elif func in _HOMOGENEOUS or len(tagged) == 1 and (func in _MULS or func in _DIVS and args[0] is t):
                 for o in outs:  # (x / s) * g = (x * g) / s for g not derived from x; relu likewise
-                    self.tag(o, n)
+                    self.tags.tag(o, n)
             elif src.other is None:
                 src.other = getattr(func, "__name__", str(func))
         return out
@@ -157,13 +149,13 @@ def layer_mappings(layer: nn.Module, call: tuple[tuple, dict], targets: list[str
             if isinstance(out, torch.Tensor) and out.dim() >= 1 and (linear or _is_norm(_m)) \
                     and (linear or out.shape[-1] == _m.weight.shape[0]):
                 flow.sources.setdefault(name, _Source(name, linear))
-                flow.tag(out, name)
+                flow.tags.tag(out, name)
         return hook
 
     def pre(name):
         def hook(_m, args, kwargs):
             x = args[0] if args else next(iter(kwargs.values()), None)
-            src = flow.of(x)
+            src = flow.tags.of(x)
             if src is not None and name not in flow.sources[src].targets:
                 flow.sources[src].targets.append(name)
             flow.inside.append(name)
