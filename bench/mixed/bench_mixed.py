@@ -8,7 +8,8 @@ and auto-round's AutoScheme at the same average weight bits, scored on the same 
 
 Every row calibrates on the same 16 windows of 256 tokens (lowbit's evenly spaced windows of its
 built-in calibration text, the ones bench/peers hands the peers) and is scored by bench/peers'
-perplexity (lowbit's built-in evaluation text, --limit tokens in 512-token windows). lowbit rows
+perplexity (lowbit's built-in evaluation text, --limit tokens in 512-token windows) and KL divergence
+from the float model (its hidden states kept before quantizing, bench/peers/worker.py). lowbit rows
 use lowbit.quantize's defaults for each scheme (GPTQ + 20 reconstruction steps for 4-bit ones);
 ``auto:B:C1,C2`` rows choose the recipe with lowbit.auto_recipe (its default 4 windows for the
 sensitivities, the first 4 of the 16) and the time includes the choice. ``--autoscheme
@@ -35,7 +36,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "peers"))
-from worker import perplexity  # noqa: E402  (bench/peers/worker.py: the peers' scoring)
+from worker import float_reference, kl_divergence, perplexity  # noqa: E402  (bench/peers/worker.py: the peers' scoring)
 
 import lowbit  # noqa: E402
 from lowbit.eval.text import read_text  # noqa: E402
@@ -46,12 +47,13 @@ AUTOSCHEME = textwrap.dedent("""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
     sys.path.insert(0, sys.argv[1])
-    from worker import perplexity
+    from worker import float_reference, kl_divergence, perplexity
     from auto_round import AutoRound, AutoScheme
     a = json.loads(sys.argv[2])
     ids, calib = load_file(a["ids"])["ids"], load_file(a["calib"])["ids"]
     tok = AutoTokenizer.from_pretrained(a["model"])
     model = AutoModelForCausalLM.from_pretrained(a["model"], dtype=torch.float32).eval()
+    ref = float_reference(model, ids, 512)
     t0, c0 = time.perf_counter(), time.process_time()
     scheme = AutoScheme(avg_bits=a["bits"], options=tuple(a["options"]))
     # AutoScheme takes its data as a dataset name or a local .json file of texts: the same windows, decoded
@@ -62,7 +64,8 @@ AUTOSCHEME = textwrap.dedent("""
     bits = {n: c.get("bits") for n, c in layer_config.items() if isinstance(c, dict)}
     gs = {n: c.get("group_size") for n, c in layer_config.items() if isinstance(c, dict)}
     ppl, n = perplexity(model, ids, 512)
-    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "ppl": ppl, "tokens": n, "bits": bits, "group_size": gs}))
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "ppl": ppl, "tokens": n, "bits": bits, "group_size": gs,
+                      **kl_divergence(model, ids, 512, ref)}))
 """)
 
 
@@ -80,6 +83,7 @@ def calib_ids(tok) -> torch.Tensor:
 
 def lowbit_row(plan: str, ids: torch.Tensor, calib: torch.Tensor) -> dict:
     model, tok = lowbit.load_model()
+    ref = float_reference(model, ids, 512)
     t0, c0 = time.perf_counter(), time.process_time()
     auto = None
     if plan.startswith("auto:"):
@@ -96,7 +100,8 @@ def lowbit_row(plan: str, ids: torch.Tensor, calib: torch.Tensor) -> dict:
     s = quantized_summary(q)
     ppl, n = perplexity(q, ids, 512)
     row = {"tool": "lowbit", "plan": plan, "average_bits": s["average_bits"], "linears_per_scheme": s["schemes"],
-           "quant_wall_s": round(wall, 1), "quant_cpu_s": round(cpu, 1), "ppl": ppl, "tokens": n}
+           "quant_wall_s": round(wall, 1), "quant_cpu_s": round(cpu, 1), "ppl": ppl, "tokens": n,
+           **kl_divergence(q, ids, 512, ref)}
     if auto is not None:
         row["auto_seconds"] = round(auto.seconds, 1)
         row["recipe"] = auto.recipe.to_dict()
@@ -130,7 +135,7 @@ def autoscheme_row(spec: str, ids, calib, python: str, iters: int) -> dict:
             "average_bits": average_bits(shapes, schemes) if schemes else None,
             "linears_per_bits": {str(b): sum(1 for n in schemes if r["bits"][n] == b) for b in (4, 8)},
             "quant_wall_s": round(r["wall_s"], 1), "quant_cpu_s": round(r["cpu_s"], 1), "ppl": r["ppl"],
-            "tokens": r["tokens"]}
+            "tokens": r["tokens"], **{k: r[k] for k in ("kld", "kld_half95", "kld_p99", "kld_max", "same_top")}}
 
 
 def main() -> None:

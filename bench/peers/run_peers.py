@@ -246,17 +246,20 @@ def main() -> None:
              f"{rows[0].get('tokens', '?')} tokens in {a.window}-token windows, identical ids for every tool. "
              f"Float perplexity: {base if base is None else f'{base:.3f}'}.{same}\n",
              "| tool | version | quantize wall s | quantize CPU s | peak RSS while quantizing (MB) "
-             "| RSS growth (MB) | perplexity | change vs float | load avg (quantize start, end) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| RSS growth (MB) | perplexity | change vs float | KLD ±95% (p99) | same top | "
+             "load avg (quantize start, end) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("status") == "ok":
             ch = f"{100 * (r['ppl'] / base - 1):+.2f}%" if base else "-"
             load = (f"{r['loadavg_start']:.1f}, {r['loadavg_end_quant']:.1f}" if "loadavg_start" in r else "-")
+            kld = (f"{r['kld']:.4f} ±{r['kld_half95']:.4f} ({r['kld_p99']:.3f}) | {100 * r['same_top']:.1f}%"
+                   if "kld" in r else "- | -")
             lines.append(f"| {label(r)} | {r.get('version', '?')} | {r['quant_s']:.1f} | {_num(r.get('quant_cpu_s'))} | "
                          f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['rss_before_mb']:.0f} | {r['ppl']:.3f} | {ch} "
-                         f"| {load} |")
+                         f"| {kld} | {load} |")
         else:
-            lines.append(f"| {label(r)} | {r.get('version', '-')} | failed: {r.get('error', '?')[:160]} | | | | | | |")
+            lines.append(f"| {label(r)} | {r.get('version', '-')} | failed: {r.get('error', '?')[:160]} | | | | | | | | |")
     text = "\n".join(lines) + "\n"
     print(text)
     summary = f"summary-iters{a.iters}{f'-layers{a.layers}' if a.layers is not None else ''}-{a.scheme}.json"

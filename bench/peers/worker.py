@@ -1,4 +1,5 @@
-"""One tool, one scheme, one model: quantize in memory, time it, measure peak RSS and perplexity.
+"""One tool, one scheme, one model: quantize in memory, time it, measure peak RSS, perplexity and
+the KL divergence from the float model (its hidden states kept before quantizing).
 
 Runs inside each tool's own virtual environment (it imports only torch, transformers,
 safetensors and the tool), so it must not import lowbit unless the tool is lowbit. The
@@ -71,6 +72,53 @@ def perplexity(model, ids, window: int) -> tuple[float, int]:
             nll -= float(lp.gather(-1, chunk[0, 1:, None]).sum())
             n += chunk.shape[1] - 1
     return math.exp(nll / n), n
+
+
+def float_reference(model, ids, window: int):
+    """The float model's final hidden states at the scored positions of ``perplexity``'s windows and a
+    copy of its output head's weight (and bias): the float distribution of every scored token,
+    recomputed exactly when the KL divergence is taken (lowbit.eval.reference's rule, in torch
+    only: this file runs in the peers' environments)."""
+    import torch
+
+    hs = []
+    with torch.no_grad():
+        for s in range(0, ids.numel() - 1, window):
+            chunk = ids[s:s + window][None]
+            if chunk.shape[1] < 2:
+                break
+            hs.append(model.get_decoder()(input_ids=chunk, use_cache=False).last_hidden_state[0, :-1].float())
+        head = model.get_output_embeddings()
+        bias = None if head.bias is None else head.bias.detach().float().clone()
+    return torch.cat(hs), head.weight.detach().float().clone(), bias
+
+
+def kl_divergence(model, ids, window: int, ref) -> dict:
+    """KL(float || model) per token, natural log, full vocabulary, over ``perplexity``'s scored
+    tokens: mean, batch-means 95% half width (32 blocks, t quantile as lowbit.eval.intervals),
+    p99, max, and the share of tokens whose top token is the float one."""
+    import numpy as np
+    import torch
+
+    hidden, weight, bias = ref
+    kl, same, at = [], [], 0
+    with torch.no_grad():
+        for s in range(0, ids.numel() - 1, window):
+            chunk = ids[s:s + window][None]
+            if chunk.shape[1] < 2:
+                break
+            lq = torch.log_softmax(model(chunk).logits[0, :-1].float(), -1)
+            n = lq.shape[0]
+            lp = torch.log_softmax(torch.nn.functional.linear(hidden[at:at + n], weight, bias), -1)
+            at += n
+            kl.append((lp.exp() * (lp.double() - lq.double())).sum(-1))
+            same.append(lp.argmax(-1) == lq.argmax(-1))
+    kl = torch.cat(kl).numpy()
+    means = np.array([b.mean() for b in np.array_split(kl, 32)])
+    t975 = {31: 2.0395134}.get(len(means) - 1, 1.96)
+    return {"kld": float(kl.mean()), "kld_half95": float(t975 * means.std(ddof=1) / np.sqrt(len(means))),
+            "kld_p99": float(np.percentile(kl, 99)), "kld_max": float(kl.max()),
+            "same_top": float(torch.cat(same).double().mean())}
 
 
 class Opts:
@@ -466,6 +514,7 @@ def main() -> None:
             t0 = time.perf_counter()
             out["float_ppl"], out["tokens"] = perplexity(model, ids, a.window)
             out["float_eval_s"] = time.perf_counter() - t0
+        ref = float_reference(model, ids, a.window) if a.tool != "float" else None
         out["rss_before_mb"] = rss_mb()
         out["loadavg_start"] = os.getloadavg()[0]
         out["started_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
@@ -484,6 +533,8 @@ def main() -> None:
         t0 = time.perf_counter()
         out["ppl"], out["tokens"] = perplexity(model, ids, a.window)
         out["eval_s"] = time.perf_counter() - t0
+        if ref is not None:
+            out.update(kl_divergence(model, ids, a.window, ref))
         if a.tool == "float":
             out["float_ppl"] = out["ppl"]
         out["loadavg_end"] = os.getloadavg()[0]

@@ -43,6 +43,27 @@ def test_eval_json_matches_api_and_baseline(capsys, tiny_dir, text_file):
     assert rep["model"]["bits_per_byte"] == pytest.approx(ref.bits_per_byte, rel=1e-6)
     assert rep["model"]["lastword"]["examples"] == 3
     assert rep["ppl_change_pct"] == pytest.approx(0.0, abs=1e-9)
+    # against itself: no divergence, every top token the same, a zero-width paired interval
+    m = rep["model"]
+    assert m["kld"] == {"estimate": 0.0, "low": 0.0, "high": 0.0, "level": 0.95}
+    assert m["same_top"]["estimate"] == 1.0 and m["ppl_change_interval"]["high"] == 0.0
+    assert m["lastword"]["interval"]["low"] <= m["lastword"]["accuracy"] <= m["lastword"]["interval"]["high"]
+    assert rep["intervals"]["blocks"] == 32
+
+
+def test_eval_baseline_reports_kld_with_intervals(capsys, tiny_dir, text_file, tmp_path):
+    q = tmp_path / "q"
+    code, _, err = run(capsys, "quantize", tiny_dir, "--scheme", "w8a8-int8-dynamic", "-o", q)
+    assert code == 0, err
+    code, out, _ = run(capsys, "eval", q, "--text", text_file, "--limit", 100, "--window", 48, "--lastword", 0,
+                       "--baseline", tiny_dir, "--spread", 0, "--json", "--no-progress")
+    assert code == 0
+    m = json.loads(out)["model"]
+    assert 0 < m["kld"]["low"] < m["kld"]["estimate"] < m["kld"]["high"]
+    assert m["kld_percentiles"]["max"] >= m["kld"]["estimate"]
+    code, out, _ = run(capsys, "eval", q, "--text", text_file, "--limit", 100, "--window", 48, "--lastword", 0,
+                       "--baseline", tiny_dir, "--spread", 0, "--no-progress")
+    assert "KL divergence (baseline || model)" in out and "same top token" in out and "(paired, 95%)" in out
 
 
 def test_eval_table(capsys, tiny_dir, text_file):
@@ -84,6 +105,7 @@ def test_compare_table_shows_each_scheme(capsys, tiny_dir, text_file, tmp_path):
                        "--window", 32, "--lastword", 2, "-o", tmp_path / "rep", "--no-progress")
     assert code == 0
     assert "w8a16" in out and "float" in out and "report.json" in out
+    assert "KLD ±95%" in out and "within noise of" in out and "size and time" in out
 
 
 @pytest.mark.parametrize("args,msg", [

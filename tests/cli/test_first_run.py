@@ -90,12 +90,19 @@ def test_inspect_and_quantize_report_the_same_size(capsys, tmp_path):
     assert said == human_bytes(size)
 
 
+def _iv(est, half):
+    return {"estimate": est, "low": est - half, "high": est + half, "level": 0.95}
+
+
 def _report(schemes):
     rows = []
-    for name, ppl, layers in schemes:
-        rows.append({"scheme": name, "status": "ok", "perplexity": ppl, "ppl_change_pct": 100 * (ppl / 40.0 - 1),
-                     "lastword_accuracy": 0.5, "layers": layers})
-    return {"float": {"perplexity": 40.0, "tokens_scored": 100, "lastword_accuracy": 0.5, "lastword_examples": 4},
+    for name, ppl, kld, layers in schemes:
+        change = 100 * (ppl / 40.0 - 1)
+        rows.append({"scheme": name, "status": "ok", "perplexity": ppl, "ppl_change_pct": change,
+                     "ppl_change_interval": _iv(change, 1.0), "kld": _iv(kld, kld / 4),
+                     "lastword_accuracy": 0.5, "lastword_interval": _iv(0.5, 0.3), "layers": layers})
+    return {"float": {"perplexity": 40.0, "tokens_scored": 100, "lastword_accuracy": 0.5, "lastword_examples": 4,
+                      "lastword_interval": _iv(0.5, 0.3)},
             "schemes": rows, "model": {"path": "tiny"}}
 
 
@@ -104,10 +111,12 @@ def test_report_plot_shows_differences_and_names_unmeasured_schemes():
 
     from lowbit.report.writer import build_figure
 
-    fig = build_figure(_report([("nvfp4", 41.0, {"a": 20.0, "b": 18.0}), ("w8a8-int8", 40.4, {})]))
-    ppl_ax, _, sqnr_ax = fig.axes
-    lo, hi = ppl_ax.get_ylim()
-    assert 30.0 < lo < 40.0 and hi > 41.0                       # not from 0: a 1% change is visible
+    fig = build_figure(_report([("nvfp4", 41.0, 0.2, {"a": 20.0, "b": 18.0}), ("w8a8-int8", 40.4, 0.04, {})]))
+    kld_ax, ppl_ax, _, sqnr_ax = fig.axes
+    assert [round(b.get_height(), 6) for b in kld_ax.patches] == [0.2, 0.04]  # KLD bars ...
+    (bars,) = kld_ax.collections  # ... with their intervals as error bars
+    assert [tuple(seg[:, 1].round(6)) for seg in bars.get_segments()] == [(0.15, 0.25), (0.03, 0.05)]
+    assert [round(b.get_height(), 6) for b in ppl_ax.patches] == [2.5, 1.0]  # changes, not perplexities
     labels = [t.get_text() for t in sqnr_ax.get_legend().get_texts()]
     assert labels == ["nvfp4"]                                  # only schemes with a drawn line
     notes = " ".join(t.get_text() for t in sqnr_ax.texts)

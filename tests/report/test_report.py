@@ -92,6 +92,20 @@ def test_run_compare_tiny_writes_report_and_plot(tmp_path):
     assert abs(rows["w8a16"]["ppl_change_pct"]) < abs(rows["nvfp4-e5m3"]["ppl_change_pct"]) + 1e-9
     # the float model is left untouched
     assert not any(isinstance(m, QuantLinear) for m in model.modules())
+    # every row against float on the same tokens, each figure with its interval
+    assert base["perplexity_interval"]["low"] < base["perplexity"] < base["perplexity_interval"]["high"]
+    assert base["lastword_interval"]["estimate"] == base["lastword_accuracy"]
+    for r in rows.values():
+        assert r["kld"]["low"] <= r["kld"]["estimate"] <= r["kld"]["high"] and r["kld"]["estimate"] > 0
+        assert 0 <= r["same_top"]["estimate"] <= 1
+        assert r["ppl_change_interval"]["estimate"] == pytest.approx(r["ppl_change_pct"], rel=1e-9, abs=1e-9)
+        assert r["kld_percentiles"]["p50"] <= r["kld_percentiles"]["p99"] <= r["kld_percentiles"]["max"]
+    assert rows["w8a16"]["kld"]["estimate"] < rows["nvfp4-e5m3"]["kld"]["estimate"]
+    pairs = {(p["a"], p["b"]): p for p in report["pairs"]}
+    assert set(pairs) == {("w8a16", "nvfp4-e5m3"), ("w8a16", "w8a8-int8"), ("nvfp4-e5m3", "w8a8-int8")}
+    assert not pairs[("w8a16", "nvfp4-e5m3")]["within_noise"]  # 8-bit weights against 4-bit weights and inputs
+    assert "nvfp4-e5m3" not in rows["w8a16"]["within_noise_of"]
+    assert report["intervals"]["level"] == 0.95
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["schemes"][0]["scheme"] == "w8a16" and "machine" in data and "date" in data
     png = (tmp_path / "out" / "report.png").read_bytes()

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
+from lowbit.cli.figures import accuracy_cell, bracket, plus_minus
 from lowbit.cli.recipe_options import CANDIDATES_HELP, RECIPE_HELP, parse_budgets, recipe_file
 from lowbit.cli.common import (
     OptionError, calib_data_options, calibration_arg, check_model_path, human_bytes, model_arg, parse_calib_preset,
@@ -29,43 +30,60 @@ def short_layer(name: str) -> str:
     return name
 
 
-def compare_table(report: dict) -> Table:
-    base = report["float"]
-    lw = "lastword_accuracy" in base
-    failed: list[str] = []
-    t = Table(title=f"lowbit compare: {report['model']['path']}  "
-                    f"({base['tokens_scored']} tokens, {base.get('lastword_examples', 0)} last-word examples)")
-    for col in ("scheme", "perplexity", "Δ ppl", "bits/byte", "w bits"):
-        t.add_column(col, justify="left" if col == "scheme" else "right", no_wrap=True)
-    if lw:
-        t.add_column("last word", justify="right", no_wrap=True)
-    for col in ("size", "× float", "quant s", "worst layer (SQNR dB)"):
-        t.add_column(col, justify="left" if col.startswith("worst") else "right", no_wrap=True)
-    row = ["float", f"{base['perplexity']:.3f}", "", f"{base['bits_per_byte']:.4f}", ""]
-    if lw:
-        row.append(f"{100 * base['lastword_accuracy']:.1f}%")
-    t.add_row(*row, human_bytes(base["size_bytes"]), "1.00", "", "")
+def accuracy_table(report: dict) -> Table:
+    """Each row against float on the same tokens: perplexity, its paired change, KL divergence,
+    same top token, last word, each with its 95% interval; float-rounding spread; rows within noise."""
     from lowbit.report.compare import row_label
 
+    base = report["float"]
+    lw = "lastword_interval" in base
+    failed: list[str] = []
+    t = Table(title=f"lowbit compare: {report['model']['path']}  ({base['tokens_scored']} tokens"
+                    + (f", {base['lastword_examples']} last-word examples)" if lw else ")"))
+    cols = ["scheme", "perplexity", "Δ ppl [95% CI]", "KLD ±95%", "KLD p99", "same top ±95%"]
+    cols += ["last word [95% CI]"] * lw + ["fp spread", "within noise of"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("scheme", "within noise of") else "right", no_wrap=True)
+    t.add_row("float", f"{base['perplexity']:.3f}", "", "", "", "", *([accuracy_cell(base)] * lw), "", "")
     for r in report["schemes"]:
         if r.get("status") != "ok":
             t.add_row(row_label(r), "[red]failed[/red]")
             failed.append(f"{row_label(r)}: {r.get('error', 'failed')}")
             continue
-        worst = r["worst_layers"][0] if r.get("worst_layers") else None
-        change = f"{r['ppl_change_pct']:+.2f}%"
-        if r.get("ppl_change_sd_pct") is not None:
-            change += f" ±{r['ppl_change_sd_pct']:.2f}"
-        bits = f"{r['average_bits']:.3f}" if r.get("average_bits") is not None else ""
-        row = [row_label(r), f"{r['perplexity']:.3f}", change, f"{r['bits_per_byte']:.4f}", bits]
-        if lw:
-            row.append(f"{100 * r['lastword_accuracy']:.1f}%")
-        row += [human_bytes(r["size_bytes"]), f"{r['size_ratio']:.2f}", f"{r['quant_seconds']:.1f}",
-                f"{short_layer(worst[0])} ({worst[1]:.1f})" if worst else
-                ("- (smoothed)" if r.get("smoothquant") is not None else "-")]
+        spread = f"±{r['ppl_change_sd_pct']:.2f}%" if r.get("ppl_change_sd_pct") is not None else "-"
+        p99 = r.get("kld_percentiles", {}).get("p99")
+        row = [row_label(r), f"{r['perplexity']:.3f}", bracket(r.get("ppl_change_interval"), unit="%", signed=True),
+               plus_minus(r.get("kld")), "-" if p99 is None else f"{p99:.3g}",
+               plus_minus(r.get("same_top"), 100, "%")]
+        row += [accuracy_cell(r)] * lw + [spread, ", ".join(r.get("within_noise_of", [])) or "-"]
         t.add_row(*row)
-    if failed:
-        t.caption = "\n".join(failed)
+    iv = report.get("intervals", {})
+    notes = [f"95% intervals; per-token ones from {iv.get('blocks', '?')} blocks of tokens (batch means), "
+             "Δ ppl paired with float; KLD = KL(float || scheme), nats per token; fp spread: sd of the perplexity "
+             "change under float-rounding input perturbations, not sampling error; within noise: the paired "
+             "KLD interval contains 0"]
+    t.caption = "\n".join(notes + failed)
+    return t
+
+
+def cost_table(report: dict) -> Table:
+    """What each row costs and buys: weight bits, size, quantization time, worst layer."""
+    from lowbit.report.compare import row_label
+
+    base = report["float"]
+    t = Table(title="size and time")
+    for col in ("scheme", "w bits", "size", "× float", "quant s", "worst layer (SQNR dB)"):
+        t.add_column(col, justify="left" if col in ("scheme", "worst layer (SQNR dB)") else "right", no_wrap=True)
+    t.add_row("float", "", human_bytes(base["size_bytes"]), "1.00", "", "")
+    for r in report["schemes"]:
+        if r.get("status") != "ok":
+            continue
+        worst = r["worst_layers"][0] if r.get("worst_layers") else None
+        bits = f"{r['average_bits']:.3f}" if r.get("average_bits") is not None else ""
+        t.add_row(row_label(r), bits, human_bytes(r["size_bytes"]), f"{r['size_ratio']:.2f}",
+                  f"{r['quant_seconds']:.1f}",
+                  f"{short_layer(worst[0])} ({worst[1]:.1f})" if worst else
+                  ("- (smoothed)" if r.get("smoothquant") is not None else "-"))
     return t
 
 
@@ -194,7 +212,8 @@ def compare_cmd(
         return
     # piped output gets Rich's 80 columns by default: give the table the width it needs
     out = console if console.is_terminal and console.width >= 140 else Console(width=160)
-    out.print(compare_table(report))
+    out.print(accuracy_table(report))
+    out.print(cost_table(report))
     files = report.get("files", {})
     if files:
         console.print(f"report: {files['json']}  plot: {files['png']}", highlight=False)

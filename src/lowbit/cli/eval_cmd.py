@@ -12,28 +12,29 @@ from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
 from lowbit.cli.common import OptionError, check_model_path, model_arg, parse_list, quiet_progress
+from lowbit.cli.figures import accuracy_cell, bracket, plus_minus
 
 
-def _evaluate(path, text, limit, window, stride, lastword, progress, label, spread, numerics=None):
-    from lowbit.eval import lastword_accuracy, perplexity
-    from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, measure_spread
+def _evaluate(path, settings, lastword, label, numerics=None, reference=None, keep_reference=False):
+    """Report fields of the model at ``path`` (lowbit.report.measures, against ``reference`` when
+    given), its scores or (``keep_reference``) its FloatReference, the model and its tokenizer."""
+    from lowbit.eval import lastword_examples, read_paragraphs
     from lowbit.models import load_model
+    from lowbit.report.measures import measure
 
     model, tok = load_model(model_arg(path), numerics=numerics)
-    ppl = perplexity(model, tok, text_file=text, window=window, stride=stride, limit=limit,
-                     progress=progress, desc=f"{label}: perplexity")
-    out = {"path": path, **ppl.to_dict()}
+    examples = lastword_examples(read_paragraphs(settings.text_file), limit=lastword) if lastword > 0 else []
+    fields, scores = measure(model, tok, settings, examples, label, reference=reference,
+                             keep_reference=keep_reference)
+    out = {"path": path, **fields}
     if numerics is not None:
         out["numerics"] = numerics.value
-    sp = measure_spread(model, tok, ppl.perplexity, seeds=DEFAULT_SPREAD_SEEDS if spread is None else spread,
-                        text_file=text, window=window, stride=stride, limit=limit)
-    if sp is not None:
-        out["ppl_spread"] = sp
-    if lastword > 0:
-        lw = lastword_accuracy(model, tok, text_file=text, limit=lastword, progress=progress,
-                               desc=f"{label}: last word")
-        out["lastword"] = lw.to_dict()
-    return out, model, tok
+    if examples:
+        out["lastword"] = {k: out.pop(f"lastword_{f}") for k, f in (
+            ("accuracy", "accuracy"), ("correct", "correct"), ("examples", "examples"), ("mean_logprob", "logprob"),
+            ("interval", "interval"))}
+        out["lastword"]["bos_prepended"] = out["bos_prepended"]  # one tokenizer start for both measures
+    return out, scores, model, tok
 
 
 def _evaluate_vllm(path, text, limit, window, stride, lastword, vllm_python):
@@ -120,18 +121,26 @@ def eval_cmd(
 
     quiet_progress(progress)
     read_paragraphs(text)  # a bad --text fails before any model is loaded
+    from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS
+    from lowbit.report.measures import INTERVALS, EvalSettings
+
+    settings = EvalSettings(text_file=text, window=window, stride=stride, limit=limit, progress=progress,
+                            spread=DEFAULT_SPREAD_SEEDS if spread is None else spread)
+    report: dict = {}
     if engine == "vllm":
         result = _evaluate_vllm(path, text, limit, window, stride, lastword, vllm_python)
-    else:
-        result, model, tok = _evaluate(path, text, limit, window, stride, lastword, progress, "model", spread,
-                                       serving)
-    report = {"model": result}
-    if baseline is not None:
-        if engine == "vllm":
+        if baseline is not None:
             base = _evaluate_vllm(baseline, text, limit, window, stride, lastword, vllm_python)
-        else:
-            base, _, _ = _evaluate(baseline, text, limit, window, stride, lastword, progress, "baseline", spread,
-                                   serving)
+            report["kld_note"] = "KL divergence needs the float model's hidden states: not with --engine vllm"
+    elif baseline is not None:
+        # the baseline first: its hidden states at the scored tokens are the reference of the KL divergence
+        base, reference, _, _ = _evaluate(baseline, settings, lastword, "baseline", serving, keep_reference=True)
+        result, _, model, tok = _evaluate(path, settings, lastword, "model", serving, reference=reference)
+        del reference
+    else:
+        result, _, model, tok = _evaluate(path, settings, lastword, "model", serving)
+    report["model"] = result
+    if baseline is not None:
         report["baseline"] = base
         report["ppl_change_pct"] = 100.0 * (result["perplexity"] / base["perplexity"] - 1.0)
         sds = [r["ppl_spread"]["sd"] for r in (result, base) if "ppl_spread" in r]
@@ -139,6 +148,8 @@ def eval_cmd(
             report["ppl_change_sd_pct"] = 100.0 * sum(sd * sd for sd in sds) ** 0.5 / base["perplexity"]
         if "lastword" in result:
             report["lastword_delta"] = result["lastword"]["accuracy"] - base["lastword"]["accuracy"]
+    if engine != "vllm":
+        report["intervals"] = INTERVALS
     if tasks:
         from lowbit.eval.harness import LASTWORD_TASK, run_lm_eval, write_lastword_task
 
@@ -153,21 +164,43 @@ def eval_cmd(
     if as_json:
         print(json.dumps(report, indent=2, default=str))
         return
-    t = Table(title=f"lowbit eval ({result['tokens_scored']} tokens, window {result['window']})")
-    for c in ("model", "perplexity", "bits/byte", "last word"):
-        t.add_column(c, justify="left" if c == "model" else "right")
-    rows = [report["model"]] + ([report["baseline"]] if "baseline" in report else [])
-    for r in rows:
-        lw = r.get("lastword")
-        sp = r.get("ppl_spread")
-        t.add_row(str(r["path"]), f"{r['perplexity']:.3f}" + (f" ±{sp['sd']:.3f}" if sp else ""),
-                  f"{r['bits_per_byte']:.4f}",
-                  f"{100 * lw['accuracy']:.1f}% of {lw['examples']}" if lw else "-")
-    console.print(t)
-    if "ppl_change_pct" in report:
-        sd = report.get("ppl_change_sd_pct")
-        console.print(f"perplexity change vs baseline: {report['ppl_change_pct']:+.2f}%"
-                      + ("" if sd is None else f" ±{sd:.2f} (float-rounding spread)"))
+    console.print(eval_table(report))
+    for line in against_baseline(report):
+        console.print(line, highlight=False)
     for task, res in report.get("lm_eval", {}).items():
         console.print(f"lm-eval {task}: " + ", ".join(f"{k}={v:.4f}" for k, v in res.items()
                                                       if isinstance(v, float)), highlight=False)
+
+
+def eval_table(report: dict) -> Table:
+    """One row per model: perplexity (95% interval, float-rounding spread), bits per byte, last word."""
+    result = report["model"]
+    t = Table(title=f"lowbit eval ({result['tokens_scored']} tokens, window {result['window']})")
+    for c in ("model", "perplexity [95% CI]", "fp spread", "bits/byte", "last word [95% CI]"):
+        t.add_column(c, justify="left" if c == "model" else "right")
+    for r in [result] + ([report["baseline"]] if "baseline" in report else []):
+        lw = r.get("lastword")
+        sp = r.get("ppl_spread")
+        ppl = bracket(r["perplexity_interval"]) if "perplexity_interval" in r else f"{r['perplexity']:.3f}"
+        cell = "-" if lw is None else accuracy_cell({"lastword_interval": lw.get("interval"),
+                                                      "lastword_examples": lw["examples"]}) \
+            if "interval" in lw else f"{100 * lw['accuracy']:.1f}% of {lw['examples']}"
+        t.add_row(str(r["path"]), ppl, f"±{sp['sd']:.3f}" if sp else "-", f"{r['bits_per_byte']:.4f}", cell)
+    return t
+
+
+def against_baseline(report: dict) -> list[str]:
+    """The model against its baseline on the same tokens, one figure a line."""
+    if "ppl_change_pct" not in report:
+        return []
+    r = report["model"]
+    sd = report.get("ppl_change_sd_pct")
+    spread = "" if sd is None else f"; float-rounding spread ±{sd:.2f}"
+    if "ppl_change_interval" not in r:
+        return [f"perplexity change vs baseline: {report['ppl_change_pct']:+.2f}%{spread}"]
+    k = r["kld_percentiles"]
+    return [f"perplexity change vs baseline: {bracket(r['ppl_change_interval'], unit='%', signed=True)} "
+            f"(paired, 95%){spread}",
+            f"KL divergence (baseline || model): {plus_minus(r['kld'])} nats/token; median {k['p50']:.3g}, "
+            f"p99 {k['p99']:.3g}, max {k['max']:.3g}",
+            f"same top token: {plus_minus(r['same_top'], 100, '%')}; RMS Δp {100 * r['rms_delta_p']:.3f}%"]

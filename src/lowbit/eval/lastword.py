@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
+from lowbit.eval.intervals import Interval, wilson_interval
 from lowbit.eval.scoring import DEFAULT_MAX_LOGITS, score_positions
 from lowbit.eval.text import EvalDataError, read_paragraphs
 from lowbit.textstart import bos_to_prepend
@@ -44,8 +45,13 @@ class LastWordResult:
     mean_logprob: float     # mean log-probability of the whole target word, nats
     bos_prepended: bool     # each context started with the tokenizer's BOS token
 
+    @property
+    def interval(self) -> Interval:
+        """The accuracy with Wilson's 95% interval (the examples are independent)."""
+        return wilson_interval(self.correct, self.examples)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "interval": self.interval.to_dict()}
 
 
 def lastword_examples(paragraphs: list[str], *, min_context_words: int = 20, min_word_len: int = 2,

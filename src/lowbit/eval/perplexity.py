@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from lowbit.eval.scoring import DEFAULT_MAX_LOGITS, score_positions
+from lowbit.eval.scoring import (DEFAULT_MAX_LOGITS, chunked_divergence, chunked_logits_apply, hidden_states,
+                                 output_head)
 from lowbit.eval.text import EvalDataError, read_text
 from lowbit.textstart import bos_to_prepend, prepend
 
@@ -111,30 +112,86 @@ def windows_of(tokenizer, text: str, window: int, stride: int | None, limit: int
     return ids, nbytes, plan, stride, bos
 
 
+@dataclass
+class TextScores:
+    """Per scored token, in text order (the window plan's): the model's log-probability of the
+    token and its greedy prediction; with a reference (``score_text(reference=...)``) the
+    reference's and KL(reference || model); with ``keep_hidden`` the final hidden states that
+    predict each token (what ``lowbit.eval.reference.FloatReference`` keeps)."""
+
+    result: PerplexityResult
+    targets: torch.Tensor               # [N] int64, the scored tokens
+    logprob: torch.Tensor               # [N] float32, log p(token | context), nats
+    argmax: torch.Tensor                # [N] int64, the greedy prediction at that position
+    hidden: torch.Tensor | None = None  # [N, H] float32 on the CPU (keep_hidden)
+    ref_logprob: torch.Tensor | None = None
+    ref_argmax: torch.Tensor | None = None
+    kld: torch.Tensor | None = None     # [N] float64, KL(reference || model) per token, nats
+
+    @property
+    def nll(self) -> torch.Tensor:
+        """Negative log-likelihood per token, float64."""
+        return -self.logprob.double()
+
+
+def _check_reference(reference, offset: int, targets: torch.Tensor) -> None:
+    n = targets.shape[0]
+    if reference.targets.shape[0] < offset + n or not torch.equal(reference.targets[offset:offset + n], targets.cpu()):
+        raise EvalDataError("the float reference was computed on other tokens: evaluate both models on the same "
+                            "text with the same window, stride and limit (and tokenizer)")
+
+
 @torch.no_grad()
+def score_text(model: nn.Module, tokenizer, text: str | None = None, *, text_file: str | os.PathLike | None = None,
+               window: int = 512, stride: int | None = None, limit: int | None = None,
+               reference=None, keep_hidden: bool = False, progress: bool = True, desc: str = "perplexity",
+               max_logits: int = DEFAULT_MAX_LOGITS) -> TextScores:
+    """Score every token of ``text``'s window plan (see the module docstring) with ``model``.
+    ``reference`` (a ``FloatReference`` of the same text, window, stride and limit) adds its
+    log-probabilities and the per-token KL divergence, full vocabulary, chunked (scoring.py)."""
+    if text is None:
+        text = read_text(text_file)
+    ids, nbytes, plan, stride, bos = windows_of(tokenizer, text, window, stride, limit)
+    prefix = 0 if bos is None else 1
+    head, softcap = output_head(model)
+    dev = next(model.parameters()).device
+    parts: dict[str, list[torch.Tensor]] = {}
+    nll, count, nb = 0.0, 0, 0
+    bar = tqdm(total=sum(p[2] for p in plan), desc=desc, unit="tok", disable=not progress, leave=False)
+    for begin, end, n in plan:
+        chunk = prepend(ids[begin:end], bos)[None].to(dev)
+        t = torch.arange(end - begin - n, end - begin, device=dev) + prefix  # chunk positions of the scored tokens
+        hs = hidden_states(model, chunk)[0, t - 1]
+        targets = chunk[0, t]
+        if reference is None:
+            lp, arg = chunked_logits_apply(hs, head, targets, softcap, max_logits)
+            got = {"logprob": lp, "argmax": arg}
+        else:
+            _check_reference(reference, count, targets)
+            got = chunked_divergence(hs, head, softcap, targets, reference.hidden[count:count + n], reference.head,
+                                     reference.softcap, max_logits)
+        got["targets"] = targets.cpu()
+        if keep_hidden:
+            got["hidden"] = hs.float().cpu()
+        for k, v in got.items():
+            parts.setdefault(k, []).append(v)
+        nll -= float(got["logprob"].double().sum())
+        count += n
+        nb += int(nbytes[end - n:end].sum())
+        bar.update(n)
+    bar.close()
+    mean = nll / count
+    result = PerplexityResult(perplexity=math.exp(mean), nll=mean, tokens_scored=count, bytes_scored=nb,
+                              bits_per_byte=nll / math.log(2) / max(nb, 1), windows=len(plan),
+                              window=window, stride=stride, bos_prepended=bos is not None)
+    return TextScores(result=result, **{k: torch.cat(v) for k, v in parts.items()})
+
+
 def perplexity(model: nn.Module, tokenizer, text: str | None = None, *, text_file: str | os.PathLike | None = None,
                window: int = 512, stride: int | None = None, limit: int | None = None,
                progress: bool = True, desc: str = "perplexity", max_logits: int = DEFAULT_MAX_LOGITS,
                ) -> PerplexityResult:
     """Perplexity of ``model`` on ``text`` (default: the built-in evaluation text); each window
     starts with the tokenizer's BOS when it adds one (see the module docstring)."""
-    if text is None:
-        text = read_text(text_file)
-    ids, nbytes, plan, stride, bos = windows_of(tokenizer, text, window, stride, limit)
-    prefix = 0 if bos is None else 1
-    nll, count, nb = 0.0, 0, 0
-    bar = tqdm(total=sum(p[2] for p in plan), desc=desc, unit="tok", disable=not progress, leave=False)
-    for begin, end, n in plan:
-        chunk = prepend(ids[begin:end], bos)[None]
-        t = torch.arange(end - begin - n, end - begin) + prefix  # chunk positions of the scored tokens
-        pos = torch.stack([torch.zeros_like(t), t], dim=1)
-        lp, _ = score_positions(model, chunk, pos, max_logits=max_logits)
-        nll -= float(lp.double().sum())
-        count += n
-        nb += int(nbytes[end - n:end].sum())
-        bar.update(n)
-    bar.close()
-    mean = nll / count
-    return PerplexityResult(perplexity=math.exp(mean), nll=mean, tokens_scored=count, bytes_scored=nb,
-                            bits_per_byte=nll / math.log(2) / max(nb, 1), windows=len(plan),
-                            window=window, stride=stride, bos_prepended=bos is not None)
+    return score_text(model, tokenizer, text, text_file=text_file, window=window, stride=stride, limit=limit,
+                      progress=progress, desc=desc, max_logits=max_logits).result

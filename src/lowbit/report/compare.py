@@ -1,7 +1,10 @@
 """``lowbit compare``: quantize one model under several schemes and measure each against float.
 
-Per scheme: perplexity and bits per byte on the evaluation text, last-word accuracy, size
-(packed estimate, or on disk when a checkpoint format is given), quantization time, and the
+Per scheme, against the float model on the same tokens (lowbit.report.measures): perplexity and
+its paired change, KL divergence (the float model's hidden states kept once, the float
+distribution recomputed exactly for every row: lowbit.eval.reference), same top token, last-word
+accuracy, each with its 95% interval; which rows are within noise of each other (``pairs``);
+size (packed estimate, or on disk when a checkpoint format is given), quantization time, and the
 SQNR of every quantized linear's output. Schemes with static activation scales are calibrated
 on the calibration text (never the evaluation text) through ``lowbit.quantize``.
 
@@ -31,12 +34,13 @@ import lowbit
 from lowbit.calibration import CalibrationConfig, FloatStates
 from lowbit.errors import LowbitError
 from lowbit.kvcache import DEFAULT_KV_CACHE, check_kv_cache
-from lowbit.eval.lastword import lastword_accuracy, lastword_examples
-from lowbit.eval.perplexity import perplexity, tokenize_with_bytes
-from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS, measure_spread
+from lowbit.eval.lastword import lastword_examples
+from lowbit.eval.perplexity import tokenize_with_bytes
+from lowbit.eval.spread import DEFAULT_SPREAD_SEEDS
 from lowbit.eval.text import read_paragraphs
 from lowbit.linearize import linearize
-from lowbit.report.writer import row_label  # noqa: F401  (re-exported: the label of a scheme row)
+from lowbit.report.measures import INTERVALS, EvalSettings, measure, noise_pairs, within_noise_of
+from lowbit.report.writer import row_label
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
 from lowbit.model_quant import calibrates
 from lowbit.schemes import get_scheme
@@ -190,23 +194,10 @@ def _dir_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
 
 
-def evaluate(model, tokenizer, opts: CompareOptions, examples, label: str) -> dict:
-    t0 = time.perf_counter()
-    ppl = perplexity(model, tokenizer, text_file=opts.text_file, window=opts.window, stride=opts.stride,
-                     limit=opts.limit, progress=opts.progress, desc=f"{label}: perplexity")
-    out = {"perplexity": ppl.perplexity, "bits_per_byte": ppl.bits_per_byte, "nll": ppl.nll,
-           "tokens_scored": ppl.tokens_scored, "bytes_scored": ppl.bytes_scored, "bos_prepended": ppl.bos_prepended}
-    sp = measure_spread(model, tokenizer, ppl.perplexity, seeds=opts.spread, text_file=opts.text_file,
-                        window=opts.window, stride=opts.stride, limit=opts.limit)
-    if sp is not None:
-        out["ppl_spread"] = sp
-    if examples:
-        lw = lastword_accuracy(model, tokenizer, examples, max_context_tokens=opts.lastword_context,
-                               progress=opts.progress, desc=f"{label}: last word")
-        out.update(lastword_accuracy=lw.accuracy, lastword_correct=lw.correct, lastword_examples=lw.examples,
-                   lastword_logprob=lw.mean_logprob)
-    out["eval_seconds"] = time.perf_counter() - t0
-    return out
+def eval_settings(opts: CompareOptions) -> EvalSettings:
+    """What every row (float's included) is evaluated on."""
+    return EvalSettings(text_file=opts.text_file, window=opts.window, stride=opts.stride, limit=opts.limit,
+                        lastword_context=opts.lastword_context, spread=opts.spread, progress=opts.progress)
 
 
 def _recipe_fields(row: dict, qmodel, spec: RowSpec) -> None:
@@ -267,11 +258,13 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
         "options": opts.to_dict(),
     }
     log("evaluating float")
-    base = evaluate(model, tokenizer, opts, examples, "float")
+    settings = eval_settings(opts)
+    # the float model's hidden states at the scored tokens: every row's KL divergence is taken against them
+    base, reference = measure(model, tokenizer, settings, examples, "float", keep_reference=True)
     base["size_bytes"] = estimated_size_bytes(model)
     report["float"] = base
 
-    rows = []
+    rows, row_scores = [], {}
     float_states = FloatStates()  # the float model's hidden states on the calibration windows, shared by the rows
     save_root = None
     if opts.save_format is not None:
@@ -295,7 +288,9 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
                 report.setdefault("calibration_data", cal.data)
             set_backends(qmodel, opts.backend)
             row["backends"] = sorted({getattr(m.backend, "name", "?") for m in quantized_linears(qmodel).values()})
-            row.update(evaluate(qmodel, tokenizer, opts, examples, name))
+            fields, row_scores[row_label(row)] = measure(qmodel, tokenizer, settings, examples, name,
+                                                         reference=reference)
+            row.update(fields)
             row["size_bytes"] = estimated_size_bytes(qmodel)
             row["size_source"] = "estimate"
             if save_root is not None:
@@ -318,7 +313,6 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
             worst = sorted(finite, key=finite.get)[:5]
             row["worst_layers"] = [[k, finite[k]] for k in worst]
             row["mean_sqnr_db"] = sum(finite.values()) / len(finite) if finite else None
-            row["ppl_change_pct"] = 100.0 * (row["perplexity"] / base["perplexity"] - 1.0)
             if "ppl_spread" in row:  # the change's own noise: the spread, in % of float's perplexity
                 row["ppl_change_sd_pct"] = 100.0 * row["ppl_spread"]["sd"] / base["perplexity"]
             if "lastword_accuracy" in row:
@@ -332,8 +326,14 @@ def run_compare(model=None, tokenizer=None, *, model_path: str | os.PathLike | N
         finally:
             del qmodel
         rows.append(row)
-    del float_states
+    del float_states, reference
+    pairs = noise_pairs(row_scores)
+    for row in rows:
+        if row.get("status") == "ok":
+            row["within_noise_of"] = within_noise_of(pairs, row_label(row))
     report["schemes"] = rows
+    report["pairs"] = pairs
+    report["intervals"] = INTERVALS
 
     if output_dir is not None:
         from lowbit.report.writer import write_report

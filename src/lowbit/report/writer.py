@@ -51,17 +51,21 @@ def write_report(report: dict, output_dir: str | os.PathLike) -> dict[str, Path]
     return {"json": jpath, "png": ppath}
 
 
-def _ppl_limits(values: list[float]) -> tuple[float, float]:
-    """A perplexity axis around the values (float's included), not from 0: the differences show."""
-    lo, hi = min(values), max(values)
-    pad = max(hi - lo, 0.02 * hi) * 0.15
-    return max(lo - pad, 0.0), hi + 2 * pad
+def _errors(rows: list[dict], key: str, scale: float = 1.0, plain: str | None = None,
+            ) -> tuple[list[float], list[list[float]] | None]:
+    """Bar heights and matplotlib's [[below...], [above...]] error extents of an interval field;
+    without intervals (a report of an older lowbit) the ``plain`` field's values and no error bars."""
+    ivs = [r.get(key) for r in rows]
+    if not ivs or any(iv is None for iv in ivs):
+        return [scale * r.get(plain, 0.0) if plain else 0.0 for r in rows], None
+    est = [scale * iv["estimate"] for iv in ivs]
+    return est, [[scale * (iv["estimate"] - iv["low"]) for iv in ivs], [scale * (iv["high"] - iv["estimate"]) for iv in ivs]]
 
 
 def build_figure(report: dict):
-    """Three panels: perplexity (axis around the values, change vs float on each bar), last-word
-    accuracy (float as a line), per-layer SQNR of the schemes where it was measured (the others,
-    smoothed schemes, are named in the panel as not measured)."""
+    """Four panels, each row against float with its 95% interval as an error bar: KL divergence,
+    perplexity change (paired), last-word accuracy (float's interval as a band), and per-layer
+    SQNR of the schemes where it was measured (the others, smoothed schemes, named as not measured)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -70,27 +74,33 @@ def build_figure(report: dict):
     ok = [r for r in report["schemes"] if r.get("status") == "ok"]
     base = report["float"]
     names = [row_label(r) for r in ok]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1, 1, 2]})
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.8), gridspec_kw={"width_ratios": [1, 1, 1, 2]})
     ax = axes[0]
-    ppls = [r["perplexity"] for r in ok]
-    bars = ax.bar(names, ppls, color="tab:blue")
-    for b, r in zip(bars, ok):
-        ax.annotate(f"{r['ppl_change_pct']:+.1f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
-                    ha="center", va="bottom", fontsize=8)
-    ax.axhline(base["perplexity"], color="k", ls="--", label=f"float {base['perplexity']:.2f}")
-    ax.set_ylim(*_ppl_limits(ppls + [base["perplexity"]]))
-    ax.set_title(f"perplexity ({base['tokens_scored']} tokens)")
-    ax.legend(loc="upper left")
+    kld, err = _errors(ok, "kld")
+    ax.bar(names, kld, yerr=err, capsize=4, color="tab:purple")
+    ax.set_title(f"KL(float || scheme), nats/token ({base['tokens_scored']} tokens)")
     ax.tick_params(axis="x", rotation=30)
     ax = axes[1]
+    change, err = _errors(ok, "ppl_change_interval", plain="ppl_change_pct")
+    bars = ax.bar(names, change, yerr=err, capsize=4, color="tab:blue")
+    for b, v in zip(bars, change):
+        ax.annotate(f"{v:+.1f}%", (b.get_x() + b.get_width() / 2, max(v, 0)), ha="center", va="bottom", fontsize=8)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_title(f"perplexity change % (float {base['perplexity']:.2f})")
+    ax.tick_params(axis="x", rotation=30)
+    ax = axes[2]
     if "lastword_accuracy" in base:
-        ax.bar(names, [100 * r.get("lastword_accuracy", 0.0) for r in ok], color="tab:green")
+        acc, err = _errors(ok, "lastword_interval", 100, plain="lastword_accuracy")
+        ax.bar(names, acc, yerr=err, capsize=4, color="tab:green")
         ax.axhline(100 * base["lastword_accuracy"], color="k", ls="--",
                    label=f"float {100 * base['lastword_accuracy']:.1f}%")
+        iv = base.get("lastword_interval")
+        if iv is not None:
+            ax.axhspan(100 * iv["low"], 100 * iv["high"], color="k", alpha=0.08)
         ax.set_title(f"last-word accuracy % ({base['lastword_examples']} examples)")
         ax.legend(loc="lower right")
     ax.tick_params(axis="x", rotation=30)
-    ax = axes[2]
+    ax = axes[3]
     measured = [r for r in ok if r.get("layers")]
     for r in measured:
         vals = [v if v is not None else float("nan") for v in r["layers"].values()]
@@ -105,7 +115,7 @@ def build_figure(report: dict):
     ax.grid(alpha=0.3)
     if measured:
         ax.legend(fontsize=8)
-    fig.suptitle(f"lowbit compare: {report['model']['path']}", fontsize=10)
+    fig.suptitle(f"lowbit compare: {report['model']['path']} (error bars: 95% intervals)", fontsize=10)
     fig.tight_layout()
     return fig
 
