@@ -64,6 +64,22 @@ def test_eval_baseline_reports_kld_with_intervals(capsys, tiny_dir, text_file, t
     code, out, _ = run(capsys, "eval", q, "--text", text_file, "--limit", 100, "--window", 48, "--lastword", 0,
                        "--baseline", tiny_dir, "--spread", 0, "--no-progress")
     assert "KL divergence (baseline || model)" in out and "same top token" in out and "(paired, 95%)" in out
+    # the float model scored once, its reference reused by a later run: the same figures
+    ref = tmp_path / "float.safetensors"
+    code, _, err = run(capsys, "eval", tiny_dir, "--text", text_file, "--limit", 100, "--window", 48, "--lastword", 0,
+                       "--spread", 0, "--save-reference", ref, "--json", "--no-progress")
+    assert code == 0 and ref.is_file(), err
+    code, out, _ = run(capsys, "eval", q, "--text", text_file, "--limit", 100, "--window", 48, "--lastword", 0,
+                       "--baseline", ref, "--spread", 0, "--json", "--no-progress")
+    assert code == 0
+    rep = json.loads(out)
+    assert rep["model"]["kld"] == m["kld"] and rep["baseline"]["perplexity"] == pytest.approx(
+        rep["model"]["perplexity"] / (1 + rep["ppl_change_pct"] / 100))
+    code, _, err = run(capsys, "eval", q, "--text", text_file, "--limit", 100, "--window", 32, "--baseline", ref,
+                       "--no-progress")
+    assert code == 2 and "float.safetensors" in err and "window 48" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(capsys, "eval", q, "--baseline", tiny_dir, "--save-reference", ref)
+    assert code == 2 and "--save-reference" in err
 
 
 def test_eval_table(capsys, tiny_dir, text_file):

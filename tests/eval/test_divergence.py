@@ -139,3 +139,26 @@ def test_kl_rows_ignores_zero_probability_terms():
     ref = torch.log(torch.tensor([[0.5, 0.5, 0.0]]))
     q = torch.log(torch.tensor([[0.25, 0.25, 0.5]]))
     assert kl_rows(ref, q).item() == pytest.approx(math.log(2))
+
+
+def test_a_saved_reference_measures_exactly_as_the_live_one(tmp_path):
+    from lowbit.eval.reference import FloatReference
+
+    tok, ref_model = byte_tokenizer(), tiny_llama()
+    opts = dict(window=64, limit=150, progress=False)
+    ref = float_reference(ref_model, tok, TEXT, **opts)
+    path = ref.save(tmp_path / "ref.safetensors")
+    back = FloatReference.load(path)
+    assert back.text_sha256 == ref.text_sha256 and back.result == ref.result
+    model = _noisy(ref_model, 0.2)
+    live = score_text(model, tok, TEXT, reference=ref, **opts)
+    read = score_text(model, tok, TEXT, reference=back, **opts)
+    assert torch.equal(live.kld, read.kld) and torch.equal(live.ref_argmax, read.ref_argmax)
+    back.check_plan(TEXT, 64, None, 150, str(path))
+    with pytest.raises(EvalDataError, match="another evaluation text"):
+        back.check_plan(TEXT + " more", 64, None, 150, str(path))
+    with pytest.raises(EvalDataError, match="window 64"):
+        back.check_plan(TEXT, 32, None, 150, str(path))
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(EvalDataError, match="bad.safetensors: cannot read"):
+        FloatReference.load(tmp_path / "bad.safetensors")

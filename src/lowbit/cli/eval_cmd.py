@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import tempfile
+from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from lowbit.cli.app import app, console, err_console
@@ -34,6 +36,8 @@ def _evaluate(path, settings, lastword, label, numerics=None, reference=None, ke
             ("accuracy", "accuracy"), ("correct", "correct"), ("examples", "examples"), ("mean_logprob", "logprob"),
             ("interval", "interval"))}
         out["lastword"]["bos_prepended"] = out["bos_prepended"]  # one tokenizer start for both measures
+    if keep_reference:  # a reference file carries the baseline's row as eval reports it
+        scores.fields = {k: v for k, v in out.items() if k != "path"}
     return out, scores, model, tok
 
 
@@ -64,7 +68,14 @@ def _evaluate_vllm(path, text, limit, window, stride, lastword, vllm_python):
 @app.command("eval")
 def eval_cmd(
     path: str = typer.Argument(..., help="Model folder (float or quantized), or 'builtin'."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Also evaluate this model and report the change."),
+    baseline: Optional[str] = typer.Option(
+        None, "--baseline",
+        help="The float model to measure PATH against on the same tokens (KL divergence, same top token, paired "
+             "perplexity change): a model folder, or a reference file written by --save-reference."),
+    save_reference: Optional[str] = typer.Option(
+        None, "--save-reference",
+        help="Write PATH's float reference (hidden states at the scored tokens and its output head, one "
+             "safetensors file) for later runs' --baseline."),
     text: Optional[str] = typer.Option(None, "--text", help="Evaluation text, one paragraph a line (default: built-in)."),
     limit: int = typer.Option(2048, "--limit", help="Perplexity tokens to score."),
     window: int = typer.Option(512, "--window", help="Perplexity window (tokens)."),
@@ -96,8 +107,11 @@ def eval_cmd(
     if spread is not None and spread < 0:
         raise OptionError(f"--spread must be 0 (skip) or a number of perturbed evaluations, got {spread}")
     check_model_path(path)
-    if baseline is not None:
+    baseline_file = baseline is not None and Path(baseline).is_file()
+    if baseline is not None and not baseline_file:
         check_model_path(baseline)
+    if save_reference is not None and baseline is not None:
+        raise OptionError("--save-reference writes PATH's own reference: it goes without --baseline")
     # after the path checks: a missing path fails before torch is imported (lowbit.quant.serving imports it)
     from lowbit.quant.serving import ServingNumerics
 
@@ -117,6 +131,9 @@ def eval_cmd(
         find_vllm_python(vllm_python)  # a clear error before anything is tokenized
     elif vllm_python is not None:
         raise OptionError("--vllm-python goes with --engine vllm")
+    if engine == "vllm" and (baseline_file or save_reference is not None):
+        raise OptionError("--engine vllm has no float reference: --save-reference and a reference --baseline go "
+                          "with --engine lowbit")
     from lowbit.eval import read_paragraphs
 
     quiet_progress(progress)
@@ -134,11 +151,22 @@ def eval_cmd(
             report["kld_note"] = "KL divergence needs the float model's hidden states: not with --engine vllm"
     elif baseline is not None:
         # the baseline first: its hidden states at the scored tokens are the reference of the KL divergence
-        base, reference, _, _ = _evaluate(baseline, settings, lastword, "baseline", serving, keep_reference=True)
+        if baseline_file:
+            from lowbit.eval.reference import FloatReference
+            from lowbit.eval.text import read_text
+
+            reference = FloatReference.load(baseline)
+            reference.check_plan(read_text(text), window, stride, limit, baseline)
+            base = {"path": baseline, **reference.fields}
+        else:
+            base, reference, _, _ = _evaluate(baseline, settings, lastword, "baseline", serving, keep_reference=True)
         result, _, model, tok = _evaluate(path, settings, lastword, "model", serving, reference=reference)
         del reference
     else:
-        result, _, model, tok = _evaluate(path, settings, lastword, "model", serving)
+        result, reference, model, tok = _evaluate(path, settings, lastword, "model", serving,
+                                                  keep_reference=save_reference is not None)
+        if save_reference is not None:
+            report["reference"] = str(reference.save(save_reference))
     report["model"] = result
     if baseline is not None:
         report["baseline"] = base
@@ -146,7 +174,7 @@ def eval_cmd(
         sds = [r["ppl_spread"]["sd"] for r in (result, base) if "ppl_spread" in r]
         if sds:  # the change's float-rounding noise, in % of the baseline's perplexity
             report["ppl_change_sd_pct"] = 100.0 * sum(sd * sd for sd in sds) ** 0.5 / base["perplexity"]
-        if "lastword" in result:
+        if "lastword" in result and base.get("lastword", {}).get("examples") == result["lastword"]["examples"]:
             report["lastword_delta"] = result["lastword"]["accuracy"] - base["lastword"]["accuracy"]
     if engine != "vllm":
         report["intervals"] = INTERVALS
@@ -164,9 +192,11 @@ def eval_cmd(
     if as_json:
         print(json.dumps(report, indent=2, default=str))
         return
-    console.print(eval_table(report))
+    # piped output gets Rich's 80 columns by default: give the table and its lines the width they need
+    out = console if console.is_terminal and console.width >= 120 else Console(width=140)
+    out.print(eval_table(report))
     for line in against_baseline(report):
-        console.print(line, highlight=False)
+        out.print(line, highlight=False)
     for task, res in report.get("lm_eval", {}).items():
         console.print(f"lm-eval {task}: " + ", ".join(f"{k}={v:.4f}" for k, v in res.items()
                                                       if isinstance(v, float)), highlight=False)
@@ -177,7 +207,7 @@ def eval_table(report: dict) -> Table:
     result = report["model"]
     t = Table(title=f"lowbit eval ({result['tokens_scored']} tokens, window {result['window']})")
     for c in ("model", "perplexity [95% CI]", "fp spread", "bits/byte", "last word [95% CI]"):
-        t.add_column(c, justify="left" if c == "model" else "right")
+        t.add_column(c, justify="left" if c == "model" else "right", no_wrap=True)
     for r in [result] + ([report["baseline"]] if "baseline" in report else []):
         lw = r.get("lastword")
         sp = r.get("ppl_spread")

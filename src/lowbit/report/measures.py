@@ -16,8 +16,9 @@ from lowbit.eval.divergence import divergence, paired, perplexity_interval
 from lowbit.eval.intervals import DEFAULT_BLOCKS, LEVEL
 from lowbit.eval.lastword import lastword_accuracy
 from lowbit.eval.perplexity import TextScores, score_text
-from lowbit.eval.reference import FloatReference
+from lowbit.eval.reference import FloatReference, text_sha256
 from lowbit.eval.spread import measure_spread
+from lowbit.eval.text import read_text
 
 INTERVALS = {"level": LEVEL, "blocks": DEFAULT_BLOCKS,
              "method": "per-token means: batch means over contiguous blocks of scored tokens, Student's t; "
@@ -69,7 +70,9 @@ def measure(model, tokenizer, settings: EvalSettings, examples, label: str, *,
                    lastword_logprob=lw.mean_logprob, lastword_interval=lw.interval.to_dict())
     out["eval_seconds"] = time.perf_counter() - t0
     if keep_reference:
-        return out, FloatReference.of(scores, model)
+        ref = FloatReference.of(scores, model)
+        ref.text_sha256, ref.fields = text_sha256(read_text(s.text_file)), out
+        return out, ref
     scores.hidden = None
     return out, scores
 
