@@ -99,7 +99,7 @@ def all_digests() -> dict[str, dict]:
     """``{"in-memory/<scheme>/<format>": {...}, "model-free/<scheme>/<format>": {...}}``."""
     import lowbit
     from helpers.eval_fixtures import save_tiny_folder
-    from lowbit.modelfree import quantize_checkpoint
+    from lowbit.modelfree import quantize_model_free
     from lowbit.schemes import PRESETS
 
     work = Path(tempfile.mkdtemp(prefix="lowbit-golden-"))
@@ -112,7 +112,7 @@ def all_digests() -> dict[str, dict]:
             out[f"in-memory/{scheme}/{fmt}"] = _record(lambda: lowbit.save(q, dest, format=fmt))
             dest_mf = work / "mf" / scheme / fmt
             out[f"model-free/{scheme}/{fmt}"] = _record(
-                lambda: quantize_checkpoint(src, dest_mf, scheme=scheme, format=fmt, workers=1, progress=False))
+                lambda: quantize_model_free(src, dest_mf, scheme=scheme, format=fmt, workers=1, progress=False))
     return out
 
 

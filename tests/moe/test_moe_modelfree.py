@@ -12,7 +12,7 @@ from helpers.eval_fixtures import byte_tokenizer
 from helpers.moe_models import tiny_moe
 from lowbit.errors import FormatError
 from lowbit.files.folder import SafetensorsFolder
-from lowbit.modelfree import quantize_checkpoint
+from lowbit.modelfree import quantize_model_free
 from lowbit.quant import dequantize, quantize
 
 torch.set_grad_enabled(False)
@@ -29,7 +29,7 @@ def _source(tmp_path, family):
 @pytest.mark.parametrize("scheme", ["nvfp4a16", "w8a8-int8-dynamic"])
 def test_model_free_equals_in_memory(tmp_path, family, scheme):
     src = _source(tmp_path, family)
-    quantize_checkpoint(src, tmp_path / "mf", scheme, format="compressed-tensors")
+    quantize_model_free(src, tmp_path / "mf", scheme, format="compressed-tensors")
     model, _ = lowbit.load_model(src)
     lowbit.save(lowbit.quantize(model, scheme), tmp_path / "mem", format="compressed-tensors")
     mf, mem = SafetensorsFolder(tmp_path / "mf"), SafetensorsFolder(tmp_path / "mem")
@@ -46,7 +46,7 @@ def test_fused_experts_on_disk_are_split_per_expert_as_in_memory(tmp_path, schem
     splits them exactly as the in-memory path does."""
     src = _source(tmp_path, "gpt_oss")
     assert "model.layers.0.mlp.experts.gate_up_proj" in SafetensorsFolder(src)
-    quantize_checkpoint(src, tmp_path / "mf", scheme, format="compressed-tensors")
+    quantize_model_free(src, tmp_path / "mf", scheme, format="compressed-tensors")
     model, _ = lowbit.load_model(src)
     lowbit.save(lowbit.quantize(model, scheme), tmp_path / "mem", format="compressed-tensors")
     mf, mem = SafetensorsFolder(tmp_path / "mf"), SafetensorsFolder(tmp_path / "mem")
@@ -61,7 +61,7 @@ def test_fused_experts_on_disk_are_split_per_expert_as_in_memory(tmp_path, schem
 
 def test_ignored_fused_experts_are_written_per_expert_in_float(tmp_path):
     src = _source(tmp_path, "gpt_oss")
-    quantize_checkpoint(src, tmp_path / "mf", "w8a16", ignore=[r"model\.layers\.0\.mlp\.experts\..*"])
+    quantize_model_free(src, tmp_path / "mf", "w8a16", ignore=[r"model\.layers\.0\.mlp\.experts\..*"])
     mf = SafetensorsFolder(tmp_path / "mf")
     assert mf["model.layers.0.mlp.experts.3.down_proj.weight"].dtype == torch.float32
     assert "model.layers.1.mlp.experts.3.down_proj.weight_codes" in mf
@@ -75,7 +75,7 @@ def test_fused_experts_of_an_unknown_layout_are_refused_not_copied(tmp_path):
     cfg["model_type"] = "gpt_oss_unknown"
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(FormatError, match=r"experts\.down_proj' \[8, 128, 128\] holds fused experts.*in memory"):
-        quantize_checkpoint(src, tmp_path / "mf", "w8a16")
+        quantize_model_free(src, tmp_path / "mf", "w8a16")
     assert not (tmp_path / "mf").exists()
 
 
@@ -117,7 +117,7 @@ def _mxfp4_gpt_oss_source(tmp_path):
 
 def test_gpt_oss_mxfp4_checkpoint_is_dequantized_per_expert_and_quantized(tmp_path):
     src, deq = _mxfp4_gpt_oss_source(tmp_path)
-    quantize_checkpoint(src, tmp_path / "mf", "w8a16", format="compressed-tensors")
+    quantize_model_free(src, tmp_path / "mf", "w8a16", format="compressed-tensors")
     lowbit.save(lowbit.quantize(deq, "w8a16"), tmp_path / "mem", format="compressed-tensors")
     mf, mem = SafetensorsFolder(tmp_path / "mf"), SafetensorsFolder(tmp_path / "mem")
     assert set(mf) == set(mem) and not any(k.endswith(("_blocks", "_scales")) for k in mf)

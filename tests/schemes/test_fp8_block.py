@@ -65,21 +65,21 @@ def test_ragged_round_trips_exact(fmt, tmp_path):
 
 
 def test_model_free_equals_in_memory_across_row_bands(tmp_path):
-    from lowbit.modelfree import RunOptions, quantize_checkpoint
+    from lowbit.modelfree import RunOptions, quantize_model_free
 
     model = tiny_llama(**RAGGED)
     src = tmp_path / "src"
     model.save_pretrained(src)
     byte_tokenizer().save_pretrained(src)
     # bands of 128 rows (the smallest whole-tile band) against the in-memory whole tensor
-    quantize_checkpoint(src, tmp_path / "mf", "fp8-block", format="compressed-tensors",
+    quantize_model_free(src, tmp_path / "mf", "fp8-block", format="compressed-tensors",
                         run_options=RunOptions(part_bytes=1 << 12))
     lowbit.save(lowbit.quantize(lowbit.load_model(src)[0], "fp8-block"), tmp_path / "mem", format="compressed-tensors")
     assert_same_tensors(folder_tensors(tmp_path / "mf"), folder_tensors(tmp_path / "mem"))
 
 
 def test_an_fp8_source_is_not_rounded_twice(tmp_path):
-    from lowbit.modelfree import quantize_checkpoint
+    from lowbit.modelfree import quantize_model_free
 
     src = tmp_path / "src"
     tiny_llama().save_pretrained(src)
@@ -88,7 +88,7 @@ def test_an_fp8_source_is_not_rounded_twice(tmp_path):
                                   "weight_block_size": [128, 128]}
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(FormatError, match="already FP8.*second time"):
-        quantize_checkpoint(src, tmp_path / "out", "fp8-block")
+        quantize_model_free(src, tmp_path / "out", "fp8-block")
     assert not (tmp_path / "out").exists()
 
 
@@ -107,13 +107,13 @@ def test_gptq_keeps_the_tile_scales():
 def test_model_free_equals_in_memory_for_the_other_new_schemes(scheme, tmp_path):
     """(Their compressed-tensors layouts group rows too: zero points packed eight to an int32 down
     the output dimension.)"""
-    from lowbit.modelfree import quantize_checkpoint
+    from lowbit.modelfree import quantize_model_free
 
     model = tiny_llama(hidden_size=128, intermediate_size=256)
     src = tmp_path / "src"
     model.save_pretrained(src)
     byte_tokenizer().save_pretrained(src)
-    quantize_checkpoint(src, tmp_path / "mf", scheme, format="compressed-tensors")
+    quantize_model_free(src, tmp_path / "mf", scheme, format="compressed-tensors")
     lowbit.save(lowbit.quantize(lowbit.load_model(src)[0], scheme), tmp_path / "mem", format="compressed-tensors")
     assert_same_tensors(folder_tensors(tmp_path / "mf"), folder_tensors(tmp_path / "mem"))
 

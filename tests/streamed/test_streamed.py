@@ -112,7 +112,7 @@ def test_refusals(llama_src, tmp_path):
 
 def test_without_calibration_it_is_model_free(llama_src, tmp_path):
     a = lowbit.quantize_checkpoint(llama_src, tmp_path / "a", "w4a16")
-    b = lowbit.modelfree.quantize_checkpoint(llama_src, tmp_path / "b", "w4a16")
+    b = lowbit.modelfree.quantize_model_free(llama_src, tmp_path / "b", "w4a16")
     assert_same_tensors(folder_tensors(a), folder_tensors(b))
 
 

@@ -44,12 +44,12 @@ def _leave(group) -> None:
 def _model_free(plan: QuantizePlan) -> dict | None:
     """Model-free quantization, split over the ranks when started by torchrun (lowbit.dist.Group:
     gloo on the CPU, NCCL with a CUDA device)."""
-    from lowbit.modelfree import quantize_checkpoint
+    from lowbit.modelfree import quantize_model_free
 
     a = plan.assignment
     group = _joined(plan.device)
     try:
-        quantize_checkpoint(plan.source, plan.output, scheme=a.scheme.name if a.scheme is not None else a.recipe,
+        quantize_model_free(plan.source, plan.output, scheme=a.scheme.name if a.scheme is not None else a.recipe,
                             format=plan.checkpoint_format, workers=plan.workers, ignore=list(plan.ignore),
                             overwrite=plan.overwrite, progress=group.is_main, device=plan.device, group=group)
     finally:

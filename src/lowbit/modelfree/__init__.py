@@ -4,8 +4,8 @@
 """
 
 from lowbit.modelfree.plan import Kind, Plan, make_plan
-from lowbit.modelfree.run import check_model_free_scheme, quantize_checkpoint
+from lowbit.modelfree.run import check_model_free_scheme, quantize_model_free
 from lowbit.modelfree.source import Checkpoint
 from lowbit.modelfree.options import RunOptions
 
-__all__ = ["quantize_checkpoint", "RunOptions", "check_model_free_scheme", "make_plan", "Plan", "Kind", "Checkpoint"]
+__all__ = ["quantize_model_free", "RunOptions", "check_model_free_scheme", "make_plan", "Plan", "Kind", "Checkpoint"]

@@ -1,4 +1,4 @@
-"""``quantize_checkpoint``: model-free quantization of a safetensors folder.
+"""``quantize_model_free``: model-free quantization of a safetensors folder.
 
     lowbit.quantize_checkpoint("./model", "./out", scheme="nvfp4-e5m3", format="lowbit", workers=2)
 
@@ -143,7 +143,7 @@ def _run_arguments(src_p: Path, out_p: Path, recipe: Recipe, fmt: Any, ignore: l
             "device": None if dev is None else dev.type, "part_bytes": opts.part_bytes}
 
 
-def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
+def quantize_model_free(src: str | os.PathLike, out: str | os.PathLike,
                         scheme: "str | Scheme | Recipe | dict" = "nvfp4-e5m3",
                         format: str = "lowbit", *, workers: int = 2, ignore: Iterable[str] = (),
                         include_lm_head: bool = False, resume: bool = True, overwrite: bool = False,

@@ -68,7 +68,7 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     calibration, tokenizer, smoothquant, config, preset, calibration_options, allow_unquantized,
         ignore: as for ``lowbit.quantize`` (same defaults). ``tokenizer`` defaults to the source
         folder's. When nothing calibrates (``model_quant.calibrates``: no static activation scales,
-        no SmoothQuant, no GPTQ), the run is model-free (``lowbit.modelfree.quantize_checkpoint``,
+        no SmoothQuant, no GPTQ), the run is model-free (``lowbit.modelfree.quantize_model_free``,
         which takes ``workers``, ``include_lm_head`` and ``run_options``).
     device: where each layer is calibrated and quantized ("cuda", "cuda:1"; default: the CPU).
     offload: keep the calibration activations in CPU memory and move each batch to ``device``
@@ -111,10 +111,10 @@ def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokeniz
                                     "memory (lowbit.quantize, then lowbit.save)", head=OptionRef("include_lm_head"))
         planned = open_planned(Path(src), recipe, list(ignore))  # the recipe resolved (lowbit.recipes.plan)
         if calibrating(planned.schemes, alphas, cfg):
-            from lowbit.streamed.run import streamed
+            from lowbit.streamed.run import StreamedJob, streamed
 
-            return streamed(planned, Path(out), fmt, alphas, cfg, calibration, tokenizer, list(ignore),
-                            allow_unquantized, resume, overwrite, progress, device, offload, group)
+            return streamed(StreamedJob(planned, Path(out), fmt, alphas, cfg, calibration, tokenizer, list(ignore),
+                                        allow_unquantized, resume, overwrite, progress, device, offload, group))
         planned.close()  # no linear got a scheme that calibrates: round-to-nearest, as in memory
     # model-free: it refuses schemes that need calibration, naming the dynamic alternatives
     # (asked for: without calibration data the 4-bit schemes' default GPTQ is plain RTN)
@@ -122,7 +122,7 @@ def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokeniz
             any(a is not None for a in alphas.values()) or cfg.weight_rounding is WeightRounding.GPTQ):
         raise QuantizationError(f"{recipe.label} with SmoothQuant or GPTQ needs calibration data (pass "
                                 f"{{calibration}})", calibration=OptionRef("calibration", "builtin"))
-    from lowbit.modelfree import quantize_checkpoint as model_free
+    from lowbit.modelfree import quantize_model_free as model_free
 
     path = model_free(src, out, recipe, fmt.value, workers=workers, ignore=ignore, include_lm_head=include_lm_head,
                       resume=resume, overwrite=overwrite, progress=progress, device=device,

@@ -2,11 +2,51 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from lowbit.errors import QuantizationError
+
+
+@dataclass(frozen=True)
+class StreamedJob:
+    """A calibrated streamed run, as ``lowbit.quantize_checkpoint`` resolved it: ``planned``
+    (``lowbit.streamed.planned.Planned``: the skeleton and the resolved recipe), the output, the
+    checkpoint format, each scheme's SmoothQuant alpha, the CalibrationConfig, the calibration
+    data and tokenizer, and the run's options."""
+
+    planned: object
+    out: Path
+    fmt: object
+    alphas: dict
+    cfg: object
+    calibration: object
+    tokenizer: object
+    ignore: list
+    allow_unquantized: bool
+    resume: bool
+    overwrite: bool
+    progress: object
+    device: object
+    offload: bool
+    group: object = None
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """What the layer loop works with, once the run is set up."""
+
+    group: object
+    model: object
+    output: object
+    stream: object
+    sq: object
+    data: object
+    path: str
+    tok: object
+    survey: object
 
 
 def _tokenizer_for(src: Path, calibration, tokenizer):
@@ -37,19 +77,15 @@ def local_batches(tokens: torch.Tensor, batch_size: int, group) -> torch.Tensor:
     return tokens[share.start * batch_size:min(tokens.shape[0], share.stop * batch_size)]
 
 
-def streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, ignore: list[str],
-             allow_unquantized: bool, resume: bool, overwrite: bool, progress, device, offload: bool, group=None):
-    """The calibrated run on ``planned`` (``lowbit.streamed.planned.Planned``: the skeleton and the
-    resolved recipe; closed when the run ends). ``alphas``: each scheme's SmoothQuant alpha."""
+def streamed(job: StreamedJob):
+    """The calibrated run of ``job``; its ``planned`` is closed when the run ends."""
     try:
-        return _streamed(planned, out, fmt, alphas, cfg, calibration, tokenizer, ignore, allow_unquantized, resume,
-                         overwrite, progress, device, offload, group)
+        return _streamed(job)
     finally:
-        planned.close()
+        job.planned.close()
 
 
-def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, ignore: list[str],
-              allow_unquantized: bool, resume: bool, overwrite: bool, progress, device, offload: bool, group):
+def _streamed(job: StreamedJob):
     from lowbit.calibration import calibration_set
     from lowbit.calibration.capture import find_decoder_layers
     from lowbit.dist import Group
@@ -65,12 +101,13 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
     from lowbit.streamed.planned import representative_alpha
     from lowbit.streamed.stream import LayerStream
 
+    planned, out, cfg, ignore = job.planned, job.out, job.cfg, job.ignore
     skel, src = planned.skel, planned.skel.folder
-    sq = planned.smoothquant(alphas)  # one alpha, or scheme -> alpha (mixed)
-    dev = resolve_device(device)
+    sq = planned.smoothquant(job.alphas)  # one alpha, or scheme -> alpha (mixed)
+    dev = resolve_device(job.device)
     check_not_source(src, out)
-    check_output_free(out, overwrite)
-    group = group or Group.join(dev)
+    check_output_free(out, job.overwrite)
+    group = job.group or Group.join(dev)
     from lowbit.calibration.reduce import check_distributable
 
     check_distributable(group, cfg, representative_alpha(sq))  # before any collective
@@ -79,10 +116,10 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
     deferred = frozenset() if survey.traced else frozenset(n for n, k in survey.kinds.items() if k is ParamKind.MATMUL)
     # structure alone cannot place them (the skeleton is on the meta device): each loaded layer's forward will
     survey.kinds = {n: k for n, k in survey.kinds.items() if n not in deferred}
-    left = check_targets(model, ignore, False, allow_unquantized, survey)
-    layer_survey = LayerSurvey(deferred, allow_unquantized, unquantized=[n for n, _ in left])
-    tok = _tokenizer_for(src, calibration, tokenizer)
-    data = calibration_set(calibration, tok, **cfg.data_options())
+    left = check_targets(model, ignore, False, job.allow_unquantized, survey)
+    layer_survey = LayerSurvey(deferred, job.allow_unquantized, unquantized=[n for n, _ in left])
+    tok = _tokenizer_for(src, job.calibration, job.tokenizer)
+    data = calibration_set(job.calibration, tok, **cfg.data_options())
     tokens = data.ids
     names = planned.names
     found = find_decoder_layers(model, names)
@@ -94,20 +131,21 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
     if outside:
         raise QuantizationError(f"{src}: linears outside the decoder layers ({', '.join(outside[:3])}) are not "
                                 f"streamed yet; add them to ignore, or quantize in memory")
-    fp = fingerprint(src, skel.ckpt, planned.recipe, fmt, tokens, cfg, sq, ignore, group.world, dev, valid=data.valid)
+    fp = fingerprint(src, skel.ckpt, planned.recipe, job.fmt, tokens, cfg, sq, ignore, group.world, dev,
+                     valid=data.valid)
     group.agree("the run's arguments (fingerprint)", fp)  # the recipe too: it is fingerprinted
-    if not resume and group.is_main:
+    if not job.resume and group.is_main:
         import shutil
 
         from lowbit.files.refused import temporary_folder
 
         shutil.rmtree(temporary_folder(out), ignore_errors=True)
-    output = StreamOutput(out, fmt, fp, len(layers), group, overwrite=overwrite)  # refused writes: OutputError
+    output = StreamOutput(out, job.fmt, fp, len(layers), group, overwrite=job.overwrite)  # refused: OutputError
     # a line per layer: asked for, or one per rank under torchrun (no terminal bar there)
-    log = progress is True or (group.distributed and progress is not False)
-    stream = LayerStream(skel, output, dev, offload, log=log)
+    log = job.progress is True or (group.distributed and job.progress is not False)
+    stream = LayerStream(skel, output, dev, job.offload, log=log)
     try:
-        return _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, out, layer_survey, progress)
+        return _run(job, _Loop(group, model, output, stream, sq, data, path, tok, layer_survey))
     except OSError as e:  # StreamOutput's writes raise OutputError already; any other write, the same line
         output.abort()
         from lowbit.errors import LowbitError
@@ -124,22 +162,25 @@ def _streamed(planned, out: Path, fmt, alphas, cfg, calibration, tokenizer, igno
         stream.close()
 
 
-def _run(group, planned, model, output, stream, cfg, sq, data, path, tok, src, out, survey, progress):
+def _run(job: StreamedJob, loop: _Loop):
     """The layer loop and the output's end; the StreamResult."""
     from lowbit.calibration import LayerwiseCalibrator
     from lowbit.streamed.api import StreamResult, peak_rss_bytes
     from lowbit.streamed.output import ignore_list
 
+    planned, cfg, group, data = job.planned, job.cfg, loop.group, loop.data
     skel, names = planned.skel, planned.names
-    calib = LayerwiseCalibrator(model, planned.chosen, cfg, smoothquant=sq, group=group, survey=survey)
+    calib = LayerwiseCalibrator(loop.model, planned.chosen, cfg, smoothquant=loop.sq, group=group,
+                                survey=loop.survey)
     tokens = data.ids
     valid = None if data.valid is None else local_batches(data.valid, cfg.batch_size, group)
     report = calib.run(local_batches(tokens, cfg.batch_size, group), names, valid=valid,
-                       progress=progress if group.is_main else False, hooks=stream)
+                       progress=job.progress if group.is_main else False, hooks=loop.stream)
     report.num_samples = int(tokens.shape[0])
     report.data = data.info.as_dict()
-    skel.materialize_outside(path)  # released after the capture (LayerStream.captured)
-    names = [n for n in names if n not in set(survey.dropped)]
-    summary = output.finish(model, path, ignore_list(model, names), tok, src, planned.by_name())
-    summary["unquantized_targets"] = list(survey.unquantized)
-    return StreamResult(out, summary, report, stream.seconds, peak_rss_bytes(), group.world)
+    skel.materialize_outside(loop.path)  # released after the capture (LayerStream.captured)
+    names = [n for n in names if n not in set(loop.survey.dropped)]
+    summary = loop.output.finish(loop.model, loop.path, ignore_list(loop.model, names), loop.tok, skel.folder,
+                                 planned.by_name())
+    summary["unquantized_targets"] = list(loop.survey.unquantized)
+    return StreamResult(job.out, summary, report, loop.stream.seconds, peak_rss_bytes(), group.world)
