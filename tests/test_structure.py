@@ -19,7 +19,7 @@ SRC = Path(lowbit.__file__).parent
 MAX_LINES = 400
 
 def _package_of(module: str) -> str:
-    """'lowbit.quant.scales' -> 'quant'; 'lowbit.fusion' -> 'fusion'; 'lowbit' -> 'lowbit'."""
+    """'lowbit.quant.scale_rules' -> 'quant'; 'lowbit.fusion' -> 'fusion'; 'lowbit' -> 'lowbit'."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "lowbit"
 

@@ -25,9 +25,9 @@ import time
 import torch
 
 import lowbit
-from lowbit.calibration.data import CalibrationError
+from lowbit.calibration.config import CalibrationError
 from lowbit.calibration.inputs import token_ids
-from lowbit.calibration.packing import spaced
+from lowbit.calibration.windows import spaced
 from lowbit.eval.perplexity import perplexity
 from lowbit.textfiles import builtin_calibration_text_path, read_paragraphs
 from lowbit.textstart import bos_to_prepend, prepend

@@ -16,7 +16,7 @@ sensitivities, the first 4 of the 16) and the time includes the choice. ``--auto
 B:O1,O2`` runs auto-round's AutoScheme(avg_bits=B, options=...) with its SignRound tuning
 (iters --iters, as bench/peers' auto-round-tuned) in auto-round's own venv, on the same 16
 windows decoded to text (AutoScheme takes a dataset name or a local .json file, not token ids). Average bits are
-lowbit's count (lowbit.recipes.bits: codes + scales) of the layers each tool quantized.
+lowbit's count (lowbit.recipes.weight_bits: codes + scales) of the layers each tool quantized.
 Prints one JSON line per row.
 """
 
@@ -112,7 +112,7 @@ def autoscheme_row(spec: str, ids, calib, python: str, iters: int) -> dict:
     from safetensors.torch import save_file
 
     from lowbit.models import resolve_model_path
-    from lowbit.recipes.bits import average_bits
+    from lowbit.recipes.weight_bits import average_bits
     from lowbit.schemes import PRESETS
 
     bits, opts = spec.split(":")

@@ -21,7 +21,7 @@ from safetensors import safe_open
 
 from lowbit.formats import Format, get_layout
 from lowbit.numerics import FormatName, get_format
-from lowbit.quant.scaling import dequantize
+from lowbit.quant.qdq import dequantize
 from lowbit.schemes import get_scheme
 
 DEFAULT_LAYERS = "model.layers.0.self_attn.q_proj,model.layers.1.mlp.down_proj"

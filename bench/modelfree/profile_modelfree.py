@@ -39,7 +39,7 @@ from lowbit.files.regions import RegionWriter, create_shard_file
 from lowbit.kernels import Implementation, codes as kcodes, using
 from lowbit.kernels.native import build as native_build
 from lowbit.quant import QuantizedTensor, check_finite, native_quant, quantize
-from lowbit.quant import scaling as S
+from lowbit.quant import qdq as S
 from lowbit.schemes import get_scheme
 
 
@@ -56,7 +56,7 @@ def profile_native(scheme_name: str, w: torch.Tensor, gs, repeat: int) -> dict[s
     """CPU ms of the native stages on ``w`` (bands of the worker's size), and the whole path."""
     from lowbit.numerics import get_format, native
     from lowbit.modelfree.bands import BAND_ELEMS, quantize_rows
-    from lowbit.quant.scales import effective_scale, scales_from_amax
+    from lowbit.quant.scale_rules import effective_scale, scales_from_amax
 
     scheme = get_scheme(scheme_name)
     spec = scheme.weights

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from worker import perplexity  # noqa: E402  (bench/peers/worker.py: the peers' scoring)
 
 import lowbit  # noqa: E402
-from lowbit.calibration.data import CALIBRATION_PRESETS  # noqa: E402
+from lowbit.calibration.config import CALIBRATION_PRESETS  # noqa: E402
 from lowbit.eval.text import default_calibration_text_path, read_text  # noqa: E402
 
 

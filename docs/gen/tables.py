@@ -1,7 +1,7 @@
 """Markdown tables built from lowbit's code for the docs (docs/gen/hooks.py puts them in the pages).
 
 Each entry of ``TABLES`` is a function of nothing that returns Markdown; what it prints is read
-from the presets (lowbit.schemes), the calibration defaults (lowbit.calibration.data,
+from the presets (lowbit.schemes), the calibration defaults (lowbit.calibration.config,
 lowbit.algorithms.smoothquant.defaults), the layouts (lowbit.formats), the measured serving
 verdicts (lowbit.formats.ct_serving) and the typer commands (lowbit.cli), so a change there
 changes the docs at the next build.
@@ -40,7 +40,7 @@ def schemes() -> str:
 def scheme_defaults() -> str:
     """What each preset gets by default when calibration data is given."""
     from lowbit.algorithms.smoothquant.defaults import default_alpha
-    from lowbit.calibration.data import (default_gptq_scale_search, default_layer_inputs, default_reconstruct_iters,
+    from lowbit.calibration.config import (default_gptq_scale_search, default_layer_inputs, default_reconstruct_iters,
                                          default_weight_rounding)
     from lowbit.schemes import PRESETS
 
@@ -70,7 +70,7 @@ def calibration_config() -> str:
 def calibration_presets() -> str:
     """The named calibration budgets, as the fields they set on top of CalibrationConfig's defaults."""
     from lowbit.calibration import CalibrationConfig
-    from lowbit.calibration.data import CALIBRATION_PRESETS
+    from lowbit.calibration.config import CALIBRATION_PRESETS
 
     rows = []
     for name, fields in CALIBRATION_PRESETS.items():

@@ -191,7 +191,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     is left on ``model.lowbit_calibration``.
     """
     from lowbit.calibration import LayerwiseCalibrator
-    from lowbit.calibration.data import calibration_config
+    from lowbit.calibration.config import calibration_config
 
     kv_cache = check_kv_cache(kv_cache)
     _check_float_states(float_states)
@@ -262,7 +262,7 @@ def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, pr
     """``scheme=None`` with a KV cache: the weights stay float, only K and V are quantized (to
     measure the KV cache's own cost in memory; ``lowbit.save`` refuses a model without quantized
     layers)."""
-    from lowbit.calibration.data import calibration_config
+    from lowbit.calibration.config import calibration_config
     from lowbit.kvcache.calibrate import check_kv_model
 
     _refuse_quantized(model)

@@ -479,7 +479,7 @@ def test_four_bit_weight_only_schemes_default_to_gptq_with_calibration():
 
 def test_calibration_preset_gptq_fast():
     from lowbit.calibration import CALIBRATION_PRESETS
-    from lowbit.calibration.data import LayerInputs
+    from lowbit.calibration.config import LayerInputs
 
     cfg = CalibrationConfig.preset("gptq-fast")
     assert (cfg.weight_rounding, cfg.layer_inputs, cfg.num_samples, cfg.seq_len) == \

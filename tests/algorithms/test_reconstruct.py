@@ -101,7 +101,7 @@ def test_reconstructed_scales_stay_in_the_scale_format(scheme):
     from lowbit.modules import QuantLinear
     from lowbit.numerics import FormatName, get_format
     from lowbit.quant.groups import group_view, reduce_groups
-    from lowbit.quant.scales import amax_divisor, divide, raw_block_scales
+    from lowbit.quant.scale_rules import amax_divisor, divide, raw_block_scales
 
     lin = torch.nn.Linear(64, 48, bias=False)
     torch.nn.init.normal_(lin.weight, generator=torch.Generator().manual_seed(3))
@@ -188,7 +188,7 @@ def test_default_step_is_capped_so_few_steps_do_not_overshoot():
 
 
 def test_4bit_weights_reconstruct_20_steps_after_gptq_by_default_and_nothing_else_does():
-    from lowbit.calibration.data import CalibrationConfig, default_reconstruct_iters
+    from lowbit.calibration.config import CalibrationConfig, default_reconstruct_iters
     from lowbit.algorithms.gptq import WeightRounding
     from lowbit.schemes.presets import get_scheme
 
@@ -212,7 +212,7 @@ def test_4bit_weights_reconstruct_20_steps_after_gptq_by_default_and_nothing_els
 
 
 def test_the_cli_help_states_the_default_number_of_steps():
-    from lowbit.calibration.data import DEFAULT_RECONSTRUCT_ITERS
+    from lowbit.calibration.config import DEFAULT_RECONSTRUCT_ITERS
     from lowbit.cli.common import RECONSTRUCT_ITERS_HELP
 
     assert f"default: {DEFAULT_RECONSTRUCT_ITERS} after GPTQ" in RECONSTRUCT_ITERS_HELP

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lowbit
-from lowbit.calibration.data import DEFAULT_RECONSTRUCT_ITERS
+from lowbit.calibration.config import DEFAULT_RECONSTRUCT_ITERS
 from helpers.models import tiny_llama
 from lowbit.kernels import Implementation, using
 

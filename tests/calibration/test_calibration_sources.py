@@ -11,7 +11,7 @@ import torch
 
 from helpers.eval_fixtures import byte_tokenizer
 from lowbit.calibration import CalibrationConfig, CalibrationError, CalibrationSource, calibration_set, calibration_tokens
-from lowbit.calibration.packing import padded, shares, windows
+from lowbit.calibration.windows import padded, shares, windows
 
 CHATML = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|assistant|>{% endif %}")

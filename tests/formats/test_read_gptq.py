@@ -15,7 +15,7 @@ from lowbit.formats import parse_quantization_config
 from lowbit.checkpoint.inspect import inspect_checkpoint
 from lowbit.model_quant import quantize_rtn
 from lowbit.numerics import get_format
-from lowbit.kernels.packing import unpack_int32
+from lowbit.kernels.bitpack import unpack_int32
 from lowbit.schemes import PRESETS, WeightObserver, QuantSpec, Scheme
 from helpers.formats_support import float_tensors, llama_config, logits, quant_layers, write_folder
 

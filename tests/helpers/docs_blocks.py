@@ -66,7 +66,7 @@ def shrink_calibration(num_samples: int = DOCS_SAMPLES, seq_len: int = DOCS_SEQ_
     """Make ``num_samples`` x ``seq_len`` the calibration budget of this process: CalibrationConfig's
     defaults (its __init__ and the class attributes compare reads) and the presets' window counts.
     Options a block passes explicitly still win."""
-    from lowbit.calibration import data
+    from lowbit.calibration import config as data
 
     cls = data.CalibrationConfig
     names = [f.name for f in dataclasses.fields(cls)]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from lowbit.kernels import Implementation, codes, torch_ops, using
 from lowbit.numerics import E2M1, E4M3, E5M2, E8M0, INT2, INT4, INT8, UE4M3, UE5M3
 from lowbit.quant import check_finite, quantize
-from lowbit.quant.scaling import _prepare, ungroup
+from lowbit.quant.qdq import _prepare, ungroup
 from lowbit.numerics import FormatName
 from lowbit.schemes import Granularity, QuantSpec, get_scheme
 

@@ -25,11 +25,11 @@ ENTRY_POINTS = {
     "lowbit.kernels.native": {"lowbit.kernels.codes", "lowbit.kernels.rounding", "lowbit.quant.native_quant",
                               "lowbit.kernels.offsets"},
     "lowbit.kernels.native.build": {"lowbit.kernels.select"},
-    "lowbit.quant.fast_qdq": {"lowbit.quant.scaling"},
-    "lowbit.kernels.triton_ops": {"lowbit.quant.scaling"},
+    "lowbit.quant.fast_qdq": {"lowbit.quant.qdq"},
+    "lowbit.kernels.triton_ops": {"lowbit.quant.qdq"},
     "lowbit.kernels.gpu": {"lowbit.kernels.triton_ops", "lowbit.backends.triton_mx", "lowbit.backends.gpu_w8a8",
                            "lowbit.backends.triton_conformance"},
-    "lowbit.quant.native_quant": {"lowbit.quant.scaling"},
+    "lowbit.quant.native_quant": {"lowbit.quant.qdq"},
     **{f"lowbit.kernels.{m}": TRITON_USERS for m in ("actquant", "dequant", "matmul", "gemm", "epilogue")},
 }
 TRITON_MODULES = {f"lowbit.kernels.{m}" for m in ("actquant", "dequant", "matmul", "gemm", "epilogue", "bits")}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lowbit.calibration import CalibrationConfig
-from lowbit.calibration.data import CalibrationError
+from lowbit.calibration.config import CalibrationError
 from lowbit.errors import SchemeError
 from lowbit.numerics import FormatName as F
 from lowbit.quant import dequantize, fake_quantize, quantize

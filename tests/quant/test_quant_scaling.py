@@ -1,4 +1,4 @@
-"""Block scaling (lowbit.quant.scaling) against manual computations in the documented order."""
+"""Block scaling (lowbit.quant.qdq) against manual computations in the documented order."""
 
 from __future__ import annotations
 
@@ -274,7 +274,7 @@ def test_mx_scale_codes_on_every_binade(spec, emax):
     """The MX scale codes read from the amax bits equal 2^(floor(log2 amax) - emax) clamped to
     2^-127..2^127 (frexp in float64, one amax at a time) for zero, the smallest and largest
     subnormals, every power of two and the float32 values on either side of it, and max finite."""
-    from lowbit.quant.scales import mx_scale_codes
+    from lowbit.quant.scale_rules import mx_scale_codes
 
     vals = [0.0, 2.0**-149, 2.0**-126 - 2.0**-149, float(torch.finfo(torch.float32).max)]
     for k in range(-126, 128):

@@ -101,7 +101,7 @@ def test_group_error_equals_the_reference_qdq_error(key):
     """Minifloat errors are computed with the in-place nearest rounding: bit for bit the
     squared error of the reference ``fmt.qdq`` (ties, saturation, subnormals, zero groups)."""
     from lowbit.numerics import get_format
-    from lowbit.quant.scales import effective_scale
+    from lowbit.quant.scale_rules import effective_scale
 
     spec, fmt = SPECS[key], get_format(SPECS[key].format)
     for x in _inputs():

@@ -9,7 +9,7 @@ import torch
 import lowbit
 from helpers.models import tiny_llama
 from lowbit.recipes import RecipeError
-from lowbit.recipes.bits import average_bits, weight_bits
+from lowbit.recipes.weight_bits import average_bits, weight_bits
 from lowbit.recipes.choose import Option, choose
 from lowbit.schemes import PRESETS
 
@@ -143,7 +143,7 @@ def test_auto_recipe_measures_on_the_windows_and_masks_quantize_calibrates_on(tm
     import lowbit.recipes.sensitivity as sens_mod
     from helpers.eval_fixtures import byte_tokenizer
     from lowbit.calibration import CalibrationConfig, calibration_set
-    from lowbit.calibration.packing import spaced
+    from lowbit.calibration.windows import spaced
 
     tok = byte_tokenizer()
     chats = tmp_path / "chat.jsonl"

@@ -9,7 +9,7 @@ import torch
 import lowbit
 from helpers.models import tiny_llama
 from lowbit.algorithms.gptq import gptq_quantize_groups
-from lowbit.calibration.data import CalibrationConfig
+from lowbit.calibration.config import CalibrationConfig
 from lowbit.calibration.hessian import HessianSum
 from lowbit.fusion import shared_weight_global_scales
 from lowbit.modules import QuantLinear

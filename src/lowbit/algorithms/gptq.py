@@ -41,7 +41,7 @@ from lowbit.algorithms.gptq_solve import solve_columns
 from lowbit.quant.groups import group_view
 from lowbit.quant.mse_scales import search_scales, searching
 from lowbit.quant.qtensor import QuantizedTensor
-from lowbit.quant.scaling import effective_scale, quantize
+from lowbit.quant.qdq import effective_scale, quantize
 from lowbit.schemes import Granularity, QuantSpec
 
 

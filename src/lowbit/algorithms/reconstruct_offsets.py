@@ -26,7 +26,7 @@ from lowbit.numerics import FormatName, get_format
 from lowbit.quant import effective_scale
 from lowbit.quant.groups import group_view, reduce_groups, ungroup
 from lowbit.quant.qtensor import QuantizedTensor
-from lowbit.quant.scales import amax_divisor, divide, raw_block_scales
+from lowbit.quant.scale_rules import amax_divisor, divide, raw_block_scales
 from lowbit.schemes.spec import Granularity
 
 C_MIN = 0.5  # the smallest block-scale coefficient: at most halve a block's amax scale

@@ -3,7 +3,7 @@
     lowbit.quantize(model, "w8a8-int8", calibration=texts, tokenizer=tok, smoothquant=0.8)
 """
 
-from lowbit.calibration.data import (
+from lowbit.calibration.config import (
     BUILTIN, CALIBRATION_PRESETS, CalibrationConfig, CalibrationError, LayerInputs, builtin_text_path, calibration_tokens, read_paragraphs,
     CalibrationSource, calibration_set,
 )

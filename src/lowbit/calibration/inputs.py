@@ -12,7 +12,7 @@ The built-in text is the first 200 KB of Jane Austen's *Emma* (public domain, vi
 r-cran-janeaustenr); the evaluation text ships separately and comes from *Persuasion*.
 
 Conversations are rendered with the chat template (``lowbit.calibration.chat``), texts are used
-as they are. Then, per source, packed or padded (``lowbit.calibration.packing``): packed, the
+as they are. Then, per source, packed or padded (``lowbit.calibration.windows``): packed, the
 samples are joined paragraph by paragraph (with a newline between them), tokenized once and cut
 into windows of ``seq_len`` tokens; padded, one window per sample. Each window starts the way
 the tokenizer starts a text (``lowbit.textstart``): its BOS token first when it adds one by
@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from lowbit.calibration.chat import DEFAULT_CHAT_TEMPLATE, Renderer
-from lowbit.calibration.packing import padded, shares, windows
+from lowbit.calibration.windows import padded, shares, windows
 from lowbit.calibration.records import CalibrationError, Conversation
 from lowbit.calibration.sources import CalibrationSource, Samples, read_source
 from lowbit.textstart import bos_to_prepend

@@ -45,7 +45,7 @@ from lowbit.dist import Group
 from lowbit.errors import QuantizationError
 from lowbit.calibration.reduce import check_distributable, check_windows, distinct, reduce_stats, solve_spread
 from lowbit.calibration.hooks import InMemory, move_call
-from lowbit.calibration.data import CalibrationConfig, LayerInputs
+from lowbit.calibration.config import CalibrationConfig, LayerInputs
 from lowbit.calibration.cost import Phase
 from lowbit.calibration.float_states import FloatStates
 from lowbit.calibration.observers import make_observer

@@ -162,7 +162,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                     elif state[k].dtype.is_floating_point and st_dtype not in FLOAT_DTYPE_CODES:
                         problems.append(f"tensor {folder.describe(k)} has dtype {st_dtype}, expected a float dtype "
                                         f"({', '.join(sorted(FLOAT_DTYPE_CODES))})")
-    from lowbit.recipes.bits import average_bits
+    from lowbit.recipes.weight_bits import average_bits
 
     report["average_bits"] = average_bits(shapes, schemes_of) if schemes_of else None  # codes + scales
     report["kv_cache"] = _kv_report(parsed, folder, model, problems)

@@ -117,7 +117,7 @@ CALIB_PRESET_HELP = ("A named calibration budget: fast (RTN, 4 x 128 tokens), de
                      "64 x 512 tokens); explicit calibration options override its fields.")
 
 
-# the number is lowbit.calibration.data.DEFAULT_RECONSTRUCT_ITERS (not imported here: torch); a test pins it
+# the number is lowbit.calibration.config.DEFAULT_RECONSTRUCT_ITERS (not imported here: torch); a test pins it
 RECONSTRUCT_ITERS_HELP = ("Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
                           "directions to reproduce the float layer's output; scales unchanged; default: 20 after GPTQ "
                           "on symmetric 4-bit weights (nvfp4, w4a16, ...), else 0: off).")

@@ -27,16 +27,10 @@ from pathlib import Path
 from typing import Iterator
 
 from lowbit.errors import LowbitError, OutputError
+from lowbit.files.staging import temporary_folder
 
 # how Rust's std::io::Error ends its message ("No space left on device (os error 28)")
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)\s*$")
-
-
-def temporary_folder(out: str | os.PathLike) -> Path:
-    """Where the output folder ``out`` is built before it is renamed into place: ``.<name>.lowbit-tmp``
-    beside it (lowbit.files.writer.CheckpointWriter)."""
-    out = Path(out)
-    return out.parent / f".{out.name}.lowbit-tmp"
 
 
 def refused(exc: BaseException, path: str | os.PathLike, partial: str | os.PathLike | None = None) -> OSError | None:

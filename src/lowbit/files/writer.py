@@ -47,7 +47,8 @@ from lowbit.errors import FormatError, LowbitError, OptionRef, OutputError
 from lowbit.files.folder import STANDARD_STEM, WEIGHT_STEMS, WeightFiles, read_header, weight_files
 from lowbit.files.atomic import atomic_path, write_text_atomic  # noqa: F401 (re-exported)
 from lowbit.files.outlock import output_lock
-from lowbit.files.refused import temporary_folder, write_failure, writing
+from lowbit.files.refused import write_failure, writing
+from lowbit.files.staging import temporary_folder
 
 AUX_NAMES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
              "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "tokenizer.model", "spiece.model",

@@ -33,7 +33,7 @@ from lowbit.formats.base import FLOAT_DTYPES, Format, Layout, LinearRead, check_
 from lowbit.formats.lowbit_layout import read_bias
 from lowbit.numerics import get_format
 from lowbit.quant import QuantizedTensor
-from lowbit.kernels.packing import unpack_int32
+from lowbit.kernels.bitpack import unpack_int32
 from lowbit.schemes import Granularity, Scheme
 
 PACKING = "auto_round:auto_gptq"

@@ -6,8 +6,8 @@
 - ``quantize_rows``: per-token (dynamic) or per-tensor (static) INT8 / FP8 E4M3 codes and
   scales, one program per row.
 
-The float32 order of operations is the one fixed in lowbit.quant.scaling; every rounding is
-done on integer bits (lowbit.kernels.bits), divisions with tl.math.div_rn.
+The float32 order of operations is the one fixed in lowbit.quant.qdq; every rounding is
+done on integer bits (lowbit.kernels.ieee_bits), divisions with tl.math.div_rn.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from lowbit.errors import QuantizationError
-from lowbit.kernels.bits import (bits_f32, decode_mag, encode_mag, f32_bits, floor_log2, ldexp_exact,
+from lowbit.kernels.ieee_bits import (bits_f32, decode_mag, encode_mag, f32_bits, floor_log2, ldexp_exact,
                                  round_half_even_int, store_f32_as)
 from lowbit.kernels.formats import f32_bits as host_bits, minifloat_params
 from lowbit.kernels.support import supports_block_spec, supports_row_spec

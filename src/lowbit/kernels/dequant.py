@@ -16,11 +16,11 @@ import triton
 import triton.language as tl
 
 from lowbit.errors import QuantizationError
-from lowbit.kernels.bits import decode_mag, f32_bits, ldexp_exact, store_f32_as
+from lowbit.kernels.ieee_bits import decode_mag, f32_bits, ldexp_exact, store_f32_as
 from lowbit.kernels.formats import minifloat_params
 from lowbit.kernels.support import supports_int_weight, supports_microscaled_weight
 from lowbit.numerics import FormatName
-from lowbit.kernels.packing import pack_int32, pack_nibbles
+from lowbit.kernels.bitpack import pack_int32, pack_nibbles
 from lowbit.schemes import Granularity, QuantSpec
 
 SCALE_UE = 0

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lowbit.kernels.bits import f32_bits, store_f32_as
+from lowbit.kernels.ieee_bits import f32_bits, store_f32_as
 
 
 @triton.jit

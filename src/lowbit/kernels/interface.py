@@ -12,9 +12,9 @@ encode / decode    lowbit.kernels.codes.encode, .decode, .qdq  reference: ``fmt.
 nearest rounding   lowbit.kernels.rounding.round_nearest_,     reference: ``fmt.qdq``; torch: magic
                    .column_rounder, .gptq_sub_block            number / INT round (torch_ops);
                                                                native: GPTQ's column loop in C
-quantize groups    lowbit.quant.quantize (and .quantize_into)  reference: lowbit.quant.scaling;
+quantize groups    lowbit.quant.quantize (and .quantize_into)  reference: lowbit.quant.qdq;
                                                                native: lowbit.quant.native_quant
-QDQ of a spec      lowbit.quant.fake_quantize (.int_values)    reference: lowbit.quant.scaling;
+QDQ of a spec      lowbit.quant.fake_quantize (.int_values)    reference: lowbit.quant.qdq;
                                                                torch: lowbit.quant.fast_qdq;
                                                                triton: lowbit.kernels.triton_ops
 =================  ==========================================  =====================================
@@ -58,7 +58,7 @@ class QuantizeGroups(Protocol):
     def __call__(self, x: torch.Tensor, spec, *, global_scale: torch.Tensor | None = None,
                  name: str = "tensor"):
         """The QuantizedTensor of ``x`` under ``spec`` (codes, scales, zero points, global scale)
-        as lowbit.quant.scaling defines them; NaN/Inf is the QuantizationError naming ``name``."""
+        as lowbit.quant.qdq defines them; NaN/Inf is the QuantizationError naming ``name``."""
 
 
 class SpecQDQ(Protocol):

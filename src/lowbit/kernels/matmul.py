@@ -3,7 +3,7 @@
 For small batches (decode, M up to a few dozen rows) a linear layer is bound by reading the
 weight: reading nibble-packed E2M1 codes and one-byte block-scale codes (0.56 byte per
 weight) instead of a dequantized bf16 copy (2 bytes, plus writing it first) is the gain. The
-weight tile is decoded in registers with lowbit.kernels.bits (exact), multiplied as bfloat16
+weight tile is decoded in registers with lowbit.kernels.ieee_bits (exact), multiplied as bfloat16
 (every E2M1 x UE4M3/UE5M3 and E2M1/E4M3 x 2^e product is exact in bfloat16) with float32
 accumulation; NVFP4's global scale is applied to the accumulator (one IEEE division per output).
 The result equals the reference within float32 accumulation-order rounding.
@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from lowbit.errors import QuantizationError
-from lowbit.kernels.bits import decode_mag, ldexp_exact
+from lowbit.kernels.ieee_bits import decode_mag, ldexp_exact
 from lowbit.kernels.dequant import LAUNCH_OPTIONS, SCALE_E8M0, SCALE_UE_GLOBAL, _kind
 from lowbit.kernels.formats import minifloat_params
 from lowbit.kernels.support import supports_microscaled_weight

@@ -2,10 +2,10 @@
 quantize/dequantize, packing and quantized tensors; pure functions on tensors. The algorithms
 built on them (GPTQ, SmoothQuant) live in lowbit.algorithms."""
 
-from lowbit.kernels.packing import pack_int32, pack_nibbles, pack_sixes, unpack_int32, unpack_nibbles, unpack_sixes
+from lowbit.kernels.bitpack import pack_int32, pack_nibbles, pack_sixes, unpack_int32, unpack_nibbles, unpack_sixes
 from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor, nibbles
 from lowbit.quant.mse_scales import group_error, search_scales
-from lowbit.quant.scaling import (
+from lowbit.quant.qdq import (
     allows_ragged, amax, check_finite, dequantize, effective_scale, fake_quantize,
     global_scale_from_amax, int_values, num_groups, quantize, quantize_into, scales_from_amax, static_scale_from_amax,
 )

@@ -1,5 +1,5 @@
 """The ``torch`` implementation of the QDQ of a spec (activations): the numbers of the reference
-``fake_quantize`` (lowbit.quant.scaling), in fewer passes, for CPU tensors. Reached only through
+``fake_quantize`` (lowbit.quant.qdq), in fewer passes, for CPU tensors. Reached only through
 ``fake_quantize`` and ``int_values``, which choose it (lowbit.kernels.select); ``qdq`` returns None
 for what it has no fast route for, and the reference runs. It only reorders work that is exact in
 float32:
@@ -29,7 +29,7 @@ import torch
 from lowbit.kernels.rounding import round_nearest_
 from lowbit.numerics import FormatName, IntFormat, MiniFloat, get_format
 from lowbit.quant.groups import check_finite
-from lowbit.quant.scales import effective_scale, global_scale_from_amax, raw_block_scales, scales_from_amax
+from lowbit.quant.scale_rules import effective_scale, global_scale_from_amax, raw_block_scales, scales_from_amax
 from lowbit.schemes import Granularity, WeightObserver, QuantSpec
 
 _AMAX_RULES = (WeightObserver.MAX, WeightObserver.HALF_STEP)  # scales from the amax (scales_from_amax)
@@ -174,7 +174,7 @@ def _row_divided(x, spec, scale, name):
 
 def int_row_values(x: torch.Tensor, spec: QuantSpec, scale: torch.Tensor | None = None,
                    name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
-    # reached through lowbit.quant.scaling.int_values
+    # reached through lowbit.quant.qdq.int_values
     """The integer element values (float32) and the effective scale ([1] or [..., 1]) of an
     INT row-route spec: ``fake_quantize`` == values * scale, bit for bit, and
     the values are the decoded codes of ``quantize`` (0 where the scale is 0), except that a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.quant.scaling import fake_quantize, global_scale_from_amax, static_scale_from_amax
+from lowbit.quant.qdq import fake_quantize, global_scale_from_amax, static_scale_from_amax
 from lowbit.schemes import Dynamic, QuantSpec
 
 

@@ -38,7 +38,7 @@ import torch
 from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.quant.groups import reduce_groups
 from lowbit.kernels.rounding import round_nearest_, supports
-from lowbit.quant.scales import asymmetric_from_range, effective_scale, group_range, scales_from_amax
+from lowbit.quant.scale_rules import asymmetric_from_range, effective_scale, group_range, scales_from_amax
 from lowbit.schemes import Dynamic, QuantSpec, WeightObserver
 
 RATIOS: tuple[float, ...] = tuple(round(1.0 - 0.02 * i, 2) for i in range(16))  # 1.00, 0.98, ... 0.70

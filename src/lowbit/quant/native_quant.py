@@ -1,13 +1,13 @@
-"""The ``native`` implementation of quantize groups: the reference ``lowbit.quant.scaling.quantize``
+"""The ``native`` implementation of quantize groups: the reference ``lowbit.quant.qdq.quantize``
 in C, reached only through ``quantize`` and ``quantize_into``, which choose it (lowbit.kernels.select).
 
 Group and channel specs (with the global scale given, where the spec has one) take one C call per
 band (lowbit.kernels.native.quantize): per-group extremes with a NaN/Inf flag, the scale rule,
 the scale codes and the element codes, a few rows at a time. The rule's constants come from
-lowbit.quant.scales (``scale_rule``: the divisor, the scale format's key table and code values,
+lowbit.quant.scale_rules (``scale_rule``: the divisor, the scale format's key table and code values,
 the MX exponent), so each rule keeps one definition; the C loop applies it operation for
 operation in float32. Otherwise (tensor-wide specs, a global scale still to compute) two C passes:
-the extremes, then the torch rules of lowbit.quant.scales on them (1/16 to 1/128 of the data),
+the extremes, then the torch rules of lowbit.quant.scale_rules on them (1/16 to 1/128 of the data),
 then division by the effective scale and encoding in one pass. Bit-identical to the torch path
 (tests/quant/test_native_encode.py). It takes CPU tensors of float32/bfloat16/float16, symmetric specs
 with the ``max``, ``half-step`` or ``full-range`` observer, element formats encoded by a key table
@@ -26,7 +26,7 @@ from lowbit.kernels import native
 from lowbit.numerics import E8M0, FormatName, IntFormat, get_format
 from lowbit.quant.groups import check_finite, num_groups
 from lowbit.quant.qtensor import PackedQuantizedTensor, QuantizedTensor
-from lowbit.quant.scales import (
+from lowbit.quant.scale_rules import (
     amax_divisor, effective_scale, elem_max, full_range_from_range, global_scale_from_amax, mx_emax,
     scales_and_codes_from_amax,
 )
@@ -46,7 +46,7 @@ def supports(x: torch.Tensor, spec: QuantSpec) -> bool:
 @lru_cache(maxsize=None)
 def scale_rule(spec: QuantSpec) -> native.ScaleRule | None:
     """``spec``'s scale rule as the one-call kernel (native.quantize) applies it: the constants of
-    lowbit.quant.scales for the observer and scale format (None: not one it applies)."""
+    lowbit.quant.scale_rules for the observer and scale format (None: not one it applies)."""
     if spec.observer is WeightObserver.FULL_RANGE:
         return native.ScaleRule(native.RULE_FULL_RANGE, float(get_format(spec.format).qmin))
     sf = spec.scale_format

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lowbit.numerics import FormatName, get_format
-from lowbit.kernels.packing import pack_nibbles, unpack_nibbles
+from lowbit.kernels.bitpack import pack_nibbles, unpack_nibbles
 from lowbit.schemes import QuantSpec
 
 

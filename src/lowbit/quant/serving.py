@@ -1,6 +1,6 @@
 """Serving numerics: what an inference engine computes for a quantized linear, as pure functions.
 
-lowbit's own evaluation computes what a checkpoint *means* (lowbit.quant.scaling: float32,
+lowbit's own evaluation computes what a checkpoint *means* (lowbit.quant.qdq: float32,
 ``q = rne(x / s)``, the bias and scales applied in float32). An engine that serves the same
 folder rounds differently; ``ServingNumerics`` names which arithmetic a lowbit evaluation
 reproduces, and the functions here are that arithmetic, op for op.
@@ -97,7 +97,7 @@ class CpuIsa(str, Enum):
 class ServingNumerics(str, Enum):
     """Whose arithmetic an evaluation runs: the format's meaning, or an engine's."""
 
-    LOWBIT = "lowbit"      # the format's meaning (lowbit.quant.scaling), the model in its own dtype
+    LOWBIT = "lowbit"      # the format's meaning (lowbit.quant.qdq), the model in its own dtype
     VLLM_CPU = "vllm-cpu"  # vLLM's CPU int8 and fp8-dynamic paths in bfloat16 on an AVX2 host (module docstring)
     VLLM_CPU_AVX512 = "vllm-cpu-avx512"  # the same on an AVX-512 + VNNI host (module docstring)
 

@@ -26,7 +26,7 @@ from typing import Iterable
 
 import torch.nn as nn
 
-from lowbit.recipes.bits import weight_bits
+from lowbit.recipes.weight_bits import weight_bits
 from lowbit.recipes.choose import Option, choose
 from lowbit.recipes.recipe import Recipe, RecipeError, RecipeGroup
 from lowbit.recipes.resolve import units
@@ -101,8 +101,8 @@ def auto_recipe(model: nn.Module, candidates: Iterable[str | Scheme] | str, targ
     a budget below the smallest candidate mix (the message gives the reachable range);
     QuantizationError for an unknown calibration option; CalibrationError for bad data."""
     from lowbit.calibration import calibration_set
-    from lowbit.calibration.packing import spaced
-    from lowbit.calibration.data import calibration_config
+    from lowbit.calibration.windows import spaced
+    from lowbit.calibration.config import calibration_config
     from lowbit.linearize import linearize
     from lowbit.recipes.rounded import calibrated_weights
     from lowbit.recipes.sensitivity import sensitivities

@@ -203,7 +203,7 @@ def eval_settings(opts: CompareOptions) -> EvalSettings:
 def _recipe_fields(row: dict, qmodel, spec: RowSpec) -> None:
     """A row's average weight bits and linears per scheme; for recipe rows the recipe used, and
     for automatic rows what the choice reached."""
-    from lowbit.recipes.bits import average_bits
+    from lowbit.recipes.weight_bits import average_bits
 
     lins = quantized_linears(qmodel)
     row["average_bits"] = average_bits({n: (m.out_features, m.in_features) for n, m in lins.items()},

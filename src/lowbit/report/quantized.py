@@ -19,7 +19,7 @@ def quantized_summary(model) -> dict:
     experts = sum(1 for b in blocks.values() for e in range(len(b))
                   if any(isinstance(m, QuantLinear) for m in b[e].modules()))
     in_experts = sum(1 for n in named if any(n.startswith(f"{b}.") for b in blocks))
-    from lowbit.recipes.bits import average_bits
+    from lowbit.recipes.weight_bits import average_bits
 
     schemes: dict[str, int] = {}
     for m in layers:

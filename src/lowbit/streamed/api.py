@@ -91,7 +91,7 @@ def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokeniz
                  group=None, **calibration_options) -> StreamResult:
     """``quantize_checkpoint`` returning what the run did (``StreamResult``; the CLI prints it)."""
     from lowbit.formats import Format, get_layout
-    from lowbit.calibration.data import calibration_config
+    from lowbit.calibration.config import calibration_config
     from lowbit.recipes.plan import recipe_of
     from lowbit.streamed.planned import alphas_of, calibrating, open_planned
 

@@ -39,7 +39,8 @@ from lowbit.checkpoint.save import (
 )
 from lowbit.dist import Group
 from lowbit.errors import LowbitError
-from lowbit.files.refused import resumable_failure, temporary_folder
+from lowbit.files.refused import resumable_failure
+from lowbit.files.staging import temporary_folder
 from lowbit.files.writer import CheckpointWriter, write_json_atomic, write_safetensors_atomic
 from lowbit.formats import Format, get_layout
 from lowbit.modelfree.ranks import together

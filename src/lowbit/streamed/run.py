@@ -137,7 +137,7 @@ def _streamed(job: StreamedJob):
     if not job.resume and group.is_main:
         import shutil
 
-        from lowbit.files.refused import temporary_folder
+        from lowbit.files.staging import temporary_folder
 
         shutil.rmtree(temporary_folder(out), ignore_errors=True)
     output = StreamOutput(out, job.fmt, fp, len(layers), group, overwrite=job.overwrite)  # refused: OutputError

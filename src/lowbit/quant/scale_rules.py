@@ -1,7 +1,7 @@
 """Scale rules: the scales (and zero points, global scales) of each scale group.
 
 The arithmetic is float32 and its order of operations is part of the contract (see
-lowbit.quant.scaling for the whole list of rules).
+lowbit.quant.qdq for the whole list of rules).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def fp32_scales(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
 
 
 def scales_from_amax(a: torch.Tensor, spec: QuantSpec, global_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Scales (symmetric) from an amax tensor, following the rules of lowbit.quant.scaling."""
+    """Scales (symmetric) from an amax tensor, following the rules of lowbit.quant.qdq."""
     a = a.to(torch.float32)
     sf = spec.scale_format
     if sf is FormatName.FP32:

@@ -15,7 +15,7 @@ import torch
 from lowbit.calibration.chat import DEFAULT_CHAT_TEMPLATE, TemplateChoice
 from lowbit.calibration.inputs import DEFAULT_PACK, calibration_set, calibration_tokens, read_paragraphs, token_ids
 from lowbit.calibration.observers import ActivationObserver
-from lowbit.calibration.packing import windows
+from lowbit.calibration.windows import windows
 from lowbit.calibration.records import CalibrationError
 from lowbit.calibration.sources import BUILTIN, CalibrationSource
 from lowbit.algorithms.gptq import GPTQOptions, WeightRounding
@@ -46,7 +46,7 @@ class CalibrationConfig:
     pack: True (the default): the samples are joined and cut into windows of ``seq_len`` real
         tokens (as auto-round concatenates samples); False: one window per sample, right-padded,
         the padded positions left out of every statistic (observers, SmoothQuant, GPTQ Hessians,
-        reconstruction losses; ``lowbit.calibration.packing``).
+        reconstruction losses; ``lowbit.calibration.windows``).
     chat_template: how conversations become text: "auto" (the tokenizer's own template), "none"
         (message contents only) or a Jinja file's path (``lowbit.calibration.chat``).
     column, split: the field holding the text or the messages of JSONL/CSV/Parquet/datasets

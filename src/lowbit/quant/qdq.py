@@ -42,14 +42,14 @@ from lowbit.quant.groups import (
 )
 from lowbit.quant import fast_qdq, native_quant
 from lowbit.quant.qtensor import QuantizedTensor
-from lowbit.quant.scales import (
+from lowbit.quant.scale_rules import (
     asymmetric_from_range, effective_scale, full_range_scales, global_scale_from_amax, group_range, scales_from_amax,
     static_scale_from_amax,
 )
 from lowbit.quant.mse_scales import search_scales
 from lowbit.schemes import WeightObserver, QuantSpec
 
-# the views and scale rules (lowbit.quant.groups, lowbit.quant.scales) stay importable from here
+# the views and scale rules (lowbit.quant.groups, lowbit.quant.scale_rules) stay importable from here
 __all__ = [
     "quantize", "dequantize", "fake_quantize", "allows_ragged", "amax", "check_finite", "group_view",
     "num_groups", "reduce_groups", "ungroup", "asymmetric_from_range", "effective_scale",
