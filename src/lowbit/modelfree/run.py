@@ -47,6 +47,7 @@ import json
 import os
 import shutil
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -202,13 +203,32 @@ def quantize_model_free(src: str | os.PathLike, out: str | os.PathLike,
         with together(group, "locking the output folder"):
             if group.is_main:  # a second run into the same folder is refused here, before any write
                 stack.enter_context(output_lock(out_p))
-        return _locked(src_p, out_p, recipe, fmt, layout, ignore, include_lm_head, resume, overwrite, progress,
-                       workers, dev, opts, group)
+        return _locked(ModelFreeJob(src_p, out_p, recipe, fmt, layout, ignore, include_lm_head, resume, overwrite,
+                                    progress, workers, dev, opts, group))
 
 
-def _locked(src_p: Path, out_p: Path, recipe: Recipe, fmt: Any, layout: Any, ignore: list[str],
-            include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
-            dev: torch.device | None, opts: RunOptions, group: Group) -> Path:
+@dataclass(frozen=True)
+class ModelFreeJob:
+    """A model-free run, its arguments checked and agreed by every rank."""
+
+    src: Path
+    out: Path
+    recipe: Recipe
+    fmt: Any                     # the checkpoint format (lowbit.formats.Format)
+    layout: Any                  # its layout
+    ignore: list[str]
+    include_lm_head: bool
+    resume: bool
+    overwrite: bool
+    progress: bool | None
+    workers: int
+    device: torch.device | None
+    opts: RunOptions
+    group: Group
+
+
+def _locked(job: ModelFreeJob) -> Path:
+    src_p, out_p, opts, group, workers, dev = job.src, job.out, job.opts, job.group, job.workers, job.device
     with together(group, "reading the source"):
         ckpt = Checkpoint(src_p)
     # worker processes start now, importing torch while the plan is made and finished shards found
@@ -220,8 +240,7 @@ def _locked(src_p: Path, out_p: Path, recipe: Recipe, fmt: Any, layout: Any, ign
     ok = False
     try:
         with one_thread():  # the plan's probes, the tables built on first use, the jobs run here
-            out_path = _quantize(ckpt, src_p, out_p, recipe, fmt, layout, ignore, include_lm_head, resume,
-                                 overwrite, progress, workers, dev, pool, opts, group)
+            out_path = _quantize(job, ckpt, pool)
         ok = True
         return out_path
     except OSError as e:
@@ -234,11 +253,12 @@ def _locked(src_p: Path, out_p: Path, recipe: Recipe, fmt: Any, layout: Any, ign
             pool.close(ok)
 
 
-def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, recipe: Recipe, fmt: Any, layout: Any, ignore: list[str],
-              include_lm_head: bool, resume: bool, overwrite: bool, progress: bool | None, workers: int,
-              dev: torch.device | None, pool: Any, opts: RunOptions, group: Group) -> Path:
+def _quantize(job: ModelFreeJob, ckpt: Checkpoint, pool: Any) -> Path:
+    from lowbit.files.staging import temporary_folder
     from lowbit.files.writer import CheckpointWriter
 
+    src_p, out_p, recipe, fmt, layout, opts, group = job.src, job.out, job.recipe, job.fmt, job.layout, job.opts, job.group
+    ignore, include_lm_head = job.ignore, job.include_lm_head
     with together(group, "making the plan"):
         plan = plan_recipe(ckpt, recipe, ignore, include_lm_head)  # a scheme per tensor (lowbit.modelfree.mixed)
         if not plan.quantized:
@@ -251,16 +271,15 @@ def _quantize(ckpt: Checkpoint, src_p: Path, out_p: Path, recipe: Recipe, fmt: A
     try:  # from the temporary folder's creation on, a data error (a layout's shape check too) removes it
         with together(group, "preparing the output folder"):
             if group.is_main:
-                tmp = out_p.parent / f".{out_p.name}.lowbit-tmp"
-                same_run = resume and previous_fingerprint(tmp) == fp
-                writer = CheckpointWriter(out_p, overwrite=overwrite, resume=same_run, always_index=ckpt.sharded,
+                same_run = job.resume and previous_fingerprint(temporary_folder(out_p)) == fp
+                writer = CheckpointWriter(out_p, overwrite=job.overwrite, resume=same_run, always_index=ckpt.sharded,
                                           weights_stem=layout.weights_stem)
-                work = prepare_work(writer, ckpt, plan, plan.scheme, fmt.value, layout, src_p, fp, dev,
+                work = prepare_work(writer, ckpt, plan, plan.scheme, fmt.value, layout, src_p, fp, job.device,
                                     opts.part_bytes, opts.reopen_bytes)
         work = group.broadcast_object(work)
         mine = [work.jobs[i] for i in group.balance([j.source_bytes for j in work.jobs])]
         with together(group, "quantizing its share of the shards"):
-            _run_jobs(mine, work, progress if group.is_main else False, workers, pool, opts, group)
+            _run_jobs(mine, work, job.progress if group.is_main else False, job.workers, pool, opts, group)
         with together(group, "finishing the output folder"):
             if writer is not None:
                 _finish(writer, work, ckpt, plan, layout, src_p, fp)
