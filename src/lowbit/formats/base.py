@@ -85,6 +85,26 @@ class LinearRead:
     scheme: Scheme | None = None
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a layout writes for one tensor: its shape and dtype (``Layout.tensor_specs``)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def model_scale_shape(spec, out_f: int, in_f: int) -> tuple[int, ...]:
+    """The shape of a QuantizedTensor's scale (and zero point) for an [out, in] weight: one per
+    row and group (BLOCK: per row of its tile, groups along the input), one per row (CHANNEL),
+    one (TENSOR)."""
+    from lowbit.quant import num_groups
+    from lowbit.schemes import Granularity
+
+    if spec.granularity is Granularity.TENSOR:
+        return (1, 1)
+    return (out_f, num_groups(in_f, spec, "weight", (out_f, in_f)))
+
+
 def matches_ignore_entry(name: str, entry: str) -> bool:
     """compressed-tensors ignore/target matching: an exact name, or ``re:<regex>`` (re.match)."""
     if entry.startswith("re:"):
@@ -252,6 +272,34 @@ class Layout(ABC):
             the ``fake`` format only (the others store them as tensors)."""
         return self.quantization_config_groups([(scheme, list(targets) if targets is not None else ["Linear"])],
                                                ignore, static_scales=static_scales)
+
+    @abstractmethod
+    def tensor_specs(self, scheme: Scheme, out_features: int, in_features: int, *, dtype: torch.dtype,
+                     bias: bool = False, input_scale: bool = False, input_global_scale: bool = False,
+                     prefix: str = "layer") -> dict[str, TensorSpec]:
+        """What ``linear_tensors`` writes for an [out, in] weight of ``scheme``, without any data:
+        {suffix: TensorSpec} in the order it writes them (the full names are ``prefix + "." +
+        suffix``), or the FormatError / QuantizationError (naming ``prefix``) that writing such a
+        weight would raise. Model-free lays out every output file from these before quantizing anything;
+        tests/formats/test_tensor_specs.py holds each layout to its writer, scheme by scheme."""
+
+    def common_specs(self, scheme: Scheme, out_f: int, in_f: int, *, dtype: torch.dtype, bias: bool,
+                     input_scale: torch.dtype | None, input_global_scale: bool) -> dict[str, TensorSpec]:
+        """The specs of ``common_tensors``' tensors; ``input_scale``: the dtype the layout stores it
+        in, None when there is none."""
+        spec = scheme.weights
+        t: dict[str, TensorSpec] = {}
+        if not spec.symmetric and spec.is_integer:
+            t["weight_zero_point"] = TensorSpec(model_scale_shape(spec, out_f, in_f), torch.int8)
+        if spec.global_scale:
+            t["weight_global_scale"] = TensorSpec((1,), torch.float32)
+        if input_scale is not None:
+            t["input_scale"] = TensorSpec((1,), input_scale)
+        if input_global_scale:
+            t["input_global_scale"] = TensorSpec((1,), torch.float32)
+        if bias:
+            t["bias"] = TensorSpec((out_f,), dtype)
+        return t
 
     @abstractmethod
     def quantization_config_groups(self, groups: list[tuple[Scheme, list[str]]], ignore: Iterable[str] = (), *,

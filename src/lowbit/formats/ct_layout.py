@@ -33,7 +33,8 @@ import torch
 
 from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.base import (
-    FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
+    FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, TensorSpec, check_codes, check_tensor, model_scale_shape,
+    need, where,
 )
 from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, layout_format, named_scheme, spec_to_args
 from lowbit.files.folder import STANDARD_STEM
@@ -63,6 +64,15 @@ def _check_e5m3(scheme: Scheme, where_: str) -> None:
         raise FormatError(f"{where_}: {CTFormat.NVFP4_E5M3_PACK_QUANTIZED.value} needs FP4 weights, got {w.describe()}")
 
 
+def _check_shape(prefix: str, scheme: Scheme, in_f: int) -> None:
+    """compressed-tensors holds whole groups only (BLOCK: ragged tiles, ceil-shaped scales)."""
+    spec = scheme.weights
+    if spec.granularity is Granularity.GROUP and in_f % spec.group_size:
+        raise FormatError(f"layer {prefix!r} ({scheme.name}): compressed-tensors needs the input dimension "
+                          f"{in_f} to be a multiple of the group size {spec.group_size}; ignore this layer or "
+                          "save with {lowbit}", lowbit=OptionRef("format", "lowbit"))
+
+
 def _float_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return scale.to(torch.float32).to(dtype).contiguous()
 
@@ -86,10 +96,7 @@ class CompressedTensorsLayout(Layout):
             raise FormatError(f"layer {prefix!r}: weight spec {qweight.spec.describe()} is not the weights of "
                               f"scheme {scheme.name}")
         out_f, in_f = qweight.shape
-        if spec.granularity is Granularity.GROUP and in_f % spec.group_size:  # (BLOCK: ragged tiles, ceil-shaped scales)
-            raise FormatError(f"layer {prefix!r} ({scheme.name}): compressed-tensors needs the input dimension "
-                              f"{in_f} to be a multiple of the group size {spec.group_size}; ignore this layer or "
-                              "save with {lowbit}", lowbit=OptionRef("format", "lowbit"))
+        _check_shape(prefix, scheme, in_f)
         t: dict[str, torch.Tensor] = {}
         if fmt in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
             if spec.is_integer:
@@ -115,6 +122,32 @@ class CompressedTensorsLayout(Layout):
                                      input_global_scale=input_global_scale, bias=bias, dtype=dtype))
         if fmt is CTFormat.PACK_QUANTIZED and qweight.zero_point is not None:  # packed along the output dim
             t[f"{prefix}.weight_zero_point"] = pack_int32(qweight.zero_point.t(), spec.bits).t().contiguous()
+        return t
+
+    def tensor_specs(self, scheme, out_features, in_features, *, dtype, bias=False, input_scale=False,
+                     input_global_scale=False, prefix="layer"):
+        fmt, spec, out_f, in_f = ct_format_of(scheme), scheme.weights, out_features, in_features
+        _check_shape(prefix, scheme, in_f)
+        t = {}
+        if fmt in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
+            t["weight"] = TensorSpec((out_f, in_f), torch.int8 if spec.is_integer else torch.float8_e4m3fn)
+        elif fmt is CTFormat.MXFP6_PACK_QUANTIZED:
+            t["weight_packed"] = TensorSpec((out_f, in_f * 3 // 4), torch.uint8)
+        elif fmt is CTFormat.PACK_QUANTIZED:
+            t["weight_packed"] = TensorSpec((out_f, -(-in_f * spec.bits // 32)), torch.int32)
+            t["weight_shape"] = TensorSpec((2,), torch.int64)
+        else:  # nvfp4 / mxfp4: nibble-packed E2M1 codes
+            t["weight_packed"] = TensorSpec((out_f, in_f // 2), torch.uint8)
+        if spec.scale_format in (FormatName.UE4M3, FormatName.E8M0):
+            t["weight_scale"] = TensorSpec(model_scale_shape(spec, out_f, in_f),
+                                           torch.float8_e4m3fn if spec.scale_format is FormatName.UE4M3 else torch.uint8)
+        else:
+            t["weight_scale"] = TensorSpec(scale_shape(spec, out_f, in_f), dtype)
+        t.update(self.common_specs(scheme, out_f, in_f, dtype=dtype, bias=bias,
+                                   input_scale=dtype if input_scale else None, input_global_scale=input_global_scale))
+        if fmt is CTFormat.PACK_QUANTIZED and "weight_zero_point" in t:  # packed along the output dim
+            groups = t["weight_zero_point"].shape[1]
+            t["weight_zero_point"] = TensorSpec((-(-out_f * spec.bits // 32), groups), torch.int32)
         return t
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):

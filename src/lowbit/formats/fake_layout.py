@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats.base import FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_tensor, need
+from lowbit.formats.base import FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, TensorSpec, check_tensor, need
 from lowbit.files.folder import STANDARD_STEM
 from lowbit.formats.lowbit_layout import lowbit_quantization_config, read_bias, read_version, scheme_groups
 from lowbit.quant import dequantize
@@ -58,6 +58,14 @@ class FakeLayout(Layout):
         t = {f"{prefix}.weight": dequantize(qweight, dtype).contiguous()}
         if bias is not None:
             t[f"{prefix}.bias"] = bias.detach().to(dtype).contiguous()
+        return t
+
+    def tensor_specs(self, scheme, out_features, in_features, *, dtype, bias=False, input_scale=False,
+                     input_global_scale=False, prefix="layer"):
+        # the static input scales live in the config (static_scales), not in tensors
+        t = {"weight": TensorSpec((out_features, in_features), dtype)}
+        if bias:
+            t["bias"] = TensorSpec((out_features,), dtype)
         return t
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):

@@ -152,6 +152,10 @@ class GptqLayout(Layout):
                           "{ct} or {lowbit}", ct=OptionRef("format", "compressed-tensors"),
                           lowbit=OptionRef("format", "lowbit"))
 
+    def tensor_specs(self, scheme, out_features, in_features, *, dtype, bias=False, input_scale=False,
+                     input_global_scale=False, prefix="layer"):
+        raise FormatError(f"lowbit reads {PACKING} packing but does not write it")
+
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
         raise FormatError(f"lowbit does not write {PACKING} checkpoints")
 

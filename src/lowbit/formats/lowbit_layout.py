@@ -56,7 +56,7 @@ import torch
 
 from lowbit.errors import FormatError, SchemeError
 from lowbit.formats.base import (
-    FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, check_codes, check_tensor, need, where,
+    FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, TensorSpec, check_codes, check_tensor, need, where,
 )
 from lowbit.files.folder import LOWBIT_STEM
 from lowbit.numerics import FormatName, get_format
@@ -186,6 +186,20 @@ class LowbitLayout(Layout):
         stored_input_scale = None if input_scale is None else input_scale.to(torch.float32)
         t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
                                      input_global_scale=input_global_scale, bias=bias, dtype=dtype))
+        return t
+
+    def tensor_specs(self, scheme, out_features, in_features, *, dtype, bias=False, input_scale=False,
+                     input_global_scale=False, prefix="layer"):
+        spec, out_f, in_f = scheme.weights, out_features, in_features
+        t = {}
+        if _packs_nibbles(spec, in_f):
+            t["weight_packed"] = TensorSpec((out_f, in_f // 2), torch.uint8)
+        else:
+            t["weight_codes"] = TensorSpec((out_f, in_f), code_dtype(spec))
+        t["weight_scale"] = TensorSpec(scale_shape(spec, out_f, in_f), scale_dtype(spec))
+        t.update(self.common_specs(scheme, out_f, in_f, dtype=dtype, bias=bias,
+                                   input_scale=torch.float32 if input_scale else None,
+                                   input_global_scale=input_global_scale))
         return t
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
