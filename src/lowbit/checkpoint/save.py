@@ -32,13 +32,13 @@ import torch.nn as nn
 from lowbit.modules.fake_linear import FakeQuantLinear
 from lowbit.errors import FormatError, OptionRef
 from lowbit.formats import Format, get_layout, static_scale_entry
+from lowbit.formats.base import SHARED_SCALES
 from lowbit.files.writer import CheckpointWriter
 from lowbit.formats.base import dtype_name
 from lowbit.formats.kv_layout import add_kv_config, kv_tensors
 from lowbit.formats.lowbit_layout import file_scale
 from lowbit.kvcache.attention import kv_scales
 from lowbit.files.outguard import check_not_source
-from lowbit.fusion import fused_groups
 from lowbit.modules import QuantLinear
 from lowbit.moe import checkpoint_names, router_names
 from lowbit.recipes.groups import config_groups
@@ -62,21 +62,9 @@ def float_linears(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
-def check_shared(layers: dict[str, nn.Module]) -> None:
-    """q/k/v and gate/up must share NVFP4 global scales and static input scales (fused runtimes
-    keep one per fused layer): refuse a checkpoint that would be misread after fusion."""
-    for group in fused_groups(list(layers)):
-        if len(group) < 2:
-            continue
-        for attr in ("weight_global_scale", "input_scale", "input_global_scale"):
-            vals = [getattr(layers[n], attr, None) for n in group]
-            present = [v for v in vals if v is not None]
-            if present and any(v is None or not torch.equal(v, present[0]) for v in vals):
-                raise FormatError(
-                    f"layers {group} are fused by runtimes but their {attr} values differ "
-                    f"({[None if v is None else float(v.reshape(-1)[0]) for v in vals]}); compressed-tensors "
-                    "needs them shared (calibrate with shared scales, or save with {lowbit})",
-                    lowbit=OptionRef("format", "lowbit"))
+def layer_scales(layers: dict[str, nn.Module]) -> dict[str, dict[str, torch.Tensor | None]]:
+    """Each quantized layer's scales a format may need shared (``Layout.check_layers``)."""
+    return {n: {a: getattr(m, a, None) for a in SHARED_SCALES} for n, m in layers.items()}
 
 
 def _source_dir(model: nn.Module, source_dir: str | Path | None) -> Path | None:
@@ -150,8 +138,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
         raise FormatError("the model has no quantized layers (run lowbit.quantize first)")
     for s in dict.fromkeys(m.scheme for m in layers.values()):
         layout.check_scheme(s)
-    if fmt is Format.COMPRESSED_TENSORS:
-        check_shared(layers)
+    layout.check_layers(layer_scales(layers))
     fake_loaded = [n for n, m in layers.items() if isinstance(m, FakeQuantLinear)]
     if fake_loaded and fmt is not Format.FAKE:
         raise FormatError(f"layers such as {fake_loaded[0]!r} were loaded from a 'fake' checkpoint and hold "
@@ -193,8 +180,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     tensors = {disk[k]: v for k, v in tensors.items()}
     groups = config_groups({disk[n]: m.scheme for n, m in layers.items()})  # one order for every writer
     static = {disk[n]: v for n, v in static.items()}
-    qcfg = layout.quantization_config_groups(groups, [disk[n] for n in ignore],
-                                             static_scales=static if fmt is Format.FAKE else None)
+    qcfg = layout.quantization_config_groups(groups, [disk[n] for n in ignore], static_scales=static)
     qcfg = add_kv_config(fmt, qcfg, kv_cache, kv)
     return tensors, qcfg, untie
 

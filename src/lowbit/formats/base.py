@@ -45,6 +45,10 @@ QUANT_SUFFIXES = ("weight_packed", "weight_codes", "weight_scale", "weight_zero_
                   "weight_shape", "input_scale", "input_global_scale", "qweight", "qzeros", "g_idx")
 
 
+#: the per-layer scales a format may need shared between layers that runtimes fuse (``check_layers``)
+SHARED_SCALES = ("weight_global_scale", "input_scale", "input_global_scale")
+
+
 class Format(str, Enum):
     """Checkpoint formats lowbit writes (``lowbit.save(..., format=)``) and reads."""
 
@@ -268,10 +272,17 @@ class Layout(ABC):
         ignore: exact names of EVERY Linear left in float (e.g. ``["lm_head"]``, MoE routers,
             vision towers): with the default targets the loader quantizes every other Linear.
         targets: exact layer names (default ``["Linear"]``: every Linear not ignored).
-        static_scales: ``{layer: {"input_scale": float, "input_global_scale": float}}``, used by
-            the ``fake`` format only (the others store them as tensors)."""
+        static_scales: ``{layer: {"input_scale": float, "input_global_scale": float}}`` of every
+            layer with static input scales, given to every layout: the ``fake`` format keeps them in
+            its config, the others store them as tensors and ignore them here."""
         return self.quantization_config_groups([(scheme, list(targets) if targets is not None else ["Linear"])],
                                                ignore, static_scales=static_scales)
+
+    def check_layers(self, scales: Mapping[str, Mapping[str, torch.Tensor | None]]) -> None:
+        """The format's rules over a model's quantized layers taken together: ``scales`` maps each
+        layer's name to its ``SHARED_SCALES`` (None where it has none). FormatError naming the
+        layers if the format cannot hold them; by default every combination is held."""
+        return None
 
     @abstractmethod
     def tensor_specs(self, scheme: Scheme, out_features: int, in_features: int, *, dtype: torch.dtype,

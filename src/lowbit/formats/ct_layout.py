@@ -33,7 +33,7 @@ import torch
 
 from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.base import (
-    FLOAT_DTYPES, Format, Layout, LinearRead, ParsedConfig, TensorSpec, check_codes, check_tensor, model_scale_shape,
+    FLOAT_DTYPES, SHARED_SCALES, Format, Layout, LinearRead, ParsedConfig, TensorSpec, check_codes, check_tensor, model_scale_shape,
     need, where,
 )
 from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, layout_format, named_scheme, spec_to_args
@@ -123,6 +123,24 @@ class CompressedTensorsLayout(Layout):
         if fmt is CTFormat.PACK_QUANTIZED and qweight.zero_point is not None:  # packed along the output dim
             t[f"{prefix}.weight_zero_point"] = pack_int32(qweight.zero_point.t(), spec.bits).t().contiguous()
         return t
+
+    def check_layers(self, scales):
+        """q/k/v and gate/up must share NVFP4 global scales and static input scales (fused runtimes
+        keep one per fused layer): a checkpoint that would be misread after fusion is refused."""
+        from lowbit.fusion import fused_groups
+
+        for group in fused_groups(list(scales)):
+            if len(group) < 2:
+                continue
+            for attr in SHARED_SCALES:
+                vals = [scales[n].get(attr) for n in group]
+                present = [v for v in vals if v is not None]
+                if present and any(v is None or not torch.equal(v, present[0]) for v in vals):
+                    raise FormatError(
+                        f"layers {group} are fused by runtimes but their {attr} values differ "
+                        f"({[None if v is None else float(v.reshape(-1)[0]) for v in vals]}); compressed-tensors "
+                        "needs them shared (calibrate with shared scales, or save with {lowbit})",
+                        lowbit=OptionRef("format", "lowbit"))
 
     def tensor_specs(self, scheme, out_features, in_features, *, dtype, bias=False, input_scale=False,
                      input_global_scale=False, prefix="layer"):

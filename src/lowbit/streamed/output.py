@@ -34,7 +34,7 @@ import torch.nn as nn
 from safetensors.torch import load_file
 
 from lowbit.checkpoint.save import (
-    as_saved, check_shared, config_dict, float_linears, model_dtype, quantized_modules, quantized_tensors, warn_rounded,
+    as_saved, config_dict, layer_scales, float_linears, model_dtype, quantized_modules, quantized_tensors, warn_rounded,
     write_side_files,
 )
 from lowbit.dist import Group
@@ -127,8 +127,7 @@ class StreamOutput:
         dtype = model_dtype(model)
         mt = getattr(model.config, "model_type", None)
         layers = {f"{prefix}.{n}": m for n, m in quantized_modules(layer).items()}
-        if self.fmt is Format.COMPRESSED_TENSORS:
-            check_shared(layers)
+        self.layout.check_layers(layer_scales(layers))
         tensors, static, lossy = quantized_tensors(layers, self.layout, dtype)
         inner = set(layers)
         for k, v in layer.state_dict().items():
@@ -192,8 +191,7 @@ class StreamOutput:
         for i in range(self.n_layers + 1):
             w.write_shard(None, self.shard_name(i))
         static = {checkpoint_names(mt, [n])[n]: v for n, v in self.progress["static"].items()}
-        qcfg = self.layout.quantization_config_groups(groups, [disk[n] for n in ignore_linears],
-                                                      static_scales=static if self.fmt is Format.FAKE else None)
+        qcfg = self.layout.quantization_config_groups(groups, [disk[n] for n in ignore_linears], static_scales=static)
         write_side_files(w, model, config_dict(model, dtype, qcfg, False), source, tokenizer)
         w.close(remove=(STATE_DIR,))
 
