@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.errors import FormatError, LowbitError
-from lowbit.formats.base import QUANT_SUFFIXES, Format, parse_dtype
+from lowbit.formats.base import Format, parse_dtype
 from lowbit.formats.detect import parse_quantization_config
 from lowbit.files.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
@@ -113,8 +113,8 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                 continue
             if scheme is None:
                 report["ignored"].append(name)
-                if folder is not None and fmt is not Format.FAKE:
-                    stray = [f"{name}.{s}" for s in QUANT_SUFFIXES if f"{name}.{s}" in folder]
+                if folder is not None and get_layout(fmt).quant_suffixes:
+                    stray = [f"{name}.{s}" for s in get_layout(fmt).quant_suffixes if f"{name}.{s}" in folder]
                     if stray:
                         problems.append(f"tensor {folder.describe(stray[0])} quantizes {name!r}, which the config "
                                         f"leaves in float")

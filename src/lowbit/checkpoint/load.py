@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from lowbit.modules.fake_linear import FakeQuantLinear
 from lowbit.errors import FormatError, LowbitError
-from lowbit.formats import Format, parse_quantization_config
+from lowbit.formats import get_layout, parse_quantization_config
 from lowbit.files.folder import SafetensorsFolder, read_config
 from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, parse_dtype
 from lowbit.formats.kv_layout import read_kv_scales
@@ -129,8 +129,8 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
     for name, lin in linears:
         scheme = parsed.scheme_for(disk[name], is_output_embedding=lin is out_emb)
         if scheme is None:
-            stray = [f"{name}.{s}" for s in QUANT_SUFFIXES if f"{name}.{s}" in folder]
-            if stray and fmt is not Format.FAKE:
+            stray = [f"{name}.{s}" for s in get_layout(fmt).quant_suffixes if f"{name}.{s}" in folder]
+            if stray:
                 raise FormatError(f"tensor {folder.describe(stray[0])} quantizes layer {name!r}, which the config "
                                   f"leaves in float (listed in 'ignore' or not targeted)")
             continue

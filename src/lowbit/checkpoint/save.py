@@ -140,7 +140,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
         layout.check_scheme(s)
     layout.check_layers(layer_scales(layers))
     fake_loaded = [n for n, m in layers.items() if isinstance(m, FakeQuantLinear)]
-    if fake_loaded and fmt is not Format.FAKE:
+    if fake_loaded and not layout.holds_dequantized:
         raise FormatError(f"layers such as {fake_loaded[0]!r} were loaded from a 'fake' checkpoint and hold "
                           "dequantized weights, not codes; they can only be saved with {fake}",
                           fake=OptionRef("format", "fake"))

@@ -11,19 +11,17 @@ from lowbit.cli.quantize_plan import QuantizePlan
 
 
 def serving_verdicts(plan: QuantizePlan, summary: dict, chosen) -> list:
-    """For a compressed-tensors folder, what engines serve it (measured; lowbit.formats.ct_serving),
-    one verdict per distinct line, also written into ``summary["serving"]``."""
+    """What engines do with the written folder (its layout's ``serving_verdicts``, measured), one
+    verdict per distinct line, also written into ``summary["serving"]``."""
     from lowbit.cli.recipe_options import used_schemes
-    from lowbit.formats.base import Format
+    from lowbit.formats import get_layout
 
+    layout = get_layout(plan.checkpoint_format)
     verdicts: list = []
-    if plan.checkpoint_format != Format.COMPRESSED_TENSORS.value:
-        return verdicts
-    from lowbit.formats.ct_serving import engine_support
-
     for s in used_schemes(plan.assignment, chosen):
-        verdicts += [v for v in engine_support(plan.output, s) if v.line() not in {w.line() for w in verdicts}]
-    summary["serving"] = [{"engine": v.engine, "serving": v.serving.value, "detail": v.detail} for v in verdicts]
+        verdicts += [v for v in layout.serving_verdicts(plan.output, s) if v.line() not in {w.line() for w in verdicts}]
+    if verdicts:
+        summary["serving"] = [{"engine": v.engine, "serving": v.serving.value, "detail": v.detail} for v in verdicts]
     return verdicts
 
 

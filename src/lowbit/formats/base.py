@@ -248,6 +248,16 @@ class Layout(ABC):
 
     format: Format
     weights_stem: str
+    #: tensor suffixes that mark a layer as quantized in this format (a layer the config leaves in
+    #: float must carry none); the fake format stores quantized layers as plain ``weight``: none
+    quant_suffixes: tuple[str, ...] = QUANT_SUFFIXES
+    #: whether the format holds dequantized weights (a model loaded from it can be saved only in it)
+    holds_dequantized: bool = False
+
+    def serving_verdicts(self, folder, scheme: Scheme) -> list:
+        """What inference engines do with a folder of this format written under ``scheme``
+        (``lowbit.formats.ct_serving.EngineVerdict``s, measured); none by default."""
+        return []
 
     @abstractmethod
     def check_scheme(self, scheme: Scheme) -> None:

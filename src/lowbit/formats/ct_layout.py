@@ -84,6 +84,11 @@ class CompressedTensorsLayout(Layout):
     def check_scheme(self, scheme: Scheme) -> None:
         ct_format_of(scheme)
 
+    def serving_verdicts(self, folder, scheme):
+        from lowbit.formats.ct_serving import engine_support
+
+        return engine_support(folder, scheme)
+
     def nibble_packed(self, scheme: Scheme, in_features: int) -> bool:
         return ct_format_of(scheme) in (CTFormat.NVFP4_PACK_QUANTIZED, CTFormat.MXFP4_PACK_QUANTIZED)
 

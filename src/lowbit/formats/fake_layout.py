@@ -47,6 +47,8 @@ def static_scale_entry(input_scale: torch.Tensor | None, input_global_scale: tor
 class FakeLayout(Layout):
     format = Format.FAKE
     weights_stem = STANDARD_STEM  # plain float weights: stock loaders read them correctly
+    quant_suffixes = ()          # quantized layers are stored as plain dequantized ``weight``
+    holds_dequantized = True
 
     def check_scheme(self, scheme: Scheme) -> None:
         return None
