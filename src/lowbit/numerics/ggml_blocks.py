@@ -1,0 +1,147 @@
+"""GGML's original block types (llama.cpp's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): encode and decode.
+
+Pure functions on tensors. A block is 32 consecutive weights of a row; its bytes are GGML's
+(``ggml-common.h``), little-endian:
+
+| type | bytes | layout | value of code q |
+|---|---|---|---|
+| Q8_0 | 34 | d (fp16), 32 int8 codes | q * d |
+| Q4_0 | 18 | d (fp16), 16 bytes of nibbles | (q - 8) * d |
+| Q4_1 | 20 | d (fp16), m (fp16), 16 bytes of nibbles | q * d + m |
+| Q5_0 | 22 | d (fp16), qh (32 fifth bits, uint32), 16 bytes of nibbles | (q - 16) * d |
+| Q5_1 | 24 | d (fp16), m (fp16), qh, 16 bytes of nibbles | q * d + m |
+
+Nibbles: byte j holds element j in its low nibble and element j + 16 in its high one; qh's bit
+j is the fifth bit of element j.
+
+Encoding is llama.cpp's reference quantizer (``quantize_row_*_ref``), byte for byte, which is
+*not* lowbit's usual round-to-nearest-even: the format's definition says otherwise.
+- Q8_0: d = amax / 127; q = roundf(x * (1/d)) (ties away from zero).
+- Q4_0 / Q5_0: d = v / -8 (-16), v the element of largest magnitude (the first one on a tie), so
+  that v takes the code 0; q = min(15 (31), trunc(x * (1/d) + 8.5 (16.5))).
+- Q4_1 / Q5_1: d = (max - min) / 15 (31), m = min; q = min(15 (31), trunc((x - min) * (1/d) + 0.5)).
+The inverse 1/d is taken of the float32 d before d is rounded to fp16 (as llama.cpp does); a zero
+d gives inverse 0. Decoding is float32 as llama.cpp's ``dequantize_row_*``: q * d, then + m.
+A NaN or infinite weight is a QuantizationError naming the tensor.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from lowbit.errors import QuantizationError
+
+BLOCK = 32
+
+
+class GgmlBlockType(str, enum.Enum):
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
+    Q4_1 = "q4_1"
+    Q5_0 = "q5_0"
+    Q5_1 = "q5_1"
+
+
+#: bytes per block of 32 weights
+BLOCK_BYTES = {GgmlBlockType.Q8_0: 34, GgmlBlockType.Q4_0: 18, GgmlBlockType.Q4_1: 20, GgmlBlockType.Q5_0: 22,
+               GgmlBlockType.Q5_1: 24}
+_BITS = {GgmlBlockType.Q4_0: 4, GgmlBlockType.Q4_1: 4, GgmlBlockType.Q5_0: 5, GgmlBlockType.Q5_1: 5}
+_MIN_TYPES = (GgmlBlockType.Q4_1, GgmlBlockType.Q5_1)
+
+
+def roundf(x: torch.Tensor) -> torch.Tensor:
+    """C's roundf: to nearest, ties away from zero (exact: the fraction is taken without rounding)."""
+    a = x.abs()
+    t = torch.trunc(a)
+    return torch.copysign(t + (a - t >= 0.5).to(x.dtype), x)
+
+
+def _inverse(d: torch.Tensor) -> torch.Tensor:
+    return torch.where(d == 0, torch.zeros_like(d), 1.0 / torch.where(d == 0, torch.ones_like(d), d))
+
+
+def _fp16_bytes(v: torch.Tensor) -> torch.Tensor:
+    """float32 [N] -> its fp16 (round to nearest even) as 2 little-endian bytes [N, 2]."""
+    return v.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
+
+
+def _fp16(b: torch.Tensor) -> torch.Tensor:
+    """2 bytes [N, 2] -> float32 [N] of the fp16 they hold."""
+    return b.contiguous().view(torch.float16).reshape(-1).to(torch.float32)
+
+
+def _blocks(x: torch.Tensor, name: str) -> torch.Tensor:
+    x = x.detach().to(torch.float32)
+    if x.shape[-1] % BLOCK:
+        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of GGML's "
+                                f"block of {BLOCK}")
+    if not bool(torch.isfinite(x).all()):
+        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
+    return x.reshape(-1, BLOCK)
+
+
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """codes [N, 32] (< 16 after masking) -> [N, 16]: element j low nibble, j + 16 high."""
+    q = q.to(torch.uint8)
+    return (q[:, :16] & 0x0F) | ((q[:, 16:] & 0x0F) << 4)
+
+
+def _fifth_bits(q: torch.Tensor) -> torch.Tensor:
+    """codes [N, 32] -> qh [N, 4]: bit j (little-endian uint32) is bit 4 of element j."""
+    bits = ((q.to(torch.int64) >> 4) & 1) << torch.arange(BLOCK, dtype=torch.int64)
+    word = bits.sum(dim=1)
+    return torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=1).to(torch.uint8)
+
+
+def encode(x: torch.Tensor, kind: GgmlBlockType, name: str = "tensor") -> torch.Tensor:
+    """llama.cpp's reference encoding of ``x`` [..., K] (K a multiple of 32) as uint8 [..., K / 32 * B]."""
+    kind = GgmlBlockType(kind)
+    lead = x.shape[:-1]
+    b = _blocks(x, name)
+    if kind is GgmlBlockType.Q8_0:
+        d = b.abs().amax(dim=1) / 127
+        q = roundf(b * _inverse(d)[:, None]).to(torch.int8).view(torch.uint8)
+        out = torch.cat([_fp16_bytes(d), q], dim=1)
+    elif kind in _MIN_TYPES:
+        top = (1 << _BITS[kind]) - 1
+        lo, hi = b.amin(dim=1), b.amax(dim=1)
+        d = (hi - lo) / top
+        q = torch.trunc((b - lo[:, None]) * _inverse(d)[:, None] + 0.5).clamp(0, top)
+        head = [_fp16_bytes(d), _fp16_bytes(lo)] + ([_fifth_bits(q)] if _BITS[kind] == 5 else [])
+        out = torch.cat(head + [_pack_nibbles(q)], dim=1)
+    else:  # Q4_0 / Q5_0
+        half = 1 << (_BITS[kind] - 1)
+        v = b.gather(1, b.abs().argmax(dim=1, keepdim=True)).squeeze(1)  # argmax: the first on a tie
+        d = v / -half
+        q = torch.trunc(b * _inverse(d)[:, None] + (half + 0.5)).clamp(0, 2 * half - 1)
+        head = [_fp16_bytes(d)] + ([_fifth_bits(q)] if _BITS[kind] == 5 else [])
+        out = torch.cat(head + [_pack_nibbles(q)], dim=1)
+    return out.reshape(*lead, -1)
+
+
+def decode(data: torch.Tensor, kind: GgmlBlockType) -> torch.Tensor:
+    """uint8 [..., n * B] blocks of ``kind`` -> float32 [..., n * 32], as llama.cpp dequantizes."""
+    kind = GgmlBlockType(kind)
+    nb = BLOCK_BYTES[kind]
+    if data.dtype != torch.uint8 or data.shape[-1] % nb:
+        raise QuantizationError(f"{kind.value} data must be uint8 in whole blocks of {nb} bytes, got "
+                                f"{data.dtype} [..., {data.shape[-1]}]")
+    lead = data.shape[:-1]
+    blk = data.reshape(-1, nb)
+    d = _fp16(blk[:, 0:2])[:, None]
+    if kind is GgmlBlockType.Q8_0:
+        q = blk[:, 2:].contiguous().view(torch.int8).to(torch.float32)
+        return (q * d).reshape(*lead, -1)
+    at = 4 if kind in _MIN_TYPES else 2
+    qs = blk[:, at + (4 if _BITS[kind] == 5 else 0):]
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=1).to(torch.int32)
+    if _BITS[kind] == 5:
+        qh = blk[:, at:at + 4].to(torch.int64)
+        word = qh[:, 0] | (qh[:, 1] << 8) | (qh[:, 2] << 16) | (qh[:, 3] << 24)
+        q = q | (((word[:, None] >> torch.arange(BLOCK, dtype=torch.int64)) & 1) << 4).to(torch.int32)
+    if kind in _MIN_TYPES:
+        m = _fp16(blk[:, 2:4])[:, None]
+        return (q.to(torch.float32) * d + m).reshape(*lead, -1)
+    return ((q - (1 << (_BITS[kind] - 1))).to(torch.float32) * d).reshape(*lead, -1)

@@ -1,0 +1,97 @@
+"""GGML's block types: lowbit's decode equals gguf-py's dequantization bit for bit on any bytes,
+and lowbit's encode equals gguf-py's port of llama.cpp's reference quantizer byte for byte, on
+adversarial blocks (ties of the rounding, a largest magnitude on a tie, zero and constant blocks,
+fp16 overflow and subnormal scales)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf.quants import dequantize as g_dequantize, quantize as g_quantize  # noqa: E402
+
+from lowbit.errors import QuantizationError  # noqa: E402
+from lowbit.numerics import ggml_blocks, ggml_kquants  # noqa: E402
+from lowbit.numerics.ggml_blocks import GgmlBlockType  # noqa: E402
+from lowbit.numerics.ggml_kquants import KQuantType  # noqa: E402
+
+BLOCK_TYPES = {GgmlBlockType.Q8_0: T.Q8_0, GgmlBlockType.Q4_0: T.Q4_0, GgmlBlockType.Q4_1: T.Q4_1,
+               GgmlBlockType.Q5_0: T.Q5_0, GgmlBlockType.Q5_1: T.Q5_1}
+K_TYPES = {KQuantType.Q2_K: T.Q2_K, KQuantType.Q4_K: T.Q4_K, KQuantType.Q5_K: T.Q5_K, KQuantType.Q6_K: T.Q6_K}
+
+
+def _adversarial_rows() -> torch.Tensor:
+    """Rows of 32 (one block each) that stress the reference quantizers."""
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(64, 32, generator=g) * s for s in (1e-3, 0.02, 1.0, 300.0)]
+    rows.append(torch.zeros(2, 32))                                      # d = 0: inverse 0
+    rows.append(torch.full((2, 32), 0.75))                              # constant block
+    tie = torch.randn(4, 32, generator=g)
+    tie[:, 3], tie[:, 9] = 2.5, -2.5                                    # +-max: the first wins
+    rows.append(tie)
+    halves = torch.arange(32, dtype=torch.float32)[None] * 0.5 - 8.0     # x * id lands on .5 exactly
+    rows += [halves, halves * 127 / 16, -halves]
+    rows.append(torch.tensor([[1e7] + [1.0] * 31]))                     # d beyond fp16's largest: inf
+    rows.append(torch.randn(2, 32, generator=g) * 1e-6)                  # fp16-subnormal scales
+    return torch.cat([r.reshape(-1, 32) for r in rows])
+
+
+@pytest.mark.parametrize("kind", list(BLOCK_TYPES))
+def test_encode_is_the_reference_quantizer_byte_for_byte(kind):
+    x = _adversarial_rows()
+    ours = ggml_blocks.encode(x, kind)
+    with np.errstate(over="ignore"):  # the fp16 overflow row: gguf-py warns, both write inf
+        theirs = g_quantize(x.numpy(), BLOCK_TYPES[kind])
+    assert ours.shape == (x.shape[0], ggml_blocks.BLOCK_BYTES[kind])
+    np.testing.assert_array_equal(ours.numpy(), theirs)
+
+
+@pytest.mark.parametrize("kind", list(BLOCK_TYPES))
+def test_decode_equals_gguf_py_on_any_bytes(kind):
+    nb = ggml_blocks.BLOCK_BYTES[kind]
+    data = torch.randint(0, 256, (64, 4 * nb), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    data.view(-1, nb)[:, 1] &= 0x7B  # a finite fp16 d (exponent bits not all ones) ...
+    if kind in (GgmlBlockType.Q4_1, GgmlBlockType.Q5_1):
+        data.view(-1, nb)[:, 3] &= 0x7B  # ... and m: every value finite, compared bit for bit
+    ours = ggml_blocks.decode(data, kind)
+    theirs = g_dequantize(data.numpy(), BLOCK_TYPES[kind])
+    assert bool(torch.isfinite(ours).all())
+    np.testing.assert_array_equal(ours.numpy().view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+    # and a round trip through lowbit's own encode is decoded the same by both
+    enc = ggml_blocks.encode(_adversarial_rows()[:64], kind)
+    np.testing.assert_array_equal(ggml_blocks.decode(enc, kind).numpy(), g_dequantize(enc.numpy(), BLOCK_TYPES[kind]))
+
+
+@pytest.mark.parametrize("kind", list(K_TYPES))
+def test_kquant_decode_equals_gguf_py_on_any_bytes(kind):
+    nb = ggml_kquants.SUPER_BYTES[kind]
+    data = torch.randint(0, 256, (16, 2 * nb), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    blk = data.view(-1, nb)
+    for off in {KQuantType.Q2_K: (81, 83), KQuantType.Q4_K: (1, 3), KQuantType.Q5_K: (1, 3),
+                KQuantType.Q6_K: (209,)}[kind]:
+        blk[:, off] &= 0x7B  # finite fp16 d / dmin (the high byte's exponent bits not all ones)
+    ours = ggml_kquants.decode(data, kind)
+    theirs = g_dequantize(data.numpy(), K_TYPES[kind])
+    assert bool(torch.isfinite(ours).all())
+    np.testing.assert_array_equal(ours.numpy().view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+
+
+def test_roundf_ties_away_from_zero_and_exact_below_a_half():
+    x = torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5, 0.49999997, -0.49999997, 8388607.5, 3.0])
+    assert ggml_blocks.roundf(x).tolist() == [1.0, 2.0, 3.0, -1.0, -3.0, 0.0, -0.0, 8388608.0, 3.0]
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(QuantizationError, match="'w'.*multiple of GGML's block of 32"):
+        ggml_blocks.encode(torch.zeros(2, 48), GgmlBlockType.Q8_0, name="w")
+    bad = torch.zeros(1, 32)
+    bad[0, 5] = float("nan")
+    with pytest.raises(QuantizationError, match="'w' holds NaN"):
+        ggml_blocks.encode(bad, GgmlBlockType.Q4_0, name="w")
+    with pytest.raises(QuantizationError, match="whole blocks of 34 bytes"):
+        ggml_blocks.decode(torch.zeros(1, 33, dtype=torch.uint8), GgmlBlockType.Q8_0)
+    with pytest.raises(QuantizationError, match="whole super-blocks of 210 bytes"):
+        ggml_kquants.decode(torch.zeros(1, 200, dtype=torch.uint8), KQuantType.Q6_K)
