@@ -95,3 +95,45 @@ def test_bad_input_is_a_clear_error():
         ggml_blocks.decode(torch.zeros(1, 33, dtype=torch.uint8), GgmlBlockType.Q8_0)
     with pytest.raises(QuantizationError, match="whole super-blocks of 210 bytes"):
         ggml_kquants.decode(torch.zeros(1, 200, dtype=torch.uint8), KQuantType.Q6_K)
+
+
+def _fp4_rows() -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randn(64, 32, generator=g) * s for s in (1e-30, 1e-3, 1.0, 1e6)]
+    rows.append(torch.zeros(1, 32))
+    grid = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0])
+    rows.append(torch.cat([grid, -grid])[None] * 2.0)                    # every tie between two codes
+    near = torch.full((4, 32), 0.1)
+    near[:, 0] = torch.tensor([4.0, 3.9999998, 8.0, 7.9999995])          # amax at and just below powers of 2
+    rows.append(near)
+    return torch.cat(rows)
+
+
+def test_mxfp4_encode_is_ggml_reference_and_decode_is_exact():
+    from lowbit.numerics import ggml_fp4
+
+    x = _fp4_rows()
+    ours = ggml_fp4.encode_mxfp4(x)
+    np.testing.assert_array_equal(ours.numpy(), g_quantize(x.numpy(), T.MXFP4))
+    # amax 4, 4 - 2 ulp, 8, 8 - 1 ulp: float32 log2 of the last rounds up to 3, so the reference
+    # gives it the scale of 8 (an exact floor(log2) would not)
+    assert ours[-4:, 0].tolist() == [127, 126, 128, 128]
+    data = torch.randint(0, 256, (32, 4 * 17), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    np.testing.assert_array_equal(ggml_fp4.decode_mxfp4(data).numpy().view(np.uint32),
+                                  g_dequantize(data.numpy(), T.MXFP4).astype(np.float32).view(np.uint32))
+    # the codes are OCP MXFP4's: lowbit's own E2M1 and E8M0 give the same values
+    from lowbit.numerics import E2M1, E8M0
+
+    blk = ours[:, :17]
+    q = torch.cat([blk[:, 1:] & 0x0F, blk[:, 1:] >> 4], dim=1)
+    ocp = E2M1.decode(q) * E8M0.decode(blk[:, :1])
+    torch.testing.assert_close(ggml_fp4.decode_mxfp4(blk), ocp, rtol=0, atol=0)
+
+
+def test_nvfp4_decode_equals_gguf_py_on_any_bytes():
+    from lowbit.numerics import ggml_fp4
+
+    data = torch.randint(0, 256, (32, 2 * 36), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    data.view(-1, 36)[:, :4] &= 0x7F  # UE4M3 scale codes (the sign bit unused)
+    np.testing.assert_array_equal(ggml_fp4.decode_nvfp4(data).numpy().view(np.uint32),
+                                  g_dequantize(data.numpy(), T.NVFP4).astype(np.float32).view(np.uint32))
