@@ -119,8 +119,9 @@ def test_mxfp4_encode_is_ggml_reference_and_decode_is_exact():
     # gives it the scale of 8 (an exact floor(log2) would not)
     assert ours[-4:, 0].tolist() == [127, 126, 128, 128]
     data = torch.randint(0, 256, (32, 4 * 17), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
-    np.testing.assert_array_equal(ggml_fp4.decode_mxfp4(data).numpy().view(np.uint32),
-                                  g_dequantize(data.numpy(), T.MXFP4).astype(np.float32).view(np.uint32))
+    with np.errstate(over="ignore"):  # scale codes near 255 times 12: both give inf
+        theirs = g_dequantize(data.numpy(), T.MXFP4).astype(np.float32)
+    np.testing.assert_array_equal(ggml_fp4.decode_mxfp4(data).numpy().view(np.uint32), theirs.view(np.uint32))
     # the codes are OCP MXFP4's: lowbit's own E2M1 and E8M0 give the same values
     from lowbit.numerics import E2M1, E8M0
 
