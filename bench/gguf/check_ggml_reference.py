@@ -3,7 +3,10 @@
 Builds nothing: give it the ``libggml-base.so`` of a llama.cpp build (../shared/README.md says
 how to build llama.cpp from llama-cpp-python's source distribution; ``--target ggml-base`` is
 enough) and it encodes the adversarial rows of tests/numerics/test_ggml.py with both, through
-ctypes (``quantize_row_*_ref``), and prints whether every byte agrees.
+ctypes (``quantize_row_*_ref``), and prints whether every byte agrees; for Q4_K (llama.cpp's
+scale/min search, lowbit.numerics.ggml_kquant_search) it also writes the C's bytes for the rows
+of ``q4_k_rows`` to tests/numerics/data/q4_k_reference.safetensors, which CI compares against
+(CI has no llama.cpp build).
 
     .venv/bin/python bench/gguf/check_ggml_reference.py PATH/libggml-base.so
 """
@@ -20,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from lowbit.numerics import ggml_blocks, ggml_fp4  # noqa: E402
+from lowbit.numerics.ggml_kquant_search import encode_q4_k  # noqa: E402
 from lowbit.numerics.ggml_blocks import GgmlBlockType  # noqa: E402
 from numerics.test_ggml import _adversarial_rows, _fp4_rows  # noqa: E402
 
@@ -33,6 +37,24 @@ def c_encode(lib, fn: str, x: np.ndarray, block_bytes: int, block: int) -> np.nd
     return out.reshape(-1, block_bytes)
 
 
+REFERENCE = Path(__file__).resolve().parents[2] / "tests" / "numerics" / "data" / "q4_k_reference.safetensors"
+
+
+def q4_k_rows() -> torch.Tensor:
+    """Super-blocks that exercise the search: several magnitudes, one-signed blocks (the min
+    clamps to 0), zero and flat sub-blocks, zeros inside, values on a grid (rounding ties)."""
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(16, 256, generator=g) * s for s in (1e-3, 1.0, 50.0)]
+    rows += [torch.randn(8, 256, generator=g).abs(), -torch.randn(8, 256, generator=g).abs()]
+    z = torch.zeros(4, 256)
+    z[1, :32], z[2, 100], z[3, 32:64] = 0.5, -3.0, torch.linspace(-1, 1, 32)
+    rows.append(z)
+    t = torch.randn(8, 256, generator=g)
+    t[:, ::7] = 0.0
+    rows += [t, torch.round(torch.randn(8, 256, generator=g) * 8) / 8]
+    return torch.cat(rows)
+
+
 def main() -> None:
     lib = ctypes.CDLL(sys.argv[1])
     x = _adversarial_rows().numpy()
@@ -44,6 +66,15 @@ def main() -> None:
     c = c_encode(lib, "quantize_row_mxfp4_ref", x, ggml_fp4.MXFP4_BYTES, 32)
     same = np.array_equal(c, ggml_fp4.encode_mxfp4(torch.from_numpy(x)).numpy())
     print(f"| mxfp4 | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
+    x = q4_k_rows()
+    c = c_encode(lib, "quantize_row_q4_K_ref", x.numpy(), 144, 256)
+    same = np.array_equal(c, encode_q4_k(x).numpy())
+    print(f"| q4_k | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
+    from safetensors.torch import save_file
+
+    REFERENCE.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"x": x.contiguous(), "q4_k": torch.from_numpy(c).contiguous()}, str(REFERENCE),
+              metadata={"source": "llama.cpp quantize_row_q4_K_ref, llama-cpp-python 0.3.36 (ggml 0.25.3)"})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,130 @@
+"""llama.cpp's reference scale/min search of the k-quants, and Q4_K's encoding with it.
+
+``Q4_K`` (``quantize_row_q4_K_ref``): each sub-block of 32 weights gets a scale and a min from a
+weighted least-squares search over 21 candidate grids (``scale_min_search``, llama.cpp's
+``make_qkx2_quants`` with nmax 15, rmin -1, rdelta 0.1, 20 steps; weights ``sqrt(mean(x^2)) +
+|x|``); the super-block's eight scales and mins are then quantized to 6 bits against
+``d = max scale / 63`` and ``dmin = max min / 63`` (fp16), and every weight is re-rounded to the
+stored scale and min.
+
+Byte-identical to llama.cpp's C only if the arithmetic is the same: every sum here runs
+sequentially over the 32 weights in float32 (vectorized across sub-blocks, never reduced
+pairwise), products are rounded before they are added (a C build that contracts them into FMAs,
+e.g. compiled for the host with ``-march=native``, can round differently), ``nearest_int`` is
+round-to-nearest-even (as its 1.5 * 2^23 trick is). Checked against llama.cpp's
+``libggml-base`` (bench/gguf/RESULTS-gguf.md) and in CI against reference bytes it wrote
+(tests/numerics/test_ggml_kquant_search.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lowbit.errors import QuantizationError
+from lowbit.numerics.ggml_kquants import SUPER
+
+SUB = 32
+
+
+def _seq_sum(terms: torch.Tensor) -> torch.Tensor:
+    """sum over the last dimension [S, n] in order, float32, one element at a time."""
+    acc = terms[:, 0].clone()
+    for i in range(1, terms.shape[1]):
+        acc = acc + terms[:, i]
+    return acc
+
+
+def scale_min_search(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: float = -1.0, rdelta: float = 0.1,
+                     nstep: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """llama.cpp's ``make_qkx2_quants`` (squared error) on sub-blocks x, w [S, n]: (scale [S],
+    min [S] (as stored: -min, >= 0), codes [S, n] in 0..nmax)."""
+    f32 = torch.float32
+    lo = torch.clamp(x.amin(dim=1), max=0.0)
+    hi = x.amax(dim=1)
+    sum_w = _seq_sum(w)
+    sum_x = _seq_sum(w * x)
+    flat = hi == lo
+    span = torch.where(flat, torch.ones_like(hi), hi - lo)
+    iscale = nmax / span
+    scale = 1 / iscale
+
+    def codes(isc: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return torch.round(isc[:, None] * (x - m[:, None])).clamp(0, nmax)
+
+    def error(sc: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        diff = sc[:, None] * q + m[:, None] - x
+        return _seq_sum(w * (diff * diff))
+
+    best_q = codes(iscale, lo)
+    best = error(scale, lo, best_q)
+    best_min = lo.clone()
+    for step in range(nstep + 1):
+        # the grid is laid from the best min so far (llama.cpp updates ``min`` as it goes)
+        span = torch.where(flat, torch.ones_like(hi), hi - best_min)
+        isc = (torch.tensor(rmin, dtype=f32) + torch.tensor(rdelta, dtype=f32) * step + nmax) / span
+        q = codes(isc, best_min)
+        sum_l, sum_l2, sum_xl = _seq_sum(w * q), _seq_sum(w * q * q), _seq_sum(w * q * x)
+        d = sum_w * sum_l2 - sum_l * sum_l
+        ok = d > 0
+        safe = torch.where(ok, d, torch.ones_like(d))
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / safe
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / safe
+        pos = this_min > 0
+        this_scale = torch.where(pos, sum_xl / torch.where(sum_l2 == 0, torch.ones_like(sum_l2), sum_l2), this_scale)
+        this_min = torch.where(pos, torch.zeros_like(this_min), this_min)
+        cur = error(this_scale, this_min, q)
+        better = ok & (cur < best) & ~flat
+        best_q = torch.where(better[:, None], q, best_q)
+        best = torch.where(better, cur, best)
+        scale = torch.where(better, this_scale, scale)
+        best_min = torch.where(better, this_min, best_min)
+    scale = torch.where(flat, torch.zeros_like(scale), scale)
+    best_q = torch.where(flat[:, None], torch.zeros_like(best_q), best_q)
+    return scale, -best_min, best_q.to(torch.uint8)
+
+
+def _six_bits(v: torch.Tensor) -> torch.Tensor:
+    """nearest_int, cast to uint8 (two's complement wrap), at most 63: as the C stores a 6-bit scale."""
+    return torch.clamp(torch.round(v).to(torch.int64) & 0xFF, max=63)
+
+
+def _fp16_pair(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = v.to(torch.float16)
+    return h.contiguous().view(torch.uint8).reshape(-1, 2), h.to(torch.float32)
+
+
+def encode_q4_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """llama.cpp's reference Q4_K encoding of ``x`` [..., K] (K a multiple of 256) -> uint8 [..., K / 256 * 144]."""
+    x = x.detach().to(torch.float32)
+    if x.shape[-1] % SUPER:
+        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of the "
+                                f"k-quants' super-block of {SUPER}")
+    if not bool(torch.isfinite(x).all()):
+        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
+    lead = x.shape[:-1]
+    sub = x.reshape(-1, SUB)                                           # [N * 8, 32]
+    av = torch.sqrt(_seq_sum(sub * sub) / 32)
+    scales, mins, q = scale_min_search(sub, av[:, None] + sub.abs())
+    scales, mins, q = scales.reshape(-1, 8), mins.reshape(-1, 8), q.reshape(-1, 8, SUB)
+    zero = torch.zeros((), dtype=torch.float32)
+    # the largest above 0, else +0 (a flat sub-block's min is -0.0: clamp would keep the sign)
+    max_scale = torch.where(scales.amax(dim=1) > 0, scales.amax(dim=1), zero)
+    max_min = torch.where(mins.amax(dim=1) > 0, mins.amax(dim=1), zero)
+    inv_scale = torch.where(max_scale > 0, 63.0 / torch.where(max_scale > 0, max_scale, 1.0), zero)
+    inv_min = torch.where(max_min > 0, 63.0 / torch.where(max_min > 0, max_min, 1.0), zero)
+    ls, lm = _six_bits(inv_scale[:, None] * scales), _six_bits(inv_min[:, None] * mins)   # [N, 8]
+    packed = torch.zeros(ls.shape[0], 12, dtype=torch.int64)
+    packed[:, 0:4], packed[:, 4:8] = ls[:, :4], lm[:, :4]
+    packed[:, 8:12] = (ls[:, 4:] & 0x0F) | ((lm[:, 4:] & 0x0F) << 4)
+    packed[:, 0:4] |= (ls[:, 4:] >> 4) << 6
+    packed[:, 4:8] |= (lm[:, 4:] >> 4) << 6
+    d_bytes, d = _fp16_pair(max_scale / 63.0)
+    m_bytes, dmin = _fp16_pair(max_min / 63.0)
+    dsub = d[:, None] * ls.to(torch.float32)                           # [N, 8]
+    dm = dmin[:, None] * lm.to(torch.float32)
+    requant = torch.round((x.reshape(-1, 8, SUB) + dm[:, :, None]) / torch.where(dsub == 0, 1.0, dsub)[:, :, None])
+    q = torch.where((dsub == 0)[:, :, None], q.to(torch.float32), requant.clamp(0, 15)).to(torch.uint8)
+    q = q.reshape(-1, 4, 2, SUB)                                       # chunks of 64: low nibbles, then high
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
+    out = torch.cat([d_bytes, m_bytes, packed.to(torch.uint8), qs], dim=1)
+    return out.reshape(*lead, -1)
