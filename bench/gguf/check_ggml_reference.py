@@ -3,9 +3,9 @@
 Builds nothing: give it the ``libggml-base.so`` of a llama.cpp build (../shared/README.md says
 how to build llama.cpp from llama-cpp-python's source distribution; ``--target ggml-base`` is
 enough) and it encodes the adversarial rows of tests/numerics/test_ggml.py with both, through
-ctypes (``quantize_row_*_ref``), and prints whether every byte agrees; for Q4_K (llama.cpp's
+ctypes (``quantize_row_*_ref``), and prints whether every byte agrees; for Q4_K and Q5_K (llama.cpp's
 scale/min search, lowbit.numerics.ggml_kquant_search) it also writes the C's bytes for the rows
-of ``q4_k_rows`` to tests/numerics/data/q4_k_reference.safetensors, which CI compares against
+of ``q4_k_rows`` to tests/numerics/data/kquant_reference.safetensors, which CI compares against
 (CI has no llama.cpp build).
 
     .venv/bin/python bench/gguf/check_ggml_reference.py PATH/libggml-base.so
@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from lowbit.numerics import ggml_blocks, ggml_fp4  # noqa: E402
-from lowbit.numerics.ggml_kquant_search import encode_q4_k  # noqa: E402
+from lowbit.numerics.ggml_kquant_search import encode_q4_k, encode_q5_k  # noqa: E402
 from lowbit.numerics.ggml_blocks import GgmlBlockType  # noqa: E402
 from numerics.test_ggml import _adversarial_rows, _fp4_rows  # noqa: E402
 
@@ -37,7 +37,7 @@ def c_encode(lib, fn: str, x: np.ndarray, block_bytes: int, block: int) -> np.nd
     return out.reshape(-1, block_bytes)
 
 
-REFERENCE = Path(__file__).resolve().parents[2] / "tests" / "numerics" / "data" / "q4_k_reference.safetensors"
+REFERENCE = Path(__file__).resolve().parents[2] / "tests" / "numerics" / "data" / "kquant_reference.safetensors"
 
 
 def q4_k_rows() -> torch.Tensor:
@@ -67,14 +67,18 @@ def main() -> None:
     same = np.array_equal(c, ggml_fp4.encode_mxfp4(torch.from_numpy(x)).numpy())
     print(f"| mxfp4 | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
     x = q4_k_rows()
-    c = c_encode(lib, "quantize_row_q4_K_ref", x.numpy(), 144, 256)
-    same = np.array_equal(c, encode_q4_k(x).numpy())
-    print(f"| q4_k | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
+    ref = {"x": x.contiguous()}
+    for kind, fn, nb, encode in (("q4_k", "quantize_row_q4_K_ref", 144, encode_q4_k),
+                                 ("q5_k", "quantize_row_q5_K_ref", 176, encode_q5_k)):
+        c = c_encode(lib, fn, x.numpy(), nb, 256)
+        same = np.array_equal(c, encode(x).numpy())
+        print(f"| {kind} | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
+        ref[kind] = torch.from_numpy(c).contiguous()
     from safetensors.torch import save_file
 
     REFERENCE.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"x": x.contiguous(), "q4_k": torch.from_numpy(c).contiguous()}, str(REFERENCE),
-              metadata={"source": "llama.cpp quantize_row_q4_K_ref, llama-cpp-python 0.3.36 (ggml 0.25.3)"})
+    save_file(ref, str(REFERENCE), metadata={"source": "llama.cpp quantize_row_q*_K_ref, llama-cpp-python 0.3.36 "
+                                                       "(ggml 0.25.3)"})
 
 
 if __name__ == "__main__":

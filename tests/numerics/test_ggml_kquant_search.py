@@ -1,6 +1,6 @@
-"""Q4_K's encoding (llama.cpp's scale/min search) is byte-identical to llama.cpp's C reference on
-the bytes it wrote (tests/numerics/data/q4_k_reference.safetensors, made by
-bench/gguf/check_ggml_reference.py from libggml-base), and decodes as gguf-py does."""
+"""Q4_K's and Q5_K's encodings (llama.cpp's scale/min search) are byte-identical to llama.cpp's C
+reference on the bytes it wrote (tests/numerics/data/kquant_reference.safetensors, made by
+bench/gguf/check_ggml_reference.py from libggml-base), and decode as gguf-py does."""
 
 from __future__ import annotations
 
@@ -12,30 +12,35 @@ import torch
 from safetensors.torch import load_file
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics.ggml_kquant_search import encode_q4_k, scale_min_search
+from lowbit.numerics.ggml_kquant_search import encode_q4_k, encode_q5_k, scale_min_search
 from lowbit.numerics.ggml_kquants import KQuantType, decode
 
-REFERENCE = Path(__file__).parent / "data" / "q4_k_reference.safetensors"
+REFERENCE = Path(__file__).parent / "data" / "kquant_reference.safetensors"
+ENCODERS = {"q4_k": (encode_q4_k, KQuantType.Q4_K, 144, 0.12), "q5_k": (encode_q5_k, KQuantType.Q5_K, 176, 0.06)}
 
 
-def test_q4_k_encode_is_llama_cpp_byte_for_byte():
+@pytest.mark.parametrize("kind", list(ENCODERS))
+def test_encode_is_llama_cpp_byte_for_byte(kind):
+    encode, _, nb, _ = ENCODERS[kind]
     ref = load_file(str(REFERENCE))
-    ours = encode_q4_k(ref["x"])
-    assert ours.shape == ref["q4_k"].shape == (84, 144)
-    diff = (ours != ref["q4_k"]).any(dim=1).nonzero().flatten().tolist()
+    ours = encode(ref["x"])
+    assert ours.shape == ref[kind].shape == (84, nb)
+    diff = (ours != ref[kind]).any(dim=1).nonzero().flatten().tolist()
     assert diff == [], f"super-blocks {diff[:5]} differ from llama.cpp's"
 
 
-def test_q4_k_decodes_as_gguf_py_and_close_to_the_input():
+@pytest.mark.parametrize("kind", list(ENCODERS))
+def test_decodes_as_gguf_py_and_close_to_the_input(kind):
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize
 
+    encode, ktype, _, bound = ENCODERS[kind]
     x = load_file(str(REFERENCE))["x"]
-    enc = encode_q4_k(x)
-    back = decode(enc, KQuantType.Q4_K)
-    np.testing.assert_array_equal(back.numpy(), dequantize(enc.numpy(), gguf.GGMLQuantizationType.Q4_K))
+    enc = encode(x)
+    back = decode(enc, ktype)
+    np.testing.assert_array_equal(back.numpy(), dequantize(enc.numpy(), getattr(gguf.GGMLQuantizationType, ktype.name)))
     rel = ((back - x).norm(dim=1) / x.norm(dim=1).clamp_min(1e-30))[:48]   # the gaussian rows
-    assert float(rel.max()) < 0.12  # 4-bit codes, 6-bit scales and mins: about 8% of the norm
+    assert float(rel.max()) < bound  # 4 (5)-bit codes, 6-bit scales and mins
 
 
 def test_the_search_beats_its_first_grid():

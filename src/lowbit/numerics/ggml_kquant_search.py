@@ -1,9 +1,9 @@
-"""llama.cpp's reference scale/min search of the k-quants, and Q4_K's encoding with it.
+"""llama.cpp's reference scale/min search of the k-quants, and Q4_K's and Q5_K's encodings with it.
 
 ``Q4_K`` (``quantize_row_q4_K_ref``): each sub-block of 32 weights gets a scale and a min from a
 weighted least-squares search over 21 candidate grids (``scale_min_search``, llama.cpp's
 ``make_qkx2_quants`` with nmax 15, rmin -1, rdelta 0.1, 20 steps; weights ``sqrt(mean(x^2)) +
-|x|``); the super-block's eight scales and mins are then quantized to 6 bits against
+|x|``; Q5_K: nmax 31, rmin -0.5, 15 steps, the codes' fifth bits in ``qh``); the super-block's eight scales and mins are then quantized to 6 bits against
 ``d = max scale / 63`` and ``dmin = max min / 63`` (fp16), and every weight is re-rounded to the
 stored scale and min.
 
@@ -93,18 +93,21 @@ def _fp16_pair(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return h.contiguous().view(torch.uint8).reshape(-1, 2), h.to(torch.float32)
 
 
-def encode_q4_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
-    """llama.cpp's reference Q4_K encoding of ``x`` [..., K] (K a multiple of 256) -> uint8 [..., K / 256 * 144]."""
+def _encode_scale_min(x: torch.Tensor, name: str, five: bool) -> torch.Tensor:
+    """Q4_K (``five`` False: 4-bit codes, search from -1 in 20 steps) or Q5_K (5-bit codes, from
+    -0.5 in 15 steps): llama.cpp's ``quantize_row_q4_K_ref`` / ``quantize_row_q5_K_ref``."""
     x = x.detach().to(torch.float32)
     if x.shape[-1] % SUPER:
         raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of the "
                                 f"k-quants' super-block of {SUPER}")
     if not bool(torch.isfinite(x).all()):
         raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
+    nmax = 31 if five else 15
     lead = x.shape[:-1]
     sub = x.reshape(-1, SUB)                                           # [N * 8, 32]
     av = torch.sqrt(_seq_sum(sub * sub) / 32)
-    scales, mins, q = scale_min_search(sub, av[:, None] + sub.abs())
+    scales, mins, q = scale_min_search(sub, av[:, None] + sub.abs(), nmax=nmax, rmin=-0.5 if five else -1.0,
+                                       nstep=15 if five else 20)
     scales, mins, q = scales.reshape(-1, 8), mins.reshape(-1, 8), q.reshape(-1, 8, SUB)
     zero = torch.zeros((), dtype=torch.float32)
     # the largest above 0, else +0 (a flat sub-block's min is -0.0: clamp would keep the sign)
@@ -123,8 +126,23 @@ def encode_q4_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     dsub = d[:, None] * ls.to(torch.float32)                           # [N, 8]
     dm = dmin[:, None] * lm.to(torch.float32)
     requant = torch.round((x.reshape(-1, 8, SUB) + dm[:, :, None]) / torch.where(dsub == 0, 1.0, dsub)[:, :, None])
-    q = torch.where((dsub == 0)[:, :, None], q.to(torch.float32), requant.clamp(0, 15)).to(torch.uint8)
+    q = torch.where((dsub == 0)[:, :, None], q.to(torch.float32), requant.clamp(0, nmax)).to(torch.int64)
     q = q.reshape(-1, 4, 2, SUB)                                       # chunks of 64: low nibbles, then high
-    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
-    out = torch.cat([d_bytes, m_bytes, packed.to(torch.uint8), qs], dim=1)
+    qs = ((q[:, :, 0] & 0x0F) | ((q[:, :, 1] & 0x0F) << 4)).reshape(-1, 128)
+    head = [d_bytes, m_bytes, packed.to(torch.uint8)]
+    if five:  # byte j: bit 2c is the fifth bit of chunk c's low-nibble weight j, bit 2c + 1 of its high one
+        bits = (q >> 4) & 1                                            # [N, chunk, half, 32]
+        shift = torch.arange(8, dtype=torch.int64).reshape(1, 4, 2, 1)
+        head.append((bits << shift).sum(dim=(1, 2)).to(torch.uint8))
+    out = torch.cat(head + [qs.to(torch.uint8)], dim=1)
     return out.reshape(*lead, -1)
+
+
+def encode_q4_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """llama.cpp's reference Q4_K encoding of ``x`` [..., K] (K a multiple of 256) -> uint8 [..., K / 256 * 144]."""
+    return _encode_scale_min(x, name, five=False)
+
+
+def encode_q5_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """llama.cpp's reference Q5_K encoding of ``x`` [..., K] (K a multiple of 256) -> uint8 [..., K / 256 * 176]."""
+    return _encode_scale_min(x, name, five=True)
