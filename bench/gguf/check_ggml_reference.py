@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from lowbit.numerics import ggml_blocks, ggml_fp4  # noqa: E402
-from lowbit.numerics.ggml_kquant_search import encode_q4_k, encode_q5_k  # noqa: E402
+from lowbit.numerics.ggml_kquant_search import encode_q4_k, encode_q5_k, encode_q6_k  # noqa: E402
 from lowbit.numerics.ggml_blocks import GgmlBlockType  # noqa: E402
 from numerics.test_ggml import _adversarial_rows, _fp4_rows  # noqa: E402
 
@@ -69,7 +69,8 @@ def main() -> None:
     x = q4_k_rows()
     ref = {"x": x.contiguous()}
     for kind, fn, nb, encode in (("q4_k", "quantize_row_q4_K_ref", 144, encode_q4_k),
-                                 ("q5_k", "quantize_row_q5_K_ref", 176, encode_q5_k)):
+                                 ("q5_k", "quantize_row_q5_K_ref", 176, encode_q5_k),
+                                 ("q6_k", "quantize_row_q6_K_ref", 210, encode_q6_k)):
         c = c_encode(lib, fn, x.numpy(), nb, 256)
         same = np.array_equal(c, encode(x).numpy())
         print(f"| {kind} | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")

@@ -1,11 +1,12 @@
-"""llama.cpp's reference scale/min search of the k-quants, and Q4_K's and Q5_K's encodings with it.
+"""llama.cpp's reference searches of the k-quants, and Q4_K's, Q5_K's and Q6_K's encodings with them.
 
 ``Q4_K`` (``quantize_row_q4_K_ref``): each sub-block of 32 weights gets a scale and a min from a
 weighted least-squares search over 21 candidate grids (``scale_min_search``, llama.cpp's
 ``make_qkx2_quants`` with nmax 15, rmin -1, rdelta 0.1, 20 steps; weights ``sqrt(mean(x^2)) +
 |x|``; Q5_K: nmax 31, rmin -0.5, 15 steps, the codes' fifth bits in ``qh``); the super-block's eight scales and mins are then quantized to 6 bits against
 ``d = max scale / 63`` and ``dmin = max min / 63`` (fp16), and every weight is re-rounded to the
-stored scale and min.
+stored scale and min. ``Q6_K``: sub-blocks of 16 with a symmetric scale (``symmetric_search``,
+llama.cpp's ``make_qx_quants``, weights x^2), stored as int8 against an fp16 d.
 
 Byte-identical to llama.cpp's C only if the arithmetic is the same: every sum here runs
 sequentially over the 32 weights in float32 (vectorized across sub-blocks, never reduced
@@ -146,3 +147,69 @@ def encode_q4_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
 def encode_q5_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     """llama.cpp's reference Q5_K encoding of ``x`` [..., K] (K a multiple of 256) -> uint8 [..., K / 256 * 176]."""
     return _encode_scale_min(x, name, five=True)
+
+
+def symmetric_search(x: torch.Tensor, nmax: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's ``make_qx_quants`` with weights x^2 (rmse_type 1) on sub-blocks x [S, n]:
+    (scale [S], codes [S, n] in 0..2*nmax-1, i.e. l + nmax). The grid -nmax / v (v the first
+    element of largest magnitude) and 18 neighbours -(nmax + 0.1 k) / v, k = -9..9, are tried; the
+    one maximizing sumlx^2 / suml2 wins (the first on a tie)."""
+    f32 = torch.float32
+    amax = x.abs().amax(dim=1)
+    v = x.gather(1, x.abs().argmax(dim=1, keepdim=True)).squeeze(1)
+    zero = amax < 1e-15
+    v = torch.where(zero, torch.ones_like(v), v)
+    w = x * x
+
+    def grid(isc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        l = torch.round(isc[:, None] * x).clamp(-nmax, nmax - 1)
+        return l, _seq_sum(w * x * l), _seq_sum(w * l * l)
+
+    l, sumlx, suml2 = grid(-nmax / v)
+    scale = torch.where(suml2 != 0, sumlx / torch.where(suml2 != 0, suml2, torch.ones_like(suml2)),
+                        torch.zeros_like(suml2))
+    best = scale * sumlx
+    best_l = l
+    for k in [k for k in range(-9, 10) if k != 0]:
+        isc = -(nmax + torch.tensor(0.1, dtype=f32) * k) / v
+        lk, slx, sl2 = grid(isc)
+        better = (sl2 > 0) & (slx * slx > best * sl2)
+        best_l = torch.where(better[:, None], lk, best_l)
+        scale = torch.where(better, slx / torch.where(sl2 > 0, sl2, torch.ones_like(sl2)), scale)
+        best = torch.where(better, scale * slx, best)
+    scale = torch.where(zero, torch.zeros_like(scale), scale)
+    codes = torch.where(zero[:, None], torch.zeros_like(best_l), best_l + nmax)
+    return scale, codes.to(torch.int64)
+
+
+def encode_q6_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """llama.cpp's reference Q6_K encoding (``quantize_row_q6_K_ref``) of ``x`` [..., K] (K a multiple
+    of 256) -> uint8 [..., K / 256 * 210]: sub-blocks of 16 scaled by ``symmetric_search``, their
+    scales to int8 against d = -(the scale of largest magnitude) / 128 (fp16), every weight
+    re-rounded to its stored scale, codes l + 32 in 6 bits."""
+    x = x.detach().to(torch.float32)
+    if x.shape[-1] % SUPER:
+        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of the "
+                                f"k-quants' super-block of {SUPER}")
+    if not bool(torch.isfinite(x).all()):
+        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
+    lead = x.shape[:-1]
+    sub = x.reshape(-1, 16)
+    scales, codes = symmetric_search(sub)
+    scales, codes = scales.reshape(-1, 16), codes.reshape(-1, 16, 16)
+    pick = scales.abs().argmax(dim=1, keepdim=True)                      # the first of largest magnitude
+    max_scale = scales.gather(1, pick).squeeze(1)
+    empty = max_scale.abs() < 1e-15
+    iscale = -128.0 / torch.where(empty, torch.ones_like(max_scale), max_scale)
+    d16 = (1 / iscale).to(torch.float16)
+    q_sc = torch.clamp(torch.round(iscale[:, None] * scales), max=127).to(torch.int64)     # int8 values
+    dsub = d16.to(torch.float32)[:, None] * q_sc.to(torch.float32)
+    requant = torch.round(x.reshape(-1, 16, 16) / torch.where(dsub == 0, 1.0, dsub)[:, :, None]).clamp(-32, 31) + 32
+    L = torch.where((dsub == 0)[:, :, None], codes.to(torch.float32), requant).to(torch.int64).reshape(-1, 2, 4, 32)
+    ql = torch.cat([(L[:, :, 0] & 0x0F) | ((L[:, :, 2] & 0x0F) << 4),
+                    (L[:, :, 1] & 0x0F) | ((L[:, :, 3] & 0x0F) << 4)], dim=2).reshape(-1, 128)
+    qh = ((L[:, :, 0] >> 4) | ((L[:, :, 1] >> 4) << 2) | ((L[:, :, 2] >> 4) << 4) | ((L[:, :, 3] >> 4) << 6))
+    out = torch.cat([ql.to(torch.uint8), qh.reshape(-1, 64).to(torch.uint8),
+                     (q_sc & 0xFF).to(torch.uint8), d16.contiguous().view(torch.uint8).reshape(-1, 2)], dim=1)
+    out[empty] = 0                                                       # an all-zero super-block: zero bytes
+    return out.reshape(*lead, -1)
