@@ -1,4 +1,4 @@
-"""Q4_K's, Q5_K's and Q6_K's encodings (llama.cpp's scale/min and symmetric searches) are byte-identical to llama.cpp's C
+"""Q2_K's, Q4_K's, Q5_K's and Q6_K's encodings (llama.cpp's scale/min and symmetric searches) are byte-identical to llama.cpp's C
 reference on the bytes it wrote (tests/numerics/data/kquant_reference.safetensors, made by
 bench/gguf/check_ggml_reference.py from libggml-base), and decode as gguf-py does."""
 
@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics.ggml_kquant_search import encode_q4_k, encode_q5_k, encode_q6_k, scale_min_search
+from lowbit.numerics.ggml_kquant_search import _rdiv, encode_q2_k, encode_q4_k, encode_q5_k, encode_q6_k, scale_min_search
 from lowbit.numerics.ggml_kquants import KQuantType, decode
 
 REFERENCE = Path(__file__).parent / "data" / "kquant_reference.safetensors"
-ENCODERS = {"q4_k": (encode_q4_k, KQuantType.Q4_K, 144, 0.12), "q5_k": (encode_q5_k, KQuantType.Q5_K, 176, 0.06),
+ENCODERS = {"q2_k": (encode_q2_k, KQuantType.Q2_K, 84, 0.45), "q4_k": (encode_q4_k, KQuantType.Q4_K, 144, 0.12), "q5_k": (encode_q5_k, KQuantType.Q5_K, 176, 0.06),
             "q6_k": (encode_q6_k, KQuantType.Q6_K, 210, 0.03)}
 
 
@@ -65,3 +65,13 @@ def test_q4_k_bad_input():
     x[0, 3] = float("inf")
     with pytest.raises(QuantizationError, match="NaN or infinite"):
         encode_q4_k(x)
+
+
+def test_a_number_over_a_tensor_is_ieee_division():
+    """torch computes ``15.0 / t`` as 15 * (1 / t), two roundings: C's 15 / t differs (here the
+    4-bit scale of a Q2_K sub-block came out 7 instead of llama.cpp's 8)."""
+    t = torch.tensor([1.8333332538604736])
+    assert float((_rdiv(15.0, t) * torch.tensor(0.9166666269302368)).round()) == 8.0
+    assert float(((15.0 / t) * torch.tensor(0.9166666269302368)).round()) == 7.0  # torch's shortcut
+    x = torch.rand(4096, generator=torch.Generator().manual_seed(0)) + 0.5
+    np.testing.assert_array_equal(_rdiv(7.0, x).numpy(), np.float32(7.0) / x.numpy())

@@ -59,7 +59,10 @@ def roundf(x: torch.Tensor) -> torch.Tensor:
 
 
 def _inverse(d: torch.Tensor) -> torch.Tensor:
-    return torch.where(d == 0, torch.zeros_like(d), 1.0 / torch.where(d == 0, torch.ones_like(d), d))
+    """1/d by IEEE division (not ``1.0 / d``: torch turns a number over a tensor into a
+    multiplication by the reciprocal), 0 where d is 0."""
+    safe = torch.where(d == 0, torch.ones_like(d), d)
+    return torch.where(d == 0, torch.zeros_like(d), torch.ones_like(d) / safe)
 
 
 def _fp16_bytes(v: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""llama.cpp's reference searches of the k-quants, and Q4_K's, Q5_K's and Q6_K's encodings with them.
+"""llama.cpp's reference searches of the k-quants, and Q2_K's, Q4_K's, Q5_K's and Q6_K's encodings.
 
 ``Q4_K`` (``quantize_row_q4_K_ref``): each sub-block of 32 weights gets a scale and a min from a
 weighted least-squares search over 21 candidate grids (``scale_min_search``, llama.cpp's
@@ -27,6 +27,13 @@ from lowbit.numerics.ggml_kquants import SUPER
 SUB = 32
 
 
+def _rdiv(a: float, t: torch.Tensor) -> torch.Tensor:
+    """a / t as IEEE float32 division. (``a / t`` with a Python number is not: torch computes it
+    as ``a * reciprocal(t)``, which rounds twice and differs from C's ``a / t`` for about a
+    quarter of the values.)"""
+    return torch.full_like(t, a) / t
+
+
 def _seq_sum(terms: torch.Tensor) -> torch.Tensor:
     """sum over the last dimension [S, n] in order, float32, one element at a time."""
     acc = terms[:, 0].clone()
@@ -36,9 +43,9 @@ def _seq_sum(terms: torch.Tensor) -> torch.Tensor:
 
 
 def scale_min_search(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: float = -1.0, rdelta: float = 0.1,
-                     nstep: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """llama.cpp's ``make_qkx2_quants`` (squared error) on sub-blocks x, w [S, n]: (scale [S],
-    min [S] (as stored: -min, >= 0), codes [S, n] in 0..nmax)."""
+                     nstep: int = 20, mad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """llama.cpp's ``make_qkx2_quants`` on sub-blocks x, w [S, n] (squared error, or absolute with
+    ``mad``): (scale [S], min [S] (as stored: -min, >= 0), codes [S, n] in 0..nmax)."""
     f32 = torch.float32
     lo = torch.clamp(x.amin(dim=1), max=0.0)
     hi = x.amax(dim=1)
@@ -46,15 +53,15 @@ def scale_min_search(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: flo
     sum_x = _seq_sum(w * x)
     flat = hi == lo
     span = torch.where(flat, torch.ones_like(hi), hi - lo)
-    iscale = nmax / span
-    scale = 1 / iscale
+    iscale = _rdiv(nmax, span)
+    scale = _rdiv(1.0, iscale)
 
     def codes(isc: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return torch.round(isc[:, None] * (x - m[:, None])).clamp(0, nmax)
 
     def error(sc: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         diff = sc[:, None] * q + m[:, None] - x
-        return _seq_sum(w * (diff * diff))
+        return _seq_sum(w * (diff.abs() if mad else diff * diff))
 
     best_q = codes(iscale, lo)
     best = error(scale, lo, best_q)
@@ -97,12 +104,7 @@ def _fp16_pair(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _encode_scale_min(x: torch.Tensor, name: str, five: bool) -> torch.Tensor:
     """Q4_K (``five`` False: 4-bit codes, search from -1 in 20 steps) or Q5_K (5-bit codes, from
     -0.5 in 15 steps): llama.cpp's ``quantize_row_q4_K_ref`` / ``quantize_row_q5_K_ref``."""
-    x = x.detach().to(torch.float32)
-    if x.shape[-1] % SUPER:
-        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of the "
-                                f"k-quants' super-block of {SUPER}")
-    if not bool(torch.isfinite(x).all()):
-        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
+    x = _checked(x, name)
     nmax = 31 if five else 15
     lead = x.shape[:-1]
     sub = x.reshape(-1, SUB)                                           # [N * 8, 32]
@@ -114,8 +116,8 @@ def _encode_scale_min(x: torch.Tensor, name: str, five: bool) -> torch.Tensor:
     # the largest above 0, else +0 (a flat sub-block's min is -0.0: clamp would keep the sign)
     max_scale = torch.where(scales.amax(dim=1) > 0, scales.amax(dim=1), zero)
     max_min = torch.where(mins.amax(dim=1) > 0, mins.amax(dim=1), zero)
-    inv_scale = torch.where(max_scale > 0, 63.0 / torch.where(max_scale > 0, max_scale, 1.0), zero)
-    inv_min = torch.where(max_min > 0, 63.0 / torch.where(max_min > 0, max_min, 1.0), zero)
+    inv_scale = torch.where(max_scale > 0, _rdiv(63.0, torch.where(max_scale > 0, max_scale, 1.0)), zero)
+    inv_min = torch.where(max_min > 0, _rdiv(63.0, torch.where(max_min > 0, max_min, 1.0)), zero)
     ls, lm = _six_bits(inv_scale[:, None] * scales), _six_bits(inv_min[:, None] * mins)   # [N, 8]
     packed = torch.zeros(ls.shape[0], 12, dtype=torch.int64)
     packed[:, 0:4], packed[:, 4:8] = ls[:, :4], lm[:, :4]
@@ -149,6 +151,46 @@ def encode_q5_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     return _encode_scale_min(x, name, five=True)
 
 
+def encode_q2_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """llama.cpp's reference Q2_K encoding (``quantize_row_q2_K_ref``) of ``x`` [..., K] (K a
+    multiple of 256) -> uint8 [..., K / 256 * 84]: sub-blocks of 16 searched with absolute
+    error and weights |x| (nmax 3, from -0.5 in 15 steps), their scales and mins to 4 bits
+    against fp16 d and dmin, every weight re-rounded to them."""
+    x = _checked(x, name)
+    lead = x.shape[:-1]
+    sub = x.reshape(-1, 16)
+    scales, mins, q = scale_min_search(sub, sub.abs(), nmax=3, rmin=-0.5, nstep=15, mad=True)
+    scales, mins, q = scales.reshape(-1, 16), mins.reshape(-1, 16), q.reshape(-1, 16, 16)
+    zero = torch.zeros((), dtype=torch.float32)
+    max_scale = torch.where(scales.amax(dim=1) > 0, scales.amax(dim=1), zero)
+    max_min = torch.where(mins.amax(dim=1) > 0, mins.amax(dim=1), zero)
+    ls = torch.where(max_scale[:, None] > 0, torch.round(_rdiv(15.0, torch.where(max_scale > 0, max_scale, 1.0))[:, None]
+                                                          * scales), zero).to(torch.int64)
+    lm = torch.where(max_min[:, None] > 0, torch.round(_rdiv(15.0, torch.where(max_min > 0, max_min, 1.0))[:, None]
+                                                        * mins), zero).to(torch.int64)
+    sc_bytes = (ls & 0xFF) | ((lm << 4) & 0xFF)                       # as the C stores ints into bytes
+    d_bytes, d = _fp16_pair(torch.where(max_scale > 0, max_scale / 15.0, zero))
+    m_bytes, dmin = _fp16_pair(torch.where(max_min > 0, max_min / 15.0, zero))
+    dsub = d[:, None] * (sc_bytes & 0x0F).to(torch.float32)
+    dm = dmin[:, None] * (sc_bytes >> 4).to(torch.float32)
+    requant = torch.round((x.reshape(-1, 16, 16) + dm[:, :, None]) / torch.where(dsub == 0, 1.0, dsub)[:, :, None])
+    L = torch.where((dsub == 0)[:, :, None], q.to(torch.float32), requant.clamp(0, 3)).to(torch.int64)
+    L = L.reshape(-1, 2, 4, 32)                                        # halves of 128: four runs of 32
+    qs = (L[:, :, 0] | (L[:, :, 1] << 2) | (L[:, :, 2] << 4) | (L[:, :, 3] << 6)).reshape(-1, 64)
+    out = torch.cat([sc_bytes.to(torch.uint8), qs.to(torch.uint8), d_bytes, m_bytes], dim=1)
+    return out.reshape(*lead, -1)
+
+
+def _checked(x: torch.Tensor, name: str) -> torch.Tensor:
+    x = x.detach().to(torch.float32)
+    if x.shape[-1] % SUPER:
+        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of the "
+                                f"k-quants' super-block of {SUPER}")
+    if not bool(torch.isfinite(x).all()):
+        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
+    return x
+
+
 def symmetric_search(x: torch.Tensor, nmax: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """llama.cpp's ``make_qx_quants`` with weights x^2 (rmse_type 1) on sub-blocks x [S, n]:
     (scale [S], codes [S, n] in 0..2*nmax-1, i.e. l + nmax). The grid -nmax / v (v the first
@@ -165,7 +207,7 @@ def symmetric_search(x: torch.Tensor, nmax: int = 32) -> tuple[torch.Tensor, tor
         l = torch.round(isc[:, None] * x).clamp(-nmax, nmax - 1)
         return l, _seq_sum(w * x * l), _seq_sum(w * l * l)
 
-    l, sumlx, suml2 = grid(-nmax / v)
+    l, sumlx, suml2 = grid(_rdiv(-nmax, v))
     scale = torch.where(suml2 != 0, sumlx / torch.where(suml2 != 0, suml2, torch.ones_like(suml2)),
                         torch.zeros_like(suml2))
     best = scale * sumlx
@@ -187,12 +229,7 @@ def encode_q6_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     of 256) -> uint8 [..., K / 256 * 210]: sub-blocks of 16 scaled by ``symmetric_search``, their
     scales to int8 against d = -(the scale of largest magnitude) / 128 (fp16), every weight
     re-rounded to its stored scale, codes l + 32 in 6 bits."""
-    x = x.detach().to(torch.float32)
-    if x.shape[-1] % SUPER:
-        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of the "
-                                f"k-quants' super-block of {SUPER}")
-    if not bool(torch.isfinite(x).all()):
-        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
+    x = _checked(x, name)
     lead = x.shape[:-1]
     sub = x.reshape(-1, 16)
     scales, codes = symmetric_search(sub)
@@ -200,8 +237,8 @@ def encode_q6_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     pick = scales.abs().argmax(dim=1, keepdim=True)                      # the first of largest magnitude
     max_scale = scales.gather(1, pick).squeeze(1)
     empty = max_scale.abs() < 1e-15
-    iscale = -128.0 / torch.where(empty, torch.ones_like(max_scale), max_scale)
-    d16 = (1 / iscale).to(torch.float16)
+    iscale = _rdiv(-128.0, torch.where(empty, torch.ones_like(max_scale), max_scale))
+    d16 = _rdiv(1.0, iscale).to(torch.float16)
     q_sc = torch.clamp(torch.round(iscale[:, None] * scales), max=127).to(torch.int64)     # int8 values
     dsub = d16.to(torch.float32)[:, None] * q_sc.to(torch.float32)
     requant = torch.round(x.reshape(-1, 16, 16) / torch.where(dsub == 0, 1.0, dsub)[:, :, None]).clamp(-32, 31) + 32

@@ -13,8 +13,8 @@ their own scales (and, but for Q6_K, mins) quantized against the super-block's f
 
 Sub-blocks: 16 of 16 weights (Q2_K, Q6_K) or 8 of 32 (Q4_K, Q5_K). The arithmetic is float32 in
 llama.cpp's order (``dequantize_row_q*_K``): the sub-block's scale ``d * sc`` and offset
-``dmin * m`` first, then ``scale * q - offset``. Encoding: Q4_K, Q5_K and Q6_K in
-``ggml_kquant_search``; Q2_K's not yet.
+``dmin * m`` first, then ``scale * q - offset``. Encoding: Q2_K, Q4_K, Q5_K and Q6_K in
+``ggml_kquant_search``.
 """
 
 from __future__ import annotations
