@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from lowbit.numerics import ggml_blocks, ggml_fp4  # noqa: E402
-from lowbit.numerics.ggml_kquant_search import encode_q2_k, encode_q4_k, encode_q5_k, encode_q6_k  # noqa: E402
+from lowbit.numerics.ggml_kquant_search import encode_q2_k, encode_q3_k, encode_q4_k, encode_q5_k, encode_q6_k  # noqa: E402
 from lowbit.numerics.ggml_blocks import GgmlBlockType  # noqa: E402
 from numerics.test_ggml import _adversarial_rows, _fp4_rows  # noqa: E402
 
@@ -69,6 +69,7 @@ def main() -> None:
     x = q4_k_rows()
     ref = {"x": x.contiguous()}
     for kind, fn, nb, encode in (("q2_k", "quantize_row_q2_K_ref", 84, encode_q2_k),
+                                 ("q3_k", "quantize_row_q3_K_ref", 110, encode_q3_k),
                                  ("q4_k", "quantize_row_q4_K_ref", 144, encode_q4_k),
                                  ("q5_k", "quantize_row_q5_K_ref", 176, encode_q5_k),
                                  ("q6_k", "quantize_row_q6_K_ref", 210, encode_q6_k)):

@@ -20,7 +20,7 @@ from lowbit.numerics.ggml_kquants import KQuantType  # noqa: E402
 
 BLOCK_TYPES = {GgmlBlockType.Q8_0: T.Q8_0, GgmlBlockType.Q4_0: T.Q4_0, GgmlBlockType.Q4_1: T.Q4_1,
                GgmlBlockType.Q5_0: T.Q5_0, GgmlBlockType.Q5_1: T.Q5_1}
-K_TYPES = {KQuantType.Q2_K: T.Q2_K, KQuantType.Q4_K: T.Q4_K, KQuantType.Q5_K: T.Q5_K, KQuantType.Q6_K: T.Q6_K}
+K_TYPES = {KQuantType.Q2_K: T.Q2_K, KQuantType.Q3_K: T.Q3_K, KQuantType.Q4_K: T.Q4_K, KQuantType.Q5_K: T.Q5_K, KQuantType.Q6_K: T.Q6_K}
 
 
 def _adversarial_rows() -> torch.Tensor:
@@ -70,7 +70,7 @@ def test_kquant_decode_equals_gguf_py_on_any_bytes(kind):
     nb = ggml_kquants.SUPER_BYTES[kind]
     data = torch.randint(0, 256, (16, 2 * nb), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     blk = data.view(-1, nb)
-    for off in {KQuantType.Q2_K: (81, 83), KQuantType.Q4_K: (1, 3), KQuantType.Q5_K: (1, 3),
+    for off in {KQuantType.Q2_K: (81, 83), KQuantType.Q3_K: (109,), KQuantType.Q4_K: (1, 3), KQuantType.Q5_K: (1, 3),
                 KQuantType.Q6_K: (209,)}[kind]:
         blk[:, off] &= 0x7B  # finite fp16 d / dmin (the high byte's exponent bits not all ones)
     ours = ggml_kquants.decode(data, kind)

@@ -1,4 +1,4 @@
-"""Q2_K's, Q4_K's, Q5_K's and Q6_K's encodings (llama.cpp's scale/min and symmetric searches) are byte-identical to llama.cpp's C
+"""Every k-quant's encoding (Q2_K to Q6_K) (llama.cpp's scale/min and symmetric searches) are byte-identical to llama.cpp's C
 reference on the bytes it wrote (tests/numerics/data/kquant_reference.safetensors, made by
 bench/gguf/check_ggml_reference.py from libggml-base), and decode as gguf-py does."""
 
@@ -12,11 +12,12 @@ import torch
 from safetensors.torch import load_file
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics.ggml_kquant_search import _rdiv, encode_q2_k, encode_q4_k, encode_q5_k, encode_q6_k, scale_min_search
+from lowbit.numerics.ggml_kquant_search import _rdiv, encode_q2_k, encode_q3_k, encode_q4_k, encode_q5_k, encode_q6_k, scale_min_search
 from lowbit.numerics.ggml_kquants import KQuantType, decode
 
 REFERENCE = Path(__file__).parent / "data" / "kquant_reference.safetensors"
-ENCODERS = {"q2_k": (encode_q2_k, KQuantType.Q2_K, 84, 0.45), "q4_k": (encode_q4_k, KQuantType.Q4_K, 144, 0.12), "q5_k": (encode_q5_k, KQuantType.Q5_K, 176, 0.06),
+ENCODERS = {"q2_k": (encode_q2_k, KQuantType.Q2_K, 84, 0.45), "q3_k": (encode_q3_k, KQuantType.Q3_K, 110, 0.25),
+            "q4_k": (encode_q4_k, KQuantType.Q4_K, 144, 0.12), "q5_k": (encode_q5_k, KQuantType.Q5_K, 176, 0.06),
             "q6_k": (encode_q6_k, KQuantType.Q6_K, 210, 0.03)}
 
 

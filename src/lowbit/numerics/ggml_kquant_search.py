@@ -1,4 +1,4 @@
-"""llama.cpp's reference searches of the k-quants, and Q2_K's, Q4_K's, Q5_K's and Q6_K's encodings.
+"""llama.cpp's reference searches of the k-quants and the encodings of Q2_K to Q6_K with them.
 
 ``Q4_K`` (``quantize_row_q4_K_ref``): each sub-block of 32 weights gets a scale and a min from a
 weighted least-squares search over 21 candidate grids (``scale_min_search``, llama.cpp's
@@ -249,4 +249,70 @@ def encode_q6_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     out = torch.cat([ql.to(torch.uint8), qh.reshape(-1, 64).to(torch.uint8),
                      (q_sc & 0xFF).to(torch.uint8), d16.contiguous().view(torch.uint8).reshape(-1, 2)], dim=1)
     out[empty] = 0                                                       # an all-zero super-block: zero bytes
+    return out.reshape(*lead, -1)
+
+
+def refined_symmetric(x: torch.Tensor, nmax: int = 4, tries: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's ``make_q3_quants`` with do_rmse on sub-blocks x [S, n]: codes from the grid
+    -nmax / v, then up to ``tries`` passes that move one code at a time, in order, to
+    round(x * suml2' / sumlx') when that raises sumlx^2 / suml2 (weights x^2). Returns (scale [S],
+    codes [S, n] in 0..2*nmax-1). A pass that changes nothing leaves a fixed point, so running all
+    passes equals the C's early stop."""
+    amax = x.abs().amax(dim=1)
+    v = x.gather(1, x.abs().argmax(dim=1, keepdim=True)).squeeze(1)
+    zero = amax < 1e-15
+    v = torch.where(zero, torch.ones_like(v), v)
+    w = x * x
+    L = torch.round(_rdiv(-nmax, v)[:, None] * x).clamp(-nmax, nmax - 1)
+    sumlx, suml2 = _seq_sum(w * x * L), _seq_sum(w * L * L)
+    for _ in range(tries):
+        for i in range(x.shape[1]):
+            wi, xi, li = w[:, i], x[:, i], L[:, i]
+            slx = sumlx - wi * xi * li
+            sl2 = suml2 - wi * li * li
+            pos = slx > 0
+            new = torch.round(xi * sl2 / torch.where(pos, slx, torch.ones_like(slx))).clamp(-nmax, nmax - 1)
+            slx2 = slx + wi * xi * new
+            sl22 = sl2 + wi * new * new
+            take = pos & (new != li) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = torch.where(take, new, li)
+            sumlx = torch.where(take, slx2, sumlx)
+            suml2 = torch.where(take, sl22, suml2)
+    scale = torch.where(suml2 > 0, sumlx / torch.where(suml2 > 0, suml2, torch.ones_like(suml2)),
+                        torch.zeros_like(suml2))
+    scale = torch.where(zero, torch.zeros_like(scale), scale)
+    codes = torch.where(zero[:, None], torch.zeros_like(L), L + nmax)
+    return scale, codes.to(torch.int64)
+
+
+def encode_q3_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """llama.cpp's reference Q3_K encoding (``quantize_row_q3_K_ref``) of ``x`` [..., K] (K a
+    multiple of 256) -> uint8 [..., K / 256 * 110]: sub-blocks of 16 by ``refined_symmetric``,
+    their scales to 6 bits (offset 32) against d = -(the scale of largest magnitude) / 32 (fp16),
+    every weight re-rounded to its stored scale, codes l + 4: two bits in qs, the third in hmask."""
+    x = _checked(x, name)
+    lead = x.shape[:-1]
+    scales, codes = refined_symmetric(x.reshape(-1, 16))
+    scales, codes = scales.reshape(-1, 16), codes.reshape(-1, 16, 16)
+    max_scale = scales.gather(1, scales.abs().argmax(dim=1, keepdim=True)).squeeze(1)
+    has = max_scale != 0
+    iscale = _rdiv(-32.0, torch.where(has, max_scale, torch.ones_like(max_scale)))
+    l6 = torch.round(iscale[:, None] * scales).clamp(-32, 31).to(torch.int64) + 32       # [N, 16]
+    l6 = torch.where(has[:, None], l6, torch.zeros_like(l6))
+    packed = torch.zeros(l6.shape[0], 12, dtype=torch.int64)
+    packed[:, 0:8] = (l6[:, :8] & 0x0F) | ((l6[:, 8:] & 0x0F) << 4)
+    j = torch.arange(16)
+    for k in range(4):  # byte 8 + k: the top two bits of sub-blocks k, k + 4, k + 8, k + 12
+        packed[:, 8 + k] = sum(((l6[:, jj] >> 4) << (2 * (jj // 4))) for jj in j[j % 4 == k].tolist())
+    d16 = torch.where(has, _rdiv(1.0, iscale), torch.zeros_like(iscale)).to(torch.float16)
+    dsub = d16.to(torch.float32)[:, None] * (l6 - 32).to(torch.float32)
+    requant = torch.round(x.reshape(-1, 16, 16) / torch.where(dsub == 0, 1.0, dsub)[:, :, None]).clamp(-4, 3) + 4
+    L = torch.where((dsub == 0)[:, :, None], codes.to(torch.float32), requant).to(torch.int64).reshape(-1, SUPER)
+    high = L > 3
+    bits = high.to(torch.int64).reshape(-1, 8, 32) << torch.arange(8).reshape(1, 8, 1)     # weight o: bit o // 32
+    hmask = bits.sum(dim=1)
+    L = torch.where(high, L - 4, L).reshape(-1, 2, 4, 32)
+    qs = (L[:, :, 0] | (L[:, :, 1] << 2) | (L[:, :, 2] << 4) | (L[:, :, 3] << 6)).reshape(-1, 64)
+    out = torch.cat([hmask.to(torch.uint8), qs.to(torch.uint8), packed.to(torch.uint8),
+                     d16.contiguous().view(torch.uint8).reshape(-1, 2)], dim=1)
     return out.reshape(*lead, -1)

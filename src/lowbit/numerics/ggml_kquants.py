@@ -1,4 +1,4 @@
-"""GGML's k-quant super-blocks (llama.cpp's Q2_K, Q4_K, Q5_K, Q6_K): decode.
+"""GGML's k-quant super-blocks (llama.cpp's Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): decode.
 
 Pure functions on tensors. A super-block is 256 consecutive weights of a row, in sub-blocks with
 their own scales (and, but for Q6_K, mins) quantized against the super-block's fp16 ``d`` (and
@@ -7,14 +7,14 @@ their own scales (and, but for Q6_K, mins) quantized against the super-block's f
 | type | bytes | layout | value |
 |---|---|---|---|
 | Q2_K | 84 | scales[16] (low nibble scale, high nibble min), qs[64] (2-bit), d, dmin | d*sc * q - dmin*m |
+| Q3_K | 110 | hmask[32] (third bits), qs[64] (2-bit), scales[12] (sixteen 6-bit, offset 32), d | d*(sc-32) * (q-4) |
 | Q4_K | 144 | d, dmin, scales[12] (eight 6-bit scales and mins), qs[128] (nibbles) | d*sc * q - dmin*m |
 | Q5_K | 176 | d, dmin, scales[12], qh[32] (fifth bits), qs[128] | d*sc * q - dmin*m |
 | Q6_K | 210 | ql[128] (low nibbles), qh[64] (2 high bits), scales[16] (int8), d | d*sc * (q - 32) |
 
-Sub-blocks: 16 of 16 weights (Q2_K, Q6_K) or 8 of 32 (Q4_K, Q5_K). The arithmetic is float32 in
+Sub-blocks: 16 of 16 weights (Q2_K, Q3_K, Q6_K) or 8 of 32 (Q4_K, Q5_K). The arithmetic is float32 in
 llama.cpp's order (``dequantize_row_q*_K``): the sub-block's scale ``d * sc`` and offset
-``dmin * m`` first, then ``scale * q - offset``. Encoding: Q2_K, Q4_K, Q5_K and Q6_K in
-``ggml_kquant_search``.
+``dmin * m`` first, then ``scale * q - offset``. Encoding: every type, in ``ggml_kquant_search``.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ SUPER = 256
 
 class KQuantType(str, enum.Enum):
     Q2_K = "q2_k"
+    Q3_K = "q3_k"
     Q4_K = "q4_k"
     Q5_K = "q5_k"
     Q6_K = "q6_k"
 
 
 #: bytes per super-block of 256 weights
-SUPER_BYTES = {KQuantType.Q2_K: 84, KQuantType.Q4_K: 144, KQuantType.Q5_K: 176, KQuantType.Q6_K: 210}
+SUPER_BYTES = {KQuantType.Q2_K: 84, KQuantType.Q3_K: 110, KQuantType.Q4_K: 144, KQuantType.Q5_K: 176, KQuantType.Q6_K: 210}
 
 
 def _fp16(b: torch.Tensor) -> torch.Tensor:
@@ -65,6 +66,31 @@ def _q2_k(blk: torch.Tensor) -> torch.Tensor:
     scale = (d * (sc & 0x0F).to(torch.float32)).reshape(-1, 2, 4, 2, 1)
     offset = (dmin * (sc >> 4).to(torch.float32)).reshape(-1, 2, 4, 2, 1)
     return (scale * q - offset).reshape(-1, SUPER)
+
+
+def q3_k_scales(s: torch.Tensor) -> torch.Tensor:
+    """The 12 packed bytes of Q3_K [N, 12] -> sixteen 6-bit scales [N, 16] (0..63, offset 32 not
+    taken): low nibbles of bytes 0-7 for sub-blocks 0-7, their high nibbles for 8-15, and the top
+    two bits of sub-block j in bits 2*(j // 4) of byte 8 + j % 4."""
+    s = s.to(torch.int32)
+    low = torch.cat([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], dim=1)
+    j = torch.arange(16)
+    high = (s[:, 8 + j % 4] >> (2 * (j // 4))) & 3
+    return low | (high << 4)
+
+
+def _q3_k(blk: torch.Tensor) -> torch.Tensor:
+    hmask = blk[:, 0:32].to(torch.int32)
+    qs = blk[:, 32:96].to(torch.int32).reshape(-1, 2, 1, 32)         # [N, half, 1, 32]
+    sc = (q3_k_scales(blk[:, 96:108]) - 32).to(torch.float32)       # [N, 16]
+    d = _fp16(blk[:, 108:110]).reshape(-1, 1)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.int32).reshape(1, 1, 4, 1)
+    q = (qs >> shifts) & 3                                           # [N, half, shift, 32]
+    bit = torch.arange(8, dtype=torch.int32).reshape(1, 2, 4, 1)     # hmask bit: half * 4 + shift
+    high = (hmask[:, None, None, :] >> bit) & 1
+    q = (q - torch.where(high == 1, 0, 4)).to(torch.float32).reshape(-1, 2, 4, 2, 16)
+    scale = (d * sc).reshape(-1, 2, 4, 2, 1)
+    return (scale * q).reshape(-1, SUPER)
 
 
 def _q45_k(blk: torch.Tensor, five: bool) -> torch.Tensor:
@@ -108,6 +134,8 @@ def decode(data: torch.Tensor, kind: KQuantType) -> torch.Tensor:
     blk = data.reshape(-1, nb)
     if kind is KQuantType.Q2_K:
         out = _q2_k(blk)
+    elif kind is KQuantType.Q3_K:
+        out = _q3_k(blk)
     elif kind is KQuantType.Q6_K:
         out = _q6_k(blk)
     else:
