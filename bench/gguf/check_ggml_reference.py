@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from lowbit.numerics import ggml_blocks, ggml_fp4  # noqa: E402
 from lowbit.numerics.ggml_kquant_search import encode_q2_k, encode_q3_k, encode_q4_k, encode_q5_k, encode_q6_k  # noqa: E402
-from lowbit.numerics.ggml_blocks import GgmlBlockType  # noqa: E402
+from lowbit.numerics.ggml import GgmlType  # noqa: E402
 from numerics.test_ggml import _adversarial_rows, _fp4_rows  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def q4_k_rows() -> torch.Tensor:
 def main() -> None:
     lib = ctypes.CDLL(sys.argv[1])
     x = _adversarial_rows().numpy()
-    for kind in GgmlBlockType:
+    for kind in ggml_blocks.BLOCK_BYTES:
         c = c_encode(lib, f"quantize_row_{kind.value}_ref", x, ggml_blocks.BLOCK_BYTES[kind], 32)
         ours = ggml_blocks.encode(torch.from_numpy(x), kind).numpy()
         print(f"| {kind.value} | {x.shape[0]} | {'identical' if np.array_equal(c, ours) else 'DIFFERENT'} |")

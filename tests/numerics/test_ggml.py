@@ -15,12 +15,11 @@ from gguf.quants import dequantize as g_dequantize, quantize as g_quantize  # no
 
 from lowbit.errors import QuantizationError  # noqa: E402
 from lowbit.numerics import ggml_blocks, ggml_kquants  # noqa: E402
-from lowbit.numerics.ggml_blocks import GgmlBlockType  # noqa: E402
-from lowbit.numerics.ggml_kquants import KQuantType  # noqa: E402
+from lowbit.numerics.ggml import GgmlType  # noqa: E402
 
-BLOCK_TYPES = {GgmlBlockType.Q8_0: T.Q8_0, GgmlBlockType.Q4_0: T.Q4_0, GgmlBlockType.Q4_1: T.Q4_1,
-               GgmlBlockType.Q5_0: T.Q5_0, GgmlBlockType.Q5_1: T.Q5_1}
-K_TYPES = {KQuantType.Q2_K: T.Q2_K, KQuantType.Q3_K: T.Q3_K, KQuantType.Q4_K: T.Q4_K, KQuantType.Q5_K: T.Q5_K, KQuantType.Q6_K: T.Q6_K}
+BLOCK_TYPES = {GgmlType.Q8_0: T.Q8_0, GgmlType.Q4_0: T.Q4_0, GgmlType.Q4_1: T.Q4_1,
+               GgmlType.Q5_0: T.Q5_0, GgmlType.Q5_1: T.Q5_1}
+K_TYPES = {GgmlType.Q2_K: T.Q2_K, GgmlType.Q3_K: T.Q3_K, GgmlType.Q4_K: T.Q4_K, GgmlType.Q5_K: T.Q5_K, GgmlType.Q6_K: T.Q6_K}
 
 
 def _adversarial_rows() -> torch.Tensor:
@@ -54,7 +53,7 @@ def test_decode_equals_gguf_py_on_any_bytes(kind):
     nb = ggml_blocks.BLOCK_BYTES[kind]
     data = torch.randint(0, 256, (64, 4 * nb), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     data.view(-1, nb)[:, 1] &= 0x7B  # a finite fp16 d (exponent bits not all ones) ...
-    if kind in (GgmlBlockType.Q4_1, GgmlBlockType.Q5_1):
+    if kind in (GgmlType.Q4_1, GgmlType.Q5_1):
         data.view(-1, nb)[:, 3] &= 0x7B  # ... and m: every value finite, compared bit for bit
     ours = ggml_blocks.decode(data, kind)
     theirs = g_dequantize(data.numpy(), BLOCK_TYPES[kind])
@@ -70,8 +69,8 @@ def test_kquant_decode_equals_gguf_py_on_any_bytes(kind):
     nb = ggml_kquants.SUPER_BYTES[kind]
     data = torch.randint(0, 256, (16, 2 * nb), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     blk = data.view(-1, nb)
-    for off in {KQuantType.Q2_K: (81, 83), KQuantType.Q3_K: (109,), KQuantType.Q4_K: (1, 3), KQuantType.Q5_K: (1, 3),
-                KQuantType.Q6_K: (209,)}[kind]:
+    for off in {GgmlType.Q2_K: (81, 83), GgmlType.Q3_K: (109,), GgmlType.Q4_K: (1, 3), GgmlType.Q5_K: (1, 3),
+                GgmlType.Q6_K: (209,)}[kind]:
         blk[:, off] &= 0x7B  # finite fp16 d / dmin (the high byte's exponent bits not all ones)
     ours = ggml_kquants.decode(data, kind)
     theirs = g_dequantize(data.numpy(), K_TYPES[kind])
@@ -86,15 +85,15 @@ def test_roundf_ties_away_from_zero_and_exact_below_a_half():
 
 def test_bad_input_is_a_clear_error():
     with pytest.raises(QuantizationError, match="'w'.*multiple of GGML's block of 32"):
-        ggml_blocks.encode(torch.zeros(2, 48), GgmlBlockType.Q8_0, name="w")
+        ggml_blocks.encode(torch.zeros(2, 48), GgmlType.Q8_0, name="w")
     bad = torch.zeros(1, 32)
     bad[0, 5] = float("nan")
     with pytest.raises(QuantizationError, match="'w' holds NaN"):
-        ggml_blocks.encode(bad, GgmlBlockType.Q4_0, name="w")
+        ggml_blocks.encode(bad, GgmlType.Q4_0, name="w")
     with pytest.raises(QuantizationError, match="whole blocks of 34 bytes"):
-        ggml_blocks.decode(torch.zeros(1, 33, dtype=torch.uint8), GgmlBlockType.Q8_0)
+        ggml_blocks.decode(torch.zeros(1, 33, dtype=torch.uint8), GgmlType.Q8_0)
     with pytest.raises(QuantizationError, match="whole super-blocks of 210 bytes"):
-        ggml_kquants.decode(torch.zeros(1, 200, dtype=torch.uint8), KQuantType.Q6_K)
+        ggml_kquants.decode(torch.zeros(1, 200, dtype=torch.uint8), GgmlType.Q6_K)
 
 
 def _fp4_rows() -> torch.Tensor:
@@ -138,3 +137,23 @@ def test_nvfp4_decode_equals_gguf_py_on_any_bytes():
     data.view(-1, 36)[:, :4] &= 0x7F  # UE4M3 scale codes (the sign bit unused)
     np.testing.assert_array_equal(ggml_fp4.decode_nvfp4(data).numpy().view(np.uint32),
                                   g_dequantize(data.numpy(), T.NVFP4).astype(np.float32).view(np.uint32))
+
+
+def test_one_entry_point_for_every_type():
+    from lowbit.numerics import ggml
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 512, generator=g)
+    for kind in GgmlType:
+        n, nb = ggml.GEOMETRY[kind]
+        if kind is GgmlType.NVFP4:
+            with pytest.raises(QuantizationError, match="does not encode it yet"):
+                ggml.encode(x, kind, name="w")
+            continue
+        data = ggml.encode(x, kind)
+        assert data.shape == (3, 512 // n * nb) and data.dtype == torch.uint8
+        back = ggml.decode(data, kind)
+        assert back.shape == x.shape
+        rel = float((back - x).norm() / x.norm())
+        assert rel < {2: 0.5, 3: 0.25}.get(int(ggml.bits_per_weight(kind)), 0.15), (kind, rel)
+    assert ggml.bits_per_weight(GgmlType.Q4_K) == 4.5 and ggml.bits_per_weight(GgmlType.Q8_0) == 8.5

@@ -13,12 +13,13 @@ from safetensors.torch import load_file
 
 from lowbit.errors import QuantizationError
 from lowbit.numerics.ggml_kquant_search import _rdiv, encode_q2_k, encode_q3_k, encode_q4_k, encode_q5_k, encode_q6_k, scale_min_search
-from lowbit.numerics.ggml_kquants import KQuantType, decode
+from lowbit.numerics.ggml import GgmlType
+from lowbit.numerics.ggml_kquants import decode
 
 REFERENCE = Path(__file__).parent / "data" / "kquant_reference.safetensors"
-ENCODERS = {"q2_k": (encode_q2_k, KQuantType.Q2_K, 84, 0.45), "q3_k": (encode_q3_k, KQuantType.Q3_K, 110, 0.25),
-            "q4_k": (encode_q4_k, KQuantType.Q4_K, 144, 0.12), "q5_k": (encode_q5_k, KQuantType.Q5_K, 176, 0.06),
-            "q6_k": (encode_q6_k, KQuantType.Q6_K, 210, 0.03)}
+ENCODERS = {"q2_k": (encode_q2_k, GgmlType.Q2_K, 84, 0.45), "q3_k": (encode_q3_k, GgmlType.Q3_K, 110, 0.25),
+            "q4_k": (encode_q4_k, GgmlType.Q4_K, 144, 0.12), "q5_k": (encode_q5_k, GgmlType.Q5_K, 176, 0.06),
+            "q6_k": (encode_q6_k, GgmlType.Q6_K, 210, 0.03)}
 
 
 @pytest.mark.parametrize("kind", list(ENCODERS))

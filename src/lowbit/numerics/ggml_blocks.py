@@ -27,28 +27,19 @@ A NaN or infinite weight is a QuantizationError naming the tensor.
 
 from __future__ import annotations
 
-import enum
-
 import torch
 
 from lowbit.errors import QuantizationError
+from lowbit.numerics.ggml import GgmlType
 
 BLOCK = 32
 
 
-class GgmlBlockType(str, enum.Enum):
-    Q8_0 = "q8_0"
-    Q4_0 = "q4_0"
-    Q4_1 = "q4_1"
-    Q5_0 = "q5_0"
-    Q5_1 = "q5_1"
-
-
 #: bytes per block of 32 weights
-BLOCK_BYTES = {GgmlBlockType.Q8_0: 34, GgmlBlockType.Q4_0: 18, GgmlBlockType.Q4_1: 20, GgmlBlockType.Q5_0: 22,
-               GgmlBlockType.Q5_1: 24}
-_BITS = {GgmlBlockType.Q4_0: 4, GgmlBlockType.Q4_1: 4, GgmlBlockType.Q5_0: 5, GgmlBlockType.Q5_1: 5}
-_MIN_TYPES = (GgmlBlockType.Q4_1, GgmlBlockType.Q5_1)
+BLOCK_BYTES = {GgmlType.Q8_0: 34, GgmlType.Q4_0: 18, GgmlType.Q4_1: 20, GgmlType.Q5_0: 22,
+               GgmlType.Q5_1: 24}
+_BITS = {GgmlType.Q4_0: 4, GgmlType.Q4_1: 4, GgmlType.Q5_0: 5, GgmlType.Q5_1: 5}
+_MIN_TYPES = (GgmlType.Q4_1, GgmlType.Q5_1)
 
 
 def roundf(x: torch.Tensor) -> torch.Tensor:
@@ -98,12 +89,14 @@ def _fifth_bits(q: torch.Tensor) -> torch.Tensor:
     return torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=1).to(torch.uint8)
 
 
-def encode(x: torch.Tensor, kind: GgmlBlockType, name: str = "tensor") -> torch.Tensor:
+def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor") -> torch.Tensor:
     """llama.cpp's reference encoding of ``x`` [..., K] (K a multiple of 32) as uint8 [..., K / 32 * B]."""
-    kind = GgmlBlockType(kind)
+    kind = GgmlType(kind)
+    if kind not in BLOCK_BYTES:
+        raise QuantizationError(f"{kind.value} is not one of GGML's 32-weight block types")
     lead = x.shape[:-1]
     b = _blocks(x, name)
-    if kind is GgmlBlockType.Q8_0:
+    if kind is GgmlType.Q8_0:
         d = b.abs().amax(dim=1) / 127
         q = roundf(b * _inverse(d)[:, None]).to(torch.int8).view(torch.uint8)
         out = torch.cat([_fp16_bytes(d), q], dim=1)
@@ -124,9 +117,11 @@ def encode(x: torch.Tensor, kind: GgmlBlockType, name: str = "tensor") -> torch.
     return out.reshape(*lead, -1)
 
 
-def decode(data: torch.Tensor, kind: GgmlBlockType) -> torch.Tensor:
+def decode(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
     """uint8 [..., n * B] blocks of ``kind`` -> float32 [..., n * 32], as llama.cpp dequantizes."""
-    kind = GgmlBlockType(kind)
+    kind = GgmlType(kind)
+    if kind not in BLOCK_BYTES:
+        raise QuantizationError(f"{kind.value} is not one of GGML's 32-weight block types")
     nb = BLOCK_BYTES[kind]
     if data.dtype != torch.uint8 or data.shape[-1] % nb:
         raise QuantizationError(f"{kind.value} data must be uint8 in whole blocks of {nb} bytes, got "
@@ -134,7 +129,7 @@ def decode(data: torch.Tensor, kind: GgmlBlockType) -> torch.Tensor:
     lead = data.shape[:-1]
     blk = data.reshape(-1, nb)
     d = _fp16(blk[:, 0:2])[:, None]
-    if kind is GgmlBlockType.Q8_0:
+    if kind is GgmlType.Q8_0:
         q = blk[:, 2:].contiguous().view(torch.int8).to(torch.float32)
         return (q * d).reshape(*lead, -1)
     at = 4 if kind in _MIN_TYPES else 2

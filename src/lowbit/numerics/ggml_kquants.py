@@ -19,25 +19,16 @@ llama.cpp's order (``dequantize_row_q*_K``): the sub-block's scale ``d * sc`` an
 
 from __future__ import annotations
 
-import enum
-
 import torch
 
 from lowbit.errors import QuantizationError
+from lowbit.numerics.ggml import GgmlType
 
 SUPER = 256
 
 
-class KQuantType(str, enum.Enum):
-    Q2_K = "q2_k"
-    Q3_K = "q3_k"
-    Q4_K = "q4_k"
-    Q5_K = "q5_k"
-    Q6_K = "q6_k"
-
-
 #: bytes per super-block of 256 weights
-SUPER_BYTES = {KQuantType.Q2_K: 84, KQuantType.Q3_K: 110, KQuantType.Q4_K: 144, KQuantType.Q5_K: 176, KQuantType.Q6_K: 210}
+SUPER_BYTES = {GgmlType.Q2_K: 84, GgmlType.Q3_K: 110, GgmlType.Q4_K: 144, GgmlType.Q5_K: 176, GgmlType.Q6_K: 210}
 
 
 def _fp16(b: torch.Tensor) -> torch.Tensor:
@@ -123,21 +114,23 @@ def _q6_k(blk: torch.Tensor) -> torch.Tensor:
     return (scale * q.reshape(-1, 2, 4, 2, 16)).reshape(-1, SUPER)
 
 
-def decode(data: torch.Tensor, kind: KQuantType) -> torch.Tensor:
+def decode(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
     """uint8 [..., n * B] super-blocks of ``kind`` -> float32 [..., n * 256], as llama.cpp dequantizes."""
-    kind = KQuantType(kind)
+    kind = GgmlType(kind)
+    if kind not in SUPER_BYTES:
+        raise QuantizationError(f"{kind.value} is not a k-quant type")
     nb = SUPER_BYTES[kind]
     if data.dtype != torch.uint8 or data.shape[-1] % nb:
         raise QuantizationError(f"{kind.value} data must be uint8 in whole super-blocks of {nb} bytes, got "
                                 f"{data.dtype} [..., {data.shape[-1]}]")
     lead = data.shape[:-1]
     blk = data.reshape(-1, nb)
-    if kind is KQuantType.Q2_K:
+    if kind is GgmlType.Q2_K:
         out = _q2_k(blk)
-    elif kind is KQuantType.Q3_K:
+    elif kind is GgmlType.Q3_K:
         out = _q3_k(blk)
-    elif kind is KQuantType.Q6_K:
+    elif kind is GgmlType.Q6_K:
         out = _q6_k(blk)
     else:
-        out = _q45_k(blk, kind is KQuantType.Q5_K)
+        out = _q45_k(blk, kind is GgmlType.Q5_K)
     return out.reshape(*lead, -1)

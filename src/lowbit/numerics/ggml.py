@@ -1,0 +1,75 @@
+"""GGML's weight types, one entry point: ``GgmlType``, its block geometry, ``encode`` and ``decode``.
+
+    from lowbit.numerics.ggml import GgmlType, encode, decode
+    data = encode(w, GgmlType.Q4_K)          # uint8 [out, in / 256 * 144], llama.cpp's reference bytes
+    back = decode(data, GgmlType.Q4_K)       # float32 [out, in], as llama.cpp dequantizes
+
+Each type has one definition in the module that implements it (``ggml_blocks``: Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1; ``ggml_kquants`` / ``ggml_kquant_search``: Q2_K ... Q6_K; ``ggml_fp4``: MXFP4,
+NVFP4); this module only dispatches on the typed value. Encoding is llama.cpp's reference
+quantizer without importance weights, byte for byte (tests/numerics, bench/gguf/RESULTS-gguf.md).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from lowbit.errors import QuantizationError
+
+
+class GgmlType(str, enum.Enum):
+    """GGML tensor types lowbit encodes or decodes (values: gguf-py's names, lower case)."""
+
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
+    Q4_1 = "q4_1"
+    Q5_0 = "q5_0"
+    Q5_1 = "q5_1"
+    Q2_K = "q2_k"
+    Q3_K = "q3_k"
+    Q4_K = "q4_k"
+    Q5_K = "q5_k"
+    Q6_K = "q6_k"
+    MXFP4 = "mxfp4"
+    NVFP4 = "nvfp4"
+
+
+#: (weights per block, bytes per block)
+GEOMETRY = {GgmlType.Q8_0: (32, 34), GgmlType.Q4_0: (32, 18), GgmlType.Q4_1: (32, 20), GgmlType.Q5_0: (32, 22),
+            GgmlType.Q5_1: (32, 24), GgmlType.Q2_K: (256, 84), GgmlType.Q3_K: (256, 110),
+            GgmlType.Q4_K: (256, 144), GgmlType.Q5_K: (256, 176), GgmlType.Q6_K: (256, 210),
+            GgmlType.MXFP4: (32, 17), GgmlType.NVFP4: (64, 36)}
+
+
+def bits_per_weight(kind: GgmlType) -> float:
+    """Stored bits per weight, scales included (Q4_K: 4.5)."""
+    n, b = GEOMETRY[GgmlType(kind)]
+    return 8 * b / n
+
+
+def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor") -> torch.Tensor:
+    """``x`` [..., K] as GGML ``kind`` blocks, uint8 [..., K / n * B] (llama.cpp's reference bytes)."""
+    from lowbit.numerics import ggml_blocks, ggml_fp4, ggml_kquant_search as ks
+
+    kind = GgmlType(kind)
+    if kind in ggml_blocks.BLOCK_BYTES:
+        return ggml_blocks.encode(x, kind, name)
+    encoders = {GgmlType.Q2_K: ks.encode_q2_k, GgmlType.Q3_K: ks.encode_q3_k, GgmlType.Q4_K: ks.encode_q4_k,
+                GgmlType.Q5_K: ks.encode_q5_k, GgmlType.Q6_K: ks.encode_q6_k, GgmlType.MXFP4: ggml_fp4.encode_mxfp4}
+    if kind not in encoders:
+        raise QuantizationError(f"tensor {name!r}: lowbit decodes GGML {kind.value} but does not encode it yet")
+    return encoders[kind](x, name)
+
+
+def decode(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
+    """uint8 [..., n_blocks * B] of GGML ``kind`` -> float32 [..., n_blocks * n], as llama.cpp dequantizes."""
+    from lowbit.numerics import ggml_blocks, ggml_fp4, ggml_kquants
+
+    kind = GgmlType(kind)
+    if kind in ggml_blocks.BLOCK_BYTES:
+        return ggml_blocks.decode(data, kind)
+    if kind in ggml_kquants.SUPER_BYTES:
+        return ggml_kquants.decode(data, kind)
+    return ggml_fp4.decode_mxfp4(data) if kind is GgmlType.MXFP4 else ggml_fp4.decode_nvfp4(data)
