@@ -92,7 +92,7 @@ def test_bad_input_is_a_clear_error():
         ggml_blocks.encode(bad, GgmlType.Q4_0, name="w")
     with pytest.raises(QuantizationError, match="whole blocks of 34 bytes"):
         ggml_blocks.decode(torch.zeros(1, 33, dtype=torch.uint8), GgmlType.Q8_0)
-    with pytest.raises(QuantizationError, match="whole super-blocks of 210 bytes"):
+    with pytest.raises(QuantizationError, match="q6_k data must be uint8 in whole blocks of 210 bytes"):
         ggml_kquants.decode(torch.zeros(1, 200, dtype=torch.uint8), GgmlType.Q6_K)
 
 

@@ -43,6 +43,27 @@ GEOMETRY = {GgmlType.Q8_0: (32, 34), GgmlType.Q4_0: (32, 18), GgmlType.Q4_1: (32
             GgmlType.MXFP4: (32, 17), GgmlType.NVFP4: (64, 36)}
 
 
+def weights_in_rows(x: torch.Tensor, block: int, name: str, what: str = "block") -> torch.Tensor:
+    """``x`` [..., K] as float32 rows of ``block`` weights [K / block * ..., block]; a QuantizationError
+    naming the tensor if K is not a multiple of ``block`` or a weight is NaN or infinite."""
+    x = x.detach().to(torch.float32)
+    if x.shape[-1] % block:
+        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of GGML's "
+                                f"{what} of {block}")
+    if not bool(torch.isfinite(x).all()):
+        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
+    return x.reshape(-1, block)
+
+
+def bytes_in_blocks(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
+    """uint8 ``data`` [..., n * B] of ``kind`` as blocks [n * ..., B]; a QuantizationError otherwise."""
+    nb = GEOMETRY[kind][1]
+    if data.dtype != torch.uint8 or data.shape[-1] % nb:
+        raise QuantizationError(f"{kind.value} data must be uint8 in whole blocks of {nb} bytes, got "
+                                f"{data.dtype} [..., {data.shape[-1]}]")
+    return data.reshape(-1, nb)
+
+
 def bits_per_weight(kind: GgmlType) -> float:
     """Stored bits per weight, scales included (Q4_K: 4.5)."""
     n, b = GEOMETRY[GgmlType(kind)]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics.ggml import GgmlType
+from lowbit.numerics.ggml import GgmlType, bytes_in_blocks, weights_in_rows
 
 BLOCK = 32
 
@@ -66,16 +66,6 @@ def _fp16(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float16).reshape(-1).to(torch.float32)
 
 
-def _blocks(x: torch.Tensor, name: str) -> torch.Tensor:
-    x = x.detach().to(torch.float32)
-    if x.shape[-1] % BLOCK:
-        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of GGML's "
-                                f"block of {BLOCK}")
-    if not bool(torch.isfinite(x).all()):
-        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
-    return x.reshape(-1, BLOCK)
-
-
 def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """codes [N, 32] (< 16 after masking) -> [N, 16]: element j low nibble, j + 16 high."""
     q = q.to(torch.uint8)
@@ -95,7 +85,7 @@ def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor") -> torch.Tenso
     if kind not in BLOCK_BYTES:
         raise QuantizationError(f"{kind.value} is not one of GGML's 32-weight block types")
     lead = x.shape[:-1]
-    b = _blocks(x, name)
+    b = weights_in_rows(x, BLOCK, name)
     if kind is GgmlType.Q8_0:
         d = b.abs().amax(dim=1) / 127
         q = roundf(b * _inverse(d)[:, None]).to(torch.int8).view(torch.uint8)
@@ -122,12 +112,8 @@ def decode(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
     kind = GgmlType(kind)
     if kind not in BLOCK_BYTES:
         raise QuantizationError(f"{kind.value} is not one of GGML's 32-weight block types")
-    nb = BLOCK_BYTES[kind]
-    if data.dtype != torch.uint8 or data.shape[-1] % nb:
-        raise QuantizationError(f"{kind.value} data must be uint8 in whole blocks of {nb} bytes, got "
-                                f"{data.dtype} [..., {data.shape[-1]}]")
     lead = data.shape[:-1]
-    blk = data.reshape(-1, nb)
+    blk = bytes_in_blocks(data, kind)
     d = _fp16(blk[:, 0:2])[:, None]
     if kind is GgmlType.Q8_0:
         q = blk[:, 2:].contiguous().view(torch.int8).to(torch.float32)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.errors import QuantizationError
+from lowbit.numerics.ggml import GgmlType, bytes_in_blocks, weights_in_rows
 
 MXFP4_BLOCK, MXFP4_BYTES = 32, 17
 NVFP4_BLOCK, NVFP4_BYTES = 64, 36
@@ -45,14 +45,8 @@ def _values(q: torch.Tensor) -> torch.Tensor:
 
 def encode_mxfp4(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     """ggml's reference MXFP4 encoding of ``x`` [..., K] (K a multiple of 32) -> uint8 [..., K / 32 * 17]."""
-    x = x.detach().to(torch.float32)
-    if x.shape[-1] % MXFP4_BLOCK:
-        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of GGML's "
-                                f"MXFP4 block of {MXFP4_BLOCK}")
-    if not bool(torch.isfinite(x).all()):
-        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
     lead = x.shape[:-1]
-    b = x.reshape(-1, MXFP4_BLOCK)
+    b = weights_in_rows(x, MXFP4_BLOCK, name, "MXFP4 block")
     amax = b.abs().amax(dim=1)
     exp = torch.floor(torch.log2(torch.where(amax > 0, amax, torch.ones_like(amax)))) - 2 + 127
     e = torch.where(amax > 0, exp.clamp(0, 254), torch.zeros_like(exp)).to(torch.uint8)
@@ -64,16 +58,9 @@ def encode_mxfp4(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     return torch.cat([e[:, None], packed], dim=1).reshape(*lead, -1)
 
 
-def _check(data: torch.Tensor, nb: int, what: str) -> torch.Tensor:
-    if data.dtype != torch.uint8 or data.shape[-1] % nb:
-        raise QuantizationError(f"{what} data must be uint8 in whole blocks of {nb} bytes, got "
-                                f"{data.dtype} [..., {data.shape[-1]}]")
-    return data.reshape(-1, nb)
-
-
 def decode_mxfp4(data: torch.Tensor) -> torch.Tensor:
     """uint8 [..., n * 17] MXFP4 blocks -> float32 [..., n * 32], as ggml dequantizes."""
-    blk = _check(data, MXFP4_BYTES, "MXFP4")
+    blk = bytes_in_blocks(data, GgmlType.MXFP4)
     qs = blk[:, 1:]
     q = torch.cat([qs & 0x0F, qs >> 4], dim=1)
     return (_half_scale(blk[:, 0])[:, None] * _values(q)).reshape(*data.shape[:-1], -1)
@@ -92,7 +79,7 @@ def _ue4m3_half(s: torch.Tensor) -> torch.Tensor:
 
 def decode_nvfp4(data: torch.Tensor) -> torch.Tensor:
     """uint8 [..., n * 36] NVFP4 blocks -> float32 [..., n * 64], as ggml dequantizes."""
-    blk = _check(data, NVFP4_BYTES, "NVFP4")
+    blk = bytes_in_blocks(data, GgmlType.NVFP4)
     d = _ue4m3_half(blk[:, :4])[:, :, None]                      # [N, 4, 1]
     qs = blk[:, 4:].reshape(-1, 4, 8)
     q = torch.cat([qs & 0x0F, qs >> 4], dim=2)                   # [N, 4, 16]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.errors import QuantizationError
+from lowbit.numerics.ggml import weights_in_rows
 from lowbit.numerics.ggml_kquants import SUPER
 
 SUB = 32
@@ -182,13 +182,9 @@ def encode_q2_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
 
 
 def _checked(x: torch.Tensor, name: str) -> torch.Tensor:
-    x = x.detach().to(torch.float32)
-    if x.shape[-1] % SUPER:
-        raise QuantizationError(f"tensor {name!r}: last dimension {x.shape[-1]} is not a multiple of the "
-                                f"k-quants' super-block of {SUPER}")
-    if not bool(torch.isfinite(x).all()):
-        raise QuantizationError(f"tensor {name!r} holds NaN or infinite values")
-    return x
+    """``x`` as float32 [..., K], K a multiple of the super-block, every weight finite."""
+    weights_in_rows(x, SUPER, name, "k-quant super-block")
+    return x.detach().to(torch.float32)
 
 
 def symmetric_search(x: torch.Tensor, nmax: int = 32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics.ggml import GgmlType
+from lowbit.numerics.ggml import GgmlType, bytes_in_blocks
 
 SUPER = 256
 
@@ -119,12 +119,8 @@ def decode(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
     kind = GgmlType(kind)
     if kind not in SUPER_BYTES:
         raise QuantizationError(f"{kind.value} is not a k-quant type")
-    nb = SUPER_BYTES[kind]
-    if data.dtype != torch.uint8 or data.shape[-1] % nb:
-        raise QuantizationError(f"{kind.value} data must be uint8 in whole super-blocks of {nb} bytes, got "
-                                f"{data.dtype} [..., {data.shape[-1]}]")
     lead = data.shape[:-1]
-    blk = data.reshape(-1, nb)
+    blk = bytes_in_blocks(data, kind)
     if kind is GgmlType.Q2_K:
         out = _q2_k(blk)
     elif kind is GgmlType.Q3_K:
