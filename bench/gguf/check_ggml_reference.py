@@ -77,6 +77,18 @@ def main() -> None:
         same = np.array_equal(c, encode(x).numpy())
         print(f"| {kind} | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
         ref[kind] = torch.from_numpy(c).contiguous()
+    # importance-weighted Q4_K (quantize_q4_K with quant_weights), rows of 512, one weight per column
+    imp = (torch.rand(512, generator=torch.Generator().manual_seed(7)) ** 3 * 10).contiguous()
+    imp[::9] = 0.0
+    rows = np.ascontiguousarray(x.reshape(-1, 512).numpy())
+    out = np.zeros(rows.shape[0] * 2 * 144, dtype=np.uint8)
+    lib.quantize_q4_K.restype = ctypes.c_size_t
+    lib.quantize_q4_K(rows.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
+                      ctypes.c_int64(rows.shape[0]), ctypes.c_int64(512), imp.numpy().ctypes.data_as(ctypes.c_void_p))
+    c = out.reshape(rows.shape[0], -1)
+    same = np.array_equal(c, encode_q4_k(torch.from_numpy(rows), importance=imp).numpy())
+    print(f"| q4_k, importance-weighted | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
+    ref.update(importance=imp, q4_k_weighted=torch.from_numpy(c).contiguous())
     from safetensors.torch import save_file
 
     REFERENCE.parent.mkdir(parents=True, exist_ok=True)

@@ -77,3 +77,21 @@ def test_a_number_over_a_tensor_is_ieee_division():
     assert float(((15.0 / t) * torch.tensor(0.9166666269302368)).round()) == 7.0  # torch's shortcut
     x = torch.rand(4096, generator=torch.Generator().manual_seed(0)) + 0.5
     np.testing.assert_array_equal(_rdiv(7.0, x).numpy(), np.float32(7.0) / x.numpy())
+
+
+def test_importance_weighted_q4_k_is_llama_cpp_byte_for_byte():
+    """quantize_q4_K with an importance matrix (rows of 512, one weight per input column)."""
+    ref = load_file(str(REFERENCE))
+    rows = ref["x"].reshape(-1, 512)
+    ours = encode_q4_k(rows, importance=ref["importance"])
+    assert torch.equal(ours, ref["q4_k_weighted"])
+    # the weights matter: the plain encoding differs on most super-blocks
+    assert int((encode_q4_k(rows) != ours).reshape(-1, 144).any(dim=1).sum()) > 40
+
+
+def test_importance_weights_are_checked():
+    x = torch.zeros(2, 256)
+    with pytest.raises(QuantizationError, match="'w': importance weights must be \\[256\\]"):
+        encode_q4_k(x, name="w", importance=torch.ones(128))
+    with pytest.raises(QuantizationError, match="finite and non-negative"):
+        encode_q4_k(x, name="w", importance=-torch.ones(256))

@@ -119,13 +119,22 @@ def _encode_scale_min(x: torch.Tensor, name: str, five: bool) -> torch.Tensor:
     inv_scale = torch.where(max_scale > 0, _rdiv(63.0, torch.where(max_scale > 0, max_scale, 1.0)), zero)
     inv_min = torch.where(max_min > 0, _rdiv(63.0, torch.where(max_min > 0, max_min, 1.0)), zero)
     ls, lm = _six_bits(inv_scale[:, None] * scales), _six_bits(inv_min[:, None] * mins)   # [N, 8]
+    return _pack_scale_min(x, lead, ls, lm, max_scale / 63.0, max_min / 63.0, q, five)
+
+
+def _pack_scale_min(x: torch.Tensor, lead, ls: torch.Tensor, lm: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
+                    q: torch.Tensor, five: bool) -> torch.Tensor:
+    """The Q4_K / Q5_K super-blocks: 6-bit scales ``ls`` and mins ``lm`` [N, 8] packed, d and dmin
+    in fp16, every weight re-rounded to its stored scale and min (``q`` [N, 8, 32] kept where the
+    stored scale is 0), the codes packed."""
+    nmax = 31 if five else 15
     packed = torch.zeros(ls.shape[0], 12, dtype=torch.int64)
     packed[:, 0:4], packed[:, 4:8] = ls[:, :4], lm[:, :4]
     packed[:, 8:12] = (ls[:, 4:] & 0x0F) | ((lm[:, 4:] & 0x0F) << 4)
     packed[:, 0:4] |= (ls[:, 4:] >> 4) << 6
     packed[:, 4:8] |= (lm[:, 4:] >> 4) << 6
-    d_bytes, d = _fp16_pair(max_scale / 63.0)
-    m_bytes, dmin = _fp16_pair(max_min / 63.0)
+    d_bytes, d = _fp16_pair(d)
+    m_bytes, dmin = _fp16_pair(dmin)
     dsub = d[:, None] * ls.to(torch.float32)                           # [N, 8]
     dm = dmin[:, None] * lm.to(torch.float32)
     requant = torch.round((x.reshape(-1, 8, SUB) + dm[:, :, None]) / torch.where(dsub == 0, 1.0, dsub)[:, :, None])
@@ -141,8 +150,14 @@ def _encode_scale_min(x: torch.Tensor, name: str, five: bool) -> torch.Tensor:
     return out.reshape(*lead, -1)
 
 
-def encode_q4_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
-    """llama.cpp's reference Q4_K encoding of ``x`` [..., K] (K a multiple of 256) -> uint8 [..., K / 256 * 144]."""
+def encode_q4_k(x: torch.Tensor, name: str = "tensor", importance: torch.Tensor | None = None) -> torch.Tensor:
+    """llama.cpp's reference Q4_K encoding of ``x`` [..., K] (K a multiple of 256) -> uint8 [..., K / 256 * 144];
+    with ``importance`` [K] (an importance matrix's per-column weights, llama-imatrix's mean squared
+    activations) llama.cpp's weighted encoding instead (``quantize_q4_K`` with quant_weights)."""
+    if importance is not None:
+        from lowbit.numerics.ggml_kquant_imatrix import encode_q4_k_weighted
+
+        return encode_q4_k_weighted(_checked(x, name), importance, name)
     return _encode_scale_min(x, name, five=False)
 
 

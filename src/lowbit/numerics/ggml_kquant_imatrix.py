@@ -1,0 +1,85 @@
+"""llama.cpp's importance-weighted k-quant encoding (an importance matrix's per-column weights,
+``llama-imatrix``'s mean squared activations): Q4_K as ``quantize_q4_K`` with quant_weights.
+
+Byte-identical to llama.cpp's C under the same conditions as ``ggml_kquant_search`` (sequential
+float32 sums, IEEE divisions, no FMA): bench/gguf/RESULTS-gguf.md, and in CI against the C's
+bytes stored in tests/numerics/data/kquant_reference.safetensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lowbit.errors import QuantizationError
+from lowbit.numerics.ggml_kquant_search import SUB, _pack_scale_min, _rdiv, _seq_sum, scale_min_search
+from lowbit.numerics.ggml_kquants import SUPER
+
+
+def qp_search(v: torch.Tensor, w: torch.Tensor, nmax: int = 63) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's ``make_qp_quants``: the non-negative values v [S, n] (a super-block's sub-block
+    scales or mins) as codes 0..nmax times one scale, weighted by w: the grid nmax / max and 8
+    neighbours (nmax + 0.1 k) / max, k = -4..4, by weighted squared error (first on a tie), then up
+    to five in-order passes moving one code when sumlx^2 / suml2 grows. (scale [S], codes [S, n]
+    as the C's uint8 holds them.)"""
+    mx = torch.clamp(v.amax(dim=1), min=0.0)
+    zero = mx < 1e-15
+    mx = torch.where(zero, torch.ones_like(mx), mx)
+
+    def mse(isc: torch.Tensor) -> torch.Tensor:
+        l = torch.clamp(torch.round(isc[:, None] * v), max=nmax)
+        diff = v - _rdiv(1.0, isc)[:, None] * l
+        return _seq_sum(w * diff * diff)
+
+    iscale = _rdiv(nmax, mx)
+    diff = v - _rdiv(1.0, iscale)[:, None] * torch.round(iscale[:, None] * v)  # the first grid: no clamp
+    best = _seq_sum(w * diff * diff)
+    for k in (-4, -3, -2, -1, 1, 2, 3, 4):
+        isc = (torch.tensor(0.1, dtype=torch.float32) * k + nmax) / mx
+        cur = mse(isc)
+        better = cur < best
+        best = torch.where(better, cur, best)
+        iscale = torch.where(better, isc, iscale)
+    L = torch.clamp(torch.round(iscale[:, None] * v), max=nmax)
+    L = (L.to(torch.int64) & 0xFF).to(torch.float32)                   # uint8_t L[]
+    sumlx, suml2 = _seq_sum(w * v * L), _seq_sum(w * L * L)
+    for _ in range(5):
+        for i in range(v.shape[1]):
+            wi, xi, li = w[:, i], v[:, i], L[:, i]
+            slx = sumlx - wi * xi * li
+            sl2 = suml2 - wi * li * li
+            ok = (slx > 0) & (sl2 > 0)
+            new = torch.clamp(torch.round(xi * sl2 / torch.where(ok, slx, torch.ones_like(slx))), max=nmax)
+            slx2 = slx + wi * xi * new
+            sl22 = sl2 + wi * new * new
+            take = ok & (new != li) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = torch.where(take, (new.to(torch.int64) & 0xFF).to(torch.float32), li)
+            sumlx = torch.where(take, slx2, sumlx)
+            suml2 = torch.where(take, sl22, suml2)
+    scale = torch.where(suml2 > 0, sumlx / torch.where(suml2 > 0, suml2, torch.ones_like(suml2)),
+                        torch.zeros_like(suml2))
+    scale = torch.where(zero, torch.zeros_like(scale), scale)
+    return scale, torch.where(zero[:, None], torch.zeros_like(L), L).to(torch.int64)
+
+
+def encode_q4_k_weighted(x: torch.Tensor, importance: torch.Tensor, name: str) -> torch.Tensor:
+    """llama.cpp's ``quantize_row_q4_K_impl`` with importance weights (``quantize_q4_K`` given an
+    importance matrix): sub-block weights ``qw * sqrt(sigma2 + x^2)`` (sigma2 = 2 mean(x^2) of
+    the super-block), the finer search (from -0.9 in 36 steps of 0.05), and the 6-bit scales and
+    mins chosen by ``qp_search`` weighted by each sub-block's total weight."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    if importance.shape != (k,):
+        raise QuantizationError(f"tensor {name!r}: importance weights must be [{k}] (one per input column), got "
+                                f"{list(importance.shape)}")
+    if not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
+        raise QuantizationError(f"tensor {name!r}: importance weights must be finite and non-negative")
+    sb = x.reshape(-1, SUPER)                                          # [N, 256]
+    qw = importance.to(torch.float32).reshape(1, -1, SUPER).expand(x.reshape(-1, k).shape[0], -1, -1)
+    qw = qw.reshape(-1, SUPER)
+    sigma2 = 2 * _seq_sum(sb * sb) / SUPER
+    w = (qw * torch.sqrt(sigma2[:, None] + sb * sb)).reshape(-1, SUB)
+    sub = sb.reshape(-1, SUB)
+    scales, mins, q = scale_min_search(sub, w, nmax=15, rmin=-0.9, rdelta=0.05, nstep=36)
+    sw = _seq_sum(w).reshape(-1, 8)
+    d_block, ls = qp_search(scales.reshape(-1, 8), sw)
+    m_block, lm = qp_search(mins.reshape(-1, 8), sw)
+    return _pack_scale_min(x, lead, ls, lm, d_block, m_block, q.reshape(-1, 8, SUB), five=False)
