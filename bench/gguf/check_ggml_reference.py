@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from lowbit.numerics import ggml_blocks, ggml_fp4  # noqa: E402
 from lowbit.numerics.ggml_kquant_search import encode_q2_k, encode_q3_k, encode_q4_k, encode_q5_k, encode_q6_k  # noqa: E402
-from lowbit.numerics.ggml import GgmlType  # noqa: E402
 from numerics.test_ggml import _adversarial_rows, _fp4_rows  # noqa: E402
 
 
@@ -81,14 +80,18 @@ def main() -> None:
     imp = (torch.rand(512, generator=torch.Generator().manual_seed(7)) ** 3 * 10).contiguous()
     imp[::9] = 0.0
     rows = np.ascontiguousarray(x.reshape(-1, 512).numpy())
-    out = np.zeros(rows.shape[0] * 2 * 144, dtype=np.uint8)
-    lib.quantize_q4_K.restype = ctypes.c_size_t
-    lib.quantize_q4_K(rows.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
-                      ctypes.c_int64(rows.shape[0]), ctypes.c_int64(512), imp.numpy().ctypes.data_as(ctypes.c_void_p))
-    c = out.reshape(rows.shape[0], -1)
-    same = np.array_equal(c, encode_q4_k(torch.from_numpy(rows), importance=imp).numpy())
-    print(f"| q4_k, importance-weighted | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
-    ref.update(importance=imp, q4_k_weighted=torch.from_numpy(c).contiguous())
+    ref["importance"] = imp
+    for kind, fn, nb, encode in (("q4_k", "quantize_q4_K", 144, encode_q4_k), ("q5_k", "quantize_q5_K", 176, encode_q5_k),
+                                 ("q6_k", "quantize_q6_K", 210, encode_q6_k)):
+        out = np.zeros(rows.shape[0] * 2 * nb, dtype=np.uint8)
+        f = getattr(lib, fn)
+        f.restype = ctypes.c_size_t
+        f(rows.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(rows.shape[0]),
+          ctypes.c_int64(512), imp.numpy().ctypes.data_as(ctypes.c_void_p))
+        c = out.reshape(rows.shape[0], -1)
+        same = np.array_equal(c, encode(torch.from_numpy(rows), importance=imp).numpy())
+        print(f"| {kind}, importance-weighted | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
+        ref[f"{kind}_weighted"] = torch.from_numpy(c).contiguous()
     from safetensors.torch import save_file
 
     REFERENCE.parent.mkdir(parents=True, exist_ok=True)

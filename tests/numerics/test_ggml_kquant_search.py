@@ -79,14 +79,16 @@ def test_a_number_over_a_tensor_is_ieee_division():
     np.testing.assert_array_equal(_rdiv(7.0, x).numpy(), np.float32(7.0) / x.numpy())
 
 
-def test_importance_weighted_q4_k_is_llama_cpp_byte_for_byte():
-    """quantize_q4_K with an importance matrix (rows of 512, one weight per input column)."""
+@pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
+def test_importance_weighted_encode_is_llama_cpp_byte_for_byte(kind):
+    """quantize_q*_K with an importance matrix (rows of 512, one weight per input column)."""
+    encode, _, nb, _ = ENCODERS[kind]
     ref = load_file(str(REFERENCE))
     rows = ref["x"].reshape(-1, 512)
-    ours = encode_q4_k(rows, importance=ref["importance"])
-    assert torch.equal(ours, ref["q4_k_weighted"])
-    # the weights matter: the plain encoding differs on most super-blocks
-    assert int((encode_q4_k(rows) != ours).reshape(-1, 144).any(dim=1).sum()) > 40
+    ours = encode(rows, importance=ref["importance"])
+    assert torch.equal(ours, ref[f"{kind}_weighted"])
+    # the weights matter: the plain encoding differs on many super-blocks
+    assert int((encode(rows) != ours).reshape(-1, nb).any(dim=1).sum()) > 20
 
 
 def test_importance_weights_are_checked():

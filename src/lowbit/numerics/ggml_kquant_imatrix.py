@@ -1,5 +1,6 @@
-"""llama.cpp's importance-weighted k-quant encoding (an importance matrix's per-column weights,
-``llama-imatrix``'s mean squared activations): Q4_K as ``quantize_q4_K`` with quant_weights.
+"""llama.cpp's importance-weighted k-quant encodings (an importance matrix's per-column weights,
+``llama-imatrix``'s mean squared activations): Q4_K, Q5_K and Q6_K as ``quantize_q4_K`` /
+``quantize_q5_K`` / ``quantize_q6_K`` with quant_weights.
 
 Byte-identical to llama.cpp's C under the same conditions as ``ggml_kquant_search`` (sequential
 float32 sums, IEEE divisions, no FMA): bench/gguf/RESULTS-gguf.md, and in CI against the C's
@@ -61,25 +62,36 @@ def qp_search(v: torch.Tensor, w: torch.Tensor, nmax: int = 63) -> tuple[torch.T
     return scale, torch.where(zero[:, None], torch.zeros_like(L), L).to(torch.int64)
 
 
-def encode_q4_k_weighted(x: torch.Tensor, importance: torch.Tensor, name: str) -> torch.Tensor:
-    """llama.cpp's ``quantize_row_q4_K_impl`` with importance weights (``quantize_q4_K`` given an
-    importance matrix): sub-block weights ``qw * sqrt(sigma2 + x^2)`` (sigma2 = 2 mean(x^2) of
-    the super-block), the finer search (from -0.9 in 36 steps of 0.05), and the 6-bit scales and
-    mins chosen by ``qp_search`` weighted by each sub-block's total weight."""
-    lead, k = x.shape[:-1], x.shape[-1]
+def column_weights(x: torch.Tensor, importance: torch.Tensor, name: str) -> torch.Tensor:
+    """The importance weight of every weight of ``x`` [..., K] as [N, 256] per super-block (one
+    weight per input column, repeated over the rows); a QuantizationError naming the tensor if
+    ``importance`` is not [K], finite and non-negative."""
+    k = x.shape[-1]
     if importance.shape != (k,):
         raise QuantizationError(f"tensor {name!r}: importance weights must be [{k}] (one per input column), got "
                                 f"{list(importance.shape)}")
     if not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
         raise QuantizationError(f"tensor {name!r}: importance weights must be finite and non-negative")
+    rows = x.reshape(-1, k).shape[0]
+    return importance.to(torch.float32).reshape(1, -1, SUPER).expand(rows, -1, -1).reshape(-1, SUPER)
+
+
+def encode_scale_min_weighted(x: torch.Tensor, importance: torch.Tensor, name: str, five: bool) -> torch.Tensor:
+    """llama.cpp's ``quantize_row_q4_K_impl`` / ``quantize_row_q5_K_impl`` with importance weights
+    (``quantize_q4_K`` / ``quantize_q5_K`` given an importance matrix): sub-block weights
+    ``qw * sqrt(sigma2 + x^2)`` (sigma2 = 2 mean(x^2) of the super-block), the finer search (from
+    -0.9 in 36 steps of 0.05), and the 6-bit scales and mins chosen by ``qp_search`` weighted by
+    each sub-block's total weight (Q5_K's capped at 63)."""
+    lead = x.shape[:-1]
+    qw = column_weights(x, importance, name)
     sb = x.reshape(-1, SUPER)                                          # [N, 256]
-    qw = importance.to(torch.float32).reshape(1, -1, SUPER).expand(x.reshape(-1, k).shape[0], -1, -1)
-    qw = qw.reshape(-1, SUPER)
     sigma2 = 2 * _seq_sum(sb * sb) / SUPER
     w = (qw * torch.sqrt(sigma2[:, None] + sb * sb)).reshape(-1, SUB)
     sub = sb.reshape(-1, SUB)
-    scales, mins, q = scale_min_search(sub, w, nmax=15, rmin=-0.9, rdelta=0.05, nstep=36)
+    scales, mins, q = scale_min_search(sub, w, nmax=31 if five else 15, rmin=-0.9, rdelta=0.05, nstep=36)
     sw = _seq_sum(w).reshape(-1, 8)
     d_block, ls = qp_search(scales.reshape(-1, 8), sw)
     m_block, lm = qp_search(mins.reshape(-1, 8), sw)
-    return _pack_scale_min(x, lead, ls, lm, d_block, m_block, q.reshape(-1, 8, SUB), five=False)
+    if five:
+        ls, lm = ls.clamp(max=63), lm.clamp(max=63)
+    return _pack_scale_min(x, lead, ls, lm, d_block, m_block, q.reshape(-1, 8, SUB), five=five)

@@ -155,14 +155,19 @@ def encode_q4_k(x: torch.Tensor, name: str = "tensor", importance: torch.Tensor 
     with ``importance`` [K] (an importance matrix's per-column weights, llama-imatrix's mean squared
     activations) llama.cpp's weighted encoding instead (``quantize_q4_K`` with quant_weights)."""
     if importance is not None:
-        from lowbit.numerics.ggml_kquant_imatrix import encode_q4_k_weighted
+        from lowbit.numerics.ggml_kquant_imatrix import encode_scale_min_weighted
 
-        return encode_q4_k_weighted(_checked(x, name), importance, name)
+        return encode_scale_min_weighted(_checked(x, name), importance, name, five=False)
     return _encode_scale_min(x, name, five=False)
 
 
-def encode_q5_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
-    """llama.cpp's reference Q5_K encoding of ``x`` [..., K] (K a multiple of 256) -> uint8 [..., K / 256 * 176]."""
+def encode_q5_k(x: torch.Tensor, name: str = "tensor", importance: torch.Tensor | None = None) -> torch.Tensor:
+    """llama.cpp's reference Q5_K encoding of ``x`` [..., K] (K a multiple of 256) -> uint8 [..., K / 256 * 176];
+    with ``importance`` [K], llama.cpp's weighted encoding (``quantize_q5_K`` with quant_weights)."""
+    if importance is not None:
+        from lowbit.numerics.ggml_kquant_imatrix import encode_scale_min_weighted
+
+        return encode_scale_min_weighted(_checked(x, name), importance, name, five=True)
     return _encode_scale_min(x, name, five=True)
 
 
@@ -202,7 +207,8 @@ def _checked(x: torch.Tensor, name: str) -> torch.Tensor:
     return x.detach().to(torch.float32)
 
 
-def symmetric_search(x: torch.Tensor, nmax: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def symmetric_search(x: torch.Tensor, nmax: int = 32, qw: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """llama.cpp's ``make_qx_quants`` with weights x^2 (rmse_type 1) on sub-blocks x [S, n]:
     (scale [S], codes [S, n] in 0..2*nmax-1, i.e. l + nmax). The grid -nmax / v (v the first
     element of largest magnitude) and 18 neighbours -(nmax + 0.1 k) / v, k = -9..9, are tried; the
@@ -212,7 +218,7 @@ def symmetric_search(x: torch.Tensor, nmax: int = 32) -> tuple[torch.Tensor, tor
     v = x.gather(1, x.abs().argmax(dim=1, keepdim=True)).squeeze(1)
     zero = amax < 1e-15
     v = torch.where(zero, torch.ones_like(v), v)
-    w = x * x
+    w = x * x if qw is None else qw
 
     def grid(isc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         l = torch.round(isc[:, None] * x).clamp(-nmax, nmax - 1)
@@ -235,15 +241,21 @@ def symmetric_search(x: torch.Tensor, nmax: int = 32) -> tuple[torch.Tensor, tor
     return scale, codes.to(torch.int64)
 
 
-def encode_q6_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+def encode_q6_k(x: torch.Tensor, name: str = "tensor", importance: torch.Tensor | None = None) -> torch.Tensor:
     """llama.cpp's reference Q6_K encoding (``quantize_row_q6_K_ref``) of ``x`` [..., K] (K a multiple
     of 256) -> uint8 [..., K / 256 * 210]: sub-blocks of 16 scaled by ``symmetric_search``, their
     scales to int8 against d = -(the scale of largest magnitude) / 128 (fp16), every weight
-    re-rounded to its stored scale, codes l + 32 in 6 bits."""
+    re-rounded to its stored scale, codes l + 32 in 6 bits. With ``importance`` [K]: the search
+    weighted by it instead of x^2 (``quantize_q6_K`` with quant_weights)."""
     x = _checked(x, name)
     lead = x.shape[:-1]
     sub = x.reshape(-1, 16)
-    scales, codes = symmetric_search(sub)
+    qw = None
+    if importance is not None:
+        from lowbit.numerics.ggml_kquant_imatrix import column_weights
+
+        qw = column_weights(x, importance, name).reshape(-1, 16)
+    scales, codes = symmetric_search(sub, qw=qw)
     scales, codes = scales.reshape(-1, 16), codes.reshape(-1, 16, 16)
     pick = scales.abs().argmax(dim=1, keepdim=True)                      # the first of largest magnitude
     max_scale = scales.gather(1, pick).squeeze(1)
