@@ -81,7 +81,9 @@ def main() -> None:
     imp[::9] = 0.0
     rows = np.ascontiguousarray(x.reshape(-1, 512).numpy())
     ref["importance"] = imp
-    for kind, fn, nb, encode in (("q4_k", "quantize_q4_K", 144, encode_q4_k), ("q5_k", "quantize_q5_K", 176, encode_q5_k),
+    for kind, fn, nb, encode in (("q2_k", "quantize_q2_K", 84, encode_q2_k), ("q3_k", "quantize_q3_K", 110, encode_q3_k),
+                                 ("q4_k", "quantize_q4_K", 144, encode_q4_k),
+                                 ("q5_k", "quantize_q5_K", 176, encode_q5_k),
                                  ("q6_k", "quantize_q6_K", 210, encode_q6_k)):
         out = np.zeros(rows.shape[0] * 2 * nb, dtype=np.uint8)
         f = getattr(lib, fn)

@@ -79,7 +79,7 @@ def test_a_number_over_a_tensor_is_ieee_division():
     np.testing.assert_array_equal(_rdiv(7.0, x).numpy(), np.float32(7.0) / x.numpy())
 
 
-@pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("kind", list(ENCODERS))
 def test_importance_weighted_encode_is_llama_cpp_byte_for_byte(kind):
     """quantize_q*_K with an importance matrix (rows of 512, one weight per input column)."""
     encode, _, nb, _ = ENCODERS[kind]

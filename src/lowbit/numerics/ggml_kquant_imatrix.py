@@ -95,3 +95,43 @@ def encode_scale_min_weighted(x: torch.Tensor, importance: torch.Tensor, name: s
     if five:
         ls, lm = ls.clamp(max=63), lm.clamp(max=63)
     return _pack_scale_min(x, lead, ls, lm, d_block, m_block, q.reshape(-1, 8, SUB), five=five)
+
+
+def encode_q2_k_weighted(x: torch.Tensor, importance: torch.Tensor, name: str) -> torch.Tensor:
+    """llama.cpp's ``quantize_row_q2_K_impl`` (``quantize_q2_K`` given an importance matrix):
+    sub-blocks of 16 weighted ``qw * sqrt(sigma2 + x^2)`` (sigma2 = mean(x^2) of the super-block),
+    the finer search with squared error (nmax 3, from -0.9 in 36 steps of 0.05), 4-bit scales and
+    mins by ``qp_search`` (nmax 15) weighted by each sub-block's total weight, every weight re-rounded."""
+    from lowbit.numerics.ggml_kquant_search import _fp16_pair, pack_q2_k
+
+    lead = x.shape[:-1]
+    qw = column_weights(x, importance, name)
+    sb = x.reshape(-1, SUPER)
+    sigma2 = _seq_sum(sb * sb) / SUPER
+    w = (qw * torch.sqrt(sigma2[:, None] + sb * sb)).reshape(-1, 16)
+    sub = sb.reshape(-1, 16)
+    scales, mins, q = scale_min_search(sub, w, nmax=3, rmin=-0.9, rdelta=0.05, nstep=36)
+    sw = _seq_sum(w).reshape(-1, 16)
+    dm, ls = qp_search(scales.reshape(-1, 16), sw, nmax=15)
+    mm, lm = qp_search(mins.reshape(-1, 16), sw, nmax=15)
+    sc_bytes = (ls | (lm << 4)) & 0xFF
+    d_bytes, d = _fp16_pair(dm)
+    m_bytes, dmin = _fp16_pair(mm)
+    return pack_q2_k(x, lead, sc_bytes, d_bytes, d, m_bytes, dmin, q.reshape(-1, 16, 16))
+
+
+def encode_q3_k_weighted(x: torch.Tensor, importance: torch.Tensor, name: str) -> torch.Tensor:
+    """llama.cpp's ``quantize_row_q3_K_impl`` (``quantize_q3_K`` given an importance matrix):
+    sub-blocks of 16 by the symmetric search (nmax 4) weighted ``qw * sqrt(sigma2 + x^2)``
+    (sigma2 = 2 mean(x^2) of the super-block), their scales to 6 bits by the same search (nmax 32)
+    weighted by each sub-block's total weight, every weight re-rounded to them."""
+    from lowbit.numerics.ggml_kquant_search import pack_q3_k, symmetric_search
+
+    lead = x.shape[:-1]
+    qw = column_weights(x, importance, name)
+    sb = x.reshape(-1, SUPER)
+    sigma2 = 2 * _seq_sum(sb * sb) / SUPER
+    w = (qw * torch.sqrt(sigma2[:, None] + sb * sb)).reshape(-1, 16)
+    scales, codes = symmetric_search(sb.reshape(-1, 16), nmax=4, qw=w)
+    d_block, l6 = symmetric_search(scales.reshape(-1, 16), nmax=32, qw=_seq_sum(w).reshape(-1, 16))
+    return pack_q3_k(x, lead, l6, d_block.to(torch.float16), codes.reshape(-1, 16, 16))

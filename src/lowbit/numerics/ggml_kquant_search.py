@@ -171,12 +171,17 @@ def encode_q5_k(x: torch.Tensor, name: str = "tensor", importance: torch.Tensor 
     return _encode_scale_min(x, name, five=True)
 
 
-def encode_q2_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+def encode_q2_k(x: torch.Tensor, name: str = "tensor", importance: torch.Tensor | None = None) -> torch.Tensor:
     """llama.cpp's reference Q2_K encoding (``quantize_row_q2_K_ref``) of ``x`` [..., K] (K a
     multiple of 256) -> uint8 [..., K / 256 * 84]: sub-blocks of 16 searched with absolute
     error and weights |x| (nmax 3, from -0.5 in 15 steps), their scales and mins to 4 bits
-    against fp16 d and dmin, every weight re-rounded to them."""
+    against fp16 d and dmin, every weight re-rounded to them. With ``importance`` [K]: llama.cpp's
+    weighted encoding (``quantize_q2_K`` with quant_weights)."""
     x = _checked(x, name)
+    if importance is not None:
+        from lowbit.numerics.ggml_kquant_imatrix import encode_q2_k_weighted
+
+        return encode_q2_k_weighted(x, importance, name)
     lead = x.shape[:-1]
     sub = x.reshape(-1, 16)
     scales, mins, q = scale_min_search(sub, sub.abs(), nmax=3, rmin=-0.5, nstep=15, mad=True)
@@ -191,6 +196,14 @@ def encode_q2_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     sc_bytes = (ls & 0xFF) | ((lm << 4) & 0xFF)                       # as the C stores ints into bytes
     d_bytes, d = _fp16_pair(torch.where(max_scale > 0, max_scale / 15.0, zero))
     m_bytes, dmin = _fp16_pair(torch.where(max_min > 0, max_min / 15.0, zero))
+    return pack_q2_k(x, lead, sc_bytes, d_bytes, d, m_bytes, dmin, q)
+
+
+def pack_q2_k(x: torch.Tensor, lead, sc_bytes: torch.Tensor, d_bytes: torch.Tensor, d: torch.Tensor,
+              m_bytes: torch.Tensor, dmin: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Q2_K super-blocks from the scale bytes [N, 16] (low nibble scale, high nibble min), d and
+    dmin (bytes and float32 values): every weight re-rounded to its stored scale and min (``q``
+    [N, 16, 16] kept where the stored scale is 0), 2-bit codes in four runs of 32 per half."""
     dsub = d[:, None] * (sc_bytes & 0x0F).to(torch.float32)
     dm = dmin[:, None] * (sc_bytes >> 4).to(torch.float32)
     requant = torch.round((x.reshape(-1, 16, 16) + dm[:, :, None]) / torch.where(dsub == 0, 1.0, dsub)[:, :, None])
@@ -308,12 +321,17 @@ def refined_symmetric(x: torch.Tensor, nmax: int = 4, tries: int = 5) -> tuple[t
     return scale, codes.to(torch.int64)
 
 
-def encode_q3_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+def encode_q3_k(x: torch.Tensor, name: str = "tensor", importance: torch.Tensor | None = None) -> torch.Tensor:
     """llama.cpp's reference Q3_K encoding (``quantize_row_q3_K_ref``) of ``x`` [..., K] (K a
     multiple of 256) -> uint8 [..., K / 256 * 110]: sub-blocks of 16 by ``refined_symmetric``,
     their scales to 6 bits (offset 32) against d = -(the scale of largest magnitude) / 32 (fp16),
-    every weight re-rounded to its stored scale, codes l + 4: two bits in qs, the third in hmask."""
+    every weight re-rounded to its stored scale, codes l + 4: two bits in qs, the third in hmask.
+    With ``importance`` [K]: llama.cpp's weighted encoding (``quantize_q3_K`` with quant_weights)."""
     x = _checked(x, name)
+    if importance is not None:
+        from lowbit.numerics.ggml_kquant_imatrix import encode_q3_k_weighted
+
+        return encode_q3_k_weighted(x, importance, name)
     lead = x.shape[:-1]
     scales, codes = refined_symmetric(x.reshape(-1, 16))
     scales, codes = scales.reshape(-1, 16), codes.reshape(-1, 16, 16)
@@ -322,12 +340,19 @@ def encode_q3_k(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     iscale = _rdiv(-32.0, torch.where(has, max_scale, torch.ones_like(max_scale)))
     l6 = torch.round(iscale[:, None] * scales).clamp(-32, 31).to(torch.int64) + 32       # [N, 16]
     l6 = torch.where(has[:, None], l6, torch.zeros_like(l6))
+    d16 = torch.where(has, _rdiv(1.0, iscale), torch.zeros_like(iscale)).to(torch.float16)
+    return pack_q3_k(x, lead, l6, d16, codes)
+
+
+def pack_q3_k(x: torch.Tensor, lead, l6: torch.Tensor, d16: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Q3_K super-blocks from the 6-bit scales ``l6`` [N, 16] (offset 32) and d (float16 [N]):
+    every weight re-rounded to its stored scale (``codes`` [N, 16, 16] in 0..7 kept where the
+    stored scale is 0), the third bits in hmask, two bits in qs."""
     packed = torch.zeros(l6.shape[0], 12, dtype=torch.int64)
     packed[:, 0:8] = (l6[:, :8] & 0x0F) | ((l6[:, 8:] & 0x0F) << 4)
     j = torch.arange(16)
     for k in range(4):  # byte 8 + k: the top two bits of sub-blocks k, k + 4, k + 8, k + 12
         packed[:, 8 + k] = sum(((l6[:, jj] >> 4) << (2 * (jj // 4))) for jj in j[j % 4 == k].tolist())
-    d16 = torch.where(has, _rdiv(1.0, iscale), torch.zeros_like(iscale)).to(torch.float16)
     dsub = d16.to(torch.float32)[:, None] * (l6 - 32).to(torch.float32)
     requant = torch.round(x.reshape(-1, 16, 16) / torch.where(dsub == 0, 1.0, dsub)[:, :, None]).clamp(-4, 3) + 4
     L = torch.where((dsub == 0)[:, :, None], codes.to(torch.float32), requant).to(torch.int64).reshape(-1, SUPER)
