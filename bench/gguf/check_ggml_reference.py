@@ -81,18 +81,18 @@ def main() -> None:
     imp[::9] = 0.0
     rows = np.ascontiguousarray(x.reshape(-1, 512).numpy())
     ref["importance"] = imp
-    for kind, fn, nb, encode in (("q2_k", "quantize_q2_K", 84, encode_q2_k), ("q3_k", "quantize_q3_K", 110, encode_q3_k),
-                                 ("q4_k", "quantize_q4_K", 144, encode_q4_k),
-                                 ("q5_k", "quantize_q5_K", 176, encode_q5_k),
-                                 ("q6_k", "quantize_q6_K", 210, encode_q6_k)):
-        out = np.zeros(rows.shape[0] * 2 * nb, dtype=np.uint8)
-        f = getattr(lib, fn)
+    from lowbit.numerics.ggml import GEOMETRY, GgmlType, encode as ggml_encode
+
+    for kind in ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1"):
+        n, nb = GEOMETRY[GgmlType(kind)]
+        out = np.zeros(rows.size // n * nb, dtype=np.uint8)
+        f = getattr(lib, "quantize_" + kind.replace("_k", "_K"))
         f.restype = ctypes.c_size_t
         f(rows.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(rows.shape[0]),
           ctypes.c_int64(512), imp.numpy().ctypes.data_as(ctypes.c_void_p))
         c = out.reshape(rows.shape[0], -1)
-        same = np.array_equal(c, encode(torch.from_numpy(rows), importance=imp).numpy())
-        print(f"| {kind}, importance-weighted | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
+        same = np.array_equal(c, ggml_encode(torch.from_numpy(rows), kind, importance=imp).numpy())
+        print(f"| {kind}, importance-weighted | {rows.size // n} | {'identical' if same else 'DIFFERENT'} |")
         ref[f"{kind}_weighted"] = torch.from_numpy(c).contiguous()
     from safetensors.torch import save_file
 

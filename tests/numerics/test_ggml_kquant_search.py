@@ -97,3 +97,22 @@ def test_importance_weights_are_checked():
         encode_q4_k(x, name="w", importance=torch.ones(128))
     with pytest.raises(QuantizationError, match="finite and non-negative"):
         encode_q4_k(x, name="w", importance=-torch.ones(256))
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q5_0", "q5_1"])
+def test_importance_weighted_block_types_are_llama_cpp_byte_for_byte(kind):
+    """quantize_q4_0 ... quantize_q5_1 with an importance matrix (rows of 512), through the entry point."""
+    from lowbit.numerics.ggml import encode
+
+    ref = load_file(str(REFERENCE))
+    rows = ref["x"].reshape(-1, 512)
+    assert torch.equal(encode(rows, kind, importance=ref["importance"]), ref[f"{kind}_weighted"])
+
+
+def test_sqrt32_is_correctly_rounded():
+    """sqrtf's result; torch's float32 sqrt is not always (a weighted Q4_0 block differed by it)."""
+    from lowbit.numerics.ggml_kquant_search import sqrt32
+
+    x = torch.rand(200_000, generator=torch.Generator().manual_seed(2)) * 10
+    x[0] = 2.3364964  # torch.sqrt gives 1.52856016 here, sqrtf 1.5285602
+    np.testing.assert_array_equal(sqrt32(x).numpy(), np.sqrt(x.numpy()))

@@ -70,18 +70,27 @@ def bits_per_weight(kind: GgmlType) -> float:
     return 8 * b / n
 
 
-def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor") -> torch.Tensor:
-    """``x`` [..., K] as GGML ``kind`` blocks, uint8 [..., K / n * B] (llama.cpp's reference bytes)."""
+def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor", importance: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """``x`` [..., K] as GGML ``kind`` blocks, uint8 [..., K / n * B] (llama.cpp's reference bytes);
+    with ``importance`` [K] (one weight per input column: an importance matrix), llama.cpp's
+    weighted encoding (``quantize_<type>`` given quant_weights; MXFP4 and Q8_0 ignore them there)."""
     from lowbit.numerics import ggml_blocks, ggml_fp4, ggml_kquant_search as ks
 
     kind = GgmlType(kind)
     if kind in ggml_blocks.BLOCK_BYTES:
+        if importance is not None:
+            from lowbit.numerics.ggml_kquant_imatrix import encode_blocks_weighted
+
+            return encode_blocks_weighted(x, kind, importance, name)
         return ggml_blocks.encode(x, kind, name)
     encoders = {GgmlType.Q2_K: ks.encode_q2_k, GgmlType.Q3_K: ks.encode_q3_k, GgmlType.Q4_K: ks.encode_q4_k,
                 GgmlType.Q5_K: ks.encode_q5_k, GgmlType.Q6_K: ks.encode_q6_k, GgmlType.MXFP4: ggml_fp4.encode_mxfp4}
     if kind not in encoders:
         raise QuantizationError(f"tensor {name!r}: lowbit decodes GGML {kind.value} but does not encode it yet")
-    return encoders[kind](x, name)
+    if kind is GgmlType.MXFP4:
+        return encoders[kind](x, name)
+    return encoders[kind](x, name, importance=importance)
 
 
 def decode(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:

@@ -56,7 +56,7 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
     return torch.where(d == 0, torch.zeros_like(d), torch.ones_like(d) / safe)
 
 
-def _fp16_bytes(v: torch.Tensor) -> torch.Tensor:
+def fp16_bytes(v: torch.Tensor) -> torch.Tensor:
     """float32 [N] -> its fp16 (round to nearest even) as 2 little-endian bytes [N, 2]."""
     return v.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
 
@@ -66,13 +66,13 @@ def _fp16(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float16).reshape(-1).to(torch.float32)
 
 
-def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """codes [N, 32] (< 16 after masking) -> [N, 16]: element j low nibble, j + 16 high."""
     q = q.to(torch.uint8)
     return (q[:, :16] & 0x0F) | ((q[:, 16:] & 0x0F) << 4)
 
 
-def _fifth_bits(q: torch.Tensor) -> torch.Tensor:
+def fifth_bits(q: torch.Tensor) -> torch.Tensor:
     """codes [N, 32] -> qh [N, 4]: bit j (little-endian uint32) is bit 4 of element j."""
     bits = ((q.to(torch.int64) >> 4) & 1) << torch.arange(BLOCK, dtype=torch.int64)
     word = bits.sum(dim=1)
@@ -89,21 +89,21 @@ def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor") -> torch.Tenso
     if kind is GgmlType.Q8_0:
         d = b.abs().amax(dim=1) / 127
         q = roundf(b * _inverse(d)[:, None]).to(torch.int8).view(torch.uint8)
-        out = torch.cat([_fp16_bytes(d), q], dim=1)
+        out = torch.cat([fp16_bytes(d), q], dim=1)
     elif kind in _MIN_TYPES:
         top = (1 << _BITS[kind]) - 1
         lo, hi = b.amin(dim=1), b.amax(dim=1)
         d = (hi - lo) / top
         q = torch.trunc((b - lo[:, None]) * _inverse(d)[:, None] + 0.5).clamp(0, top)
-        head = [_fp16_bytes(d), _fp16_bytes(lo)] + ([_fifth_bits(q)] if _BITS[kind] == 5 else [])
-        out = torch.cat(head + [_pack_nibbles(q)], dim=1)
+        head = [fp16_bytes(d), fp16_bytes(lo)] + ([fifth_bits(q)] if _BITS[kind] == 5 else [])
+        out = torch.cat(head + [pack_nibbles(q)], dim=1)
     else:  # Q4_0 / Q5_0
         half = 1 << (_BITS[kind] - 1)
         v = b.gather(1, b.abs().argmax(dim=1, keepdim=True)).squeeze(1)  # argmax: the first on a tie
         d = v / -half
         q = torch.trunc(b * _inverse(d)[:, None] + (half + 0.5)).clamp(0, 2 * half - 1)
-        head = [_fp16_bytes(d)] + ([_fifth_bits(q)] if _BITS[kind] == 5 else [])
-        out = torch.cat(head + [_pack_nibbles(q)], dim=1)
+        head = [fp16_bytes(d)] + ([fifth_bits(q)] if _BITS[kind] == 5 else [])
+        out = torch.cat(head + [pack_nibbles(q)], dim=1)
     return out.reshape(*lead, -1)
 
 

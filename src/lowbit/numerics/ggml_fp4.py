@@ -13,7 +13,7 @@ of scale e is ``E2M1(q) * 2^(e - 127)``; NVFP4's is ``E2M1(q) * UE4M3(s)`` (the 
 as 0), with no per-tensor scale.
 
 MXFP4 encoding is ggml's reference (``quantize_row_mxfp4_ref``), which is not OCP's
-round-to-nearest-even: ``e = floor(log2(amax)) - 2 + 127`` (float32 log2; 0 for a zero block,
+round-to-nearest-even: ``e = floor(log2f(amax)) - 2 + 127`` (log2f correctly rounded to float32; 0 for a zero block,
 and for amax below 2^-125, where the reference's conversion is undefined) and each weight takes
 the *first* code, in the order 0, 1, ..., 7, 8 (-0), ..., 15, of least absolute error: a tie goes
 to the smaller magnitude. NVFP4 encoding is not here yet.
@@ -48,7 +48,9 @@ def encode_mxfp4(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     lead = x.shape[:-1]
     b = weights_in_rows(x, MXFP4_BLOCK, name, "MXFP4 block")
     amax = b.abs().amax(dim=1)
-    exp = torch.floor(torch.log2(torch.where(amax > 0, amax, torch.ones_like(amax)))) - 2 + 127
+    # C's log2f, correctly rounded: the float64 log2 rounded to float32 (torch's float32 log2 may not be)
+    log2 = torch.log2(torch.where(amax > 0, amax, torch.ones_like(amax)).double()).float()
+    exp = torch.floor(log2) - 2 + 127
     e = torch.where(amax > 0, exp.clamp(0, 254), torch.zeros_like(exp)).to(torch.uint8)
     d = _half_scale(e)
     table = torch.tensor(DOUBLED_E2M1, dtype=torch.float32)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics.ggml_kquant_search import SUB, _pack_scale_min, _rdiv, _seq_sum, scale_min_search
+from lowbit.numerics.ggml_kquant_search import SUB, _pack_scale_min, _rdiv, _seq_sum, scale_min_search, sqrt32
 from lowbit.numerics.ggml_kquants import SUPER
 
 
@@ -62,16 +62,22 @@ def qp_search(v: torch.Tensor, w: torch.Tensor, nmax: int = 63) -> tuple[torch.T
     return scale, torch.where(zero[:, None], torch.zeros_like(L), L).to(torch.int64)
 
 
-def column_weights(x: torch.Tensor, importance: torch.Tensor, name: str) -> torch.Tensor:
-    """The importance weight of every weight of ``x`` [..., K] as [N, 256] per super-block (one
-    weight per input column, repeated over the rows); a QuantizationError naming the tensor if
-    ``importance`` is not [K], finite and non-negative."""
-    k = x.shape[-1]
+def check_importance(importance: torch.Tensor, k: int, name: str) -> None:
+    """Importance weights are [k] (one per input column), finite and non-negative, or a
+    QuantizationError naming the tensor."""
     if importance.shape != (k,):
         raise QuantizationError(f"tensor {name!r}: importance weights must be [{k}] (one per input column), got "
                                 f"{list(importance.shape)}")
     if not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
         raise QuantizationError(f"tensor {name!r}: importance weights must be finite and non-negative")
+
+
+def column_weights(x: torch.Tensor, importance: torch.Tensor, name: str) -> torch.Tensor:
+    """The importance weight of every weight of ``x`` [..., K] as [N, 256] per super-block (one
+    weight per input column, repeated over the rows); a QuantizationError naming the tensor if
+    ``importance`` is not [K], finite and non-negative."""
+    k = x.shape[-1]
+    check_importance(importance, k, name)
     rows = x.reshape(-1, k).shape[0]
     return importance.to(torch.float32).reshape(1, -1, SUPER).expand(rows, -1, -1).reshape(-1, SUPER)
 
@@ -86,7 +92,7 @@ def encode_scale_min_weighted(x: torch.Tensor, importance: torch.Tensor, name: s
     qw = column_weights(x, importance, name)
     sb = x.reshape(-1, SUPER)                                          # [N, 256]
     sigma2 = 2 * _seq_sum(sb * sb) / SUPER
-    w = (qw * torch.sqrt(sigma2[:, None] + sb * sb)).reshape(-1, SUB)
+    w = (qw * sqrt32(sigma2[:, None] + sb * sb)).reshape(-1, SUB)
     sub = sb.reshape(-1, SUB)
     scales, mins, q = scale_min_search(sub, w, nmax=31 if five else 15, rmin=-0.9, rdelta=0.05, nstep=36)
     sw = _seq_sum(w).reshape(-1, 8)
@@ -108,7 +114,7 @@ def encode_q2_k_weighted(x: torch.Tensor, importance: torch.Tensor, name: str) -
     qw = column_weights(x, importance, name)
     sb = x.reshape(-1, SUPER)
     sigma2 = _seq_sum(sb * sb) / SUPER
-    w = (qw * torch.sqrt(sigma2[:, None] + sb * sb)).reshape(-1, 16)
+    w = (qw * sqrt32(sigma2[:, None] + sb * sb)).reshape(-1, 16)
     sub = sb.reshape(-1, 16)
     scales, mins, q = scale_min_search(sub, w, nmax=3, rmin=-0.9, rdelta=0.05, nstep=36)
     sw = _seq_sum(w).reshape(-1, 16)
@@ -131,7 +137,41 @@ def encode_q3_k_weighted(x: torch.Tensor, importance: torch.Tensor, name: str) -
     qw = column_weights(x, importance, name)
     sb = x.reshape(-1, SUPER)
     sigma2 = 2 * _seq_sum(sb * sb) / SUPER
-    w = (qw * torch.sqrt(sigma2[:, None] + sb * sb)).reshape(-1, 16)
+    w = (qw * sqrt32(sigma2[:, None] + sb * sb)).reshape(-1, 16)
     scales, codes = symmetric_search(sb.reshape(-1, 16), nmax=4, qw=w)
     d_block, l6 = symmetric_search(scales.reshape(-1, 16), nmax=32, qw=_seq_sum(w).reshape(-1, 16))
     return pack_q3_k(x, lead, l6, d_block.to(torch.float16), codes.reshape(-1, 16, 16))
+
+
+def encode_blocks_weighted(x: torch.Tensor, kind, importance: torch.Tensor, name: str) -> torch.Tensor:
+    """llama.cpp's ``quantize_row_q4_0_impl`` ... ``q5_1_impl`` (``quantize_q4_0`` ... with an
+    importance matrix): blocks of 32 weighted ``qw * sqrt(sigma2 + x^2)`` (sigma2 = mean(x^2) of
+    the whole row); Q4_0 / Q5_0 by the symmetric search (nmax 8 / 16), Q4_1 / Q5_1 by the finer
+    scale/min search (from -0.9 in 36 steps of 0.05); the codes of the search, no re-rounding.
+    Q8_0 takes no importance weights in llama.cpp: its reference encoding."""
+    from lowbit.numerics import ggml_blocks as gb
+    from lowbit.numerics.ggml import GgmlType
+    from lowbit.numerics.ggml_kquant_search import symmetric_search
+
+    kind = GgmlType(kind)
+    if kind is GgmlType.Q8_0:
+        return gb.encode(x, kind, name)
+    k = x.shape[-1]
+    gb.weights_in_rows(x, 32, name)                                    # whole blocks, finite weights
+    check_importance(importance, k, name)
+    lead = x.shape[:-1]
+    rows = x.detach().to(torch.float32).reshape(-1, k)                 # [R, K]
+    sigma2 = _seq_sum(rows * rows) / k
+    b = rows.reshape(-1, 32)
+    qw = importance.to(torch.float32).reshape(1, -1).expand(rows.shape[0], -1).reshape(-1, 32)
+    w = qw * sqrt32(sigma2.repeat_interleave(k // 32)[:, None] + b * b)
+    five = kind in (GgmlType.Q5_0, GgmlType.Q5_1)
+    if kind in (GgmlType.Q4_0, GgmlType.Q5_0):
+        d, q = symmetric_search(b, nmax=16 if five else 8, qw=w)
+        head = [gb.fp16_bytes(d)]
+    else:
+        d, neg_min, q = scale_min_search(b, w, nmax=31 if five else 15, rmin=-0.9, rdelta=0.05, nstep=36)
+        head = [gb.fp16_bytes(d), gb.fp16_bytes(-neg_min)]
+    if five:
+        head.append(gb.fifth_bits(q))
+    return torch.cat(head + [gb.pack_nibbles(q)], dim=1).reshape(*lead, -1)
