@@ -54,6 +54,14 @@ def q4_k_rows() -> torch.Tensor:
     return torch.cat(rows)
 
 
+def nvfp4_rows() -> torch.Tensor:
+    """Rows of 64: the FP4 tie rows, and magnitudes from 1e-12 to 1e3 (UE4M3 subnormal, normal and
+    saturated scales)."""
+    g = torch.Generator().manual_seed(9)
+    return torch.cat([_fp4_rows().reshape(-1, 64),
+                      torch.randn(200, 64, generator=g) * torch.logspace(-12, 3, 200).reshape(-1, 1)])
+
+
 def main() -> None:
     lib = ctypes.CDLL(sys.argv[1])
     x = _adversarial_rows().numpy()
@@ -65,8 +73,13 @@ def main() -> None:
     c = c_encode(lib, "quantize_row_mxfp4_ref", x, ggml_fp4.MXFP4_BYTES, 32)
     same = np.array_equal(c, ggml_fp4.encode_mxfp4(torch.from_numpy(x)).numpy())
     print(f"| mxfp4 | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
+    x = nvfp4_rows()
+    c = c_encode(lib, "quantize_row_nvfp4_ref", x.numpy(), ggml_fp4.NVFP4_BYTES, 64)
+    same = np.array_equal(c, ggml_fp4.encode_nvfp4(x).numpy())
+    print(f"| nvfp4 | {x.shape[0]} | {'identical' if same else 'DIFFERENT'} |")
+    nvfp4_ref = {"nvfp4_x": x.contiguous(), "nvfp4": torch.from_numpy(c).contiguous()}
     x = q4_k_rows()
-    ref = {"x": x.contiguous()}
+    ref = {"x": x.contiguous(), **nvfp4_ref}
     for kind, fn, nb, encode in (("q2_k", "quantize_row_q2_K_ref", 84, encode_q2_k),
                                  ("q3_k", "quantize_row_q3_K_ref", 110, encode_q3_k),
                                  ("q4_k", "quantize_row_q4_K_ref", 144, encode_q4_k),

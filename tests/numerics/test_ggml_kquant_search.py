@@ -116,3 +116,33 @@ def test_sqrt32_is_correctly_rounded():
     x = torch.rand(200_000, generator=torch.Generator().manual_seed(2)) * 10
     x[0] = 2.3364964  # torch.sqrt gives 1.52856016 here, sqrtf 1.5285602
     np.testing.assert_array_equal(sqrt32(x).numpy(), np.sqrt(x.numpy()))
+
+
+def test_nvfp4_encode_is_ggml_reference_byte_for_byte():
+    from lowbit.numerics.ggml import GgmlType, decode, encode
+
+    ref = load_file(str(REFERENCE))
+    ours = encode(ref["nvfp4_x"], GgmlType.NVFP4)
+    assert torch.equal(ours, ref["nvfp4"])
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize
+
+    np.testing.assert_array_equal(decode(ours, GgmlType.NVFP4).numpy(),
+                                  dequantize(ours.numpy(), gguf.GGMLQuantizationType.NVFP4))
+
+
+def test_ue4m3_conversion_is_ggml_s():
+    """ggml_fp32_to_ue4m3 (half up, not RNE), against gguf-py's port on every UE4M3 midpoint,
+    its neighbours, subnormals, 448 and beyond, zero and negatives."""
+    pytest.importorskip("gguf")
+    from gguf.quants import NVFP4
+
+    from lowbit.numerics.ggml_fp4 import fp32_to_ue4m3
+
+    codes = torch.arange(1, 127, dtype=torch.int32)
+    exp, man = codes >> 3, codes & 7
+    vals = torch.where(exp == 0, man * 2.0 ** -9, (1 + man / 8) * 2.0 ** (exp - 7)).float()
+    mids = (vals[:-1] + vals[1:]) / 2
+    x = torch.cat([vals, mids, torch.nextafter(mids, torch.zeros_like(mids)), torch.nextafter(mids, mids * 2),
+                   torch.tensor([0.0, -1.0, 1e-9, 448.0, 449.0, 1e30, 2.0 ** -10, 3 * 2.0 ** -11])])
+    np.testing.assert_array_equal(fp32_to_ue4m3(x).numpy(), NVFP4.fp32_to_ue4m3(x.numpy()))

@@ -85,10 +85,9 @@ def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor", importance: to
             return encode_blocks_weighted(x, kind, importance, name)
         return ggml_blocks.encode(x, kind, name)
     encoders = {GgmlType.Q2_K: ks.encode_q2_k, GgmlType.Q3_K: ks.encode_q3_k, GgmlType.Q4_K: ks.encode_q4_k,
-                GgmlType.Q5_K: ks.encode_q5_k, GgmlType.Q6_K: ks.encode_q6_k, GgmlType.MXFP4: ggml_fp4.encode_mxfp4}
-    if kind not in encoders:
-        raise QuantizationError(f"tensor {name!r}: lowbit decodes GGML {kind.value} but does not encode it yet")
-    if kind is GgmlType.MXFP4:
+                GgmlType.Q5_K: ks.encode_q5_k, GgmlType.Q6_K: ks.encode_q6_k, GgmlType.MXFP4: ggml_fp4.encode_mxfp4,
+                GgmlType.NVFP4: ggml_fp4.encode_nvfp4}
+    if kind in (GgmlType.MXFP4, GgmlType.NVFP4):  # llama.cpp takes no importance weights for them
         return encoders[kind](x, name)
     return encoders[kind](x, name, importance=importance)
 

@@ -1,4 +1,4 @@
-"""GGML's FP4 block types: MXFP4 (encode, decode) and NVFP4 (decode).
+"""GGML's FP4 block types: MXFP4 and NVFP4, encoded as ggml's reference and decoded exactly.
 
 Pure functions on tensors; bytes as GGML's ``block_mxfp4`` / ``block_nvfp4`` (``ggml-common.h``):
 
@@ -16,7 +16,9 @@ MXFP4 encoding is ggml's reference (``quantize_row_mxfp4_ref``), which is not OC
 round-to-nearest-even: ``e = floor(log2f(amax)) - 2 + 127`` (log2f correctly rounded to float32; 0 for a zero block,
 and for amax below 2^-125, where the reference's conversion is undefined) and each weight takes
 the *first* code, in the order 0, 1, ..., 7, 8 (-0), ..., 15, of least absolute error: a tie goes
-to the smaller magnitude. NVFP4 encoding is not here yet.
+to the smaller magnitude. NVFP4 (``quantize_row_nvfp4_ref``): per 16 weights the scale
+``fp32_to_ue4m3(amax / 6)`` (ggml's conversion rounds half up, not to even) and the same code
+choice against it.
 """
 
 from __future__ import annotations
@@ -77,6 +79,39 @@ def _ue4m3_half(s: torch.Tensor) -> torch.Tensor:
     sub = man.to(torch.float32) * 2.0 ** -10
     val = torch.where(exp == 0, sub, normal.view(torch.float32))
     return torch.where((s == 0) | (s == 0x7F), torch.zeros_like(val), val)
+
+
+def fp32_to_ue4m3(x: torch.Tensor) -> torch.Tensor:
+    """ggml's float32 -> UE4M3 code (``ggml_fp32_to_ue4m3``), not RNE: x <= 0 (or NaN) -> 0, x
+    capped at 448; normal codes round half up on the fourth mantissa bit (0x7E at the top);
+    subnormal ones are trunc(x * 512 + 0.5), 0 below 1, at most 7."""
+    x = torch.where(x > 0, x, torch.zeros_like(x)).clamp(max=448.0).to(torch.float32)
+    bits = x.view(torch.int32).to(torch.int64)
+    exp = ((bits >> 23) & 0xFF) - 127 + 7
+    man = ((bits >> 20) & 0x7) + ((bits >> 19) & 1)
+    carry = man > 7
+    exp = torch.where(carry, exp + 1, exp)
+    man = torch.where(carry, torch.zeros_like(man), man)
+    normal = torch.where(exp >= 15, torch.full_like(exp, 0x7E), (exp << 3) | man)
+    sub = torch.trunc(x * 512.0 + 0.5).to(torch.int64).clamp(max=7)
+    sub = torch.where(sub < 1, torch.zeros_like(sub), sub)
+    base_exp = ((bits >> 23) & 0xFF) - 127 + 7
+    code = torch.where(base_exp <= 0, sub, normal)
+    return torch.where(x > 0, code, torch.zeros_like(code)).to(torch.uint8)
+
+
+def encode_nvfp4(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """ggml's reference NVFP4 encoding (``quantize_row_nvfp4_ref``) of ``x`` [..., K] (K a multiple
+    of 64) -> uint8 [..., K / 64 * 36]: per 16 weights the UE4M3 scale ``fp32_to_ue4m3(amax / 6)``
+    and each weight's first code of least error against it (as MXFP4's)."""
+    lead = x.shape[:-1]
+    b = weights_in_rows(x, NVFP4_BLOCK, name, "NVFP4 block").reshape(-1, 16)   # [N * 4, 16]
+    ue = fp32_to_ue4m3(b.abs().amax(dim=1) / 6.0)
+    d = _ue4m3_half(ue)
+    table = torch.tensor(DOUBLED_E2M1, dtype=torch.float32)
+    q = (d[:, None, None] * table - b[:, :, None]).abs().argmin(dim=-1).to(torch.uint8)   # the first least error
+    packed = (q[:, :8] | (q[:, 8:] << 4)).reshape(-1, 32)
+    return torch.cat([ue.reshape(-1, 4), packed], dim=1).reshape(*lead, -1)
 
 
 def decode_nvfp4(data: torch.Tensor) -> torch.Tensor:
