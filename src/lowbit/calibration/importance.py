@@ -1,0 +1,52 @@
+"""An importance matrix from calibration data: each linear's mean squared input per column.
+
+llama.cpp's ``llama-imatrix`` runs text through the float model and keeps, for every matrix
+multiplication, the mean over all tokens of each input column's square; ``llama-quantize
+--imatrix`` then weights each column's rounding error by it (``lowbit.numerics.ggml.encode(...,
+importance=)`` takes the same vector). ``importance_matrix`` computes that statistic for every
+``nn.Linear`` of a model on lowbit's calibration windows: sums of squares accumulated in float64
+over every token that reaches the linear (a split MoE expert sees only the tokens routed to it, as
+llama-imatrix counts per expert), divided by that count.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from lowbit.errors import QuantizationError
+
+
+@torch.no_grad()
+def importance_matrix(model: nn.Module, tokens: torch.Tensor, *, batch_size: int = 4,
+                      names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """{linear name: float32 [in_features]} mean squared input per column over ``tokens``
+    [n, seq_len] (``lowbit.calibration.calibration_tokens``), run through ``model`` in batches of
+    ``batch_size`` windows. ``names``: the linears to measure (default: every ``nn.Linear``). A
+    linear no token reached is a QuantizationError naming it."""
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and (names is None or n in names)}
+    if names is not None and set(names) - set(linears):
+        raise QuantizationError(f"no nn.Linear named {sorted(set(names) - set(linears))[0]!r} in the model")
+    sums = {n: torch.zeros(m.in_features, dtype=torch.float64) for n, m in linears.items()}
+    counts = dict.fromkeys(linears, 0)
+
+    def hook(name):
+        def observe(module, args):
+            x = args[0].detach().reshape(-1, module.in_features).to(torch.float64)
+            sums[name] += (x * x).sum(dim=0).cpu()
+            counts[name] += x.shape[0]
+        return observe
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
+    dev = next(model.parameters()).device
+    try:
+        for s in range(0, tokens.shape[0], batch_size):
+            model(input_ids=tokens[s:s + batch_size].to(dev), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    unseen = [n for n, c in counts.items() if c == 0]
+    if unseen:
+        raise QuantizationError(f"linear {unseen[0]!r} saw no calibration token ({len(unseen)} in all): its "
+                                f"importance is undefined")
+    return {n: (sums[n] / counts[n]).to(torch.float32) for n in linears}
