@@ -80,6 +80,13 @@ def test_eval_baseline_reports_kld_with_intervals(capsys, tiny_dir, text_file, t
     assert code == 2 and "float.safetensors" in err and "window 48" in err and len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "eval", q, "--baseline", tiny_dir, "--save-reference", ref)
     assert code == 2 and "--save-reference" in err
+    # a reference file that cannot be written is refused before any model is scored, and never
+    # replaces a file of the model folder
+    for target, msg in ((tmp_path / "missing" / "r.safetensors", "does not exist"), (tmp_path, "is a folder"),
+                        (tiny_dir / "config.json", "existing file of the model folder")):
+        code, _, err = run(capsys, "eval", tiny_dir, "--save-reference", target, "--no-progress")
+        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+    assert (tiny_dir / "config.json").read_text().startswith("{")
 
 
 def test_eval_table(capsys, tiny_dir, text_file):

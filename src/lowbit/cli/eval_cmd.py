@@ -112,6 +112,11 @@ def eval_cmd(
         check_model_path(baseline)
     if save_reference is not None and baseline is not None:
         raise OptionError("--save-reference writes PATH's own reference: it goes without --baseline")
+    if save_reference is not None:
+        from lowbit.eval.reference import check_reference_path
+        from lowbit.models.builtin import resolve_model_path
+
+        check_reference_path(save_reference, resolve_model_path(model_arg(path)))
     # after the path checks: a missing path fails before torch is imported (lowbit.quant.serving imports it)
     from lowbit.quant.serving import ServingNumerics
 

@@ -41,6 +41,22 @@ REFERENCE_FORMAT = "lowbit-float-reference/1"
 _TENSORS = ("targets", "hidden", "logprob", "argmax")
 
 
+def check_reference_path(path: str | os.PathLike, source: str | os.PathLike | None = None) -> Path:
+    """Where a reference file may be written: its folder exists, it is not a folder, and (given the
+    evaluated model's folder ``source``) it is not an existing file of that folder. EvalDataError
+    naming the path otherwise; checked before any model is scored."""
+    p = Path(path)
+    if p.is_dir():
+        raise EvalDataError(f"{p}: is a folder; a float reference is one file (e.g. {p / 'float-ref.safetensors'})")
+    if not p.resolve().parent.is_dir():
+        raise EvalDataError(f"{p}: the folder {p.resolve().parent} does not exist")
+    if source is not None and Path(source).is_dir():
+        src = Path(source).resolve()
+        if src in p.resolve().parents and p.exists():
+            raise EvalDataError(f"{p}: an existing file of the model folder {src} would be overwritten")
+    return p
+
+
 def text_sha256(text: str) -> str:
     """The SHA-256 of an evaluation text (UTF-8), which a reference file records."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -95,6 +111,7 @@ class FloatReference:
         if type(self.head) is not nn.Linear:
             raise EvalDataError(f"{path}: a float reference is written with a float nn.Linear output head, "
                                 f"not {type(self.head).__name__}")
+        check_reference_path(path)
         tensors = {k: getattr(self, k).contiguous() for k in _TENSORS}
         tensors["head.weight"] = self.head.weight.detach().float().cpu().contiguous()
         if self.head.bias is not None:
