@@ -46,7 +46,8 @@ def measure(model, tokenizer, settings: EvalSettings, examples, label: str, *,
     ``keep_reference``: the float model's, for the other models to be measured against)."""
     t0 = time.perf_counter()
     s = settings
-    scores = score_text(model, tokenizer, text_file=s.text_file, window=s.window, stride=s.stride, limit=s.limit,
+    text = read_text(s.text_file)  # read once: scored, perturbed for the spread, hashed for a reference
+    scores = score_text(model, tokenizer, text, window=s.window, stride=s.stride, limit=s.limit,
                         reference=reference, keep_hidden=keep_reference, progress=s.progress,
                         desc=f"{label}: perplexity")
     ppl = scores.result
@@ -59,7 +60,7 @@ def measure(model, tokenizer, settings: EvalSettings, examples, label: str, *,
         out.update(kld=d.kld.to_dict(), kld_percentiles=d.kld_percentiles, same_top=d.same_top.to_dict(),
                    ppl_change_pct=100.0 * (ppl.perplexity / reference.result.perplexity - 1.0),
                    ppl_change_interval=d.ppl_change_pct.to_dict(), rms_delta_p=d.rms_delta_p)
-    sp = measure_spread(model, tokenizer, ppl.perplexity, seeds=s.spread, text_file=s.text_file,
+    sp = measure_spread(model, tokenizer, ppl.perplexity, seeds=s.spread, text=text,
                         window=s.window, stride=s.stride, limit=s.limit)
     if sp is not None:
         out["ppl_spread"] = sp
@@ -71,7 +72,7 @@ def measure(model, tokenizer, settings: EvalSettings, examples, label: str, *,
     out["eval_seconds"] = time.perf_counter() - t0
     if keep_reference:
         ref = FloatReference.of(scores, model)
-        ref.text_sha256, ref.fields = text_sha256(read_text(s.text_file)), out
+        ref.text_sha256, ref.fields = text_sha256(text), out
         return out, ref
     scores.hidden = None
     return out, scores
