@@ -105,6 +105,27 @@ class QuantizePlan:
         return self.calibration is not None or dataclasses.replace(cfg, rotation=type(cfg)().rotation) != type(cfg)()
 
 
+@dataclass(frozen=True)
+class _Calibration:
+    """The calibration options of ``lowbit quantize``, each parsed once."""
+
+    weight_rounding: object
+    reconstruct_iters: int | None
+    reconstruct_batch: dict
+    layer_inputs: object
+    preset: object
+    rotation: object
+
+    @classmethod
+    def parse(cls, o: QuantizeOptions) -> "_Calibration":
+        """Parsed in the order they always were, so the first bad value is the one reported."""
+        return cls(weight_rounding=parse_weight_rounding(o.weight_rounding),
+                   reconstruct_iters=parse_reconstruct_iters(o.reconstruct_iters),
+                   reconstruct_batch=reconstruct_batch_size_option(o.reconstruct_batch_size),
+                   layer_inputs=parse_layer_inputs(o.layer_inputs), preset=parse_calib_preset(o.calib_preset),
+                   rotation=parse_rotation(o.rotation))
+
+
 def _default_output(model: str | None, label: str) -> Path:
     stem = Path(model).resolve().name if model else "SmolLM2-135M-Instruct"
     return Path(f"{stem}-{label}")
@@ -119,31 +140,28 @@ def _check_output(folder: Path, out: Path, overwrite: bool) -> None:
     check_output_free(out, overwrite)
 
 
-def _calibration_config(o: QuantizeOptions, more: dict):
+def _calibration_config(o: QuantizeOptions, c: _Calibration, data_opts: dict):
     """The CalibrationConfig of the calibration options given (the others: its defaults)."""
     from lowbit.calibration import CalibrationConfig
 
-    rot = parse_rotation(o.rotation)
-    wr, li = parse_weight_rounding(o.weight_rounding), parse_layer_inputs(o.layer_inputs)
-    given = {"rotation": rot, "num_samples": o.calib_samples, "seq_len": o.calib_seq_len, "weight_rounding": wr,
-             "layer_inputs": li, "reconstruct_iters": parse_reconstruct_iters(o.reconstruct_iters),
-             "gptq_act_order": True if o.gptq_act_order else None, "gptq_scale_search": o.gptq_scale_search}
-    kwargs = {**{k: v for k, v in given.items() if v is not None}, **more}
-    preset = parse_calib_preset(o.calib_preset)
-    return CalibrationConfig.preset(preset, **kwargs) if preset is not None else CalibrationConfig(**kwargs)
+    given = {"rotation": c.rotation, "num_samples": o.calib_samples, "seq_len": o.calib_seq_len,
+             "weight_rounding": c.weight_rounding, "layer_inputs": c.layer_inputs,
+             "reconstruct_iters": c.reconstruct_iters, "gptq_act_order": True if o.gptq_act_order else None,
+             "gptq_scale_search": o.gptq_scale_search}
+    kwargs = {**{k: v for k, v in given.items() if v is not None}, **c.reconstruct_batch, **data_opts}
+    return CalibrationConfig.preset(c.preset, **kwargs) if c.preset is not None else CalibrationConfig(**kwargs)
 
 
-def _check_model_free(o: QuantizeOptions, assignment: SchemePlan, sq_choice, data_opts: dict, kv) -> None:
+def _check_model_free(o: QuantizeOptions, c: _Calibration, assignment: SchemePlan, sq_choice, data_opts: dict,
+                      kv) -> None:
     from lowbit.algorithms.smoothquant.defaults import DEFAULT
 
-    if parse_rotation(o.rotation) is not None:
+    if c.rotation is not None:
         raise OptionError("--model-free cannot rotate: a fused rotation rewrites the embeddings, every layer and "
                           "lm_head together on the loaded model; drop --rotation or drop --model-free")
-    if (o.calib or data_opts or sq_choice != DEFAULT or parse_weight_rounding(o.weight_rounding) is not None
-            or parse_layer_inputs(o.layer_inputs) is not None or parse_calib_preset(o.calib_preset) is not None
-            or kv is not None or parse_reconstruct_iters(o.reconstruct_iters)
-            or reconstruct_batch_size_option(o.reconstruct_batch_size) or o.gptq_act_order
-            or o.gptq_scale_search is not None):
+    if (o.calib or data_opts or sq_choice != DEFAULT or c.weight_rounding is not None or c.layer_inputs is not None
+            or c.preset is not None or kv is not None or c.reconstruct_iters or c.reconstruct_batch
+            or o.gptq_act_order or o.gptq_scale_search is not None):
         raise OptionError("--model-free takes no calibration: drop --calib/--calib-weights/--calib-column/"
                           "--calib-split/--chat-template/--calib-pack/--smoothquant/--weight-rounding/"
                           "--layer-inputs/--calib-preset/--kv-cache/--reconstruct-iters/--reconstruct-batch-size/"
@@ -153,12 +171,12 @@ def _check_model_free(o: QuantizeOptions, assignment: SchemePlan, sq_choice, dat
                           "--model-free or give --scheme/--recipe")
 
 
-def _choose_path(o: QuantizeOptions, assignment: SchemePlan, cfg, alphas: dict, kv) -> RunPath:
+def _choose_path(o: QuantizeOptions, rotation, assignment: SchemePlan, cfg, alphas: dict, kv) -> RunPath:
     """Streamed when the run calibrates and nothing needs the whole model; else in memory."""
     from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
 
     needs = any(calibrates(s, alphas[s], cfg) for s in assignment.schemes)
-    rot = parse_rotation(o.rotation) is not None
+    rot = rotation is not None
     # a rotation rewrites the embeddings, every layer and lm_head together, and the automatic
     # choice runs the whole model forward and backward: the whole model is loaded
     stream = not o.in_memory and kv is None and not rot and needs and assignment.target_bits is None
@@ -192,21 +210,18 @@ def resolve_plan(o: QuantizeOptions) -> QuantizePlan:
     out = Path(o.output) if o.output else _default_output(src, assignment.label)
     sq_choice = parse_smoothquant(o.smoothquant)
     alphas = scheme_alphas(sq_choice, assignment.schemes)
-    # each parsed here, in the order they always were, so the first bad value is the one reported
-    parse_weight_rounding(o.weight_rounding), parse_reconstruct_iters(o.reconstruct_iters)
-    reconstruct_batch_size_option(o.reconstruct_batch_size), parse_layer_inputs(o.layer_inputs)
-    parse_calib_preset(o.calib_preset), parse_rotation(o.rotation)
+    calib = _Calibration.parse(o)
     common = dict(output=out, assignment=assignment, checkpoint_format=o.fmt, smoothquant=sq_choice, alphas=alphas,
                   kv_cache=kv, ignore=tuple(o.ignore or ()), allow_unquantized=o.allow_unquantized,
                   overwrite=o.overwrite, workers=o.workers, device=o.device,
                   offload_activations=o.offload_activations, as_json=o.as_json)
     if o.model_free:
-        _check_model_free(o, assignment, sq_choice, data_opts, kv)
+        _check_model_free(o, calib, assignment, sq_choice, data_opts, kv)
         folder = resolve_model_path(src)
         _check_output(folder, out, o.overwrite)
         return QuantizePlan(source=folder, path=RunPath.MODEL_FREE, calibration=None, config=None, **common)
     folder = resolve_model_path(src)
     _check_output(folder, out, o.overwrite)
-    cfg = _calibration_config(o, {**reconstruct_batch_size_option(o.reconstruct_batch_size), **data_opts})
-    path = _choose_path(o, assignment, cfg, alphas, kv)
+    cfg = _calibration_config(o, calib, data_opts)
+    path = _choose_path(o, calib.rotation, assignment, cfg, alphas, kv)
     return QuantizePlan(source=folder, path=path, calibration=calibration_arg(o.calib, weights), config=cfg, **common)
