@@ -43,6 +43,16 @@ GEOMETRY = {GgmlType.Q8_0: (32, 34), GgmlType.Q4_0: (32, 18), GgmlType.Q4_1: (32
             GgmlType.MXFP4: (32, 17), GgmlType.NVFP4: (64, 36)}
 
 
+def fp16_bytes(v: torch.Tensor) -> torch.Tensor:
+    """float32 [N] -> its fp16 (round to nearest even) as 2 little-endian bytes [N, 2]: GGML's scales."""
+    return v.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
+
+
+def fp16_value(b: torch.Tensor) -> torch.Tensor:
+    """2 little-endian bytes [N, 2] -> float32 [N] of the fp16 they hold."""
+    return b.contiguous().view(torch.float16).reshape(-1).to(torch.float32)
+
+
 def weights_in_rows(x: torch.Tensor, block: int, name: str, what: str = "block") -> torch.Tensor:
     """``x`` [..., K] as float32 rows of ``block`` weights [K / block * ..., block]; a QuantizationError
     naming the tensor if K is not a multiple of ``block`` or a weight is NaN or infinite."""

@@ -30,14 +30,14 @@ from __future__ import annotations
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics.ggml import GgmlType, bytes_in_blocks, weights_in_rows
+from lowbit.numerics.ggml import GEOMETRY, GgmlType, bytes_in_blocks, fp16_bytes, fp16_value, weights_in_rows
 
 BLOCK = 32
 
 
 #: bytes per block of 32 weights
-BLOCK_BYTES = {GgmlType.Q8_0: 34, GgmlType.Q4_0: 18, GgmlType.Q4_1: 20, GgmlType.Q5_0: 22,
-               GgmlType.Q5_1: 24}
+BLOCK_BYTES = {t: GEOMETRY[t][1] for t in (GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_1, GgmlType.Q5_0,
+                                              GgmlType.Q5_1)}
 _BITS = {GgmlType.Q4_0: 4, GgmlType.Q4_1: 4, GgmlType.Q5_0: 5, GgmlType.Q5_1: 5}
 _MIN_TYPES = (GgmlType.Q4_1, GgmlType.Q5_1)
 
@@ -54,16 +54,6 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
     multiplication by the reciprocal), 0 where d is 0."""
     safe = torch.where(d == 0, torch.ones_like(d), d)
     return torch.where(d == 0, torch.zeros_like(d), torch.ones_like(d) / safe)
-
-
-def fp16_bytes(v: torch.Tensor) -> torch.Tensor:
-    """float32 [N] -> its fp16 (round to nearest even) as 2 little-endian bytes [N, 2]."""
-    return v.to(torch.float16).contiguous().view(torch.uint8).reshape(-1, 2)
-
-
-def _fp16(b: torch.Tensor) -> torch.Tensor:
-    """2 bytes [N, 2] -> float32 [N] of the fp16 they hold."""
-    return b.contiguous().view(torch.float16).reshape(-1).to(torch.float32)
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -114,7 +104,7 @@ def decode(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
         raise QuantizationError(f"{kind.value} is not one of GGML's 32-weight block types")
     lead = data.shape[:-1]
     blk = bytes_in_blocks(data, kind)
-    d = _fp16(blk[:, 0:2])[:, None]
+    d = fp16_value(blk[:, 0:2])[:, None]
     if kind is GgmlType.Q8_0:
         q = blk[:, 2:].contiguous().view(torch.int8).to(torch.float32)
         return (q * d).reshape(*lead, -1)
@@ -126,6 +116,6 @@ def decode(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
         word = qh[:, 0] | (qh[:, 1] << 8) | (qh[:, 2] << 16) | (qh[:, 3] << 24)
         q = q | (((word[:, None] >> torch.arange(BLOCK, dtype=torch.int64)) & 1) << 4).to(torch.int32)
     if kind in _MIN_TYPES:
-        m = _fp16(blk[:, 2:4])[:, None]
+        m = fp16_value(blk[:, 2:4])[:, None]
         return (q.to(torch.float32) * d + m).reshape(*lead, -1)
     return ((q - (1 << (_BITS[kind] - 1))).to(torch.float32) * d).reshape(*lead, -1)

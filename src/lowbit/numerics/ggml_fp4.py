@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.numerics.ggml import GgmlType, bytes_in_blocks, weights_in_rows
+from lowbit.numerics.ggml import GEOMETRY, GgmlType, bytes_in_blocks, weights_in_rows
 
-MXFP4_BLOCK, MXFP4_BYTES = 32, 17
-NVFP4_BLOCK, NVFP4_BYTES = 64, 36
+MXFP4_BLOCK, MXFP4_BYTES = GEOMETRY[GgmlType.MXFP4]
+NVFP4_BLOCK, NVFP4_BYTES = GEOMETRY[GgmlType.NVFP4]
 #: E2M1 values of codes 0..15, doubled, as GGML's table holds them
 DOUBLED_E2M1 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 

@@ -150,7 +150,7 @@ def encode_blocks_weighted(x: torch.Tensor, kind, importance: torch.Tensor, name
     scale/min search (from -0.9 in 36 steps of 0.05); the codes of the search, no re-rounding.
     Q8_0 takes no importance weights in llama.cpp: its reference encoding."""
     from lowbit.numerics import ggml_blocks as gb
-    from lowbit.numerics.ggml import GgmlType
+    from lowbit.numerics.ggml import GgmlType, fp16_bytes
     from lowbit.numerics.ggml_kquant_search import symmetric_search
 
     kind = GgmlType(kind)
@@ -168,10 +168,10 @@ def encode_blocks_weighted(x: torch.Tensor, kind, importance: torch.Tensor, name
     five = kind in (GgmlType.Q5_0, GgmlType.Q5_1)
     if kind in (GgmlType.Q4_0, GgmlType.Q5_0):
         d, q = symmetric_search(b, nmax=16 if five else 8, qw=w)
-        head = [gb.fp16_bytes(d)]
+        head = [fp16_bytes(d)]
     else:
         d, neg_min, q = scale_min_search(b, w, nmax=31 if five else 15, rmin=-0.9, rdelta=0.05, nstep=36)
-        head = [gb.fp16_bytes(d), gb.fp16_bytes(-neg_min)]
+        head = [fp16_bytes(d), fp16_bytes(-neg_min)]
     if five:
         head.append(gb.fifth_bits(q))
     return torch.cat(head + [gb.pack_nibbles(q)], dim=1).reshape(*lead, -1)

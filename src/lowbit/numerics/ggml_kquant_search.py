@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.numerics.ggml import weights_in_rows
+from lowbit.numerics.ggml import fp16_bytes, fp16_value, weights_in_rows
 from lowbit.numerics.ggml_kquants import SUPER
 
 SUB = 32
@@ -103,8 +103,9 @@ def _six_bits(v: torch.Tensor) -> torch.Tensor:
 
 
 def _fp16_pair(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    h = v.to(torch.float16)
-    return h.contiguous().view(torch.uint8).reshape(-1, 2), h.to(torch.float32)
+    """v's fp16 bytes and the float32 value they hold (the scale the weights are re-rounded to)."""
+    b = fp16_bytes(v)
+    return b, fp16_value(b)
 
 
 def _encode_scale_min(x: torch.Tensor, name: str, five: bool) -> torch.Tensor:

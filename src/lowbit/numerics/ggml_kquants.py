@@ -22,18 +22,18 @@ from __future__ import annotations
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics.ggml import GgmlType, bytes_in_blocks
+from lowbit.numerics.ggml import GEOMETRY, GgmlType, bytes_in_blocks, fp16_value
 
 SUPER = 256
 
 
 #: bytes per super-block of 256 weights
-SUPER_BYTES = {GgmlType.Q2_K: 84, GgmlType.Q3_K: 110, GgmlType.Q4_K: 144, GgmlType.Q5_K: 176, GgmlType.Q6_K: 210}
+SUPER_BYTES = {t: GEOMETRY[t][1] for t in (GgmlType.Q2_K, GgmlType.Q3_K, GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K)}
 
 
 def _fp16(b: torch.Tensor) -> torch.Tensor:
-    """2 bytes [N, 2] -> float32 [N, 1] of the fp16 they hold."""
-    return b.contiguous().view(torch.float16).to(torch.float32).reshape(-1, 1)
+    """2 bytes [N, 2] -> float32 [N, 1] of the fp16 they hold, to scale a super-block's rows."""
+    return fp16_value(b)[:, None]
 
 
 def scales_and_mins_k4(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
