@@ -70,10 +70,13 @@ def chunked_logits_apply(hidden: torch.Tensor, head: nn.Module, targets: torch.T
     lps = torch.empty(n, dtype=torch.float32)
     arg = torch.empty(n, dtype=torch.long)
     for s in range(0, n, step):
-        lp, top = log_probs(head, hidden[s:s + step], softcap)
-        lps[s:s + step] = lp.gather(-1, targets[s:s + step, None].to(lp.device)).squeeze(-1).cpu()
-        arg[s:s + step] = top.cpu()
-        del lp
+        # the target's log-probability alone: logits[t] - logsumexp, the same float operation (hence
+        # the same bits) as the full log-probabilities chunked_divergence gathers from
+        logits = _logits(head, hidden[s:s + step], softcap)
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        lps[s:s + step] = (logits.gather(-1, targets[s:s + step, None].to(logits.device)) - lse).squeeze(-1).cpu()
+        arg[s:s + step] = logits.argmax(-1).cpu()
+        del logits, lse
     return lps, arg
 
 
@@ -102,12 +105,18 @@ def rows_per_chunk(head: nn.Module, max_logits: int) -> int:
     return max(1, int(max_logits) // (2 * int(vocab)))
 
 
-def log_probs(head: nn.Module, hidden: torch.Tensor, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities (float32) ``logits - logsumexp(logits)`` of ``head(hidden)``, soft-capped
-    like the model's own logits, and the argmax of the logits."""
+def _logits(head: nn.Module, hidden: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """float32 ``head(hidden)``, soft-capped like the model's own logits."""
     logits = head(hidden).float()
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+def log_probs(head: nn.Module, hidden: torch.Tensor, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities (float32) ``logits - logsumexp(logits)`` of ``head(hidden)`` and the argmax
+    of the logits."""
+    logits = _logits(head, hidden, softcap)
     return logits - torch.logsumexp(logits, dim=-1, keepdim=True), logits.argmax(-1)
 
 
