@@ -5,7 +5,7 @@ layer with ``device="cuda"`` against the CPU, on the synthetic Llama of bench/sc
     PYTHONUNBUFFERED=1 PYTHONPATH=src python bench/gpu/gpu_scale.py --out "$OUT" [--layers 24] [--cpu-layers 4]
     PYTHONPATH=src python bench/gpu/gpu_scale.py --cpu-dry-run --out /tmp/x      # rehearsal, tiny model, CPU only
 
-For each scheme (w8a8-int8 with SmoothQuant, nvfp4 with GPTQ) it runs lowbit.streamed.run_streamed
+For each scheme (w8a8-int8 with SmoothQuant, nvfp4 with GPTQ) it runs lowbit.streamed.plan_checkpoint / run_checkpoint
 on the GPU (activations on the GPU, then offloaded to the CPU) and on the CPU (fewer layers: the
 CPU is the slow side), and writes DIR/gpu_scale.json and DIR/gpu_scale.md after each run. GPU and
 CPU outputs are not expected to be bit-identical (cuBLAS sums in another order); the script
@@ -39,13 +39,14 @@ def save(out: Path) -> None:
 def run(src: Path, out: Path, scheme: str, device: str | None, offload: bool, kw: dict) -> dict:
     import torch
 
-    from lowbit.streamed import run_streamed
+    from lowbit.streamed import CalibrationChoice, RunSettings, plan_checkpoint, run_checkpoint
 
     if device and device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    res = run_streamed(src, out, scheme, "lowbit", calibration="builtin", device=device, offload=offload,
-                       overwrite=True, resume=False, **kw)
+    res = run_checkpoint(plan_checkpoint(src, out, scheme, "lowbit", CalibrationChoice("builtin", options=kw),
+                                         settings=RunSettings(resume=False, overwrite=True, device=device,
+                                                              offload=offload)))
     wall = time.perf_counter() - t0
     s = res.layer_seconds
     return {"wall_s": round(wall, 1), "per_layer_s": round(sum(s[1:]) / max(1, len(s) - 1), 3) if s else None,

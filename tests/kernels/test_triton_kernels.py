@@ -199,7 +199,7 @@ def test_int_dequant_bit_exact(spec):
 
 @pytest.mark.parametrize("scheme", ["nvfp4", "mxfp8"])  # nibbles + UE4M3 + global; bytes + E8M0
 def test_fused_matmul_matches_dequantized_linear(scheme):
-    from lowbit.kernels.matmul import mx_matmul
+    from lowbit.kernels.matmul import MatmulTiles, mx_matmul
 
     spec = get_scheme(scheme).weights
     torch.manual_seed(1)
@@ -207,7 +207,7 @@ def test_fused_matmul_matches_dequantized_linear(scheme):
     data, sc = pack_microscaled(qt.codes, qt.scale, spec)
     x = torch.randn(2, 9, 256).to(torch.bfloat16)
     b = torch.randn(40)
-    y = mx_matmul(x, data, sc, spec, qt.global_scale, b, out_features=40, block_m=32, block_n=64, block_k=128,
+    y = mx_matmul(x, data, sc, spec, qt.global_scale, b, out_features=40, tiles=MatmulTiles(32, 64, 128),
                   out_dtype=torch.float32)
     ref = torch.nn.functional.linear(x.float(), dequantize(qt), b)
     assert y.shape == (2, 9, 40)

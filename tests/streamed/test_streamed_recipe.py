@@ -81,14 +81,17 @@ def test_bad_recipes_write_nothing(llama_src, tmp_path):
 
 
 def test_the_recipe_is_fingerprinted(llama_src):
-    from lowbit.calibration import CalibrationConfig
-    from lowbit.formats import Format
     from lowbit.modelfree.source import Checkpoint
+    from lowbit.streamed import CalibrationChoice, plan_checkpoint
     from lowbit.streamed.api import fingerprint
 
-    ck, cfg = Checkpoint(llama_src), CalibrationConfig()
-    fps = {fingerprint(llama_src, ck, Recipe.of(r), Format.LOWBIT, TOKENS, cfg, None, [], 1, None)
-           for r in (FP8_DOWN, {r"re:.*mlp\.down_proj": "w8a8-int8", "default": "nvfp4"}, "nvfp4", {"Linear": "nvfp4"})}
+    ck, fps = Checkpoint(llama_src), set()
+    for r in (FP8_DOWN, {r"re:.*mlp\.down_proj": "w8a8-int8", "default": "nvfp4"}, "nvfp4", {"Linear": "nvfp4"}):
+        plan = plan_checkpoint(llama_src, "unused", Recipe.of(r), "lowbit", CalibrationChoice(TOKENS))
+        try:
+            fps.add(fingerprint(plan, ck, TOKENS, None, 1, None))
+        finally:
+            plan.planned.close()
     assert len(fps) == 4
 
 

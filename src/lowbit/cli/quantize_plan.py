@@ -10,7 +10,6 @@ same first error; nothing heavy (torch) is imported before the model path is che
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,14 +19,7 @@ from lowbit.cli.common import (
     parse_smoothquant, parse_weight_rounding, reconstruct_batch_size_option,
 )
 from lowbit.cli.recipe_options import SchemePlan, parse_plan
-
-
-class RunPath(enum.Enum):
-    """How the checkpoint is made."""
-
-    MODEL_FREE = "model-free"  # tensors straight from the shards, no forward
-    STREAMED = "streamed"      # calibrated one decoder layer at a time from the folder
-    IN_MEMORY = "in-memory"    # the whole model loaded (rotations, automatic recipes, KV cache, no calibration)
+from lowbit.run_path import RunPath
 
 
 @dataclass(frozen=True)

@@ -41,17 +41,33 @@ def _leave(group) -> None:
         dist.destroy_process_group()
 
 
+def _checkpoint(plan: QuantizePlan, group):
+    """The model-free or streamed run of ``plan`` on ``group``'s ranks, through the API's own resolve
+    step (``lowbit.streamed.plan_checkpoint``) and run (``run_checkpoint``)."""
+    from lowbit.streamed import CalibrationChoice, RunSettings, TargetChoice, plan_checkpoint, run_checkpoint
+
+    a = plan.assignment
+    if plan.path is RunPath.MODEL_FREE:
+        calib = CalibrationChoice()
+        scheme = a.scheme.name if a.scheme is not None else a.recipe
+    else:
+        calib = CalibrationChoice(plan.calibration or "builtin", smoothquant=plan.smoothquant, config=plan.config)
+        scheme = a.given
+    settings = RunSettings(overwrite=plan.overwrite, workers=plan.workers, device=plan.device,
+                           offload=plan.offload_activations, group=group,
+                           progress=group.is_main if plan.path is RunPath.MODEL_FREE else
+                           (None if group.is_main else False))
+    targets = TargetChoice(ignore=plan.ignore, allow_unquantized=plan.allow_unquantized)
+    return run_checkpoint(plan_checkpoint(plan.source, plan.output, scheme, plan.checkpoint_format, calib, targets,
+                                          settings))
+
+
 def _model_free(plan: QuantizePlan) -> dict | None:
     """Model-free quantization, split over the ranks when started by torchrun (lowbit.dist.Group:
     gloo on the CPU, NCCL with a CUDA device)."""
-    from lowbit.modelfree import quantize_model_free
-
-    a = plan.assignment
     group = _joined(plan.device)
     try:
-        quantize_model_free(plan.source, plan.output, scheme=a.scheme.name if a.scheme is not None else a.recipe,
-                            format=plan.checkpoint_format, workers=plan.workers, ignore=list(plan.ignore),
-                            overwrite=plan.overwrite, progress=group.is_main, device=plan.device, group=group)
+        _checkpoint(plan, group)
     finally:
         _leave(group)
     return {"ranks": group.world} if group.is_main else None
@@ -60,18 +76,13 @@ def _model_free(plan: QuantizePlan) -> dict | None:
 def _streamed(plan: QuantizePlan) -> dict | None:
     """Calibrate and quantize the folder streamed (lowbit.streamed)."""
     from lowbit.report.smoothing import smoothing_summary
-    from lowbit.streamed import run_streamed
     from lowbit.streamed.stream import release_freed_blocks
 
     err_console.print(f"[dim]calibrating on {_calib_desc(plan.calibration)} (streamed)[/dim]", highlight=False)
     release_freed_blocks()  # this process quantizes one layer after another: freed layers go back at once
     group = _joined(plan.device)
     try:
-        res = run_streamed(plan.source, plan.output, plan.assignment.given, plan.checkpoint_format,
-                           calibration=plan.calibration or "builtin", smoothquant=plan.smoothquant, config=plan.config,
-                           ignore=list(plan.ignore), allow_unquantized=plan.allow_unquantized,
-                           overwrite=plan.overwrite, progress=None if group.is_main else False, device=plan.device,
-                           offload=plan.offload_activations)
+        res = _checkpoint(plan, group)
     finally:
         _leave(group)
     if not group.is_main:

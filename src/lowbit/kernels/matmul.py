@@ -11,6 +11,8 @@ The result equals the reference within float32 accumulation-order rounding.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -77,12 +79,23 @@ def mx_matmul_constexprs(spec: QuantSpec, has_bias: bool, block_m: int, block_n:
                 S_EMIN=s.emin, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_BF16=dot_bf16)
 
 
+@dataclass(frozen=True)
+class MatmulTiles:
+    """The tile of output rows (m), output columns (n) and reduction (k) one program computes;
+    k falls back to the block size when it does not divide K."""
+
+    m: int = 16
+    n: int = 128
+    k: int = 128
+
+
 def mx_matmul(x: torch.Tensor, data: torch.Tensor, scale_codes: torch.Tensor, spec: QuantSpec,
               global_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
-              out_features: int, block_m: int = 16, block_n: int = 128, block_k: int = 128,
+              out_features: int, tiles: MatmulTiles = MatmulTiles(),
               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """y [..., N] = x [..., K] @ W^T + bias, W the packed microscaled weight [N, K] (as
     lowbit.kernels.dequant.pack_microscaled makes it). x is used as bfloat16."""
+    block_m, block_n, block_k = tiles.m, tiles.n, tiles.k
     if not supports_microscaled_weight(spec):
         raise QuantizationError(f"no fused matmul for {spec.describe()}")
     K = x.shape[-1]

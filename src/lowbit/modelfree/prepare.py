@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from lowbit.files.atomic import write_text_atomic
 from lowbit.files.regions import create_shard_file, shard_file_matches
@@ -18,7 +17,6 @@ from lowbit.modelfree.outshape import OutputShapes, ShardFile
 from lowbit.modelfree.plan import Item, Kind, Plan
 from lowbit.modelfree.source import Checkpoint
 from lowbit.modelfree.worker import ShardJob
-from lowbit.schemes import Scheme
 
 RUN_FILE = "run.json"
 
@@ -85,13 +83,16 @@ def shard_jobs(out_dir: Path, out_name: str, items: list[Item], shapes: OutputSh
     return todo, done
 
 
-def prepare_work(writer: Any, ckpt: Checkpoint, plan: Plan, scheme: Scheme | None, fmt: str, layout: Any, src_p: Path,
-                 fp: str, dev: torch.device | None, part_bytes: int, reopen_bytes: int) -> Work:
+def prepare_work(writer: Any, ckpt: Checkpoint, plan: Plan, job: Any, fp: str) -> Work:
     """Record the run's fingerprint in ``writer.tmp``, remove the files of other runs, create the
     output shard files (keeping those a killed run of the same fingerprint left), and list the
-    units of work still to do. Only one process does this, before any unit runs. ``scheme``: the
-    run's one scheme (None for a mixed plan, whose items carry theirs). The fingerprint is written
-    atomically: a refused write leaves no half of it and names it (lowbit.files.atomic)."""
+    units of work still to do. Only one process does this, before any unit runs. ``job``: the
+    run (``lowbit.modelfree.run.ModelFreeJob``: its source, checkpoint format and layout, device
+    and ``RunOptions``); ``plan.scheme`` is the run's one scheme (None for a mixed plan, whose
+    items carry theirs). The fingerprint is written atomically: a refused write leaves no half of
+    it and names it (lowbit.files.atomic)."""
+    scheme, fmt, layout, src_p, dev = plan.scheme, job.fmt.value, job.layout, job.src, job.device
+    part_bytes, reopen_bytes = job.opts.part_bytes, job.opts.reopen_bytes
     state = writer.tmp / MARKER_DIR
     state.mkdir(exist_ok=True)
     write_text_atomic(state / RUN_FILE, json.dumps({"fingerprint": fp}))

@@ -274,8 +274,7 @@ def _quantize(job: ModelFreeJob, ckpt: Checkpoint, pool: Any) -> Path:
                 same_run = job.resume and previous_fingerprint(temporary_folder(out_p)) == fp
                 writer = CheckpointWriter(out_p, overwrite=job.overwrite, resume=same_run, always_index=ckpt.sharded,
                                           weights_stem=layout.weights_stem)
-                work = prepare_work(writer, ckpt, plan, plan.scheme, fmt.value, layout, src_p, fp, job.device,
-                                    opts.part_bytes, opts.reopen_bytes)
+                work = prepare_work(writer, ckpt, plan, job, fp)
         work = group.broadcast_object(work)
         mine = [work.jobs[i] for i in group.balance([j.source_bytes for j in work.jobs])]
         with together(group, "quantizing its share of the shards"):

@@ -26,9 +26,6 @@ from typing import Iterable
 import torch
 
 from lowbit.algorithms.smoothquant.defaults import DEFAULT
-from lowbit.algorithms.gptq import WeightRounding
-from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
-from lowbit.errors import OptionRef, QuantizationError
 from lowbit.recipes import Recipe
 from lowbit.schemes import Scheme
 
@@ -78,70 +75,31 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     Errors: QuantizationError / FormatError / SchemeError naming the option, file or tensor; an
     interrupted run leaves only its temporary folder (resumable), never a half-written output.
     """
-    return run_streamed(src, out, scheme, format, calibration=calibration, tokenizer=tokenizer,
-                        smoothquant=smoothquant, config=config, preset=preset, ignore=ignore,
-                        include_lm_head=include_lm_head, allow_unquantized=allow_unquantized, resume=resume,
-                        overwrite=overwrite, progress=progress, device=device, offload=offload, workers=workers,
-                        run_options=run_options, group=group, **calibration_options).path
+    from lowbit.streamed.checkpoint_plan import (
+        CalibrationChoice, RunSettings, TargetChoice, plan_checkpoint, run_checkpoint,
+    )
+
+    plan = plan_checkpoint(src, out, scheme, format,
+                           CalibrationChoice(calibration, tokenizer, smoothquant, config, preset, calibration_options),
+                           TargetChoice(tuple(ignore), include_lm_head, allow_unquantized),
+                           RunSettings(resume, overwrite, progress, device, offload, workers, run_options, group))
+    return run_checkpoint(plan).path
 
 
-def run_streamed(src, out, scheme, format="lowbit", *, calibration=None, tokenizer=None, smoothquant=DEFAULT,
-                 config=None, preset=None, ignore=(), include_lm_head=False, allow_unquantized=False, resume=True,
-                 overwrite=False, progress=None, device=None, offload=False, workers=2, run_options=None,
-                 group=None, **calibration_options) -> StreamResult:
-    """``quantize_checkpoint`` returning what the run did (``StreamResult``; the CLI prints it)."""
-    from lowbit.formats import Format, get_layout
-    from lowbit.calibration.config import calibration_config
-    from lowbit.recipes.plan import recipe_of
-    from lowbit.streamed.planned import alphas_of, calibrating, open_planned
-
-    recipe = recipe_of(scheme)  # SchemeError / RecipeError, before anything is read
-    fmt = Format.parse(format)
-    for s in recipe.schemes:
-        get_layout(fmt).check_scheme(s)
-    alphas = alphas_of(recipe.schemes, smoothquant)
-    cfg = calibration_config(config, preset, calibration_options)
-    if cfg.rotation is not DEFAULT_ROTATION:
-        raise QuantizationError(f"rotation={cfg.rotation.value!r} rewrites the embeddings, every layer and lm_head "
-                                f"together, which a run streamed one layer at a time (or model-free) cannot do: "
-                                f"quantize in memory (lowbit.quantize, then lowbit.save)")
-    if calibration is not None and calibrating(recipe.schemes, alphas, cfg):
-        if include_lm_head:
-            raise QuantizationError("a calibrated output head is not streamed yet: drop {head}, or quantize in "
-                                    "memory (lowbit.quantize, then lowbit.save)", head=OptionRef("include_lm_head"))
-        planned = open_planned(Path(src), recipe, list(ignore))  # the recipe resolved (lowbit.recipes.plan)
-        if calibrating(planned.schemes, alphas, cfg):
-            from lowbit.streamed.run import StreamedJob, streamed
-
-            return streamed(StreamedJob(planned, Path(out), fmt, alphas, cfg, calibration, tokenizer, list(ignore),
-                                        allow_unquantized, resume, overwrite, progress, device, offload, group))
-        planned.close()  # no linear got a scheme that calibrates: round-to-nearest, as in memory
-    # model-free: it refuses schemes that need calibration, naming the dynamic alternatives
-    # (asked for: without calibration data the 4-bit schemes' default GPTQ is plain RTN)
-    if calibration is None and not any(s.needs_calibration for s in recipe.schemes) and (
-            any(a is not None for a in alphas.values()) or cfg.weight_rounding is WeightRounding.GPTQ):
-        raise QuantizationError(f"{recipe.label} with SmoothQuant or GPTQ needs calibration data (pass "
-                                f"{{calibration}})", calibration=OptionRef("calibration", "builtin"))
-    from lowbit.modelfree import quantize_model_free as model_free
-
-    path = model_free(src, out, recipe, fmt.value, workers=workers, ignore=ignore, include_lm_head=include_lm_head,
-                      resume=resume, overwrite=overwrite, progress=progress, device=device,
-                      run_options=run_options, group=group)
-    return StreamResult(Path(path), {}, peak_rss=peak_rss_bytes())
-
-
-def fingerprint(src: Path, ckpt, recipe: Recipe, fmt, tokens: torch.Tensor, cfg, smoothquant, ignore: list[str],
-                world: int, device, valid: torch.Tensor | None = None) -> str:
-    """What decides the output bytes of a streamed run (a resumed run must match it, and every
-    rank of a job: ``Group.agree``): the source, the recipe (one scheme: as before recipes; any
-    other: ``recipe_key``), the format, options, calibration tokens, ranks and device."""
+def fingerprint(plan, ckpt, tokens: torch.Tensor, valid: torch.Tensor | None, world: int, device) -> str:
+    """What decides the output bytes of a streamed run of ``plan`` (a ``CheckpointPlan``; a resumed
+    run must match it, and every rank of a job: ``Group.agree``): the source (``ckpt``'s tensors),
+    the recipe (one scheme: as before recipes; any other: ``recipe_key``), the format, options,
+    calibration tokens (and which positions count, ``valid``), ranks and device."""
     from lowbit.recipes.plan import is_plain, recipe_key
 
+    recipe = plan.recipe
     blob = {
-        "src": str(src.resolve()), "tensors": sorted((i.name, i.shard, i.dtype, i.shape, i.begin, i.end)
-                                                     for i in ckpt.tensors.values()),
-        "scheme": repr(recipe.default) if is_plain(recipe) else "recipe", "format": fmt.value, "config": repr(cfg),
-        "smoothquant": repr(smoothquant), "ignore": ignore, "world": world, "device": str(device),
+        "src": str(plan.source.resolve()), "tensors": sorted((i.name, i.shard, i.dtype, i.shape, i.begin, i.end)
+                                                             for i in ckpt.tensors.values()),
+        "scheme": repr(recipe.default) if is_plain(recipe) else "recipe", "format": plan.checkpoint_format.value,
+        "config": repr(plan.config), "smoothquant": repr(plan.smoothquant()), "ignore": plan.ignore, "world": world,
+        "device": str(device),
     }
     if not is_plain(recipe):
         blob["recipe"] = recipe_key(recipe)

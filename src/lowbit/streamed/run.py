@@ -11,30 +11,6 @@ from lowbit.errors import QuantizationError
 
 
 @dataclass(frozen=True)
-class StreamedJob:
-    """A calibrated streamed run, as ``lowbit.quantize_checkpoint`` resolved it: ``planned``
-    (``lowbit.streamed.planned.Planned``: the skeleton and the resolved recipe), the output, the
-    checkpoint format, each scheme's SmoothQuant alpha, the CalibrationConfig, the calibration
-    data and tokenizer, and the run's options."""
-
-    planned: object
-    out: Path
-    fmt: object
-    alphas: dict
-    cfg: object
-    calibration: object
-    tokenizer: object
-    ignore: list
-    allow_unquantized: bool
-    resume: bool
-    overwrite: bool
-    progress: object
-    device: object
-    offload: bool
-    group: object = None
-
-
-@dataclass(frozen=True)
 class _Loop:
     """What the layer loop works with, once the run is set up."""
 
@@ -77,15 +53,16 @@ def local_batches(tokens: torch.Tensor, batch_size: int, group) -> torch.Tensor:
     return tokens[share.start * batch_size:min(tokens.shape[0], share.stop * batch_size)]
 
 
-def streamed(job: StreamedJob):
-    """The calibrated run of ``job``; its ``planned`` is closed when the run ends."""
+def streamed(plan):
+    """The calibrated run of ``plan`` (a streamed ``lowbit.streamed.checkpoint_plan.CheckpointPlan``);
+    its ``planned`` is closed when the run ends."""
     try:
-        return _streamed(job)
+        return _streamed(plan)
     finally:
-        job.planned.close()
+        plan.planned.close()
 
 
-def _streamed(job: StreamedJob):
+def _streamed(plan):
     from lowbit.calibration import calibration_set
     from lowbit.calibration.capture import find_decoder_layers
     from lowbit.dist import Group
@@ -101,13 +78,13 @@ def _streamed(job: StreamedJob):
     from lowbit.streamed.planned import representative_alpha
     from lowbit.streamed.stream import LayerStream
 
-    planned, out, cfg, ignore = job.planned, job.out, job.cfg, job.ignore
+    planned, out, cfg, ignore, run = plan.planned, plan.output, plan.config, plan.ignore, plan.settings
     skel, src = planned.skel, planned.skel.folder
-    sq = planned.smoothquant(job.alphas)  # one alpha, or scheme -> alpha (mixed)
-    dev = resolve_device(job.device)
+    sq = plan.smoothquant()  # one alpha, or scheme -> alpha (mixed)
+    dev = resolve_device(run.device)
     check_not_source(src, out)
-    check_output_free(out, job.overwrite)
-    group = job.group or Group.join(dev)
+    check_output_free(out, run.overwrite)
+    group = run.group or Group.join(dev)
     from lowbit.calibration.reduce import check_distributable
 
     check_distributable(group, cfg, representative_alpha(sq))  # before any collective
@@ -116,10 +93,11 @@ def _streamed(job: StreamedJob):
     deferred = frozenset() if survey.traced else frozenset(n for n, k in survey.kinds.items() if k is ParamKind.MATMUL)
     # structure alone cannot place them (the skeleton is on the meta device): each loaded layer's forward will
     survey.kinds = {n: k for n, k in survey.kinds.items() if n not in deferred}
-    left = check_targets(model, ignore, False, job.allow_unquantized, survey)
-    layer_survey = LayerSurvey(deferred, job.allow_unquantized, unquantized=[n for n, _ in left])
-    tok = _tokenizer_for(src, job.calibration, job.tokenizer)
-    data = calibration_set(job.calibration, tok, **cfg.data_options())
+    allow = plan.targets.allow_unquantized
+    left = check_targets(model, ignore, False, allow, survey)
+    layer_survey = LayerSurvey(deferred, allow, unquantized=[n for n, _ in left])
+    tok = _tokenizer_for(src, plan.calibration.data, plan.calibration.tokenizer)
+    data = calibration_set(plan.calibration.data, tok, **cfg.data_options())
     tokens = data.ids
     names = planned.names
     found = find_decoder_layers(model, names)
@@ -131,21 +109,20 @@ def _streamed(job: StreamedJob):
     if outside:
         raise QuantizationError(f"{src}: linears outside the decoder layers ({', '.join(outside[:3])}) are not "
                                 f"streamed yet; add them to ignore, or quantize in memory")
-    fp = fingerprint(src, skel.ckpt, planned.recipe, job.fmt, tokens, cfg, sq, ignore, group.world, dev,
-                     valid=data.valid)
+    fp = fingerprint(plan, skel.ckpt, tokens, data.valid, group.world, dev)
     group.agree("the run's arguments (fingerprint)", fp)  # the recipe too: it is fingerprinted
-    if not job.resume and group.is_main:
+    if not run.resume and group.is_main:
         import shutil
 
         from lowbit.files.staging import temporary_folder
 
         shutil.rmtree(temporary_folder(out), ignore_errors=True)
-    output = StreamOutput(out, job.fmt, fp, len(layers), group, overwrite=job.overwrite)  # refused: OutputError
+    output = StreamOutput(out, plan.checkpoint_format, fp, len(layers), group, overwrite=run.overwrite)  # refused: OutputError
     # a line per layer: asked for, or one per rank under torchrun (no terminal bar there)
-    log = job.progress is True or (group.distributed and job.progress is not False)
-    stream = LayerStream(skel, output, dev, job.offload, log=log)
+    log = run.progress is True or (group.distributed and run.progress is not False)
+    stream = LayerStream(skel, output, dev, run.offload, log=log)
     try:
-        return _run(job, _Loop(group, model, output, stream, sq, data, path, tok, layer_survey))
+        return _run(plan, _Loop(group, model, output, stream, sq, data, path, tok, layer_survey))
     except OSError as e:  # StreamOutput's writes raise OutputError already; any other write, the same line
         output.abort()
         from lowbit.errors import LowbitError
@@ -162,20 +139,20 @@ def _streamed(job: StreamedJob):
         stream.close()
 
 
-def _run(job: StreamedJob, loop: _Loop):
+def _run(plan, loop: _Loop):
     """The layer loop and the output's end; the StreamResult."""
     from lowbit.calibration import LayerwiseCalibrator
     from lowbit.streamed.api import StreamResult, peak_rss_bytes
     from lowbit.streamed.output import ignore_list
 
-    planned, cfg, group, data = job.planned, job.cfg, loop.group, loop.data
+    planned, cfg, group, data = plan.planned, plan.config, loop.group, loop.data
     skel, names = planned.skel, planned.names
     calib = LayerwiseCalibrator(loop.model, planned.chosen, cfg, smoothquant=loop.sq, group=group,
                                 survey=loop.survey)
     tokens = data.ids
     valid = None if data.valid is None else local_batches(data.valid, cfg.batch_size, group)
     report = calib.run(local_batches(tokens, cfg.batch_size, group), names, valid=valid,
-                       progress=job.progress if group.is_main else False, hooks=loop.stream)
+                       progress=plan.settings.progress if group.is_main else False, hooks=loop.stream)
     report.num_samples = int(tokens.shape[0])
     report.data = data.info.as_dict()
     skel.materialize_outside(loop.path)  # released after the capture (LayerStream.captured)
@@ -183,4 +160,4 @@ def _run(job: StreamedJob, loop: _Loop):
     summary = loop.output.finish(loop.model, loop.path, ignore_list(loop.model, names), loop.tok, skel.folder,
                                  planned.by_name())
     summary["unquantized_targets"] = list(loop.survey.unquantized)
-    return StreamResult(job.out, summary, report, loop.stream.seconds, peak_rss_bytes(), group.world)
+    return StreamResult(plan.output, summary, report, loop.stream.seconds, peak_rss_bytes(), group.world)

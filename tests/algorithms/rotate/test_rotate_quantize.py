@@ -90,9 +90,8 @@ def test_rotated_model_round_trips(tmp_path, fmt):
 
 def test_streamed_runs_refuse_rotation(tmp_path):
     from helpers.eval_fixtures import save_tiny_folder
-    from lowbit.streamed.api import run_streamed
 
     src = save_tiny_folder(tmp_path / "m")
     with pytest.raises(QuantizationError, match="rotation='hadamard' .* streamed one layer at a time"):
-        run_streamed(src, tmp_path / "out", "nvfp4", calibration=CALIB, rotation="hadamard")
+        lowbit.quantize_checkpoint(src, tmp_path / "out", "nvfp4", calibration=CALIB, rotation="hadamard")
     assert not (tmp_path / "out").exists()
