@@ -51,7 +51,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     config = read_config(path)
-    fmt, parsed = parse_quantization_config(config)
+    checkpoint_format, parsed = parse_quantization_config(config)
     problems: list[str] = []
     dtype_name = config.get("dtype") or config.get("torch_dtype") or "float32"
     try:
@@ -60,7 +60,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         problems.append(str(e))
         dtype = torch.float32
     report: dict[str, Any] = {
-        "path": str(path), "format": fmt.value, "source": parsed.source, "dtype": str(dtype).removeprefix("torch."),
+        "path": str(path), "format": checkpoint_format.value, "source": parsed.source, "dtype": str(dtype).removeprefix("torch."),
         "groups": [], "layers": {}, "ignored": [], "size_on_disk": sum(p.stat().st_size for p in _weight_files(path)),
         "float_size": None, "ratio": None, "inconsistencies": problems,
     }
@@ -73,11 +73,11 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         folder = None
     native = config["quantization_config"].get("quant_method") == "lowbit"  # written by lowbit, not auto-round
     if folder is not None and folder.files is not None and native and \
-            folder.files.stem != get_layout(fmt).weights_stem:
+            folder.files.stem != get_layout(checkpoint_format).weights_stem:
         problems.append(f"{folder.files.single if folder.index_path is None else folder.index_path.name}: "
-                        f"'{fmt.value}' format weights belong in {get_layout(fmt).weights_stem}*.safetensors "
+                        f"'{checkpoint_format.value}' format weights belong in {get_layout(checkpoint_format).weights_stem}*.safetensors "
                         f"files; under these names stock loaders (transformers) would "
-                        f"{'load uninitialised weights for its layers' if fmt is Format.LOWBIT else 'find no weights'}"
+                        f"{'load uninitialised weights for its layers' if checkpoint_format is Format.LOWBIT else 'find no weights'}"
                         f" (re-save it with lowbit.save)")
     try:
         model = _meta_model(path)
@@ -113,8 +113,8 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
                 continue
             if scheme is None:
                 report["ignored"].append(name)
-                if folder is not None and get_layout(fmt).quant_suffixes:
-                    stray = [f"{name}.{s}" for s in get_layout(fmt).quant_suffixes if f"{name}.{s}" in folder]
+                if folder is not None and get_layout(checkpoint_format).quant_suffixes:
+                    stray = [f"{name}.{s}" for s in get_layout(checkpoint_format).quant_suffixes if f"{name}.{s}" in folder]
                     if stray:
                         problems.append(f"tensor {folder.describe(stray[0])} quantizes {name!r}, which the config "
                                         f"leaves in float")

@@ -115,7 +115,7 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
         dtype = numerics.model_dtype
         _say_if_another_host(numerics)
     config = read_config(path)
-    fmt, parsed = parse_quantization_config(config)
+    checkpoint_format, parsed = parse_quantization_config(config)
     folder = SafetensorsFolder(path)
     dtype = dtype or _config_dtype(config)
     model = build_empty_model(path, dtype)
@@ -129,7 +129,7 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
     for name, lin in linears:
         scheme = parsed.scheme_for(disk[name], is_output_embedding=lin is out_emb)
         if scheme is None:
-            stray = [f"{name}.{s}" for s in get_layout(fmt).quant_suffixes if f"{name}.{s}" in folder]
+            stray = [f"{name}.{s}" for s in get_layout(checkpoint_format).quant_suffixes if f"{name}.{s}" in folder]
             if stray:
                 raise FormatError(f"tensor {folder.describe(stray[0])} quantizes layer {name!r}, which the config "
                                   f"leaves in float (listed in 'ignore' or not targeted)")
@@ -169,7 +169,7 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
     _load_rest(model, folder, consumed, dtype, parsed)
     if parsed.kv_cache is not None:
         attach(model, kv, parsed.kv_cache)  # evaluation QDQs K and V as vLLM's FP8 cache does
-    model.lowbit_format = fmt  # where it came from (for inspection and re-saving)
+    model.lowbit_format = checkpoint_format  # where it came from (for inspection and re-saving)
     model.lowbit_source = parsed.source
     from lowbit.backends import use_backend, use_numerics
 

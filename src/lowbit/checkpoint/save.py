@@ -124,11 +124,11 @@ def quantized_tensors(layers: dict[str, nn.Module], layout, dtype: torch.dtype
     return tensors, static, lossy
 
 
-def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | None = None
+def collect_tensors(model: nn.Module, checkpoint_format: Format | str, dtype: torch.dtype | None = None
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any], bool]:
     """(all tensors to write, quantization_config, whether the embeddings must be untied)."""
-    fmt = Format.parse(fmt)
-    layout = get_layout(fmt)
+    checkpoint_format = Format.parse(checkpoint_format)
+    layout = get_layout(checkpoint_format)
     dtype = dtype or model_dtype(model)
     layers = quantized_modules(model)
     if not layers:
@@ -168,7 +168,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
 
     kv_cache = getattr(model, "lowbit_kv_cache", None)
     kv = kv_scales(model) if kv_cache is not None else {}
-    kv_t = kv_tensors(fmt, kv, dtype)
+    kv_t = kv_tensors(checkpoint_format, kv, dtype)
     warn_rounded("KV-cache scales", [k for k, t in kv_t.items()
                                       if _rounded(t, kv[k.rpartition(".")[0]][k.endswith("v_scale")].cpu())], dtype)
     tensors.update(kv_t)
@@ -181,7 +181,7 @@ def collect_tensors(model: nn.Module, fmt: Format | str, dtype: torch.dtype | No
     groups = config_groups({disk[n]: m.scheme for n, m in layers.items()})  # one order for every writer
     static = {disk[n]: v for n, v in static.items()}
     qcfg = layout.quantization_config_groups(groups, [disk[n] for n in ignore], static_scales=static)
-    qcfg = add_kv_config(fmt, qcfg, kv_cache, kv)
+    qcfg = add_kv_config(checkpoint_format, qcfg, kv_cache, kv)
     return tensors, qcfg, untie
 
 
@@ -209,15 +209,15 @@ def _param_name(model: nn.Module, module: nn.Module) -> str | None:
 def save(model: nn.Module, out_dir: str | Path, format: Format | str = Format.LOWBIT, *, tokenizer=None,
          source_dir: str | Path | None = None, overwrite: bool = False, max_shard_size: int = 2 * 2**30) -> Path:
     """Write ``model`` (quantized with lowbit) as a complete Hugging Face folder; returns its path."""
-    fmt = Format.parse(format)
+    checkpoint_format = Format.parse(format)
     dtype = model_dtype(model)
-    tensors, qcfg, untie = collect_tensors(model, fmt, dtype)
+    tensors, qcfg, untie = collect_tensors(model, checkpoint_format, dtype)
     config = config_dict(model, dtype, qcfg, untie)
     src = _source_dir(model, source_dir)
     if src is not None:
         check_not_source(src, out_dir)  # never replace the folder the model was loaded from
     with CheckpointWriter(out_dir, overwrite=overwrite, max_shard_bytes=max_shard_size,
-                          weights_stem=get_layout(fmt).weights_stem) as w:
+                          weights_stem=get_layout(checkpoint_format).weights_stem) as w:
         w.add_tensors(tensors)
         write_side_files(w, model, config, src, tokenizer)
     return Path(out_dir)

@@ -27,7 +27,7 @@ def quantize_cmd(
     recipe: Optional[str] = typer.Option(None, "--recipe", help=RECIPE_HELP),
     target_bits: Optional[str] = typer.Option(None, "--target-bits", help=TARGET_BITS_HELP),
     candidates: Optional[str] = typer.Option(None, "--candidates", help=CANDIDATES_HELP),
-    fmt: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors."),
+    checkpoint_format: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output folder (default: MODEL-SCHEME)."),
     calib: Optional[list[str]] = typer.Option(None, "--calib", help=CALIB_HELP),
     calib_weights: Optional[str] = typer.Option(None, "--calib-weights", help=CALIB_WEIGHTS_HELP),

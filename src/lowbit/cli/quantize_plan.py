@@ -31,7 +31,7 @@ class QuantizeOptions:
     recipe: str | None = None
     target_bits: str | None = None
     candidates: str | None = None
-    fmt: str = "lowbit"
+    checkpoint_format: str = "lowbit"
     output: str | None = None
     calib: list[str] | None = None
     calib_weights: str | None = None
@@ -203,7 +203,7 @@ def resolve_plan(o: QuantizeOptions) -> QuantizePlan:
     sq_choice = parse_smoothquant(o.smoothquant)
     alphas = scheme_alphas(sq_choice, assignment.schemes)
     calib = _Calibration.parse(o)
-    common = dict(output=out, assignment=assignment, checkpoint_format=o.fmt, smoothquant=sq_choice, alphas=alphas,
+    common = dict(output=out, assignment=assignment, checkpoint_format=o.checkpoint_format, smoothquant=sq_choice, alphas=alphas,
                   kv_cache=kv, ignore=tuple(o.ignore or ()), allow_unquantized=o.allow_unquantized,
                   overwrite=o.overwrite, workers=o.workers, device=o.device,
                   offload_activations=o.offload_activations, as_json=o.as_json)

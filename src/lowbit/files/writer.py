@@ -4,7 +4,7 @@
 
     from lowbit.files.writer import CheckpointWriter
     with CheckpointWriter(out_dir, overwrite=False, max_shard_bytes=2 * 2**30,
-                          weights_stem=get_layout(fmt).weights_stem) as w:   # "model" by default
+                          weights_stem=get_layout(checkpoint_format).weights_stem) as w:   # "model" by default
         w.add_tensors({"model.embed_tokens.weight": t, ...})      # buffered; shards cut by size
         w.write_shard({"a.weight": ...}, w.files.shard(1, 2))     # or explicit shards (<stem>-*.safetensors)
         w.write_json("config.json", config_dict)

@@ -13,9 +13,9 @@ Reading and writing the files themselves is ``lowbit.files``.
 
     # reading back (no model needed):
     folder = SafetensorsFolder(path)
-    fmt, parsed = parse_quantization_config(read_config(path))      # detects the format
+    checkpoint_format, parsed = parse_quantization_config(read_config(path))      # detects the format
     scheme = parsed.scheme_for(prefix)                               # None: layer not quantized
-    layer = get_layout(fmt).read_linear(prefix, folder, scheme, dtype, config=parsed)
+    layer = get_layout(checkpoint_format).read_linear(prefix, folder, scheme, dtype, config=parsed)
     layer.qweight, layer.input_scale, layer.input_global_scale, layer.bias
 
 See lowbit/formats/base.py for the full contract and each layout module for its tensor table.
@@ -27,16 +27,21 @@ from lowbit.formats.detect import detect_format, parse_quantization_config
 from lowbit.formats.fake_layout import FakeLayout, static_scale_entry
 from lowbit.formats.lowbit_layout import LowbitLayout
 
-_LAYOUTS = {Format.LOWBIT: LowbitLayout(), Format.FAKE: FakeLayout(),
-            Format.COMPRESSED_TENSORS: CompressedTensorsLayout()}
+#: Every checkpoint format lowbit writes, each a Layout class that owns its rules (which schemes it
+#: holds, its tensors and their specs, its config, shared and static scales, how it is recognised:
+#: ``Layout.reads``). Adding a format is its module, its ``Format`` member, a line here and its
+#: tests. An explicit tuple, not registration by import side effect: which formats exist is
+#: decided here, in one place, whatever was imported before.
+LAYOUTS: tuple[Layout, ...] = (LowbitLayout(), FakeLayout(), CompressedTensorsLayout())
 
 
-def get_layout(fmt: Format | str) -> Layout:
+def get_layout(checkpoint_format: Format | str) -> Layout:
     """The layout of a checkpoint format (``Format`` or its string value)."""
-    return _LAYOUTS[Format.parse(fmt)]
+    f = Format.parse(checkpoint_format)
+    return next(layout for layout in LAYOUTS if layout.format is f)
 
 
 __all__ = [
-    "Format", "Layout", "LinearRead", "ParsedConfig", "get_layout", "LowbitLayout", "FakeLayout",
+    "LAYOUTS", "Format", "Layout", "LinearRead", "ParsedConfig", "get_layout", "LowbitLayout", "FakeLayout",
     "CompressedTensorsLayout", "detect_format", "parse_quantization_config", "static_scale_entry",
 ]

@@ -223,13 +223,17 @@ class AutoRoundConfig(ParsedConfig):
         return super().layout_for(scheme)
 
 
+#: the ``quant_method`` values of auto-round's folders
+AUTOROUND_METHODS = ("auto-round", "intel/auto-round")
+
+
 def parse_autoround(qcfg: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> tuple[Format, ParsedConfig]:
     w = "config.json quantization_config (auto-round)"
     packing = qcfg.get("packing_format", "auto_round:auto_gptq")
     if packing not in PACKING:
         raise FormatError(f"{w}: packing_format {packing!r} is not supported; lowbit reads "
                           f"{', '.join(sorted(PACKING))}")
-    fmt = PACKING[packing]
+    checkpoint_format = PACKING[packing]
     defaults = {k: qcfg[k] for k in SCHEME_KEYS if k in qcfg}
     if packing == "auto_round:fp8_static":
         defaults.setdefault("data_type", "fp")
@@ -244,7 +248,7 @@ def parse_autoround(qcfg: Mapping[str, Any], config: Mapping[str, Any] | None = 
     elif blocks is not None and not isinstance(blocks, list):
         raise FormatError(f"{w}: 'block_name_to_quantize' must be a list or a comma-separated string")
     main = scheme_from_fields(defaults, w, packing)
-    parsed = AutoRoundConfig(fmt, [] if main is None else [(main, ["Linear"])], [], source=f"auto-round {packing}",
+    parsed = AutoRoundConfig(checkpoint_format, [] if main is None else [(main, ["Linear"])], [], source=f"auto-round {packing}",
                              extra={"packing_format": packing, "filled_defaults": fill_defaults(defaults)},
                              default_fields=defaults, extra_config=dict(extra), blocks=blocks,
                              packing_format=packing)
@@ -252,4 +256,4 @@ def parse_autoround(qcfg: Mapping[str, Any], config: Mapping[str, Any] | None = 
         s = scheme_from_fields({**defaults, **e}, f"{w} extra_config[{name!r}]", packing)
         if s is not None and s not in parsed.schemes():
             parsed.groups.append((s, [name]))
-    return fmt, parsed
+    return checkpoint_format, parsed

@@ -347,6 +347,11 @@ class Layout(ABC):
         return t
 
     @abstractmethod
+    def reads(self, qcfg: Mapping[str, Any]) -> bool:
+        """Whether a ``quantization_config`` is this format's (its ``quant_method``, and for formats
+        that share one, its ``format`` key): how a folder's format is found (``detect``)."""
+
+    @abstractmethod
     def parse_config(self, qcfg: Mapping[str, Any]) -> ParsedConfig:
         """The typed reading of a ``quantization_config`` of this format (every default explicit)."""
 

@@ -95,7 +95,7 @@ class CompressedTensorsLayout(Layout):
     # ------------------------------------------------------------------ write
     def linear_tensors(self, prefix, qweight, scheme, bias=None, input_scale=None, input_global_scale=None,
                        dtype=torch.bfloat16):
-        fmt = ct_format_of(scheme)
+        ct_format = ct_format_of(scheme)
         spec = scheme.weights
         if qweight.spec != spec:
             raise FormatError(f"layer {prefix!r}: weight spec {qweight.spec.describe()} is not the weights of "
@@ -103,14 +103,14 @@ class CompressedTensorsLayout(Layout):
         out_f, in_f = qweight.shape
         _check_shape(prefix, scheme, in_f)
         t: dict[str, torch.Tensor] = {}
-        if fmt in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
+        if ct_format in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
             if spec.is_integer:
                 t[f"{prefix}.weight"] = get_format(spec.format).codes_to_int(qweight.codes).to(torch.int8).contiguous()
             else:
                 t[f"{prefix}.weight"] = qweight.codes.contiguous().view(torch.float8_e4m3fn)
-        elif fmt is CTFormat.MXFP6_PACK_QUANTIZED:
+        elif ct_format is CTFormat.MXFP6_PACK_QUANTIZED:
             t[f"{prefix}.weight_packed"] = pack_sixes(qweight.codes)
-        elif fmt is CTFormat.PACK_QUANTIZED:
+        elif ct_format is CTFormat.PACK_QUANTIZED:
             vals = get_format(spec.format).codes_to_int(qweight.codes)
             t[f"{prefix}.weight_packed"] = pack_int32(vals, spec.bits)
             t[f"{prefix}.weight_shape"] = torch.tensor([out_f, in_f], dtype=torch.int64)
@@ -125,7 +125,7 @@ class CompressedTensorsLayout(Layout):
         stored_input_scale = None if input_scale is None else _float_scale(input_scale.reshape(1), dtype)
         t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
                                      input_global_scale=input_global_scale, bias=bias, dtype=dtype))
-        if fmt is CTFormat.PACK_QUANTIZED and qweight.zero_point is not None:  # packed along the output dim
+        if ct_format is CTFormat.PACK_QUANTIZED and qweight.zero_point is not None:  # packed along the output dim
             t[f"{prefix}.weight_zero_point"] = pack_int32(qweight.zero_point.t(), spec.bits).t().contiguous()
         return t
 
@@ -149,14 +149,14 @@ class CompressedTensorsLayout(Layout):
 
     def tensor_specs(self, scheme, out_features, in_features, *, dtype, bias=False, input_scale=False,
                      input_global_scale=False, prefix="layer"):
-        fmt, spec, out_f, in_f = ct_format_of(scheme), scheme.weights, out_features, in_features
+        ct_format, spec, out_f, in_f = ct_format_of(scheme), scheme.weights, out_features, in_features
         _check_shape(prefix, scheme, in_f)
         t = {}
-        if fmt in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
+        if ct_format in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
             t["weight"] = TensorSpec((out_f, in_f), torch.int8 if spec.is_integer else torch.float8_e4m3fn)
-        elif fmt is CTFormat.MXFP6_PACK_QUANTIZED:
+        elif ct_format is CTFormat.MXFP6_PACK_QUANTIZED:
             t["weight_packed"] = TensorSpec((out_f, in_f * 3 // 4), torch.uint8)
-        elif fmt is CTFormat.PACK_QUANTIZED:
+        elif ct_format is CTFormat.PACK_QUANTIZED:
             t["weight_packed"] = TensorSpec((out_f, -(-in_f * spec.bits // 32)), torch.int32)
             t["weight_shape"] = TensorSpec((2,), torch.int64)
         else:  # nvfp4 / mxfp4: nibble-packed E2M1 codes
@@ -168,7 +168,7 @@ class CompressedTensorsLayout(Layout):
             t["weight_scale"] = TensorSpec(scale_shape(spec, out_f, in_f), dtype)
         t.update(self.common_specs(scheme, out_f, in_f, dtype=dtype, bias=bias,
                                    input_scale=dtype if input_scale else None, input_global_scale=input_global_scale))
-        if fmt is CTFormat.PACK_QUANTIZED and "weight_zero_point" in t:  # packed along the output dim
+        if ct_format is CTFormat.PACK_QUANTIZED and "weight_zero_point" in t:  # packed along the output dim
             groups = t["weight_zero_point"].shape[1]
             t["weight_zero_point"] = TensorSpec((-(-out_f * spec.bits // 32), groups), torch.int32)
         return t
@@ -194,6 +194,9 @@ class CompressedTensorsLayout(Layout):
         }
 
     # ------------------------------------------------------------------ read
+    def reads(self, qcfg: Mapping[str, Any]) -> bool:
+        return qcfg.get("quant_method") == "compressed-tensors"
+
     def parse_config(self, qcfg: Mapping[str, Any]) -> ParsedConfig:
         w = "config.json quantization_config (compressed-tensors)"
         status = qcfg.get("quantization_status", "compressed")
@@ -246,10 +249,10 @@ class CompressedTensorsLayout(Layout):
                         extra={"version": qcfg.get("version"), "formats": formats}, kv_cache=kv_cache)
 
     def read_linear(self, prefix, tensors, scheme, dtype=torch.bfloat16, config=None, shape=None):
-        fmt = ct_format_of(scheme)
+        ct_format = ct_format_of(scheme)
         spec = scheme.weights
-        what = f"layer {prefix!r} ({scheme.name}, {fmt.value})"
-        if fmt in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
+        what = f"layer {prefix!r} ({scheme.name}, {ct_format.value})"
+        if ct_format in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
             k = f"{prefix}.weight"
             want = torch.int8 if spec.is_integer else torch.float8_e4m3fn
             wt = check_tensor(tensors, k, need(tensors, k, what), dtypes=[want], what=what)
@@ -263,13 +266,13 @@ class CompressedTensorsLayout(Layout):
             else:
                 codes = wt.contiguous().view(torch.uint8)
                 check_codes(tensors, k, codes, spec, what)
-        elif fmt is CTFormat.MXFP6_PACK_QUANTIZED:
+        elif ct_format is CTFormat.MXFP6_PACK_QUANTIZED:
             k = f"{prefix}.weight_packed"
             packed = check_tensor(tensors, k, need(tensors, k, what), dtypes=[torch.uint8], what=what)
             if packed.dim() != 2 or packed.shape[1] % 3:
                 raise FormatError(f"tensor {where(tensors, k)} must be [out, 3 * in / 4], has shape {tuple(packed.shape)}")
             codes = unpack_sixes(packed)
-        elif fmt is CTFormat.PACK_QUANTIZED:
+        elif ct_format is CTFormat.PACK_QUANTIZED:
             k, sk_ = f"{prefix}.weight_packed", f"{prefix}.weight_shape"
             packed = check_tensor(tensors, k, need(tensors, k, what), dtypes=[torch.int32], what=what)
             shape_t = check_tensor(tensors, sk_, need(tensors, sk_, what), shape=(2,),
@@ -299,7 +302,7 @@ class CompressedTensorsLayout(Layout):
             scale = model_scale(check_tensor(tensors, sk, raw, shape=sshape, dtypes=FLOAT_DTYPES, what=what)
                                 .to(torch.float32), spec, out_f)
         zp = None
-        if not spec.symmetric and fmt is CTFormat.PACK_QUANTIZED:  # int32 [ceil(out*bits/32), G]
+        if not spec.symmetric and ct_format is CTFormat.PACK_QUANTIZED:  # int32 [ceil(out*bits/32), G]
             zk = f"{prefix}.weight_zero_point"
             per = 32 // spec.bits
             zraw = check_tensor(tensors, zk, need(tensors, zk, what), shape=(-(-sshape[0] // per), sshape[1]),

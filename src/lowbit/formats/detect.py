@@ -1,6 +1,6 @@
 """Which format a folder is in, from its config.json ``quantization_config``.
 
-    fmt, parsed = parse_quantization_config(config_dict)
+    checkpoint_format, parsed = parse_quantization_config(config_dict)
 
 - ``quant_method: "lowbit"``: ``format`` "lowbit" or "fake".
 - ``quant_method: "compressed-tensors"`` (llm-compressor, compressed-tensors 0.19 or 0.20 configs).
@@ -23,8 +23,8 @@ def detect_format(config: Mapping[str, Any]) -> Format:
 
 def parse_quantization_config(config: Mapping[str, Any]) -> tuple[Format, ParsedConfig]:
     """(the layout to read tensors with, the typed config) for a folder's config.json dict."""
-    from lowbit.formats import get_layout
-    from lowbit.formats.autoround import parse_autoround
+    from lowbit.formats import LAYOUTS
+    from lowbit.formats.autoround import AUTOROUND_METHODS, parse_autoround
 
     qcfg = config.get("quantization_config")
     if qcfg is None:
@@ -32,17 +32,14 @@ def parse_quantization_config(config: Mapping[str, Any]) -> tuple[Format, Parsed
                           "(load it with transformers, or quantize it with lowbit.quantize)")
     if not isinstance(qcfg, dict):
         raise FormatError("config.json quantization_config must be a JSON object")
+    for layout in LAYOUTS:  # each format recognises its own config
+        if layout.reads(qcfg):
+            return layout.format, layout.parse_config(qcfg)
     method = qcfg.get("quant_method")
     if method == "lowbit":
-        fmt = qcfg.get("format")
-        if fmt not in (Format.LOWBIT.value, Format.FAKE.value):
-            raise FormatError(f"config.json quantization_config: unknown lowbit format {fmt!r} "
-                              f"(expected 'lowbit' or 'fake')")
-        f = Format(fmt)
-        return f, get_layout(f).parse_config(qcfg)
-    if method == "compressed-tensors":
-        return Format.COMPRESSED_TENSORS, get_layout(Format.COMPRESSED_TENSORS).parse_config(qcfg)
-    if method in ("auto-round", "intel/auto-round"):
+        raise FormatError(f"config.json quantization_config: unknown lowbit format {qcfg.get('format')!r} "
+                          f"(expected 'lowbit' or 'fake')")
+    if method in AUTOROUND_METHODS:  # another tool's folders, read through lowbit's layouts
         return parse_autoround(qcfg, config)
     raise FormatError(f"config.json quantization_config: unknown quant_method {method!r}; lowbit reads "
                       f"'lowbit', 'compressed-tensors' and 'auto-round' checkpoints")

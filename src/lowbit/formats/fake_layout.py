@@ -75,6 +75,9 @@ class FakeLayout(Layout):
         cfg["static_scales"] = {k: dict(v) for k, v in sorted((static_scales or {}).items())}
         return cfg
 
+    def reads(self, qcfg: Mapping[str, Any]) -> bool:
+        return qcfg.get("quant_method") == "lowbit" and qcfg.get("format") == self.format.value
+
     def parse_config(self, qcfg: Mapping[str, Any]) -> ParsedConfig:
         w = "config.json quantization_config (lowbit fake)"
         expected = {"quant_method", "format", "format_version", "config_groups", "ignore", "static_scales"}

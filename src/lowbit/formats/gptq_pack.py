@@ -159,6 +159,9 @@ class GptqLayout(Layout):
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
         raise FormatError(f"lowbit does not write {PACKING} checkpoints")
 
+    def reads(self, qcfg):
+        return False  # read through an auto-round quantization_config (lowbit.formats.autoround)
+
     def parse_config(self, qcfg):
         raise FormatError(f"{PACKING} folders are read through their auto-round quantization_config")
 

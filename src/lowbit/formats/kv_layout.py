@@ -34,28 +34,28 @@ def _ct_args() -> dict[str, Any]:
     return spec_to_args(KV_SPEC, Scheme("kv-cache-fp8", KV_SPEC), False)
 
 
-def kv_tensors(fmt: Format, scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+def kv_tensors(checkpoint_format: Format, scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
                dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """{``A.k_scale``: ..., ``A.v_scale``: ...} for ``scales`` {A: (k, v)} in format ``fmt``
+    """{``A.k_scale``: ..., ``A.v_scale``: ...} for ``scales`` {A: (k, v)} in format ``checkpoint_format``
     (the model ``dtype`` for compressed-tensors, float32 for lowbit, nothing for fake)."""
-    if fmt is Format.FAKE:
+    if checkpoint_format is Format.FAKE:
         return {}
-    out_dtype = dtype if fmt is Format.COMPRESSED_TENSORS else torch.float32
+    out_dtype = dtype if checkpoint_format is Format.COMPRESSED_TENSORS else torch.float32
     return {f"{a}.{n}": t.detach().to(torch.float32).to(out_dtype).reshape(1).clone().cpu()
             for a, pair in scales.items() for n, t in zip(KV_TENSORS, pair)}
 
 
-def add_kv_config(fmt: Format, qcfg: dict[str, Any], kv_cache: str | None,
+def add_kv_config(checkpoint_format: Format, qcfg: dict[str, Any], kv_cache: str | None,
                   scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
-    """``qcfg`` with the KV-cache entry of ``fmt`` (nothing added for ``kv_cache=None``, except
+    """``qcfg`` with the KV-cache entry of ``checkpoint_format`` (nothing added for ``kv_cache=None``, except
     that compressed-tensors' ``kv_cache_scheme`` stays null)."""
     if kv_cache is None:
         return qcfg
-    if fmt is Format.COMPRESSED_TENSORS:
+    if checkpoint_format is Format.COMPRESSED_TENSORS:
         qcfg["kv_cache_scheme"] = _ct_args()
         return qcfg
     entry: dict[str, Any] = {"name": kv_cache, "spec": KV_SPEC.to_dict()}
-    if fmt is Format.FAKE:
+    if checkpoint_format is Format.FAKE:
         entry["scales"] = {a: {n: float(t.to(torch.float32).reshape(-1)[0]) for n, t in zip(KV_TENSORS, pair)}
                            for a, pair in sorted(scales.items())}
     qcfg["kv_cache"] = entry
@@ -78,11 +78,11 @@ def parse_ct_kv(args: Any, w: str) -> str | None:
     return KV_FP8
 
 
-def parse_lowbit_kv(entry: Any, fmt: Format, w: str) -> tuple[str | None, dict[str, dict[str, float]]]:
+def parse_lowbit_kv(entry: Any, checkpoint_format: Format, w: str) -> tuple[str | None, dict[str, dict[str, float]]]:
     """lowbit/fake ``kv_cache`` entry: (None or "fp8", fake's per-module scales)."""
     if entry is None:
         return None, {}
-    keys = {"name", "spec"} | ({"scales"} if fmt is Format.FAKE else set())
+    keys = {"name", "spec"} | ({"scales"} if checkpoint_format is Format.FAKE else set())
     if not isinstance(entry, dict) or set(entry) != keys:
         raise FormatError(f"{w}: 'kv_cache' must have exactly {sorted(keys)}")
     try:

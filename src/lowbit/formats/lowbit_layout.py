@@ -75,12 +75,12 @@ def code_dtype(spec: QuantSpec, version: int = FORMAT_VERSION) -> torch.dtype:
     return _CODE_DTYPES.get(spec.format, torch.uint8) if version >= 2 else torch.uint8
 
 
-def lowbit_quantization_config(fmt: Format, groups, ignore: Iterable[str]) -> dict[str, Any]:
+def lowbit_quantization_config(checkpoint_format: Format, groups, ignore: Iterable[str]) -> dict[str, Any]:
     """The ``quantization_config`` of lowbit's own formats (``lowbit`` and ``fake``): every
     group's full scheme, field by field, and the ignored layers."""
     return {
         "quant_method": "lowbit",
-        "format": fmt.value,
+        "format": checkpoint_format.value,
         "format_version": FORMAT_VERSION,
         "config_groups": {f"group_{i}": {"targets": list(t), "scheme": s.to_dict()}
                           for i, (s, t) in enumerate(groups)},
@@ -206,6 +206,9 @@ class LowbitLayout(Layout):
         return lowbit_quantization_config(Format.LOWBIT, groups, ignore)
 
     # ------------------------------------------------------------------ read
+    def reads(self, qcfg: Mapping[str, Any]) -> bool:
+        return qcfg.get("quant_method") == "lowbit" and qcfg.get("format") == self.format.value
+
     def parse_config(self, qcfg):
         w = "config.json quantization_config (lowbit)"
         expected = {"quant_method", "format", "format_version", "config_groups", "ignore"}

@@ -91,7 +91,7 @@ def prepare_work(writer: Any, ckpt: Checkpoint, plan: Plan, job: Any, fp: str) -
     and ``RunOptions``); ``plan.scheme`` is the run's one scheme (None for a mixed plan, whose
     items carry theirs). The fingerprint is written atomically: a refused write leaves no half of
     it and names it (lowbit.files.atomic)."""
-    scheme, fmt, layout, src_p, dev = plan.scheme, job.fmt.value, job.layout, job.src, job.device
+    scheme, checkpoint_format, layout, src_p, dev = plan.scheme, job.checkpoint_format.value, job.layout, job.src, job.device
     part_bytes, reopen_bytes = job.opts.part_bytes, job.opts.reopen_bytes
     state = writer.tmp / MARKER_DIR
     state.mkdir(exist_ok=True)
@@ -118,7 +118,7 @@ def prepare_work(writer: Any, ckpt: Checkpoint, plan: Plan, job: Any, fp: str) -
             continue
         jobs_of, done = shard_jobs(writer.tmp, out_name, items, shapes, fp, part_bytes, dict(
             src_root=str(src_p), shard=shard, out_name=out_name, out_dir=str(writer.tmp), fingerprint=fp,
-            scheme=scheme, fmt=fmt, model_dtype=plan.dtype, fp8_block=plan.fp8_block,
+            scheme=scheme, checkpoint_format=checkpoint_format, model_dtype=plan.dtype, fp8_block=plan.fp8_block,
             device=None if dev is None else str(dev), reopen_bytes=reopen_bytes))
         unfinished[out_name] = len(jobs_of) + len(done)
         jobs += jobs_of

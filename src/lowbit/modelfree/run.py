@@ -98,7 +98,7 @@ def check_model_free_scheme(scheme: Scheme) -> None:
         f"`lowbit quantize MODEL --scheme {scheme.name}` without --model-free)")
 
 
-def _fingerprint(ckpt: Checkpoint, scheme_key: Any, fmt: str, ignore: list[str], include_lm_head: bool,
+def _fingerprint(ckpt: Checkpoint, scheme_key: Any, checkpoint_format: str, ignore: list[str], include_lm_head: bool,
                  part_bytes: int) -> str:
     from lowbit import __version__
 
@@ -107,7 +107,7 @@ def _fingerprint(ckpt: Checkpoint, scheme_key: Any, fmt: str, ignore: list[str],
         st = (ckpt.root / s).stat()
         src.append([s, st.st_size, st.st_mtime_ns])
     blob = {"lowbit": __version__, "layout": LAYOUT_VERSION, "part_bytes": part_bytes, "scheme": scheme_key,
-            "format": fmt,
+            "format": checkpoint_format,
             "ignore": ignore, "include_lm_head": include_lm_head, "source": src}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
@@ -135,11 +135,11 @@ def use_pool(workers: int, n_jobs: int, job_bytes: int, device: torch.device | N
     return n
 
 
-def _run_arguments(src_p: Path, out_p: Path, recipe: Recipe, fmt: Any, ignore: list[str], include_lm_head: bool,
+def _run_arguments(src_p: Path, out_p: Path, recipe: Recipe, checkpoint_format: Any, ignore: list[str], include_lm_head: bool,
                    resume: bool, overwrite: bool, dev: torch.device | None, opts: RunOptions) -> dict[str, Any]:
     """What every rank of a job must have been given alike (``workers``, ``progress`` may differ);
     the recipe as ``recipe_key`` (one scheme: its ``to_dict()``)."""
-    return {"source": str(src_p), "output": str(out_p), "scheme": recipe_key(recipe), "format": fmt.value,
+    return {"source": str(src_p), "output": str(out_p), "scheme": recipe_key(recipe), "format": checkpoint_format.value,
             "ignore": ignore, "include_lm_head": include_lm_head, "resume": resume, "overwrite": overwrite,
             "device": None if dev is None else dev.type, "part_bytes": opts.part_bytes}
 
@@ -189,21 +189,21 @@ def quantize_model_free(src: str | os.PathLike, out: str | os.PathLike,
         recipe = recipe_of(scheme)  # SchemeError / RecipeError
         for s in recipe.schemes:
             check_model_free_scheme(s)
-        fmt = Format.parse(format)
-        layout = get_layout(fmt)
+        checkpoint_format = Format.parse(format)
+        layout = get_layout(checkpoint_format)
         for s in recipe.schemes:
             layout.check_scheme(s)
         src_p, out_p = Path(src).resolve(), Path(out).resolve()
         check_not_source(src_p, out_p)
         ignore = list(ignore)
         opts = run_options or RunOptions()
-    group.agree_fields("the argument", _run_arguments(src_p, out_p, recipe, fmt, ignore, include_lm_head, resume,
+    group.agree_fields("the argument", _run_arguments(src_p, out_p, recipe, checkpoint_format, ignore, include_lm_head, resume,
                                                       overwrite, dev, opts))
     with ExitStack() as stack:
         with together(group, "locking the output folder"):
             if group.is_main:  # a second run into the same folder is refused here, before any write
                 stack.enter_context(output_lock(out_p))
-        return _locked(ModelFreeJob(src_p, out_p, recipe, fmt, layout, ignore, include_lm_head, resume, overwrite,
+        return _locked(ModelFreeJob(src_p, out_p, recipe, checkpoint_format, layout, ignore, include_lm_head, resume, overwrite,
                                     progress, workers, dev, opts, group))
 
 
@@ -214,7 +214,7 @@ class ModelFreeJob:
     src: Path
     out: Path
     recipe: Recipe
-    fmt: Any                     # the checkpoint format (lowbit.formats.Format)
+    checkpoint_format: Any                     # the checkpoint format (lowbit.formats.Format)
     layout: Any                  # its layout
     ignore: list[str]
     include_lm_head: bool
@@ -257,14 +257,14 @@ def _quantize(job: ModelFreeJob, ckpt: Checkpoint, pool: Any) -> Path:
     from lowbit.files.staging import temporary_folder
     from lowbit.files.writer import CheckpointWriter
 
-    src_p, out_p, recipe, fmt, layout, opts, group = job.src, job.out, job.recipe, job.fmt, job.layout, job.opts, job.group
+    src_p, out_p, recipe, checkpoint_format, layout, opts, group = job.src, job.out, job.recipe, job.checkpoint_format, job.layout, job.opts, job.group
     ignore, include_lm_head = job.ignore, job.include_lm_head
     with together(group, "making the plan"):
         plan = plan_recipe(ckpt, recipe, ignore, include_lm_head)  # a scheme per tensor (lowbit.modelfree.mixed)
         if not plan.quantized:
             raise FormatError(f"{src_p}: no linear weights to quantize were found (config model_type "
                               f"{ckpt.get('model_type')!r})")
-        fp = _fingerprint(ckpt, recipe_key(recipe), fmt.value, ignore, include_lm_head, opts.part_bytes)
+        fp = _fingerprint(ckpt, recipe_key(recipe), checkpoint_format.value, ignore, include_lm_head, opts.part_bytes)
     group.agree("the run's fingerprint (the source files' sizes and times, the lowbit version)", fp)
 
     writer, work = None, None

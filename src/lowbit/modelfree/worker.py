@@ -54,7 +54,7 @@ class ShardJob:
     fingerprint: str
     items: tuple[Item, ...]
     scheme: Scheme | None  # the run's one scheme (an item's own, Item.scheme, comes first)
-    fmt: str
+    checkpoint_format: str
     model_dtype: torch.dtype
     fp8_block: tuple[int, int] | None
     start: int            # file offset of the job's first tensor in the output shard
@@ -157,7 +157,7 @@ class _ShardRun:
         self.cancel = cancel
         self.report = report or (lambda e: None)
         self.reader = TensorReader(Path(job.src_root), job.reopen_bytes)
-        self.layout = get_layout(job.fmt)
+        self.layout = get_layout(job.checkpoint_format)
         self.amax_cache: dict[str, torch.Tensor] = {}
         self.device = None if job.device is None else torch.device(job.device)
         self.band = BAND_ELEMS if self.device is None else DEVICE_BAND_ELEMS

@@ -101,23 +101,23 @@ def plan_checkpoint(src, out, scheme, checkpoint_format, calibration: Calibratio
     from lowbit.streamed.planned import alphas_of, calibrating, open_planned
 
     recipe = recipe_of(scheme)  # SchemeError / RecipeError, before anything is read
-    fmt = Format.parse(checkpoint_format)
+    checkpoint_format = Format.parse(checkpoint_format)
     for s in recipe.schemes:
-        get_layout(fmt).check_scheme(s)
+        get_layout(checkpoint_format).check_scheme(s)
     alphas = alphas_of(recipe.schemes, calibration.smoothquant)
     cfg = calibration_config(calibration.config, calibration.preset, calibration.options)
     if cfg.rotation is not DEFAULT_ROTATION:
         raise QuantizationError(f"rotation={cfg.rotation.value!r} rewrites the embeddings, every layer and lm_head "
                                 f"together, which a run streamed one layer at a time (or model-free) cannot do: "
                                 f"quantize in memory (lowbit.quantize, then lowbit.save)")
-    plan = CheckpointPlan(Path(src), Path(out), recipe, fmt, alphas, cfg, calibration, targets, settings)
+    plan = CheckpointPlan(Path(src), Path(out), recipe, checkpoint_format, alphas, cfg, calibration, targets, settings)
     if calibration.data is not None and calibrating(recipe.schemes, alphas, cfg):
         if targets.include_lm_head:
             raise QuantizationError("a calibrated output head is not streamed yet: drop {head}, or quantize in "
                                     "memory (lowbit.quantize, then lowbit.save)", head=OptionRef("include_lm_head"))
         planned = open_planned(Path(src), recipe, list(targets.ignore))  # the recipe resolved (lowbit.recipes.plan)
         if calibrating(planned.schemes, alphas, cfg):
-            return CheckpointPlan(Path(src), Path(out), recipe, fmt, alphas, cfg, calibration, targets, settings,
+            return CheckpointPlan(Path(src), Path(out), recipe, checkpoint_format, alphas, cfg, calibration, targets, settings,
                                   planned)
         planned.close()  # no linear got a scheme that calibrates: round-to-nearest, as in memory
     # model-free: it refuses schemes that need calibration, naming the dynamic alternatives

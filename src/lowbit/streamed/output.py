@@ -56,9 +56,9 @@ class StreamOutput:
     """Rank 0 owns the writer (and the output's lock); every rank writes the shards of the layers
     it owns into the same temporary folder (one filesystem for all ranks)."""
 
-    def __init__(self, out: Path, fmt: Format, fingerprint: str, n_layers: int, group: Group,
+    def __init__(self, out: Path, checkpoint_format: Format, fingerprint: str, n_layers: int, group: Group,
                  overwrite: bool = False) -> None:
-        self.out, self.fmt, self.layout = Path(out), fmt, get_layout(fmt)
+        self.out, self.checkpoint_format, self.layout = Path(out), checkpoint_format, get_layout(checkpoint_format)
         self.fp, self.n_layers, self.group = fingerprint, n_layers, group
         self.files = self.layout.weights_stem
         self.tmp = temporary_folder(self.out)
