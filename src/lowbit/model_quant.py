@@ -22,7 +22,7 @@ from lowbit.linearize import linearize
 from lowbit.algorithms import WeightRounding
 from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
 from lowbit.recipes import Assignment
-from lowbit.recipes.plan import plan as recipe_plan, recipe_of, schemes_of
+from lowbit.recipes.plan import plan as recipe_plan, recipe_of
 from lowbit.schemes import Scheme, get_scheme
 from lowbit.algorithms.smoothquant.defaults import DEFAULT, scheme_alphas
 from lowbit.targets import (
@@ -34,16 +34,14 @@ from lowbit.targets import (
 def quantize_rtn(model: nn.Module, scheme: "Scheme | str | Assignment", *, ignore: Iterable[str] = (),
                  include_lm_head: bool = False, names: list[str] | None = None) -> nn.Module:
     """Replace target linears with QuantLinear by round-to-nearest (no activation scales); every
-    layer gets the automatic backend. ``scheme``: one for every linear, or an ``Assignment`` (a
-    scheme per linear name; its names are the ones quantized)."""
+    layer gets the automatic backend. ``scheme``: an ``Assignment`` (a scheme per linear name; its
+    names are the ones quantized), or one scheme for ``names`` (default: every quantizable linear
+    not in ``ignore``)."""
     linearize(model)
-    if isinstance(scheme, Assignment):
-        schemes = dict(scheme)
-    else:
-        scheme = get_scheme(scheme)
-        if names is None:
-            names = quantizable_linears(model, ignore, include_lm_head)
-        schemes = {n: scheme for n in names}
+    if not isinstance(scheme, Assignment):
+        one = get_scheme(scheme)
+        scheme = Assignment.of_one(one, quantizable_linears(model, ignore, include_lm_head) if names is None else names)
+    schemes = dict(scheme)
     linears = {n: model.get_submodule(n) for n in schemes}
     gscales: dict[str, torch.Tensor] = {}
     for s in dict.fromkeys(schemes.values()):  # fused siblings share one scheme (recipes.resolve)
@@ -55,15 +53,10 @@ def quantize_rtn(model: nn.Module, scheme: "Scheme | str | Assignment", *, ignor
     return model
 
 
-def _plan(model: nn.Module, scheme, ignore: Iterable[str], include_lm_head: bool) -> "Scheme | Assignment":
-    """``scheme`` as one Scheme, or as an Assignment (a scheme per linear) when it is a recipe
-    that gives the linears different schemes or leaves some in float: ``lowbit.recipes.plan``,
-    the rule the streamed and model-free paths follow too."""
+def _plan(model: nn.Module, scheme, ignore: Iterable[str], include_lm_head: bool) -> Assignment:
+    """``scheme`` (a Scheme or a recipe) as the Assignment of the model's quantizable linears:
+    ``lowbit.recipes.plan``, the rule the streamed and model-free paths follow too."""
     return recipe_plan(recipe_of(scheme), quantizable_linears(model, ignore, include_lm_head))
-
-
-def _schemes(plan) -> list[Scheme]:
-    return schemes_of(plan)
 
 
 def check_targets(model: nn.Module, ignore: Iterable[str], include_lm_head: bool, allow_unquantized: bool,
@@ -206,8 +199,8 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     linearize(model)
     survey = survey_weights(model, ignore, include_lm_head)
     ignore = _set_apart(ignore, survey)
-    scheme = _plan(model, scheme, ignore, include_lm_head)  # a Scheme, or an Assignment (mixed)
-    schemes = _schemes(scheme)
+    assign = _plan(model, scheme, ignore, include_lm_head)
+    schemes = assign.distinct
     left = check_targets(model, ignore, include_lm_head, allow_unquantized, survey)
     try:
         alphas = scheme_alphas(smoothquant, schemes)
@@ -230,32 +223,31 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         if kv_cache is not None:
             raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
         _rotate(model, cfg)
-        return _unquantized(quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head), left, scheme)
+        return _unquantized(quantize_rtn(model, assign), left, assign)
     if not any(calibrates(s, alphas[s], cfg) for s in schemes):
         data = None
         if kv_cache is not None:
             data = _calibration_data(calibration, tokenizer, cfg, kv_cache)
         _rotate(model, cfg)
-        quantize_rtn(model, scheme, ignore=ignore, include_lm_head=include_lm_head)
+        quantize_rtn(model, assign)
         if kv_cache is not None:
             _calibrate_kv(model, data.ids, kv_cache, cfg)
-        return _unquantized(model, left, scheme)
+        return _unquantized(model, left, assign)
     data = _calibration_data(calibration, tokenizer, cfg, kv_cache)
     _rotate(model, cfg)  # the float model, before SmoothQuant and calibration
-    names = quantizable_linears(model, ignore, include_lm_head) if isinstance(scheme, Scheme) else list(scheme)
     was_training = model.training
     model.eval()
-    sq = smoothquant if isinstance(scheme, Scheme) else alphas
     shared = float_states if cfg.rotation is DEFAULT_ROTATION else None  # a rotation changes the float layers
-    report = LayerwiseCalibrator(model, scheme, cfg, sq, float_states=shared).run(data.ids, names, progress=progress,
-                                                                                 valid=data.valid)
+    report = LayerwiseCalibrator(model, assign, cfg, alphas, float_states=shared).run(data.ids, list(assign),
+                                                                                     progress=progress,
+                                                                                     valid=data.valid)
     report.data = data.info.as_dict()
     model.train(was_training)
     model.lowbit_calibration = report
     use_backend(model, "auto")
     if kv_cache is not None:
         _calibrate_kv(model, data.ids, kv_cache, cfg)
-    return _unquantized(model, left, scheme)
+    return _unquantized(model, left, assign)
 
 
 def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, preset, options) -> nn.Module:
@@ -306,9 +298,9 @@ def _calibrate_kv(model: nn.Module, tokens, kv_cache: str, cfg) -> None:
     calibrate_kv_cache(model, tokens, kv_cache, batch_size=cfg.batch_size)
 
 
-def _unquantized(model: nn.Module, left: list, plan=None) -> nn.Module:
+def _unquantized(model: nn.Module, left: list, assign: Assignment) -> nn.Module:
     """Leave on the model what stayed in float: ``lowbit_unquantized`` (targets lowbit cannot
     quantize) and ``lowbit_recipe`` (the Assignment of a mixed recipe, None for one scheme)."""
     model.lowbit_unquantized = [name for name, _ in left]
-    model.lowbit_recipe = plan if isinstance(plan, Assignment) else None
+    model.lowbit_recipe = None if assign.uniform is not None else assign
     return model

@@ -56,6 +56,7 @@ from lowbit.moe import all_tokens, same_input_groups
 from lowbit.algorithms.gptq import WeightRounding
 from lowbit.algorithms.reconstruct import reconstruct_layer
 from lowbit.quant.input_scales import input_scales_from_amax
+from lowbit.recipes.resolve import Assignment
 from lowbit.schemes import Scheme
 from lowbit.algorithms.smoothquant.mappings import mappings_for, model_type
 from lowbit.calibration.smoothing import smooth_layer, smoothing_maps
@@ -74,8 +75,8 @@ def _layer_inputs(cfg: CalibrationConfig, schemes: list[Scheme]) -> LayerInputs:
 class LayerwiseCalibrator:
     """Calibrate and quantize a model's linears layer by layer (see the module's docstring).
 
-    scheme: one Scheme for every linear, or a ``lowbit.recipes.Assignment`` (a scheme per linear,
-        mixed precision): each fused group is observed, smoothed, rounded (GPTQ options per
+    scheme: a ``lowbit.recipes.Assignment`` (a scheme per linear; ``uniform``: one for all), or
+        one Scheme for every linear: each fused group is observed, smoothed, rounded (GPTQ options per
         scheme) and given static scales under its own scheme; a decoder layer is reconstructed
         when one of its schemes asks for it (steps: the largest count among them), re-rounding
         the linears of those schemes with the others' codes fixed.
@@ -90,9 +91,9 @@ class LayerwiseCalibrator:
         self._fs_key: tuple | None = None  # their key for this run; None: not used
         self._index = 0  # the decoder layer being calibrated
         self.group = group or Group.single()  # ranks sharing the calibration batches (lowbit.dist)
-        self.assign = None if isinstance(scheme, Scheme) else scheme  # name -> Scheme (mixed)
-        schemes = [scheme] if self.assign is None else self.assign.distinct
-        self.scheme = schemes[0]  # the scheme of a uniform run
+        self.assign = scheme if isinstance(scheme, Assignment) else Assignment.of_one(scheme, ())
+        schemes = self.assign.distinct
+        self.uniform = self.assign.uniform  # every linear's scheme, or None (mixed)
         self.cfg = cfg
         self.alphas = dict(smoothquant) if isinstance(smoothquant, dict) else {s: smoothquant for s in schemes}
         smoothquant = next((a for a in self.alphas.values() if a is not None), None)
@@ -112,7 +113,7 @@ class LayerwiseCalibrator:
         label = "+".join(s.name for s in schemes)
         rounding = "+".join(dict.fromkeys(r.value for r in roundings.values()))
         self.report = CalibrationReport(label, 0, cfg.seq_len, cfg.sink_positions, cfg.observer,
-                                        smoothquant if self.assign is None else
+                                        smoothquant if self.uniform is not None else
                                         {s.name: a for s, a in self.alphas.items()},
                                         family if self.smoothing else None,
                                         weight_rounding=rounding,
@@ -122,7 +123,7 @@ class LayerwiseCalibrator:
     # ------------------------------------------------------------------ per-linear schemes
     def _scheme(self, name: str) -> Scheme:
         """The scheme of linear ``name`` (its full name in the model)."""
-        return self.scheme if self.assign is None else self.assign[name]
+        return self.uniform if self.uniform is not None else self.assign[name]
 
     def _gptq(self, scheme: Scheme) -> bool:
         return self.cfg.rounding_for(scheme) is WeightRounding.GPTQ

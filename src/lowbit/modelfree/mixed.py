@@ -19,7 +19,6 @@ from lowbit.modelfree.source import Checkpoint
 from lowbit.moe.naming import model_names
 from lowbit.recipes import Recipe
 from lowbit.recipes.plan import is_plain, plan
-from lowbit.schemes import Scheme
 
 
 def plan_recipe(ckpt: Checkpoint, recipe: Recipe, ignore: Iterable[str] = (), include_lm_head: bool = False) -> Plan:
@@ -33,8 +32,8 @@ def plan_recipe(ckpt: Checkpoint, recipe: Recipe, ignore: Iterable[str] = (), in
     as_model = model_names(ckpt.get("model_type"), found)
     disk = {as_model[n]: n for n in found}
     chosen = plan(recipe, [as_model[n] for n in found])
-    if isinstance(chosen, Scheme):
-        return make_plan(ckpt, chosen, ignore, include_lm_head)
+    if chosen.uniform is not None:
+        return make_plan(ckpt, chosen.uniform, ignore, include_lm_head)
     # exact names as ignore patterns (matched whole: lowbit.targets.matches_ignore)
     keep_float = ignore + [re.escape(disk[n]) for n in chosen.left]
     schemes = {disk[n]: s for n, s in chosen.items()}

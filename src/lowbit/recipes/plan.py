@@ -5,9 +5,9 @@ model-free).
   (an unknown name is the SchemeError one scheme gives); a Recipe, a mapping or a ``.json`` /
   ``.yaml`` / ``.yml`` path is read by ``Recipe.of`` (a RecipeError naming the entry or file).
 - ``plan(recipe, names)``: the recipe applied to ``names``, the quantizable linears a path found
-  (model names, in its order): one Scheme when every linear gets it and none stays float, else
-  the ``Assignment`` (``lowbit.recipes.resolve``: its errors are the same on every path). A recipe
-  leaving every linear in float is a QuantizationError.
+  (model names, in its order): the ``Assignment`` (``lowbit.recipes.resolve``: its errors are the
+  same on every path; one scheme for every linear is its ``uniform`` case). A recipe leaving every
+  linear in float is a QuantizationError.
 - ``recipe_key(recipe)``: a JSON value that is equal exactly for recipes that quantize alike, for
   resume fingerprints and rank agreement (a uniform recipe: its scheme's ``to_dict()``, what those
   held before recipes existed).
@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 from lowbit.errors import QuantizationError
 from lowbit.recipes.recipe import Recipe
 from lowbit.recipes.resolve import Assignment, resolve
-from lowbit.schemes import Scheme, get_scheme
+from lowbit.schemes import get_scheme
 
 RECIPE_SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -44,21 +44,17 @@ def is_plain(recipe: Recipe) -> bool:
     return not recipe.groups and not recipe.ignore
 
 
-def plan(recipe: Recipe, names: Iterable[str]) -> Scheme | Assignment:
-    """The scheme of each of ``names`` under ``recipe``: one Scheme (uniform, none left float) or
-    the Assignment. RecipeError for a target claiming nothing, conflicting claims, a split fused
-    or expert group; QuantizationError when every linear stays float."""
+def plan(recipe: Recipe, names: Iterable[str]) -> Assignment:
+    """The scheme of each of ``names`` under ``recipe`` (``Assignment.uniform``: the one scheme
+    when every linear gets it and none stays float). RecipeError for a target claiming nothing,
+    conflicting claims, a split fused or expert group; QuantizationError when every linear
+    stays float."""
     if is_plain(recipe):
-        return recipe.default
+        return Assignment.of_one(recipe.default, names, recipe)
     assign = resolve(recipe, list(names))
     if not assign:
         raise QuantizationError("the recipe leaves every linear in float: nothing to quantize")
-    return assign.uniform or assign
-
-
-def schemes_of(chosen: Scheme | Assignment) -> list[Scheme]:
-    """The distinct schemes of a ``plan`` result."""
-    return [chosen] if isinstance(chosen, Scheme) else chosen.distinct
+    return assign
 
 
 def recipe_key(recipe: Recipe) -> Any:

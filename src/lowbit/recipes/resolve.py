@@ -28,11 +28,20 @@ from lowbit.schemes import Scheme
 @dataclass(frozen=True)
 class Assignment(Mapping[str, Scheme]):
     """The scheme of every quantized linear (names in model order); ``left``: the names the recipe
-    leaves in float (ignored, or claimed by nothing with no default)."""
+    leaves in float (ignored, or claimed by nothing with no default). One scheme for every
+    linear is the one-group case (``uniform``), not another type: every path carries an
+    Assignment. ``default``: the scheme of a recipe that is one scheme and nothing else (it
+    stands for the run even when no linear was found)."""
 
     schemes: dict[str, Scheme]
     left: tuple[str, ...] = ()
     recipe: Recipe | None = None
+    default: Scheme | None = None
+
+    @classmethod
+    def of_one(cls, scheme: Scheme, names, recipe: Recipe | None = None) -> "Assignment":
+        """``scheme`` for every one of ``names``, none left in float."""
+        return cls({n: scheme for n in names}, (), recipe, scheme)
 
     def __getitem__(self, name: str) -> Scheme:
         return self.schemes[name]
@@ -49,6 +58,8 @@ class Assignment(Mapping[str, Scheme]):
         for s in self.schemes.values():
             if s not in out:
                 out.append(s)
+        if not out and self.default is not None:
+            out.append(self.default)
         return out
 
     @property

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 from lowbit.errors import QuantizationError
 from lowbit.recipes import Assignment, Recipe
-from lowbit.recipes.plan import plan, schemes_of
+from lowbit.recipes.plan import plan
 from lowbit.schemes import Scheme
 
 
@@ -40,28 +40,29 @@ def calibrating(schemes: Iterable[Scheme], alphas: Mapping[Scheme, object], cfg)
 
 @dataclass
 class Planned:
-    """The skeleton of the source and its resolved recipe: ``chosen`` (one Scheme, or the
-    Assignment), ``names`` (the linears to quantize, model order)."""
+    """The skeleton of the source and its resolved recipe: ``chosen`` (the Assignment; one scheme
+    for all is its ``uniform`` case), ``names`` (the linears to quantize, model order)."""
 
     skel: object
     recipe: Recipe
-    chosen: Scheme | Assignment
-    names: list[str]
+    chosen: Assignment
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.chosen)
 
     @property
     def schemes(self) -> list[Scheme]:
-        return schemes_of(self.chosen)
+        return self.chosen.distinct
 
     def by_name(self) -> dict[str, Scheme]:
         """Every quantized linear's scheme (model names)."""
-        if isinstance(self.chosen, Scheme):
-            return {n: self.chosen for n in self.names}
         return dict(self.chosen)
 
     def smoothquant(self, alphas: Mapping[Scheme, object]):
         """What the calibrator takes: the alpha of one scheme, or a mapping scheme -> alpha."""
-        if isinstance(self.chosen, Scheme):
-            return alphas[self.chosen]
+        if self.chosen.uniform is not None:
+            return alphas[self.chosen.uniform]
         return {s: alphas[s] for s in self.schemes}
 
     def close(self) -> None:
@@ -82,7 +83,7 @@ def open_planned(src: Path, recipe: Recipe, ignore: list[str]) -> Planned:
     except BaseException:
         skel.close()
         raise
-    return Planned(skel, recipe, chosen, names if isinstance(chosen, Scheme) else list(chosen))
+    return Planned(skel, recipe, chosen)
 
 
 def representative_alpha(sq):
