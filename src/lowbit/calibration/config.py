@@ -6,11 +6,10 @@ built by ``lowbit.calibration.inputs``; the names below are re-exported from the
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-
-import torch
 
 from lowbit.calibration.chat import DEFAULT_CHAT_TEMPLATE, TemplateChoice
 from lowbit.calibration.inputs import DEFAULT_PACK, calibration_set, calibration_tokens, read_paragraphs, token_ids
@@ -57,78 +56,48 @@ class CalibrationConfig:
         per-tensor activation scales (and the NVFP4 input global scale).
     percentile: for the percentile observer.
     sink_positions: the first ``sink_positions`` positions of every calibration window are
-        left out of the static activation scales (attention sinks: the first position's
-        activations can be orders of magnitude above the rest). They still run through the
-        model and still count for the SmoothQuant statistics. Default 0 (every position sets
-        scales): at run time position 0 still goes through the static scale, and clipping the
-        sink cost more than the coarser grid (bench/quantize/RESULTS-quantize.md, "Attention sinks").
+        left out of the static activation scales (attention sinks); they still run through the
+        model and count for the SmoothQuant statistics. Default 0: at run time position 0 still
+        goes through the static scale (bench/quantize/RESULTS-quantize.md, "Attention sinks").
     smooth_down_proj: also smooth up_proj -> down_proj (exact: the MLP is linear in up_proj),
         which moves down_proj's channel outliers into up_proj's rows, where per-channel and
         per-group weight scales absorb them at no cost.
     auto_alphas: the grid searched by ``smoothquant="auto"``.
     max_sample_rows: rows kept per layer input for the MSE observer and the alpha search.
-    weight_rounding: "rtn" (round to nearest) or "gptq" (GPTQ: each weight column's rounding
-        error is compensated on the columns not yet quantized, using the Hessian of the linear's
-        calibration inputs; scales are the RTN ones, so files stay standard). With "gptq",
-        calibration also runs for weight-only and dynamic-activation schemes (it then only
-        feeds the Hessians). Default (None): ``default_weight_rounding(scheme)``, decided on
-        SmolLM2-135M perplexity (bench/peers/RESULTS.md, bench/quantize/RESULTS-quantize.md, "GPTQ"):
-        - GPTQ for symmetric weights of 4 bits or fewer (w4a16, w4a8-*, nvfp4*, mxfp4*), static
-          activation scales or not: given calibration data, GPTQ + 20 reconstruction steps is
-          what it is for (SmolLM2 w4a16: RTN +29.18%, GPTQ + 20 steps +6.02% to +8.60% by
-          host); w4a16-asym stays RTN (GPTQ takes no zero points);
-        - GPTQ for the other schemes with static activation scales whose weights are coarser
-          than INT8 (w8a8-fp8): they are calibrated layer by layer anyway, the Hessians come
-          from the same pass, and GPTQ measured better for a few more minutes of calibration;
-        - RTN for w8a8-int8: its per-channel INT8 grid leaves little error to compensate, and
-          GPTQ measured worse with SmoothQuant 0.8;
-        - RTN for the other weight-only and dynamic-activation schemes (8- and 6-bit weights,
-          w4a16-asym):
-          passing calibration data alone keeps them bit for bit equal to plain (and
-          model-free) RTN. Ask for "gptq" explicitly.
-        Without calibration data weights are always RTN ("gptq" is then an error), and
-        ``weight_rounding="rtn"`` with calibration data keeps 4-bit weight-only schemes equal
-        to model-free RTN.
+    weight_rounding: "rtn" (round to nearest) or "gptq" (each weight column's rounding error
+        compensated on the columns not yet quantized, using the Hessian of the linear's calibration
+        inputs; scales are the RTN ones, so files stay standard). With "gptq", calibration also runs
+        for weight-only and dynamic-activation schemes (it then only feeds the Hessians). Default
+        (None): ``default_weight_rounding(scheme)``: GPTQ for symmetric weights of 4 bits or fewer
+        and for static-activation schemes with weights coarser than INT8 (w8a8-fp8); RTN for
+        w8a8-int8, 8- and 6-bit weight-only and dynamic schemes, and w4a16-asym (GPTQ takes no
+        zero points). Without calibration data weights are always RTN ("gptq" is then an error);
+        ``"rtn"`` with calibration data keeps weight-only schemes equal to model-free RTN. Why each
+        default: bench/quantize/RESULTS-quantize.md ("GPTQ"), bench/peers/RESULTS.md.
     gptq_damping: fraction of the mean Hessian diagonal added to its diagonal (GPTQ's
         "percdamp"; raised tenfold automatically if the Hessian is still not positive definite).
     gptq_block_size: columns per lazy batch update of GPTQ (speed only).
     gptq_act_order: quantize columns by decreasing Hessian diagonal (scales still computed up
         front, per group, so the files keep the standard layout).
     gptq_scale_search: GPTQ's up-front scales searched per group around the scheme's rule
-        (full-range -> full-range-mse's candidates, max and mse -> mse's) for the smallest
-        squared weight error weighted by each input column's Hessian diagonal (the scheme, its
-        observer and the file layout are unchanged; off: RTN's own scales). Default (None):
-        ``default_gptq_scale_search(scheme)``: on for symmetric weights of 4 bits or fewer
-        (every scheme whose default rounding with calibration data is GPTQ + reconstruction),
-        off otherwise. SmolLM2, GPTQ + 20 steps, 16 x 256 tokens, Intel Xeon host
-        (bench/peers/RESULTS.md): w4a16 +8.60% with the unweighted search -> +6.03% weighted (auto-round
-        tuned iters 200: +6.91%); nvfp4 (mse observer) +18.49% -> +16.44%, nvfp4a16 +5.43% ->
-        +3.59%, nvfp4-e5m3 +19.20% -> +16.30%. For RTN alone a search on the plain weight error
-        is worse on w4a16 (+29.18% -> +32.55%), so the INT schemes' own observer stays full-range.
-    layer_inputs: "quantized": each layer sees the outputs of the already quantized layers
-        before it (two passes per layer: observe, then run the quantized layer); "float": the
-        float model's activations, one float pass per layer (the observe pass gives the next
-        layer's inputs), about half the forward cost; what llm-compressor's one-shot calibration
-        observes. Default (None): ``default_layer_inputs(rounding)``: "float" with RTN weights,
-        "quantized" with GPTQ: with RTN weights float inputs measured better and about twice
-        as fast; with GPTQ the two were within noise, so GPTQ keeps the sequential inputs it is
-        defined with (bench/quantize/RESULTS-quantize.md, "Layer inputs").
+        (full-range -> full-range-mse's candidates, max and mse -> mse's) for the smallest squared
+        weight error weighted by each input column's Hessian diagonal (scheme, observer and file
+        layout unchanged). Default (None): ``default_gptq_scale_search(scheme)``: on for symmetric
+        weights of 4 bits or fewer, off otherwise (measured: bench/peers/RESULTS.md).
+    layer_inputs: "quantized": each layer sees the outputs of the already quantized layers before
+        it (two passes per layer); "float": the float model's activations, one float pass per
+        layer (what llm-compressor's one-shot calibration observes). Default (None):
+        ``default_layer_inputs(rounding)``: "float" with RTN weights, "quantized" with GPTQ
+        (bench/quantize/RESULTS-quantize.md, "Layer inputs").
     reconstruct_iters: after each layer is quantized, signed-gradient steps that re-choose each
         weight's rounding direction to reproduce the float layer's output
-        (``lowbit.algorithms.reconstruct``; scales unchanged, so files stay standard); 0: off.
-        Default (None): ``default_reconstruct_iters(scheme, rounding)``: 20 steps after GPTQ on
-        symmetric weights of 4 bits or fewer (nvfp4, w4a16, ...: their default rounding is
-        GPTQ; w4a16: +21.16% -> +7.48% on SmolLM2, +6.02% with GPTQ's scale search), 0
-        otherwise. nvfp4, 16 x 256 tokens, GPTQ alone
-        vs + 20 steps: SmolLM2 +30.12% -> +19.39% (462 CPU-s, ~9x), Gemma-3-270M +18.89% ->
-        +16.74% (bench/peers/RESULTS.md).
-    reconstruct_batch_size: calibration windows per reconstruction step (each step runs forward and
-        backward on the next ``reconstruct_batch_size`` windows, strided over the set); default 1;
-        None: one whole calibration batch of ``batch_size`` windows per step. One window a step
-        costs a quarter of the steps' compute at the same perplexity: SmolLM2, GPTQ + 20 steps,
-        16 x 512 tokens, perplexity on the whole built-in evaluation text (26895 tokens), 4 windows
-        -> 1 window a step: nvfp4 +14.32% -> +14.29% (328 -> 156 s), nvfp4-e5m3 +14.77% -> +14.93%
-        (314 -> 148 s), AMD EPYC AVX-512, 2 cores (bench/calibrate/RESULTS-calibrate.md).
+        (``lowbit.algorithms.reconstruct``; scales unchanged, files standard); 0: off. Default
+        (None): ``default_reconstruct_iters(scheme, rounding)``: 20 steps after GPTQ on symmetric
+        weights of 4 bits or fewer, 0 otherwise (bench/peers/RESULTS.md).
+    reconstruct_batch_size: calibration windows per reconstruction step (each step runs forward
+        and backward on the next ``reconstruct_batch_size`` windows, strided over the set); default
+        1; None: one whole calibration batch of ``batch_size`` windows per step
+        (bench/calibrate/RESULTS-calibrate.md).
     reconstruct_lr: the first step, in grid units (default None:
         ``lowbit.algorithms.reconstruct.default_lr``: min(1 / reconstruct_iters, 0.02)).
     reconstruct_scales: reconstruction also re-chooses each per-channel / per-group weight scale
@@ -136,9 +105,10 @@ class CalibrationConfig:
     rotation: "none" or "hadamard": Hadamard rotations fused into the float model's weights once,
         before SmoothQuant and calibration (``lowbit.algorithms.rotate``: R1 on the residual
         stream, R2 per attention head; exact in float, saved as an ordinary checkpoint with an
-        untied lm_head). Applies with and without calibration data; SmoothQuant may follow it (it
-        folds into the rotated weights as into any others). Default "none" (bench/peers/RESULTS.md,
-        "Hadamard rotation (fused R1/R2)").
+        untied lm_head). Default "none" (bench/peers/RESULTS.md, "Hadamard rotation (fused R1/R2)").
+
+    Every field is checked when the config is built (``_FIELD_RULES``: a CalibrationError naming
+    the field and what it must be); enum fields take their values' strings.
     """
 
     num_samples: int = 16
@@ -167,48 +137,13 @@ class CalibrationConfig:
     rotation: Rotation = DEFAULT_ROTATION
 
     def __post_init__(self) -> None:
-        if self.num_samples < 1 or self.seq_len < 1 or self.batch_size < 1:
-            raise CalibrationError("num_samples, seq_len and batch_size must be positive")
-        self._coerce("observer", ActivationObserver, optional=False)
-        if not isinstance(self.pack, bool):
-            raise CalibrationError(f"pack must be True or False, got {self.pack!r}")
+        for name, enum, optional in _ENUM_FIELDS:
+            self._coerce(name, enum, optional)
+        for name, (accepts, what) in _FIELD_RULES.items():
+            value = getattr(self, name)
+            if not accepts(value):
+                raise CalibrationError(f"{name} must be {what}, got {value!r}")
         TemplateChoice.parse(self.chat_template)  # 'auto', 'none' or an existing file
-        for name in ("column", "split"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, str) or not v):
-                raise CalibrationError(f"{name} must be a non-empty string or None, got {v!r}")
-        if not 0 < self.percentile <= 100:
-            raise CalibrationError(f"percentile must be in (0, 100], got {self.percentile}")
-        if self.sink_positions < 0:
-            raise CalibrationError(f"sink_positions must be >= 0, got {self.sink_positions}")
-        self._coerce("weight_rounding", WeightRounding)
-        if isinstance(self.gptq_damping, bool) or not isinstance(self.gptq_damping, (int, float)) \
-                or not 0.0 < self.gptq_damping <= 1.0:
-            raise CalibrationError(f"gptq_damping must be a fraction in (0, 1], got {self.gptq_damping!r}")
-        if isinstance(self.gptq_block_size, bool) or not isinstance(self.gptq_block_size, int) \
-                or self.gptq_block_size < 1:
-            raise CalibrationError(f"gptq_block_size must be a positive integer, got {self.gptq_block_size!r}")
-        self._coerce("layer_inputs", LayerInputs)
-        self._coerce("rotation", Rotation, optional=False)
-        if self.reconstruct_iters is not None and (
-                isinstance(self.reconstruct_iters, bool) or not isinstance(self.reconstruct_iters, int)
-                or self.reconstruct_iters < 0):
-            raise CalibrationError(f"reconstruct_iters must be an integer >= 0, got {self.reconstruct_iters!r}")
-        if self.reconstruct_lr is not None and not (isinstance(self.reconstruct_lr, (int, float))
-                                                    and not isinstance(self.reconstruct_lr, bool)
-                                                    and self.reconstruct_lr > 0):
-            raise CalibrationError(f"reconstruct_lr must be a positive number, got {self.reconstruct_lr!r}")
-        if self.reconstruct_batch_size is not None and (
-                isinstance(self.reconstruct_batch_size, bool) or not isinstance(self.reconstruct_batch_size, int)
-                or self.reconstruct_batch_size < 1):
-            raise CalibrationError(f"reconstruct_batch_size must be a positive integer or None, "
-                                   f"got {self.reconstruct_batch_size!r}")
-        if self.gptq_scale_search is not None and not isinstance(self.gptq_scale_search, bool):
-            raise CalibrationError(f"gptq_scale_search must be True, False or None, got {self.gptq_scale_search!r}")
-        if not isinstance(self.gptq_act_order, bool):
-            raise CalibrationError(f"gptq_act_order must be True or False, got {self.gptq_act_order!r}")
-        if not isinstance(self.reconstruct_scales, bool):
-            raise CalibrationError(f"reconstruct_scales must be True or False, got {self.reconstruct_scales!r}")
 
     def _coerce(self, field: str, enum, optional: bool = True) -> None:
         """Field ``field`` as a member of ``enum`` (None stays None when ``optional``), or a
@@ -269,6 +204,43 @@ class CalibrationConfig:
     def gptq_options(self, scheme: Scheme) -> GPTQOptions:
         return GPTQOptions(damping=float(self.gptq_damping), block_size=self.gptq_block_size,
                            act_order=self.gptq_act_order, scale_search=self.gptq_scale_search_for(scheme))
+
+
+def _integer(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _optional(accepts):
+    return lambda v: v is None or accepts(v)
+
+
+#: each field's rule and how its error names what it must be: the whole validation of a config
+_FIELD_RULES = {
+    "num_samples": (lambda v: _integer(v) and v >= 1, "a positive integer"),
+    "seq_len": (lambda v: _integer(v) and v >= 1, "a positive integer"),
+    "batch_size": (lambda v: _integer(v) and v >= 1, "a positive integer"),
+    "pack": (lambda v: isinstance(v, bool), "True or False"),
+    "column": (_optional(lambda v: isinstance(v, str) and v != ""), "a non-empty string or None"),
+    "split": (_optional(lambda v: isinstance(v, str) and v != ""), "a non-empty string or None"),
+    "percentile": (lambda v: _number(v) and 0 < v <= 100, "in (0, 100]"),
+    "sink_positions": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),
+    "gptq_damping": (lambda v: _number(v) and 0.0 < v <= 1.0, "a fraction in (0, 1]"),
+    "gptq_block_size": (lambda v: _integer(v) and v >= 1, "a positive integer"),
+    "gptq_act_order": (lambda v: isinstance(v, bool), "True or False"),
+    "gptq_scale_search": (_optional(lambda v: isinstance(v, bool)), "True, False or None"),
+    "reconstruct_iters": (_optional(lambda v: _integer(v) and v >= 0), "an integer >= 0 or None"),
+    "reconstruct_lr": (_optional(lambda v: _number(v) and v > 0), "a positive number or None"),
+    "reconstruct_batch_size": (_optional(lambda v: _integer(v) and v >= 1), "a positive integer or None"),
+    "reconstruct_scales": (lambda v: isinstance(v, bool), "True or False"),
+}
+
+#: (field, enum, None allowed): string values become the enum's members
+_ENUM_FIELDS = (("observer", ActivationObserver, False), ("weight_rounding", WeightRounding, True),
+                ("layer_inputs", LayerInputs, True), ("rotation", Rotation, False))
 
 
 # Named calibration budgets (CalibrationConfig.preset, lowbit.quantize(..., preset=), CLI --calib-preset),
