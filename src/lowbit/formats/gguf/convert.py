@@ -1,0 +1,231 @@
+"""Everything in a GGUF file but the quantized weights, from llama.cpp's own converter.
+
+``plan_gguf(folder)`` runs the converter's model class for the folder's architecture (the class
+``convert_hf_to_gguf.py`` would pick) through its own steps, ``prepare_tensors`` then
+``prepare_metadata``, and keeps what it would write instead of writing it:
+
+- every metadata key/value (``general.*``, the architecture's hyperparameters, the tokenizer, the
+  chat template), except ``general.file_type``, which depends on the types chosen later;
+- for every tensor it writes, in its order: a ``RowMap`` (which rows of which HF tensors, values
+  unchanged) for the weights lowbit quantizes, or a ``FloatTensor`` (the array it produced, e.g.
+  Gemma's norms with 1 added) for the others.
+
+How: a subclass of the converter's class (made per call, nothing of the converter is replaced)
+serves the HF tensors from ``tensors`` (the folder's safetensors by default), an index pattern
+(``rowmap.pattern``) in place of each quantized weight, and collects the tensors with a
+``GGUFWriter`` subclass that keeps a row map per pattern tensor instead of its data. A quantized
+weight whose values or input dimension the converter changes cannot carry lowbit's codes: a
+FormatError names it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from lowbit.errors import FormatError
+from lowbit.formats.gguf.deps import converter, model_class
+from lowbit.formats.gguf.rowmap import RowMap, decode, pattern
+
+# written by the GGUF writer from the types it chooses, not taken from the converter's F32 run
+LEFT_TO_WRITER = ("general.file_type",)
+
+
+@dataclass(frozen=True)
+class FloatTensor:
+    """A GGUF tensor kept as the converter produced it (float32, or the type it forced)."""
+
+    name: str
+    array: np.ndarray
+    type: Any  # gguf.GGMLQuantizationType
+
+
+@dataclass
+class GGUFPlan:
+    """What llama.cpp's converter writes for a folder, tensor data left out.
+
+    ``metadata``: key -> ``gguf.GGUFValue`` in the converter's order (``general.architecture``
+    included, ``general.file_type`` left to the writer). ``tensors``: ``RowMap`` or
+    ``FloatTensor`` per GGUF tensor, in the converter's order. ``dropped``: HF tensors the
+    converter writes nowhere (vision towers, rotary tables, ...)."""
+
+    hf_arch: str
+    arch: str
+    metadata: dict[str, Any]
+    tensors: list[RowMap | FloatTensor]
+    dropped: tuple[str, ...] = ()
+
+    def rowmaps(self) -> dict[str, RowMap]:
+        return {t.name: t for t in self.tensors if isinstance(t, RowMap)}
+
+    def floats(self) -> dict[str, FloatTensor]:
+        return {t.name: t for t in self.tensors if isinstance(t, FloatTensor)}
+
+    def add_metadata(self, writer) -> None:
+        """Add every key/value to a ``gguf.GGUFWriter`` (made with ``arch=plan.arch``, which
+        already holds ``general.architecture``)."""
+        for key, v in self.metadata.items():
+            if key != "general.architecture":
+                writer.add_key_value(key, v.value, v.type, v.sub_type)
+
+
+def quantized_default(name: str, shape: tuple[int, ...]) -> bool:
+    """The weights that carry lowbit's codes unless told otherwise: every tensor of 2 or more axes."""
+    return len(shape) >= 2
+
+
+def _shape(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    from lowbit.files.folder import SafetensorsFolder
+
+    if isinstance(tensors, SafetensorsFolder):  # from the header, nothing read
+        return tuple(tensors.info(name)[1])
+    return tuple(tensors[name].shape)
+
+
+@dataclass
+class _Capture:
+    """The state of one run: the HF tensors served, the pattern ids, what was written."""
+
+    folder: Path
+    tensors: Mapping[str, Any]
+    quantized: list[str]
+    shapes: list[tuple[int, ...]]
+    sid: dict[str, int] = field(default_factory=dict)
+    last: str | None = None  # the HF tensor the converter read last
+    written: list[RowMap | FloatTensor] = field(default_factory=list)
+    used: set[int] = field(default_factory=set)
+    skipped: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.sid = {n: i for i, n in enumerate(self.quantized)}
+
+    def load(self, name: str) -> torch.Tensor:
+        self.last = name
+        if name in self.sid:
+            return torch.from_numpy(pattern(self.sid[name], self.shapes[self.sid[name]], name))
+        t = self.tensors[name]
+        return t if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
+
+    def index(self, model, found: Mapping[str, Any]) -> dict[str, Callable[[], torch.Tensor]]:
+        ours: dict[str, Callable[[], torch.Tensor]] = {}
+        for name in self.tensors:
+            item = model.filter_tensors((name, functools.partial(self.load, name)))
+            if item is None:
+                self.skipped.append(name)
+                continue
+            key, gen = item
+            ours[key] = gen
+        if found and set(found) != set(ours):
+            odd = sorted(set(found) ^ set(ours))[0]
+            raise FormatError(f"GGUF: llama.cpp's converter reads tensor {odd!r} of {str(self.folder)!r} under a name "
+                              f"lowbit does not serve (it renames tensors while indexing them)")
+        return ours
+
+    def add(self, name: str, array: Any, raw_dtype: Any) -> None:
+        import gguf
+
+        arr = np.asarray(array)
+        floaty = raw_dtype in (None, gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        found = decode(arr, self.shapes) if floaty else None
+        if found is not None:
+            sid, row = found
+            used = np.unique(sid)
+            self.used.update(int(s) for s in used)
+            self.written.append(RowMap(name=name, shape=tuple(arr.shape),
+                                       sources=tuple(self.quantized[s] for s in used),
+                                       source_shapes=tuple(self.shapes[s] for s in used),
+                                       source=np.searchsorted(used, sid).astype(np.int32), row=row))
+            return
+        if self.last in self.sid:
+            raise FormatError(f"GGUF: llama.cpp's converter changes the values or the input dimension of tensor "
+                              f"{self.last!r} (written as {name!r}, shape {list(arr.shape)}), so it cannot carry "
+                              f"lowbit's codes; leave it unquantized")
+        self.written.append(FloatTensor(name=name, array=arr, type=raw_dtype or gguf.GGMLQuantizationType.F32))
+
+
+def _writer_class():
+    import gguf
+
+    class CaptureWriter(gguf.GGUFWriter):
+        """A GGUFWriter that hands each tensor to the capture instead of keeping its data."""
+
+        def __init__(self, arch: str, capture: _Capture) -> None:
+            super().__init__(path=None, arch=arch)
+            self._capture = capture
+
+        def add_tensor(self, name, tensor, raw_shape=None, raw_dtype=None, tensor_endianess=None):
+            shape = raw_shape if raw_shape is not None else tensor.shape
+            self.add_tensor_info(name, shape, tensor.dtype, tensor.nbytes, raw_dtype=raw_dtype)
+            self._capture.add(name, tensor, raw_dtype)
+
+    return CaptureWriter
+
+
+def _capturing(base: type) -> type:
+    """A subclass of the converter's model class that serves lowbit's tensors and captures."""
+    writer_cls = _writer_class()
+
+    def __init__(self, *args, capture: _Capture, **kwargs):
+        self._lowbit_capture = capture
+        base.__init__(self, *args, **kwargs)
+        own = self.gguf_writer
+        self.gguf_writer = writer_cls(own.arch, capture)
+        self.gguf_writer.kv_data, self.gguf_writer.tensors = own.kv_data, own.tensors
+
+    def index_tensors(self, remote_hf_model_id=None):
+        found = base.index_tensors(self, remote_hf_model_id)
+        return self._lowbit_capture.index(self, found)
+
+    return type("Lowbit" + base.__name__, (base,), {"model_arch": base.model_arch, "__init__": __init__,
+                                                      "index_tensors": index_tensors,
+                                                      "__module__": __name__})
+
+
+def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
+              quantized: Callable[[str, tuple[int, ...]], bool] | Sequence[str] | None = None) -> GGUFPlan:
+    """Run llama.cpp's converter on a float HF ``folder`` (config.json and tokenizer files) and
+    return its ``GGUFPlan``.
+
+    ``tensors``: name -> tensor in HF names (default: the folder's safetensors, read lazily);
+    only the entries not quantized are read (a quantized one only needs ``.shape``, so meta
+    tensors do). ``quantized``: which HF tensors carry lowbit's codes, a predicate on (name,
+    shape) or a list of names (default: every tensor of 2 or more axes); each gets a ``RowMap``.
+    FormatError: no converter model for the architecture (naming it), or a quantized tensor
+    the converter changes (naming it). LowbitError: the converter is not installed as pinned."""
+    from lowbit.files.folder import SafetensorsFolder, read_config
+
+    folder = Path(folder)
+    read_config(folder)  # FormatError naming config.json when it is missing or bad
+    conv = converter()
+    import gguf
+
+    hparams = conv.ModelBase.load_hparams(folder, False)
+    hf_arch, cls = model_class(hparams, str(folder / "config.json"))
+    source = tensors if tensors is not None else SafetensorsFolder(folder)
+    if callable(quantized) or quantized is None:
+        pick = quantized or quantized_default
+        qnames = [n for n in source if pick(n, _shape(source, n))]
+    else:
+        unknown = sorted(set(quantized) - set(source))
+        if unknown:
+            raise FormatError(f"GGUF: tensor {unknown[0]!r} asked to be quantized is not in {str(folder)!r}")
+        qnames = [n for n in source if n in set(quantized)]
+    capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=[_shape(source, n) for n in qnames])
+    with torch.inference_mode():
+        model = _capturing(cls)(folder, gguf.LlamaFileType.ALL_F32, folder / "lowbit-plan.gguf",
+                                eager=True, capture=capture)
+        model.prepare_tensors()
+        try:
+            model.prepare_metadata(vocab_only=False)  # general.*, hyperparameters, then the tokenizer
+        except NotImplementedError as e:  # a BPE pre-tokenizer llama.cpp does not know (by hash), ...
+            raise FormatError(f"GGUF: llama.cpp's converter cannot write the tokenizer of {str(folder)!r} "
+                              f"({hf_arch}): {e}") from None
+    kv = {k: v for k, v in model.gguf_writer.kv_data[0].items() if k not in LEFT_TO_WRITER}
+    dropped = capture.skipped + [n for n, i in capture.sid.items() if i not in capture.used]
+    return GGUFPlan(hf_arch=hf_arch, arch=gguf.MODEL_ARCH_NAMES[cls.model_arch], metadata=kv,
+                    tensors=capture.written, dropped=tuple(dict.fromkeys(dropped)))
