@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -51,3 +52,25 @@ def tiny_gemma3(seed: int = 0):
             if n.endswith("norm.weight"):
                 p.uniform_(-0.5, 0.5)
     return model
+
+
+def converter_f32(folder, out):
+    """The converter's own float32 file for ``folder`` (what convert_hf_to_gguf.py --outtype f32
+    writes), read back: (key -> value, name -> array)."""
+    import gguf
+    from lowbit.formats.gguf.deps import converter
+
+    conv = converter()
+    cls = conv.get_model_class(conv.get_model_architecture(conv.ModelBase.load_hparams(folder, False),
+                                                           conv.ModelType.TEXT))
+    with torch.inference_mode():
+        cls(folder, gguf.LlamaFileType.ALL_F32, out, eager=True).write()
+    return read_gguf(out)
+
+
+def read_gguf(path):
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    return kv, {t.name: np.array(t.data) for t in r.tensors}

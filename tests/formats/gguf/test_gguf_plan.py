@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.gguf_folders import CHAT_TEMPLATE, save_gguf_folder, tiny_gemma3
+from helpers.gguf_folders import CHAT_TEMPLATE, converter_f32, read_gguf, save_gguf_folder, tiny_gemma3
 from helpers.models import tiny_llama
 from helpers.moe_models import tiny_moe
 from lowbit.errors import FormatError
@@ -25,30 +25,8 @@ except md.PackageNotFoundError:
     pytest.skip("pip install 'lowbit[gguf]' (docs/gguf.md)", allow_module_level=True)
 
 from lowbit.files.folder import SafetensorsFolder  # noqa: E402
-from lowbit.formats.gguf.convert import FloatTensor, plan_gguf  # noqa: E402
+from lowbit.formats.gguf.convert import plan_gguf  # noqa: E402
 from lowbit.formats.gguf.rowmap import RowMap, decode, pattern  # noqa: E402
-
-
-def converter_f32(folder, out):
-    """The converter's own float32 file for ``folder`` (what convert_hf_to_gguf.py --outtype f32
-    writes), read back: (key -> value, name -> array)."""
-    import gguf
-    from lowbit.formats.gguf.deps import converter
-
-    conv = converter()
-    cls = conv.get_model_class(conv.get_model_architecture(conv.ModelBase.load_hparams(folder, False),
-                                                           conv.ModelType.TEXT))
-    with torch.inference_mode():
-        cls(folder, gguf.LlamaFileType.ALL_F32, out, eager=True).write()
-    return read_gguf(out)
-
-
-def read_gguf(path):
-    import gguf
-
-    r = gguf.GGUFReader(path)
-    kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
-    return kv, {t.name: np.array(t.data) for t in r.tensors}
 
 
 def write_f32(plan, tensors, path):
@@ -206,5 +184,20 @@ def test_a_bpe_tokenizer_llama_cpp_does_not_know_is_named(tmp_path):
     folder = tmp_path / "bpe"
     tiny_llama().save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
-    with pytest.raises(FormatError, match=r"cannot write the tokenizer of .*pre-tokenizer was not recognized"):
+    with pytest.raises(FormatError, match=r"converter failed on .*LlamaForCausalLM\) in get_vocab_base_pre: "
+                                          r"NotImplementedError: BPE pre-tokenizer was not recognized") as e:
         plan_gguf(folder)
+    assert "\n" not in str(e.value)
+
+
+def test_a_family_the_pinned_converter_cannot_load_is_named(tmp_path):
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    DeepseekV3ForCausalLM(DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                           n_routed_experts=2, num_experts_per_tok=1, q_lora_rank=16, kv_lora_rank=16,
+                                           qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, n_group=1,
+                                           topk_group=1)).save_pretrained(tmp_path)
+    with pytest.raises(FormatError, match=r"cannot load its model for architecture 'DeepseekV3ForCausalLM' .*"
+                                          r"uses 'DSPARK_MARKOV_W1', which the gguf package it ships lacks"):
+        plan_gguf(tmp_path)

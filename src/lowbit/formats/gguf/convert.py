@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from lowbit.errors import FormatError
+from lowbit.errors import FormatError, LowbitError
 from lowbit.formats.gguf.deps import converter, model_class
 from lowbit.formats.gguf.rowmap import RowMap, decode, pattern
 
@@ -186,6 +186,16 @@ def _capturing(base: type) -> type:
                                                       "__module__": __name__})
 
 
+def _where(e: BaseException) -> str:
+    """'in <function>' of the innermost frame of the converter's own code in ``e``'s traceback."""
+    tb, name = e.__traceback__, "?"
+    while tb is not None:
+        if "/conversion/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+            name = tb.tb_frame.f_code.co_name
+        tb = tb.tb_next
+    return f"in {name}"
+
+
 def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
               quantized: Callable[[str, tuple[int, ...]], bool] | Sequence[str] | None = None) -> GGUFPlan:
     """Run llama.cpp's converter on a float HF ``folder`` (config.json and tokenizer files) and
@@ -216,15 +226,17 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
             raise FormatError(f"GGUF: tensor {unknown[0]!r} asked to be quantized is not in {str(folder)!r}")
         qnames = [n for n in source if n in set(quantized)]
     capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=[_shape(source, n) for n in qnames])
-    with torch.inference_mode():
-        model = _capturing(cls)(folder, gguf.LlamaFileType.ALL_F32, folder / "lowbit-plan.gguf",
-                                eager=True, capture=capture)
-        model.prepare_tensors()
-        try:
+    try:
+        with torch.inference_mode():
+            model = _capturing(cls)(folder, gguf.LlamaFileType.ALL_F32, folder / "lowbit-plan.gguf",
+                                    eager=True, capture=capture)
+            model.prepare_tensors()
             model.prepare_metadata(vocab_only=False)  # general.*, hyperparameters, then the tokenizer
-        except NotImplementedError as e:  # a BPE pre-tokenizer llama.cpp does not know (by hash), ...
-            raise FormatError(f"GGUF: llama.cpp's converter cannot write the tokenizer of {str(folder)!r} "
-                              f"({hf_arch}): {e}") from None
+    except LowbitError:
+        raise
+    except Exception as e:  # the converter's own refusals: one line naming the folder and where
+        raise FormatError(f"GGUF: llama.cpp's converter failed on {str(folder)!r} ({hf_arch}) {_where(e)}: "
+                          f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
     kv = {k: v for k, v in model.gguf_writer.kv_data[0].items() if k not in LEFT_TO_WRITER}
     dropped = capture.skipped + [n for n, i in capture.sid.items() if i not in capture.used]
     return GGUFPlan(hf_arch=hf_arch, arch=gguf.MODEL_ARCH_NAMES[cls.model_arch], metadata=kv,

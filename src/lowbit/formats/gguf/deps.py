@@ -90,6 +90,10 @@ def model_class(hparams: dict, config: str):
     except NotImplementedError:
         raise FormatError(f"GGUF: llama.cpp's converter ({DIST} {VERSION}) has no model for architecture "
                           f"{arch!r} (from {config}), so lowbit cannot write it as GGUF") from None
+    except AttributeError as e:  # the family's module uses a gguf constant the shipped gguf/ lacks
+        raise FormatError(f"GGUF: llama.cpp's converter cannot load its model for architecture {arch!r} "
+                          f"(from {config}): {DIST} {VERSION} uses {(e.name or str(e))!r}, which the gguf package it ships "
+                          f"lacks") from None
     except Exception as e:  # a family module that fails to import (a missing optional package...)
         raise FormatError(f"GGUF: llama.cpp's converter cannot load its model for architecture {arch!r} "
                           f"(from {config}): {type(e).__name__}: {e}") from None
