@@ -25,7 +25,7 @@ except md.PackageNotFoundError:
     pytest.skip("pip install 'lowbit[gguf]' (docs/gguf.md)", allow_module_level=True)
 
 from lowbit.files.folder import SafetensorsFolder  # noqa: E402
-from lowbit.formats.gguf.convert import plan_gguf  # noqa: E402
+from lowbit.formats.gguf.convert import FloatTensor, plan_gguf  # noqa: E402
 from lowbit.formats.gguf.rowmap import RowMap, decode, pattern  # noqa: E402
 
 
@@ -201,3 +201,33 @@ def test_a_family_the_pinned_converter_cannot_load_is_named(tmp_path):
     with pytest.raises(FormatError, match=r"cannot load its model for architecture 'DeepseekV3ForCausalLM' .*"
                                           r"uses 'DSPARK_MARKOV_W1', which the gguf package it ships lacks"):
         plan_gguf(tmp_path)
+
+
+def test_a_float_tensor_made_from_a_quantized_weight_is_caught_by_the_check_run(tmp_path):
+    """The converter's order of reads and writes, replayed on the capture: a quantized weight read,
+    then a float one, then a tensor made from the first (buffered, +1) and a tensor made from
+    nothing: only the first is refused, found by the second run with other pattern values."""
+    from lowbit.formats.gguf.convert import _Capture
+
+    src = {"q.weight": torch.zeros(4, 8), "n.weight": torch.ones(8)}
+
+    def replay(cap):
+        q = cap.load("q.weight").numpy()
+        cap.load("n.weight")
+        cap.add("blk.q", q[[1, 0, 3, 2]], None)          # rows moved: a row map
+        cap.add("blk.derived", q[:1] + 1, None)           # values changed, after a float read
+        cap.add("rope_freqs", np.arange(4, dtype=np.float32), None)  # made from nothing
+        return cap
+
+    plan = replay(_Capture(folder=tmp_path, tensors=src, quantized=["q.weight"], shapes=[(4, 8)]))
+    assert [type(t).__name__ for t in plan.written] == ["RowMap", "FloatTensor", "FloatTensor"]
+    assert plan.written[0].row.tolist() == [1, 0, 3, 2]
+    floats = {t.name: t.array for t in plan.written if isinstance(t, FloatTensor)}
+    check = replay(_Capture(folder=tmp_path, tensors=src, quantized=["q.weight"], shapes=[(4, 8)], expect=floats))
+    with pytest.raises(FormatError, match=r"changes the values .* a quantized tensor \(written as 'blk.derived'\)"):
+        check.refuse_changed(plan.written)
+    del floats["blk.derived"]
+    plan.written.pop(1)
+    check = replay(_Capture(folder=tmp_path, tensors=src, quantized=["q.weight"], shapes=[(4, 8)], expect=floats))
+    check.seen = [s for s in check.seen if s[0] != "blk.derived"]
+    check.refuse_changed(plan.written)  # a tensor made from nothing stays

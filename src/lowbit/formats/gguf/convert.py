@@ -100,6 +100,8 @@ class _Capture:
     written: list[RowMap | FloatTensor] = field(default_factory=list)
     used: set[int] = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
+    expect: dict[str, np.ndarray] | None = None  # the check run: the float tensors of the plan run
+    seen: list[tuple[str, str | None, bool]] = field(default_factory=list)  # check run: (name, last, same)
 
     def __post_init__(self) -> None:
         self.sid = {n: i for i, n in enumerate(self.quantized)}
@@ -107,7 +109,8 @@ class _Capture:
     def load(self, name: str) -> torch.Tensor:
         self.last = name
         if name in self.sid:
-            return torch.from_numpy(pattern(self.sid[name], self.shapes[self.sid[name]], name))
+            p = pattern(self.sid[name], self.shapes[self.sid[name]], name)
+            return torch.from_numpy(p if self.expect is None else -p - 1)  # the check run: other values
         t = self.tensors[name]
         return t if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
 
@@ -130,22 +133,33 @@ class _Capture:
         import gguf
 
         arr = np.asarray(array)
+        if self.expect is not None:
+            ref = self.expect.get(name)
+            self.seen.append((name, self.last, ref is None or np.array_equal(arr, ref)))
+            return
         floaty = raw_dtype in (None, gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
         found = decode(arr, self.shapes) if floaty else None
-        if found is not None:
-            sid, row = found
-            used = np.unique(sid)
-            self.used.update(int(s) for s in used)
-            self.written.append(RowMap(name=name, shape=tuple(arr.shape),
-                                       sources=tuple(self.quantized[s] for s in used),
-                                       source_shapes=tuple(self.shapes[s] for s in used),
-                                       source=np.searchsorted(used, sid).astype(np.int32), row=row))
+        if found is None:
+            self.written.append(FloatTensor(name=name, array=arr, type=raw_dtype or gguf.GGMLQuantizationType.F32))
             return
-        if self.last in self.sid:
-            raise FormatError(f"GGUF: llama.cpp's converter changes the values or the input dimension of tensor "
-                              f"{self.last!r} (written as {name!r}, shape {list(arr.shape)}), so it cannot carry "
-                              f"lowbit's codes; leave it unquantized")
-        self.written.append(FloatTensor(name=name, array=arr, type=raw_dtype or gguf.GGMLQuantizationType.F32))
+        sid, row = found
+        used = np.unique(sid)
+        self.used.update(int(s) for s in used)
+        self.written.append(RowMap(name=name, shape=tuple(arr.shape), sources=tuple(self.quantized[s] for s in used),
+                                   source_shapes=tuple(self.shapes[s] for s in used),
+                                   source=np.searchsorted(used, sid).astype(np.int32), row=row))
+
+    def refuse_changed(self, plan: list[RowMap | FloatTensor]) -> None:
+        """After the check run: FormatError naming a float tensor of the plan that changed with the
+        quantized weights' values (the converter made it from one of them), or a tensor list that did."""
+        if [n for n, _, _ in self.seen] != [t.name for t in plan]:
+            raise FormatError(f"GGUF: llama.cpp's converter writes other tensors for {str(self.folder)!r} when the "
+                              f"weights' values change, so lowbit cannot map their rows")
+        for name, last, same in self.seen:
+            if not same:
+                src = repr(last) if last in self.sid else "a quantized tensor"
+                raise FormatError(f"GGUF: llama.cpp's converter changes the values or the input dimension of tensor "
+                                  f"{src} (written as {name!r}), so it cannot carry lowbit's codes; leave it unquantized")
 
 
 def _writer_class():
@@ -196,6 +210,26 @@ def _where(e: BaseException) -> str:
     return f"in {name}"
 
 
+def _run(cls: type, capture: _Capture, hf_arch: str, metadata: bool):
+    """The converter's own steps on lowbit's tensors; its errors as one FormatError line."""
+    import gguf
+
+    folder = capture.folder
+    try:
+        with torch.inference_mode():
+            model = _capturing(cls)(folder, gguf.LlamaFileType.ALL_F32, folder / "lowbit-plan.gguf",
+                                    eager=True, capture=capture)
+            model.prepare_tensors()
+            if metadata:
+                model.prepare_metadata(vocab_only=False)  # general.*, hyperparameters, then the tokenizer
+    except LowbitError:
+        raise
+    except Exception as e:  # the converter's own refusals: one line naming the folder and where
+        raise FormatError(f"GGUF: llama.cpp's converter failed on {str(folder)!r} ({hf_arch}) {_where(e)}: "
+                          f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
+    return model
+
+
 def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
               quantized: Callable[[str, tuple[int, ...]], bool] | Sequence[str] | None = None) -> GGUFPlan:
     """Run llama.cpp's converter on a float HF ``folder`` (config.json and tokenizer files) and
@@ -225,18 +259,14 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
         if unknown:
             raise FormatError(f"GGUF: tensor {unknown[0]!r} asked to be quantized is not in {str(folder)!r}")
         qnames = [n for n in source if n in set(quantized)]
-    capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=[_shape(source, n) for n in qnames])
-    try:
-        with torch.inference_mode():
-            model = _capturing(cls)(folder, gguf.LlamaFileType.ALL_F32, folder / "lowbit-plan.gguf",
-                                    eager=True, capture=capture)
-            model.prepare_tensors()
-            model.prepare_metadata(vocab_only=False)  # general.*, hyperparameters, then the tokenizer
-    except LowbitError:
-        raise
-    except Exception as e:  # the converter's own refusals: one line naming the folder and where
-        raise FormatError(f"GGUF: llama.cpp's converter failed on {str(folder)!r} ({hf_arch}) {_where(e)}: "
-                          f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
+    shapes = [_shape(source, n) for n in qnames]
+    capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes)
+    model = _run(cls, capture, hf_arch, metadata=True)
+    floats = {t.name: t.array for t in capture.written if isinstance(t, FloatTensor)}
+    if qnames and floats:  # again with other values in the patterns: a float tensor made from one changes
+        check = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, expect=floats)
+        _run(cls, check, hf_arch, metadata=False)
+        check.refuse_changed(capture.written)
     kv = {k: v for k, v in model.gguf_writer.kv_data[0].items() if k not in LEFT_TO_WRITER}
     dropped = capture.skipped + [n for n, i in capture.sid.items() if i not in capture.used]
     return GGUFPlan(hf_arch=hf_arch, arch=gguf.MODEL_ARCH_NAMES[cls.model_arch], metadata=kv,
