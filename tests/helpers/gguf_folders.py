@@ -68,6 +68,21 @@ def converter_f32(folder, out):
     return read_gguf(out)
 
 
+def converter_tensors(folder):
+    """What the unmodified converter hands its writer for ``folder`` with --outtype f32 (its
+    prepare_tensors only: no tokenizer needed), name -> array."""
+    import gguf
+    from lowbit.formats.gguf.deps import converter
+
+    conv = converter()
+    cls = conv.get_model_class(conv.get_model_architecture(conv.ModelBase.load_hparams(folder, False),
+                                                           conv.ModelType.TEXT))
+    with torch.inference_mode():
+        model = cls(folder, gguf.LlamaFileType.ALL_F32, folder / "unused.gguf", eager=True)
+        model.prepare_tensors()
+    return {n: np.asarray(i.tensor) for n, i in model.gguf_writer.tensors[0].items()}
+
+
 def read_gguf(path):
     import gguf
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.gguf_folders import CHAT_TEMPLATE, converter_f32, read_gguf, save_gguf_folder, tiny_gemma3
+from helpers.gguf_folders import (CHAT_TEMPLATE, converter_f32, converter_tensors, read_gguf, save_gguf_folder,
+                                  tiny_gemma3)
 from helpers.models import tiny_llama
 from helpers.moe_models import tiny_moe
 from lowbit.errors import FormatError
@@ -133,6 +134,30 @@ def test_mixtral_experts_are_stacked_rows_of_each_expert(tmp_path):
     assert gate.sources == tuple(f"model.layers.1.block_sparse_moe.experts.{e}.w1.weight" for e in range(8))
     assert (gate.source == np.arange(8)[:, None]).all() and (gate.row == np.arange(128)).all()
     assert plan.rowmaps()["blk.1.ffn_gate_inp.weight"].identity  # the router, F32 in llama.cpp's files
+
+
+def test_qwen3_moe_experts_per_expert_on_disk_and_fused_in_memory(tmp_path):
+    """Qwen3-MoE's checkpoint keeps one tensor per expert; transformers 5 holds them fused in
+    memory ([E, 2*ff, in] gate_up_proj): the converter stacks the first and splits the second, and
+    both row maps build its tensors from their own sources (tensors only: Qwen's tokenizer path
+    needs a BPE pre-tokenizer llama.cpp knows)."""
+    model = tiny_moe("qwen3_moe")
+    folder = tmp_path / "q3moe"
+    model.save_pretrained(folder)
+    ref = converter_tensors(folder)
+    disk = plan_gguf(folder, metadata=False)
+    mem_sd = model.state_dict()
+    mem = plan_gguf(folder, tensors=mem_sd, metadata=False)
+    assert disk.arch == "qwen3moe" and disk.metadata == {}
+    for plan, src in ((disk, SafetensorsFolder(folder)), (mem, mem_sd)):
+        assert sorted(t.name for t in plan.tensors) == sorted(ref)  # in the order the tensors were served
+        for t in plan.tensors:
+            got = t.gather(src).detach().numpy() if isinstance(t, RowMap) else t.array
+            assert np.array_equal(got, ref[t.name]), t.name
+    up = mem.rowmaps()["blk.1.ffn_up_exps.weight"]
+    assert up.sources == ("model.layers.1.mlp.experts.gate_up_proj",) and up.shape == (8, 128, 128)
+    assert (up.row == np.arange(8)[:, None] * 256 + 128 + np.arange(128)).all()  # the second half of each expert
+    assert len(disk.rowmaps()["blk.1.ffn_up_exps.weight"].sources) == 8
 
 
 def test_gemma3_norms_keep_the_converters_plus_one(tmp_path):

@@ -100,6 +100,7 @@ class _Capture:
     written: list[RowMap | FloatTensor] = field(default_factory=list)
     used: set[int] = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
+    from_folder: bool = True  # the tensors are the folder's own: the converter must index the same names
     expect: dict[str, np.ndarray] | None = None  # the check run: the float tensors of the plan run
     seen: list[tuple[str, str | None, bool]] = field(default_factory=list)  # check run: (name, last, same)
 
@@ -123,7 +124,7 @@ class _Capture:
                 continue
             key, gen = item
             ours[key] = gen
-        if found and set(found) != set(ours):
+        if self.from_folder and found and set(found) != set(ours):
             odd = sorted(set(found) ^ set(ours))[0]
             raise FormatError(f"GGUF: llama.cpp's converter reads tensor {odd!r} of {str(self.folder)!r} under a name "
                               f"lowbit does not serve (it renames tensors while indexing them)")
@@ -231,7 +232,8 @@ def _run(cls: type, capture: _Capture, hf_arch: str, metadata: bool):
 
 
 def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
-              quantized: Callable[[str, tuple[int, ...]], bool] | Sequence[str] | None = None) -> GGUFPlan:
+              quantized: Callable[[str, tuple[int, ...]], bool] | Sequence[str] | None = None,
+              metadata: bool = True) -> GGUFPlan:
     """Run llama.cpp's converter on a float HF ``folder`` (config.json and tokenizer files) and
     return its ``GGUFPlan``.
 
@@ -239,6 +241,9 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
     only the entries not quantized are read (a quantized one only needs ``.shape``, so meta
     tensors do). ``quantized``: which HF tensors carry lowbit's codes, a predicate on (name,
     shape) or a list of names (default: every tensor of 2 or more axes); each gets a ``RowMap``.
+    The names are the checkpoint's (what ``save_pretrained`` writes; an in-memory transformers 5
+    MoE with fused experts works where the converter reads fused experts, as Qwen's does).
+    ``metadata=False``: tensors only, the converter's metadata step (tokenizer...) not run.
     FormatError: no converter model for the architecture (naming it), or a quantized tensor
     the converter changes (naming it). LowbitError: the converter is not installed as pinned."""
     from lowbit.files.folder import SafetensorsFolder, read_config
@@ -260,14 +265,15 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
             raise FormatError(f"GGUF: tensor {unknown[0]!r} asked to be quantized is not in {str(folder)!r}")
         qnames = [n for n in source if n in set(quantized)]
     shapes = [_shape(source, n) for n in qnames]
-    capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes)
-    model = _run(cls, capture, hf_arch, metadata=True)
+    capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=tensors is None)
+    model = _run(cls, capture, hf_arch, metadata=metadata)
     floats = {t.name: t.array for t in capture.written if isinstance(t, FloatTensor)}
     if qnames and floats:  # again with other values in the patterns: a float tensor made from one changes
-        check = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, expect=floats)
+        check = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=False,
+                         expect=floats)
         _run(cls, check, hf_arch, metadata=False)
         check.refuse_changed(capture.written)
-    kv = {k: v for k, v in model.gguf_writer.kv_data[0].items() if k not in LEFT_TO_WRITER}
+    kv = {k: v for k, v in model.gguf_writer.kv_data[0].items() if k not in LEFT_TO_WRITER} if metadata else {}
     dropped = capture.skipped + [n for n, i in capture.sid.items() if i not in capture.used]
     return GGUFPlan(hf_arch=hf_arch, arch=gguf.MODEL_ARCH_NAMES[cls.model_arch], metadata=kv,
                     tensors=capture.written, dropped=tuple(dict.fromkeys(dropped)))
