@@ -13,9 +13,10 @@
 How: a subclass of the converter's class (made per call, nothing of the converter is replaced)
 serves the HF tensors from ``tensors`` (the folder's safetensors by default), an index pattern
 (``rowmap.pattern``) in place of each quantized weight, and collects the tensors with a
-``GGUFWriter`` subclass that keeps a row map per pattern tensor instead of its data. A quantized
-weight whose values or input dimension the converter changes cannot carry lowbit's codes: a
-FormatError names it.
+``GGUFWriter`` subclass that keeps a row map per pattern tensor instead of its data. A second
+``prepare_tensors`` run with other values in the patterns finds the float tensors made from a
+quantized weight: such a weight (its values or input dimension changed by the converter) cannot
+carry lowbit's codes, and a FormatError names it.
 """
 
 from __future__ import annotations
