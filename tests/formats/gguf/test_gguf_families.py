@@ -1,7 +1,8 @@
 """Every decoder-only family of the installed transformers through the converter-driven plan
 (tensors only: no tokenizer; about 25 s for 149 families). Where llama.cpp's unmodified
-converter prepares the tensors, the plan's row maps rebuild them bit for bit from the real weights, or lowbit refuses one tensor
-by name (the converter changed its values); where it cannot, the plan is one FormatError line."""
+converter prepares the tensors, the plan's row maps rebuild them bit for bit from the real
+weights, or lowbit refuses one tensor by name (the converter changed its values); where it
+cannot, the plan is one FormatError line."""
 
 from __future__ import annotations
 
