@@ -256,3 +256,27 @@ def test_a_float_tensor_made_from_a_quantized_weight_is_caught_by_the_check_run(
     check = replay(_Capture(folder=tmp_path, tensors=src, quantized=["q.weight"], shapes=[(4, 8)], expect=floats))
     check.seen = [s for s in check.seen if s[0] != "blk.derived"]
     check.refuse_changed(plan.written)  # a tensor made from nothing stays
+
+
+def test_tokenizer_keys_from_a_gguf_file_replace_the_converters(llama_folder, tmp_path):
+    """A folder made from a GGUF (the built-in models) keeps that file's tokenizer: here another
+    tiny Llama's file, with its own vocabulary and chat template, written by the converter."""
+    import gguf
+    from helpers.gguf_folders import spm_tokenizer
+
+    other = save_gguf_folder(tiny_llama(vocab_size=320), tmp_path / "other")
+    spm_tokenizer(other, 320)
+    (other / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    kv_other, _ = converter_f32(other, tmp_path / "other.gguf")
+    plan = plan_gguf(llama_folder, tokenizer_from=tmp_path / "other.gguf")
+    m = {k: v.value for k, v in plan.metadata.items()}
+    tok = {k: v for k, v in kv_other.items() if k.startswith("tokenizer.")}
+    assert {k: m[k] for k in m if k.startswith("tokenizer.")} == tok and len(tok["tokenizer.ggml.tokens"]) == 320
+    assert m["tokenizer.chat_template"] == "{{ messages }}" and m["llama.block_count"] == 2
+    w = gguf.GGUFWriter(tmp_path / "x.gguf", arch=plan.arch)
+    plan.add_metadata(w)  # the file's own value types go back as they came
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    kv, _ = read_gguf(tmp_path / "x.gguf")
+    assert {k: v for k, v in kv.items() if k.startswith("tokenizer.")} == tok

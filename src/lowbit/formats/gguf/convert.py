@@ -80,6 +80,22 @@ def quantized_default(name: str, shape: tuple[int, ...]) -> bool:
     return len(shape) >= 2
 
 
+def gguf_keys(path: str | Path, prefix: str = "") -> dict[str, Any]:
+    """The key/values of a GGUF file whose name starts with ``prefix``, as ``gguf.GGUFValue``."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except (OSError, ValueError) as e:
+        raise FormatError(f"GGUF: cannot read {str(path)!r}: {e}") from None
+    out = {}
+    for key, f in reader.fields.items():
+        if key.startswith(prefix) and not key.startswith("GGUF."):
+            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+            out[key] = gguf.GGUFValue(value=f.contents(), type=f.types[0], sub_type=sub)
+    return out
+
+
 def _shape(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
     from lowbit.files.folder import SafetensorsFolder
 
@@ -114,7 +130,7 @@ class _Capture:
             p = pattern(self.sid[name], self.shapes[self.sid[name]], name)
             return torch.from_numpy(p if self.expect is None else -p - 1)  # the check run: other values
         t = self.tensors[name]
-        return t if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
+        return t.detach() if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
 
     def index(self, model, found: Mapping[str, Any]) -> dict[str, Callable[[], torch.Tensor]]:
         ours: dict[str, Callable[[], torch.Tensor]] = {}
@@ -234,7 +250,7 @@ def _run(cls: type, capture: _Capture, hf_arch: str, metadata: bool):
 
 def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
               quantized: Callable[[str, tuple[int, ...]], bool] | Sequence[str] | None = None,
-              metadata: bool = True) -> GGUFPlan:
+              metadata: bool = True, tokenizer_from: str | Path | None = None) -> GGUFPlan:
     """Run llama.cpp's converter on a float HF ``folder`` (config.json and tokenizer files) and
     return its ``GGUFPlan``.
 
@@ -245,6 +261,9 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
     The names are the checkpoint's (what ``save_pretrained`` writes; an in-memory transformers 5
     MoE with fused experts works where the converter reads fused experts, as Qwen's does).
     ``metadata=False``: tensors only, the converter's metadata step (tokenizer...) not run.
+    ``tokenizer_from``: a GGUF file whose ``tokenizer.*`` keys replace the converter's (a folder
+    made from a GGUF by transformers has a tokenizer.json where the original had a SentencePiece
+    model, and the converter reads the two differently).
     FormatError: no converter model for the architecture (naming it), or a quantized tensor
     the converter changes (naming it). LowbitError: the converter is not installed as pinned."""
     from lowbit.files.folder import SafetensorsFolder, read_config
@@ -275,6 +294,8 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
         _run(cls, check, hf_arch, metadata=False)
         check.refuse_changed(capture.written)
     kv = {k: v for k, v in model.gguf_writer.kv_data[0].items() if k not in LEFT_TO_WRITER} if metadata else {}
+    if metadata and tokenizer_from is not None:
+        kv = {k: v for k, v in kv.items() if not k.startswith("tokenizer.")} | gguf_keys(tokenizer_from, "tokenizer.")
     dropped = capture.skipped + [n for n, i in capture.sid.items() if i not in capture.used]
     return GGUFPlan(hf_arch=hf_arch, arch=gguf.MODEL_ARCH_NAMES[cls.model_arch], metadata=kv,
                     tensors=capture.written, dropped=tuple(dict.fromkeys(dropped)))
