@@ -54,9 +54,10 @@ def tiny_gemma3(seed: int = 0):
     return model
 
 
-def converter_f32(folder, out):
-    """The converter's own float32 file for ``folder`` (what convert_hf_to_gguf.py --outtype f32
-    writes), read back: (key -> value, name -> array)."""
+def converter_f32(folder, out, ftype: str = "ALL_F32"):
+    """The converter's own file for ``folder`` (what convert_hf_to_gguf.py --outtype f32 writes;
+    ``ftype``: another gguf.LlamaFileType, e.g. MOSTLY_Q8_0), read back: (key -> value, name ->
+    array: float, or the raw bytes of a quantized tensor)."""
     import gguf
     from lowbit.formats.gguf.deps import converter
 
@@ -64,7 +65,7 @@ def converter_f32(folder, out):
     cls = conv.get_model_class(conv.get_model_architecture(conv.ModelBase.load_hparams(folder, False),
                                                            conv.ModelType.TEXT))
     with torch.inference_mode():
-        cls(folder, gguf.LlamaFileType.ALL_F32, out, eager=True).write()
+        cls(folder, gguf.LlamaFileType[ftype], out, eager=True).write()
     return read_gguf(out)
 
 

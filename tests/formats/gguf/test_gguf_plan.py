@@ -280,3 +280,34 @@ def test_tokenizer_keys_from_a_gguf_file_replace_the_converters(llama_folder, tm
     w.close()
     kv, _ = read_gguf(tmp_path / "x.gguf")
     assert {k: v for k, v in kv.items() if k.startswith("tokenizer.")} == tok
+
+
+def test_q8_0_codes_of_the_hf_rows_moved_by_the_row_maps_equal_the_converters_q8_0_file(llama_plan, llama_folder,
+                                                                                       tmp_path):
+    """The point of the row maps: lowbit encodes each HF weight in its own row order (here Q8_0,
+    llama.cpp's reference quantizer) and moves the codes; the file equals, byte for byte, the
+    one the converter writes with --outtype q8_0 (it quantizes after permuting)."""
+    import gguf
+
+    from lowbit.numerics.ggml import GgmlType, encode
+
+    kv_ref, ref = converter_f32(llama_folder, tmp_path / "ref-q8_0.gguf", ftype="MOSTLY_Q8_0")
+    st = SafetensorsFolder(llama_folder)
+    w = gguf.GGUFWriter(tmp_path / "lowbit-q8_0.gguf", arch=llama_plan.arch)
+    llama_plan.add_metadata(w)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    for t in llama_plan.tensors:
+        if isinstance(t, RowMap):
+            codes = t.gather(lambda name: encode(st[name], GgmlType.Q8_0, name=name))
+            w.add_tensor(t.name, codes.numpy(), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(t.name, t.array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    kv, got = read_gguf(tmp_path / "lowbit-q8_0.gguf")
+    assert kv == kv_ref and list(got) == list(ref)
+    for name in ref:
+        assert got[name].dtype == ref[name].dtype and np.array_equal(got[name], ref[name]), name
+    assert ref["blk.0.attn_q.weight"].dtype == np.uint8  # the weights are Q8_0 bytes, the norms float32
