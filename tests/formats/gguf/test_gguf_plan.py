@@ -311,3 +311,27 @@ def test_q8_0_codes_of_the_hf_rows_moved_by_the_row_maps_equal_the_converters_q8
     for name in ref:
         assert got[name].dtype == ref[name].dtype and np.array_equal(got[name], ref[name]), name
     assert ref["blk.0.attn_q.weight"].dtype == np.uint8  # the weights are Q8_0 bytes, the norms float32
+
+
+def test_mixtral_in_memory_through_transformers_revert_maps_rows_of_the_fused_parameters(tmp_path):
+    """transformers 5 holds Mixtral's experts fused ([E, 2*ff, in] gate_up_proj), llama.cpp's
+    converter reads only the checkpoint's per-expert names: with transformers' own reverse
+    conversion as ``to_checkpoint`` the patterns go through both, and the row maps name the
+    fused parameters: gathered from the in-memory state dict they rebuild the converter's
+    tensors of the saved checkpoint, bit for bit."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    model = tiny_moe("mixtral")
+    folder = tmp_path / "mixtral"
+    model.save_pretrained(folder)
+    ref = converter_tensors(folder)
+    sd = model.state_dict()
+    plan = plan_gguf(folder, tensors=sd, to_checkpoint=lambda d: revert_weight_conversion(model, d), metadata=False)
+    assert sorted(t.name for t in plan.tensors) == sorted(ref)
+    for t in plan.tensors:
+        got = t.gather(sd).detach().numpy() if isinstance(t, RowMap) else t.array
+        assert np.array_equal(got, ref[t.name]), t.name
+    gate, up = plan.rowmaps()["blk.0.ffn_gate_exps.weight"], plan.rowmaps()["blk.0.ffn_up_exps.weight"]
+    assert gate.sources == up.sources == ("model.layers.0.mlp.experts.gate_up_proj",)
+    assert (gate.row == np.arange(8)[:, None] * 256 + np.arange(128)).all()
+    assert (up.row == np.arange(8)[:, None] * 256 + 128 + np.arange(128)).all()

@@ -120,6 +120,7 @@ class _Capture:
     from_folder: bool = True  # the tensors are the folder's own: the converter must index the same names
     expect: dict[str, np.ndarray] | None = None  # the check run: the float tensors of the plan run
     seen: list[tuple[str, str | None, bool]] = field(default_factory=list)  # check run: (name, last, same)
+    to_checkpoint: Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None
 
     def __post_init__(self) -> None:
         self.sid = {n: i for i, n in enumerate(self.quantized)}
@@ -132,10 +133,22 @@ class _Capture:
         t = self.tensors[name]
         return t.detach() if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
 
+    def _given(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        self.last = name
+        return t.detach()
+
+    def served(self) -> dict[str, Callable[[], torch.Tensor]]:
+        """Checkpoint name -> loader: lowbit's tensors, or what ``to_checkpoint`` makes of all of
+        them at once (patterns included, so row maps reach back through it)."""
+        if self.to_checkpoint is None:
+            return {n: functools.partial(self.load, n) for n in self.tensors}
+        whole = self.to_checkpoint({n: self.load(n) for n in self.tensors})
+        return {n: functools.partial(self._given, n, t) for n, t in whole.items()}
+
     def index(self, model, found: Mapping[str, Any]) -> dict[str, Callable[[], torch.Tensor]]:
         ours: dict[str, Callable[[], torch.Tensor]] = {}
-        for name in self.tensors:
-            item = model.filter_tensors((name, functools.partial(self.load, name)))
+        for name, load in self.served().items():
+            item = model.filter_tensors((name, load))
             if item is None:
                 self.skipped.append(name)
                 continue
@@ -250,7 +263,9 @@ def _run(cls: type, capture: _Capture, hf_arch: str, metadata: bool):
 
 def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
               quantized: Callable[[str, tuple[int, ...]], bool] | Sequence[str] | None = None,
-              metadata: bool = True, tokenizer_from: str | Path | None = None) -> GGUFPlan:
+              metadata: bool = True, tokenizer_from: str | Path | None = None,
+              to_checkpoint: Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None
+              ) -> GGUFPlan:
     """Run llama.cpp's converter on a float HF ``folder`` (config.json and tokenizer files) and
     return its ``GGUFPlan``.
 
@@ -260,6 +275,10 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
     shape) or a list of names (default: every tensor of 2 or more axes); each gets a ``RowMap``.
     The names are the checkpoint's (what ``save_pretrained`` writes; an in-memory transformers 5
     MoE with fused experts works where the converter reads fused experts, as Qwen's does).
+    ``to_checkpoint``: a function from ``tensors`` (all of them, patterns in place of the
+    quantized) to the checkpoint's names, e.g. ``lambda sd: revert_weight_conversion(model, sd)``
+    (transformers.core_model_loading) for an in-memory transformers 5 model whose experts are
+    fused; the row maps then name ``tensors``' own names. It holds every pattern at once.
     ``metadata=False``: tensors only, the converter's metadata step (tokenizer...) not run.
     ``tokenizer_from``: a GGUF file whose ``tokenizer.*`` keys replace the converter's (a folder
     made from a GGUF by transformers has a tokenizer.json where the original had a SentencePiece
@@ -285,12 +304,13 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
             raise FormatError(f"GGUF: tensor {unknown[0]!r} asked to be quantized is not in {str(folder)!r}")
         qnames = [n for n in source if n in set(quantized)]
     shapes = [_shape(source, n) for n in qnames]
-    capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=tensors is None)
+    capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=tensors is None,
+                       to_checkpoint=to_checkpoint)
     model = _run(cls, capture, hf_arch, metadata=metadata)
     floats = {t.name: t.array for t in capture.written if isinstance(t, FloatTensor)}
     if qnames and floats:  # again with other values in the patterns: a float tensor made from one changes
         check = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=False,
-                         expect=floats)
+                         expect=floats, to_checkpoint=to_checkpoint)
         _run(cls, check, hf_arch, metadata=False)
         check.refuse_changed(capture.written)
     kv = {k: v for k, v in model.gguf_writer.kv_data[0].items() if k not in LEFT_TO_WRITER} if metadata else {}
