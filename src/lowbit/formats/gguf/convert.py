@@ -306,13 +306,17 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
     shapes = [_shape(source, n) for n in qnames]
     capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=tensors is None,
                        to_checkpoint=to_checkpoint)
-    model = _run(cls, capture, hf_arch, metadata=metadata)
-    floats = {t.name: t.array for t in capture.written if isinstance(t, FloatTensor)}
-    if qnames and floats:  # again with other values in the patterns: a float tensor made from one changes
-        check = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=False,
-                         expect=floats, to_checkpoint=to_checkpoint)
-        _run(cls, check, hf_arch, metadata=False)
-        check.refuse_changed(capture.written)
+    try:
+        model = _run(cls, capture, hf_arch, metadata=metadata)
+        floats = {t.name: t.array for t in capture.written if isinstance(t, FloatTensor)}
+        if qnames and floats:  # again with other values in the patterns: a float tensor made from one changes
+            check = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=False,
+                             expect=floats, to_checkpoint=to_checkpoint)
+            _run(cls, check, hf_arch, metadata=False)
+            check.refuse_changed(capture.written)
+    finally:
+        if tensors is None:
+            source.close()
     kv = {k: v for k, v in model.gguf_writer.kv_data[0].items() if k not in LEFT_TO_WRITER} if metadata else {}
     if metadata and tokenizer_from is not None:
         kv = {k: v for k, v in kv.items() if not k.startswith("tokenizer.")} | gguf_keys(tokenizer_from, "tokenizer.")
