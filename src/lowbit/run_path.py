@@ -11,3 +11,4 @@ class RunPath(enum.Enum):
     MODEL_FREE = "model-free"  # tensors straight from the shards, no forward
     STREAMED = "streamed"      # calibrated one decoder layer at a time from the folder
     IN_MEMORY = "in-memory"    # the whole model loaded (rotations, automatic recipes, KV cache, no calibration)
+    GGUF = "gguf"              # one GGUF file through llama.cpp's converter (lowbit.formats.gguf)

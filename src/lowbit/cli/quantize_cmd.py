@@ -27,7 +27,8 @@ def quantize_cmd(
     recipe: Optional[str] = typer.Option(None, "--recipe", help=RECIPE_HELP),
     target_bits: Optional[str] = typer.Option(None, "--target-bits", help=TARGET_BITS_HELP),
     candidates: Optional[str] = typer.Option(None, "--candidates", help=CANDIDATES_HELP),
-    checkpoint_format: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors."),
+    checkpoint_format: str = typer.Option("lowbit", "--format", "-f", help="Checkpoint format: lowbit, fake, compressed-tensors, or gguf "
+                                         "(one llama.cpp file; --scheme is then a mix such as Q4_K_M or a GGML type)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Output folder (default: MODEL-SCHEME)."),
     calib: Optional[list[str]] = typer.Option(None, "--calib", help=CALIB_HELP),
     calib_weights: Optional[str] = typer.Option(None, "--calib-weights", help=CALIB_WEIGHTS_HELP),

@@ -185,6 +185,10 @@ def _choose_path(o: QuantizeOptions, rotation, assignment: SchemePlan, cfg, alph
 
 def resolve_plan(o: QuantizeOptions) -> QuantizePlan:
     """The plan of ``o``, or the first OptionError (or a missing-model error) it has."""
+    if o.checkpoint_format == "gguf":
+        from lowbit.cli.quantize_gguf import gguf_plan
+
+        return gguf_plan(o, QuantizePlan)
     kv = parse_kv_cache(o.kv_cache)
     weights = parse_calib_weights(o.calib, o.calib_weights)
     data_opts = calib_data_options(o.calib_pack, o.chat_template, o.calib_column, o.calib_split)

