@@ -23,6 +23,7 @@ _PUBLIC = {
     "load": "lowbit.checkpoint",
     "load_model": "lowbit.models",
     "quantize_checkpoint": "lowbit.streamed",
+    "quantize_gguf": "lowbit.gguf_quantize",
     "get_scheme": "lowbit.schemes",
     "PRESETS": "lowbit.schemes",
     "Scheme": "lowbit.schemes",
@@ -31,7 +32,8 @@ _PUBLIC = {
     "auto_recipe": "lowbit.recipes.auto",
 }
 
-__all__ = ["quantize", "use_backend", "save", "load", "load_model", "quantize_checkpoint", "get_scheme", "PRESETS",
+__all__ = ["quantize", "use_backend", "save", "load", "load_model", "quantize_checkpoint", "quantize_gguf", "get_scheme",
+           "PRESETS",
            "Scheme", "QuantSpec", "Recipe", "auto_recipe", "__version__"]
 
 

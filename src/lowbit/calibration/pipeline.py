@@ -56,7 +56,6 @@ from lowbit.moe import all_tokens, same_input_groups
 from lowbit.algorithms.gptq import WeightRounding
 from lowbit.algorithms.reconstruct import reconstruct_layer
 from lowbit.quant.input_scales import input_scales_from_amax
-from lowbit.recipes.resolve import Assignment
 from lowbit.schemes import Scheme
 from lowbit.algorithms.smoothquant.mappings import mappings_for, model_type
 from lowbit.calibration.smoothing import smooth_layer, smoothing_maps
@@ -91,9 +90,10 @@ class LayerwiseCalibrator:
         self._fs_key: tuple | None = None  # their key for this run; None: not used
         self._index = 0  # the decoder layer being calibrated
         self.group = group or Group.single()  # ranks sharing the calibration batches (lowbit.dist)
-        self.assign = scheme if isinstance(scheme, Assignment) else Assignment.of_one(scheme, ())
-        schemes = self.assign.distinct
-        self.uniform = self.assign.uniform  # every linear's scheme, or None (mixed)
+        if isinstance(scheme, Scheme):  # one scheme for whatever linears run() is given
+            self.assign, self.uniform, schemes = {}, scheme, [scheme]
+        else:  # a lowbit.recipes.Assignment
+            self.assign, self.uniform, schemes = scheme, scheme.uniform, scheme.distinct
         self.cfg = cfg
         self.alphas = dict(smoothquant) if isinstance(smoothquant, dict) else {s: smoothquant for s in schemes}
         smoothquant = next((a for a in self.alphas.values() if a is not None), None)

@@ -43,7 +43,7 @@ def gguf_plan(o, plan_cls):
     from lowbit.calibration import CalibrationConfig
     from lowbit.cli.common import calib_data_options
     from lowbit.errors import FormatError
-    from lowbit.formats.gguf.quantize import parse_target
+    from lowbit.gguf_quantize import parse_target
     from lowbit.models import resolve_model_path
 
     try:
@@ -74,7 +74,7 @@ def run_gguf(plan) -> dict:
     """Write the GGUF file of ``plan``; the summary's fields (types per tensor count, the
     importance matrix's source)."""
     from lowbit.cli.app import err_console
-    from lowbit.formats.gguf.quantize import quantize_gguf
+    from lowbit.gguf_quantize import quantize_gguf
 
     if plan.calibration is not None:
         err_console.print(f"[dim]importance matrix from {plan.calibration if plan.calibration != 'builtin' else 'the built-in text'}"

@@ -1,4 +1,4 @@
-"""A whole GGUF file from lowbit (lowbit.formats.gguf.quantize_gguf / write_gguf): each tensor's
+"""A whole GGUF file from lowbit (lowbit.quantize_gguf / write_gguf): each tensor's
 type as the mix chose it, each quantized tensor's bytes as lowbit's GGML encoders make them from
 the rows the converter placed, read back by gguf-py as llama.cpp reads it."""
 
@@ -22,7 +22,7 @@ except md.PackageNotFoundError:
 from lowbit.files.folder import SafetensorsFolder  # noqa: E402
 from lowbit.formats.gguf.convert import plan_gguf  # noqa: E402
 from lowbit.formats.gguf.mixes import Mix  # noqa: E402
-from lowbit.formats.gguf.quantize import quantize_gguf, tensor_types  # noqa: E402
+from lowbit.gguf_quantize import quantize_gguf, tensor_types  # noqa: E402
 from lowbit.numerics.ggml import GgmlType, decode, encode  # noqa: E402
 
 
