@@ -29,9 +29,13 @@ def model_arg(value: str | None) -> str | None:
 def check_model_path(value: str | None) -> None:
     """A MODEL argument that names a folder must be a model folder: checked before anything heavy
     (torch) is imported, so a wrong path fails at once. The built-in model is not checked here."""
+    from pathlib import Path
+
     from lowbit.models.builtin import resolve_model_path
 
     if model_arg(value) is not None:
+        if Path(value).suffix.lower() == ".gguf" and Path(value).is_file():
+            return  # expanded (heavy, cached) when the model is loaded
         resolve_model_path(value)
 
 

@@ -114,6 +114,24 @@ def convert_gguf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     return out_dir
 
 
+def gguf_model_dir(gguf_file: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A GGUF file (lowbit's, llama-quantize's, auto-round's) as a float32 folder, expanded once by
+    transformers (gguf-py's dequantization: the values llama.cpp computes with) and cached under a
+    key of the file's path, size and modification time."""
+    import hashlib
+
+    f = Path(gguf_file).resolve()
+    st = f.stat()
+    key = hashlib.sha256(f"{f}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = base / "models" / f"gguf-{f.stem}-{key}-v{CONVERSION_VERSION}"
+    if _is_complete(folder):
+        return folder
+    if folder.exists():
+        shutil.rmtree(folder)
+    return convert_gguf(f, folder)
+
+
 def ensure_builtin(cache_dir: str | os.PathLike | None = None) -> Path:
     """The built-in model's float folder, converting the GGUF on first use."""
     folder = builtin_model_dir(cache_dir)
@@ -125,12 +143,15 @@ def ensure_builtin(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def resolve_model_path(path: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A model folder: ``path`` itself, or the built-in model when ``path`` is None."""
+    """A model folder: ``path`` itself, the built-in model when ``path`` is None, or for a ``.gguf``
+    file its float32 expansion (``gguf_model_dir``)."""
     if path is None:
         return ensure_builtin(cache_dir)
     p = Path(path)
     if not p.exists():
         raise ModelNotFoundError(f"model path not found: {p}")
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        return gguf_model_dir(p, cache_dir)
     if not (p / "config.json").is_file():
         raise ModelNotFoundError(f"{p} is not a model folder (no config.json)")
     return p

@@ -106,3 +106,20 @@ def test_bad_requests_are_one_error_and_leave_nothing(folder, tmp_path):
     with pytest.raises(FormatError, match="override 'blk\\[': not a regular expression"):
         quantize_gguf(folder, tmp_path / "z.gguf", "Q8_0", overrides={"blk[": "q8_0"})
     assert not list(tmp_path.glob("*z.gguf*"))
+
+
+def test_a_gguf_file_loads_back_as_llama_cpp_dequantizes_it(folder, tmp_path):
+    from lowbit.models import load_model
+    from lowbit.models.builtin import resolve_model_path
+
+    r = quantize_gguf(folder, tmp_path / "q.gguf", "Q8_0", progress=False)
+    model, _ = load_model(tmp_path / "q.gguf", cache_dir=tmp_path / "cache")
+    plan = plan_gguf(folder)
+    st = SafetensorsFolder(folder)
+    rm = plan.rowmaps()["blk.0.ffn_down.weight"]
+    assert r.types[rm.name] == "Q8_0" and rm.identity
+    w = st[rm.sources[0]].float()
+    expect = decode(encode(w, GgmlType.Q8_0), GgmlType.Q8_0)
+    assert torch.equal(model.model.layers[0].mlp.down_proj.weight, expect)
+    again = resolve_model_path(tmp_path / "q.gguf", cache_dir=tmp_path / "cache")  # cached: no second expansion
+    assert again == resolve_model_path(tmp_path / "q.gguf", cache_dir=tmp_path / "cache")
