@@ -127,10 +127,6 @@ def _streamed(job: StreamedJob):
         raise QuantizationError(f"{src}: no decoder layers were found to stream; quantize it in memory "
                                 f"(lowbit.quantize, then lowbit.save)")
     path, layers = found
-    outside = [n for n in names if not n.startswith(path + ".")]
-    if outside:
-        raise QuantizationError(f"{src}: linears outside the decoder layers ({', '.join(outside[:3])}) are not "
-                                f"streamed yet; add them to ignore, or quantize in memory")
     fp = fingerprint(src, skel.ckpt, planned.recipe, job.fmt, tokens, cfg, sq, ignore, group.world, dev,
                      valid=data.valid)
     group.agree("the run's arguments (fingerprint)", fp)  # the recipe too: it is fingerprinted
