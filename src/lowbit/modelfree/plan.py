@@ -40,6 +40,7 @@ from lowbit.files.tensors import TensorInfo
 from lowbit.modelfree.mxfp4_source import BLOCKS, SCALES, dequantized_shape
 from lowbit.modelfree.source_config import check_fp8_scale, source_fp8_block, source_mxfp4_experts
 from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint
+from lowbit.renames import load_names
 from lowbit.moe import FUSED_ON_DISK, FusedLayout, Proj, part_shape
 from lowbit.moe.naming import FUSED_BIASES, FUSED_WEIGHTS
 from lowbit.quant import num_groups
@@ -209,6 +210,7 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ig
 
     heads: list[str] = []
     embeddings: list[str] = []
+    renamed = load_names(model_type, [n for n, i in tensors.items() if len(i.shape) == 3])
     for name in sorted(tensors):
         info = tensors[name]
         module, _, leaf = name.rpartition(".")
@@ -250,7 +252,9 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ig
             kinds[name] = Kind.COPY  # stands for its parts (expanded), never written as it is
             expanded[name] = expand(module, info, leaf, fused, bias=leaf in FUSED_BIASES)
             continue
-        if len(info.shape) == 3 and _is_fused_experts(module, leaf) and not is_excluded_name(module, ignore):
+        loaded = renamed.get(name, name).rpartition(".")  # GraniteMoE's input_linear: transformers' experts
+        if len(info.shape) == 3 and (_is_fused_experts(module, leaf) or _is_fused_experts(loaded[0], loaded[2])) \
+                and not is_excluded_name(module, ignore):
             raise FormatError(f"{info.shard}: tensor {name!r} {list(info.shape)} holds fused experts (3-D); "
                               f"model-free quantization quantizes per-expert 2-D weights only: quantize this "
                               f"model in memory (without --model-free), which splits and quantizes every expert, "

@@ -16,7 +16,7 @@ exactly as transformers converts it, and MoE experts are read by the rules lowbi
 with: per-expert names (most families; Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2`` through
 ``moe.naming``) or the experts fused on disk (gpt-oss, GraniteMoE: sliced by ``moe.slices``). Keys
 transformers renames when it loads the folder (Nemotron-H's ``backbone.``) are found by its own
-conversion mapping (``lowbit.models.renames``). A parameter that the checkpoint does not hold is a
+conversion mapping (``lowbit.renames``). A parameter that the checkpoint does not hold is a
 FormatError naming it, except a tied output embedding.
 """
 
@@ -33,7 +33,7 @@ from lowbit.errors import FormatError
 from lowbit.files.tensors import TensorReader
 from lowbit.modelfree.source import Checkpoint
 from lowbit.linearize import conv1d_as_linears
-from lowbit.models.renames import checkpoint_renames
+from lowbit.renames import checkpoint_renames
 from lowbit.moe import split_experts
 from lowbit.moe.naming import FUSED_ON_DISK, checkpoint_names
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
@@ -58,7 +58,7 @@ class Skeleton:
         self.model = model
         self.ckpt = ckpt
         self.transposed = transposed  # keys of Conv1D weights made linears: stored [in, out] on disk
-        self.renames = renames or {}  # model key -> checkpoint key transformers renames (models.renames)
+        self.renames = renames or {}  # model key -> checkpoint key transformers renames (lowbit.renames)
         self._reader = TensorReader(folder)
         self._lock = threading.Lock()  # the reader's maps are shared by the prefetch thread
         self.model_type = getattr(model.config, "model_type", None)
