@@ -38,7 +38,8 @@ from lowbit.hostcpu import cpu_flags
 from lowbit.quant.serving import ServingNumerics, host_isa
 from lowbit.linearize import linearize
 from lowbit.renames import folder_renames
-from lowbit.moe import checkpoint_names, model_names
+from lowbit.moe import model_names
+from lowbit.moe.naming import module_checkpoint_names
 from lowbit.targets import set_submodule
 
 
@@ -84,7 +85,7 @@ def model_view(model: nn.Module, folder: SafetensorsFolder | None, parsed: Parse
             modules.get(m, m): v for m, v in ((model_names(mt, [k])[k], v) for k, v in parsed.static_scales.items())})
     as_folder = {v: k for k, v in modules.items()}
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return folder, parsed, {n: as_folder.get(n, d) for n, d in checkpoint_names(mt, linears).items()}
+    return folder, parsed, {n: as_folder.get(n, d) for n, d in module_checkpoint_names(mt, linears).items()}
 
 
 def _say_if_another_host(numerics: ServingNumerics) -> None:

@@ -45,6 +45,7 @@ from lowbit.files.writer import CheckpointWriter, write_json_atomic, write_safet
 from lowbit.formats import Format, get_layout
 from lowbit.modelfree.ranks import together
 from lowbit.moe import checkpoint_names, router_names
+from lowbit.moe.naming import ignore_names
 from lowbit.recipes.groups import config_groups
 from lowbit.report.quantized import quantized_summary
 from lowbit.schemes import Scheme
@@ -198,7 +199,7 @@ class StreamOutput:
         for i in range(self.n_layers + 1):
             w.write_shard(None, self.shard_name(i))
         static = {checkpoint_names(mt, [n])[n]: v for n, v in self.progress["static"].items()}
-        qcfg = self.layout.quantization_config_groups(groups, [disk[n] for n in ignore_linears], static_scales=static)
+        qcfg = self.layout.quantization_config_groups(groups, ignore_names(mt, ignore_linears), static_scales=static)
         write_side_files(w, model, config_dict(model, dtype, qcfg, False), source, tokenizer)
         w.close(remove=(STATE_DIR,))
 
