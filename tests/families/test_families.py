@@ -73,7 +73,12 @@ def test_every_family(model_type, scheme, tmp_path):
 
 @pytest.mark.parametrize("model_type,scheme", [("falcon_mamba", "w8a8-int8"), ("qwen3_next", "nvfp4"),
                                                ("qwen3_5_moe_text", "w8a8-int8"), ("gpt2", "w8a8-int8"),
-                                               ("llama4_text", "w4a16")])
+                                               ("llama4_text", "w4a16"),
+                                               # checkpoints with names transformers renames (backbone., input_linear)
+                                               ("nemotron_h", "w8a8-int8"), ("granitemoe", "w4a16"),
+                                               ("granitemoehybrid", "nvfp4"),
+                                               # a linear outside the decoder layers (per_layer_model_projection)
+                                               ("gemma4_text", "w8a8-int8"), ("gemma4_text", "nvfp4")])
 def test_streamed_equals_in_memory_on_new_families(model_type, scheme, tmp_path):
     from helpers.folders import assert_same_tensors, folder_tensors
     from helpers.streamed import in_memory, write_folder

@@ -1,8 +1,9 @@
 """A streamed quantization job for the tests to start (alone, or as the ranks of torchrun):
 
-    python streamed_job.py SRC OUT_ROOT SCHEME:FORMAT[:gptq][:recon] ...
+    python streamed_job.py SRC OUT_ROOT SCHEME:FORMAT[:gptq][:recon][:modelfree] ...
 
-writes OUT_ROOT/SCHEME (SCHEME-recon with :recon) for each, calibrated on the tests' fixed token ids."""
+writes OUT_ROOT/SCHEME (SCHEME-recon with :recon) for each, calibrated on the tests' fixed token ids
+(with :modelfree, not calibrated: model-free quantization)."""
 
 from __future__ import annotations
 
@@ -27,4 +28,7 @@ if __name__ == "__main__":
         kw = {"weight_rounding": "gptq"} if "gptq" in rest else {}
         if "recon" in rest:  # block reconstruction: 5 steps over the 3 batches, owned by different ranks
             kw["reconstruct_iters"] = 5
+        if "modelfree" in rest:
+            lowbit.quantize_checkpoint(src, root / out_name(job), scheme, fmt, workers=0, progress=False)
+            continue
         lowbit.quantize_checkpoint(src, root / out_name(job), scheme, fmt, calibration=TOKENS, **kw)

@@ -7,6 +7,10 @@ when a killed run is resumed), ``captured`` once they are captured, then for eac
 outputs computed: write it, free it). ``InMemory`` (the default) does nothing: the whole model
 is in memory. ``lowbit.streamed`` reads each layer from the checkpoint and writes it out.
 
+``whole_model``: whether the whole model can run once the layers are quantized (in memory); where
+it cannot (streamed), the linears outside the decoder layers are calibrated before the first layer
+runs (``lowbit.calibration.outside``).
+
 ``device``: where each layer computes (None: where the model is). With ``offload`` the
 calibration activations stay in CPU memory and each batch is moved to ``device`` when it runs.
 """
@@ -22,6 +26,7 @@ from lowbit.calls import move_call  # noqa: F401 (re-exported)
 class InMemory:
     device: torch.device | None = None
     offload: bool = False
+    whole_model: bool = True
 
     def start(self, path: str, layers: nn.ModuleList) -> tuple[int, list[torch.Tensor] | None]:
         """(index of the first layer to run, the hidden states entering it or None: captured)."""

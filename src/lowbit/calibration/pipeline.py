@@ -49,6 +49,7 @@ from lowbit.calibration.config import CalibrationConfig, LayerInputs
 from lowbit.calibration.cost import Phase
 from lowbit.calibration.float_states import FloatStates
 from lowbit.calibration.observers import make_observer
+from lowbit.calibration.outside import before_layers
 from lowbit.calibration.stats import CalibrationReport, GroupReport, GroupStats
 from lowbit.fusion import fused_groups, shared_weight_global_scales
 from lowbit.modules import QuantLinear
@@ -234,6 +235,10 @@ class LayerwiseCalibrator:
             with self.report.cost.timed(Phase.CAPTURE):
                 calls = capture_calls(self.model, layers, tokens, self.cfg.batch_size)
             inputs = calls.first
+            outside = [n for n in names if not n.startswith(path + ".")]
+            if outside and not hooks.whole_model:  # streamed: before the layers run (calibration.outside)
+                before_layers(self, outside, tokens, layers[0])
+                done.update(outside)
             hooks.captured()
             # block reconstruction on quantized layer inputs aims at the float model's outputs:
             # the float model's hidden states are carried along (the float inputs otherwise are them)

@@ -37,7 +37,9 @@ from lowbit.modules import QuantLinear
 from lowbit.hostcpu import cpu_flags
 from lowbit.quant.serving import ServingNumerics, host_isa
 from lowbit.linearize import linearize
-from lowbit.moe import checkpoint_names, model_names
+from lowbit.renames import folder_renames
+from lowbit.moe import model_names
+from lowbit.moe.naming import module_checkpoint_names
 from lowbit.targets import set_submodule
 
 
@@ -72,12 +74,18 @@ def model_view(model: nn.Module, folder: SafetensorsFolder | None, parsed: Parse
     config}``. The one view lowbit.load and lowbit inspect read a folder through."""
     linearize(model)
     mt = getattr(model.config, "model_type", None)
+    modules: dict[str, str] = {}  # folder module -> model module, where transformers renames (lowbit.renames)
     if folder is not None:
-        folder = folder.with_names(model_names(mt, list(folder)))
-    if parsed.static_scales:
+        names = model_names(mt, list(folder))
+        renames = folder_renames(model, names.values())
+        modules = {k.rpartition(".")[0]: v.rpartition(".")[0] for k, v in renames.items()}
+        folder = folder.with_names({k: renames.get(n, n) for k, n in names.items()})
+    if parsed.static_scales:  # layer names
         parsed = dataclasses.replace(parsed, static_scales={
-            model_names(mt, [k])[k]: v for k, v in parsed.static_scales.items()})
-    return folder, parsed, checkpoint_names(mt, [n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
+            modules.get(m, m): v for m, v in ((model_names(mt, [k])[k], v) for k, v in parsed.static_scales.items())})
+    as_folder = {v: k for k, v in modules.items()}
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return folder, parsed, {n: as_folder.get(n, d) for n, d in module_checkpoint_names(mt, linears).items()}
 
 
 def _say_if_another_host(numerics: ServingNumerics) -> None:

@@ -41,6 +41,7 @@ from lowbit.kvcache.attention import kv_scales
 from lowbit.files.outguard import check_not_source
 from lowbit.modules import QuantLinear
 from lowbit.moe import checkpoint_names, router_names
+from lowbit.moe.naming import ignore_names
 from lowbit.recipes.groups import config_groups
 
 
@@ -180,7 +181,7 @@ def collect_tensors(model: nn.Module, checkpoint_format: Format | str, dtype: to
     tensors = {disk[k]: v for k, v in tensors.items()}
     groups = config_groups({disk[n]: m.scheme for n, m in layers.items()})  # one order for every writer
     static = {disk[n]: v for n, v in static.items()}
-    qcfg = layout.quantization_config_groups(groups, [disk[n] for n in ignore], static_scales=static)
+    qcfg = layout.quantization_config_groups(groups, ignore_names(mt, ignore), static_scales=static)
     qcfg = add_kv_config(checkpoint_format, qcfg, kv_cache, kv)
     return tensors, qcfg, untie
 

@@ -10,8 +10,11 @@ Exact rules, never substring matches:
 - Fused expert tensors of the families in ``lowbit.moe.FUSED_ON_DISK`` (gpt-oss's
   ``experts.gate_up_proj`` [E, H, 2I], ``down_proj``, their biases) are split per expert as the
   in-memory path splits them (``lowbit.moe.slices``): expert e's linears are quantized as
-  ``<block>.experts.{e}.gate_proj`` ..., their biases written as ``...bias``. Fused 3-D expert
-  tensors of other families are refused, never copied in float silently. gpt-oss's own MXFP4
+  ``<block>.experts.{e}.gate_proj`` ..., their biases written as ``...bias``; so are fused experts
+  stored as the model holds them (under its name, or one transformers only renames: Granite's
+  ``input_linear``, ``lowbit.renames.load_names``), by the layout of the experts module of the model
+  built from config.json on the meta device (``lowbit.moe.layouts``). Other fused 3-D expert
+  tensors are refused, never copied in float silently. gpt-oss's own MXFP4
   experts (``quant_method: "mxfp4"``: ``*_blocks`` / ``*_scales``, lowbit.modelfree.mxfp4_source)
   are dequantized one expert at a time and quantized the same way.
 - Everything else (norms, biases, embeddings, lm_head unless asked, routers, towers) is copied
@@ -40,6 +43,8 @@ from lowbit.files.tensors import TensorInfo
 from lowbit.modelfree.mxfp4_source import BLOCKS, SCALES, dequantized_shape
 from lowbit.modelfree.source_config import check_fp8_scale, source_fp8_block, source_mxfp4_experts
 from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint
+from lowbit.renames import load_names
+from lowbit.moe.layouts import fused_layouts
 from lowbit.moe import FUSED_ON_DISK, FusedLayout, Proj, part_shape
 from lowbit.moe.naming import FUSED_BIASES, FUSED_WEIGHTS
 from lowbit.quant import num_groups
@@ -192,7 +197,7 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ig
     def expand(module: str, info: TensorInfo, leaf: str, layout: FusedLayout, bias: bool) -> list:
         """The per-expert parts of a fused tensor: (kind, output name or linear, part) each."""
         out = []
-        projs = (Proj.DOWN,) if leaf.startswith("down") else (Proj.GATE, Proj.UP)
+        projs = (Proj.DOWN,) if leaf.startswith("down") else (Proj.GATE, Proj.UP) if layout.has_gate else (Proj.UP,)
         for e in range(info.shape[0]):
             for pr in projs:
                 lin, part = f"{module}.{e}.{pr.value}", ExpertPart(e, pr, layout, info.shape[0])
@@ -209,6 +214,8 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ig
 
     heads: list[str] = []
     embeddings: list[str] = []
+    layouts = {} if FUSED_ON_DISK.get(model_type) or is_mx else fused_layouts(ckpt.root)  # lowbit.moe.layouts
+    renamed = load_names(model_type, list(tensors))  # the names transformers loads them as (lowbit.renames)
     for name in sorted(tensors):
         info = tensors[name]
         module, _, leaf = name.rpartition(".")
@@ -250,7 +257,15 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ig
             kinds[name] = Kind.COPY  # stands for its parts (expanded), never written as it is
             expanded[name] = expand(module, info, leaf, fused, bias=leaf in FUSED_BIASES)
             continue
-        if len(info.shape) == 3 and _is_fused_experts(module, leaf) and not is_excluded_name(module, ignore):
+        loaded = renamed.get(name, name).rpartition(".")  # GraniteMoE's input_linear: transformers' experts
+        layout = layouts.get(loaded[0])  # stored as the model holds it: split by the model's own layout
+        if layout is not None and loaded[2] in FUSED_EXPERT_LEAVES | set(FUSED_BIASES) \
+                and len(info.shape) == (2 if loaded[2].endswith("_bias") else 3):
+            kinds[name] = Kind.COPY  # stands for its parts (expanded), never written as it is
+            expanded[name] = expand(loaded[0], info, loaded[2], layout, bias=loaded[2].endswith("_bias"))
+            continue
+        if len(info.shape) == 3 and (_is_fused_experts(module, leaf) or _is_fused_experts(loaded[0], loaded[2])) \
+                and not is_excluded_name(module, ignore):
             raise FormatError(f"{info.shard}: tensor {name!r} {list(info.shape)} holds fused experts (3-D); "
                               f"model-free quantization quantizes per-expert 2-D weights only: quantize this "
                               f"model in memory (without --model-free), which splits and quantizes every expert, "
@@ -265,7 +280,8 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ig
             continue
         if role == "head":
             heads.append(name)
-        if (role == "head" and not include_lm_head) or is_excluded_name(module, ignore):
+        if (role == "head" and not include_lm_head) or is_excluded_name(module, ignore) or \
+                is_excluded_name(loaded[0], ignore):  # a router under a name transformers renames
             kinds[name] = Kind.COPY
             ignored.append(module)
             continue

@@ -52,8 +52,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+
 from lowbit.dist import Group
 from lowbit.errors import FormatError, LowbitError, SchemeError
+from lowbit.moe.naming import ignore_names
 from lowbit.files.outguard import check_not_source
 from lowbit.files.outlock import output_lock
 from lowbit.files.refused import resumable_failure
@@ -119,7 +121,7 @@ def _output_config(ckpt: Checkpoint, plan: Plan, layout: Any) -> dict[str, Any]:
         cfg[key] = value
         if isinstance(cfg.get("text_config"), dict) and key in cfg["text_config"]:
             cfg["text_config"][key] = value
-    cfg["quantization_config"] = layout.quantization_config_groups(config_groups(plan.schemes), ignore=plan.ignored)
+    cfg["quantization_config"] = layout.quantization_config_groups(config_groups(plan.schemes), ignore=ignore_names(ckpt.get("model_type"), plan.ignored, from_checkpoint=True))
     return cfg
 
 

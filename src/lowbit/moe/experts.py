@@ -97,9 +97,10 @@ class ExpertList(nn.Module):
 class SplitExperts(ExpertList):
     """A block's routed experts; see the module docstring."""
 
-    def __init__(self, experts: list[ExpertMLP]) -> None:
+    def __init__(self, experts: list[ExpertMLP], layout=None) -> None:
         super().__init__(experts)
         self.route_all_tokens = False
+        self.layout = layout  # the FusedLayout they were split from (a reader of fused checkpoints' key), or None
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor | None = None,
                 top_k_weights: torch.Tensor | None = None, *, router_indices: torch.Tensor | None = None,

@@ -104,7 +104,7 @@ def _split_one(name: str, module: nn.Module) -> SplitExperts:
         experts.append(ExpertMLP(g_lin, _linear(part(up_all, e, Proj.UP), part(up_bias_all, e, Proj.UP)),
                                  _linear(part(module.down_proj, e, Proj.DOWN), part(down_bias_all, e, Proj.DOWN)),
                                  gate))
-    return SplitExperts(experts)
+    return SplitExperts(experts, layout)
 
 
 @torch.no_grad()

@@ -45,6 +45,7 @@ from lowbit.files.writer import CheckpointWriter, write_json_atomic, write_safet
 from lowbit.formats import Format, get_layout
 from lowbit.modelfree.ranks import together
 from lowbit.moe import checkpoint_names, router_names
+from lowbit.moe.naming import ignore_names
 from lowbit.recipes.groups import config_groups
 from lowbit.report.quantized import quantized_summary
 from lowbit.schemes import Scheme
@@ -161,10 +162,14 @@ class StreamOutput:
         dtype = model_dtype(model)
         mt = getattr(model.config, "model_type", None)
         warn_rounded("scales", self.progress["lossy"], dtype)
-        tensors: dict[str, torch.Tensor] = {}
+        # linears outside the decoder layers quantized before them (calibration.outside), as write_layer writes
+        quantized = {n: m for n, m in quantized_modules(model).items() if not n.startswith(layers_path + ".")}
+        self.layout.check_layers(layer_scales(quantized))
+        tensors, static, lossy = quantized_tensors(quantized, self.layout, dtype)
+        self.progress["static"].update(static)
         outside = 0
         for k, v in model.state_dict().items():
-            if k.startswith(layers_path + "."):
+            if k.startswith(layers_path + ".") or k.rpartition(".")[0] in quantized:
                 continue
             if _is_tied_head(model, k):
                 continue
@@ -174,9 +179,12 @@ class StreamOutput:
             if not n.startswith(layers_path + ".") and id(p) not in seen:
                 seen.add(id(p))
                 outside += p.numel()
+        warn_rounded("scales", self.progress["lossy"] + lossy, dtype)
         disk = checkpoint_names(mt, list(tensors) + ignore_linears + list(schemes))
         groups = config_groups({disk[n]: s for n, s in schemes.items()})
         summaries = self.progress["summaries"]
+        if quantized:  # their parameters are counted in ``outside`` already
+            summaries = summaries + [dict(quantized_summary(nn.ModuleList(quantized.values())), float_parameters=0)]
         with self._step("writing the last shard, the index and config.json"):  # rank 0 renames the folder
             if self.group.is_main:
                 self._finish_main(model, dtype, mt, tensors, disk, ignore_linears, tokenizer, source, groups)
@@ -191,7 +199,7 @@ class StreamOutput:
         for i in range(self.n_layers + 1):
             w.write_shard(None, self.shard_name(i))
         static = {checkpoint_names(mt, [n])[n]: v for n, v in self.progress["static"].items()}
-        qcfg = self.layout.quantization_config_groups(groups, [disk[n] for n in ignore_linears], static_scales=static)
+        qcfg = self.layout.quantization_config_groups(groups, ignore_names(mt, ignore_linears), static_scales=static)
         write_side_files(w, model, config_dict(model, dtype, qcfg, False), source, tokenizer)
         w.close(remove=(STATE_DIR,))
 

@@ -105,10 +105,6 @@ def _streamed(plan):
         raise QuantizationError(f"{src}: no decoder layers were found to stream; quantize it in memory "
                                 f"(lowbit.quantize, then lowbit.save)")
     path, layers = found
-    outside = [n for n in names if not n.startswith(path + ".")]
-    if outside:
-        raise QuantizationError(f"{src}: linears outside the decoder layers ({', '.join(outside[:3])}) are not "
-                                f"streamed yet; add them to ignore, or quantize in memory")
     fp = fingerprint(plan, skel.ckpt, tokens, data.valid, group.world, dev)
     group.agree("the run's arguments (fingerprint)", fp)  # the recipe too: it is fingerprinted
     if not run.resume and group.is_main:

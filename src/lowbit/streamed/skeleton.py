@@ -14,8 +14,10 @@ The values equal what ``lowbit.load_model`` (``from_pretrained(dtype=float32)`` 
 ``split_experts``) holds, tensor for tensor: every checkpoint tensor is converted with ``.to``
 exactly as transformers converts it, and MoE experts are read by the rules lowbit writes them
 with: per-expert names (most families; Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2`` through
-``moe.naming``) or the experts fused on disk (gpt-oss: sliced by ``moe.slices``). A parameter that
-the checkpoint does not hold is a FormatError naming it, except a tied output embedding.
+``moe.naming``) or the experts fused on disk (gpt-oss, GraniteMoE: sliced by ``moe.slices``). Keys
+transformers renames when it loads the folder (Nemotron-H's ``backbone.``) are found by its own
+conversion mapping (``lowbit.renames``). A parameter that the checkpoint does not hold is a
+FormatError naming it, except a tied output embedding.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from lowbit.errors import FormatError
 from lowbit.files.tensors import TensorReader
 from lowbit.modelfree.source import Checkpoint
 from lowbit.linearize import conv1d_as_linears
+from lowbit.renames import checkpoint_renames
 from lowbit.moe import split_experts
 from lowbit.moe.naming import FUSED_ON_DISK, checkpoint_names
-from lowbit.moe.slices import Proj, expert_part
+from lowbit.moe.slices import FusedLayout, Proj, expert_part
 
 DTYPE = torch.float32  # what lowbit.load_model loads (and calibrates) in
 
@@ -45,15 +48,17 @@ class _Fused:
     disk: str
     expert: int
     proj: Proj
+    layout: FusedLayout
 
 
 class Skeleton:
-    def __init__(self, folder: Path, model: nn.Module, ckpt: Checkpoint, transposed: frozenset[str] = frozenset()
-                 ) -> None:
+    def __init__(self, folder: Path, model: nn.Module, ckpt: Checkpoint, transposed: frozenset[str] = frozenset(),
+                 renames: dict[str, str] | None = None) -> None:
         self.folder = folder
         self.model = model
         self.ckpt = ckpt
         self.transposed = transposed  # keys of Conv1D weights made linears: stored [in, out] on disk
+        self.renames = renames or {}  # model key -> checkpoint key transformers renames (lowbit.renames)
         self._reader = TensorReader(folder)
         self._lock = threading.Lock()  # the reader's maps are shared by the prefetch thread
         self.model_type = getattr(model.config, "model_type", None)
@@ -75,15 +80,24 @@ class Skeleton:
         if (folder / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_pretrained(folder)
         model.eval()
+        renames = checkpoint_renames(model, ckpt.tensors)  # before the split: transformers' own model
         split_experts(model)
         conv = conv1d_as_linears(model)  # read transposed (lowbit.linearize)
-        return cls(folder, model, ckpt, frozenset(f"{n}.weight" for n in conv))
+        return cls(folder, model, ckpt, frozenset(f"{n}.weight" for n in conv), renames)
 
     # ------------------------------------------------------------------ names
-    def _disk_name(self, key: str) -> str | _Fused:
-        """Where the checkpoint keeps the model tensor ``key``."""
+    def _stored(self, key: str) -> str | None:
+        """The checkpoint key of the model tensor ``key`` stored whole, or None."""
         disk = checkpoint_names(self.model_type, [key])[key]
         if disk in self.ckpt.tensors:
+            return disk
+        disk = self.renames.get(key)
+        return disk if disk in self.ckpt.tensors else None
+
+    def _disk_name(self, key: str) -> str | _Fused:
+        """Where the checkpoint keeps the model tensor ``key``."""
+        disk = self._stored(key)
+        if disk is not None:
             return disk
         parts = key.split(".")
         layout = FUSED_ON_DISK.get(self.model_type or "") or self._split_layout(".".join(parts[:-3]))
@@ -91,15 +105,16 @@ class Skeleton:
         if layout is not None and len(parts) >= 4 and parts[-4] == "experts" and parts[-3].isdigit():
             proj = Proj(parts[-2]) if parts[-2] in {p.value for p in Proj} else None
             if proj is not None:
-                leaf = "down_proj" if proj is Proj.DOWN else "gate_up_proj"
+                leaf = "down_proj" if proj is Proj.DOWN else "gate_up_proj" if layout.has_gate else "up_proj"
                 leaf += "_bias" if parts[-1] == "bias" else ""
-                fused = ".".join(parts[:-3] + [leaf])
-                if fused in self.ckpt.tensors:
-                    return _Fused(fused, int(parts[-3]), proj)
+                fused = self._stored(".".join(parts[:-3] + [leaf]))
+                if fused is not None:
+                    return _Fused(fused, int(parts[-3]), proj, layout)
+        disk = checkpoint_names(self.model_type, [key])[key]
         raise FormatError(f"{self.folder}: the checkpoint holds no tensor {disk!r} (the model's {key!r})")
 
     def _split_layout(self, container: str):
-        """The fused layout a module split by its own forward recorded (``moe.batched``), or None."""
+        """The fused layout the split module recorded (``moe.split``, ``moe.batched``), or None."""
         try:
             return getattr(self.model.get_submodule(container), "layout", None) if container else None
         except AttributeError:
@@ -110,8 +125,7 @@ class Skeleton:
         with self._lock:
             if isinstance(where, _Fused):
                 t = self._reader.get(self.ckpt.tensors[where.disk])
-                layout = FUSED_ON_DISK.get(self.model_type or "") or self._split_layout(where.disk.rpartition(".")[0])
-                return expert_part(t.to(DTYPE), where.expert, where.proj, layout)
+                return expert_part(t.to(DTYPE), where.expert, where.proj, where.layout)
             t = self._reader.get(self.ckpt.tensors[where])
             if key in self.transposed:
                 return t.to(DTYPE).t().contiguous()
@@ -128,7 +142,7 @@ class Skeleton:
             if rel in skip:
                 continue
             key = f"{prefix}.{rel}" if prefix else rel
-            if key == head and checkpoint_names(self.model_type, [key])[key] not in self.ckpt.tensors:
+            if key == head and self._stored(key) is None:
                 continue
             out[rel] = self._read(key)
         return out
@@ -153,10 +167,18 @@ class Skeleton:
                 return f"{n}.weight"
         return None
 
+    def _kept(self, layers_path: str) -> list[str]:
+        """The modules outside the decoder layers that are not read from the checkpoint: the decoder
+        layers, and the linears outside them already quantized (``calibration.outside``)."""
+        from lowbit.checkpoint.save import quantized_modules
+
+        return [layers_path] + [n for n in quantized_modules(self.model) if not n.startswith(layers_path + ".")]
+
     def materialize_outside(self, layers_path: str) -> None:
-        """Every tensor outside the decoder layers (embeddings, final norm, output head), then the
-        tied output embedding."""
-        skip = {k for k in self.model.state_dict(keep_vars=True) if k.startswith(layers_path + ".")}
+        """Every tensor outside the decoder layers (embeddings, final norm, output head) but the
+        quantized linears, then the tied output embedding."""
+        kept = self._kept(layers_path)
+        skip = {k for k in self.model.state_dict(keep_vars=True) if any(k.startswith(p + ".") for p in kept)}
         self.assign(self.model, self.read_module(self.model, "", skip))
         if self._tied_head_key() is not None:
             head, emb = self.model.get_output_embeddings(), self.model.get_input_embeddings()
@@ -165,9 +187,10 @@ class Skeleton:
     def release_outside(self, layers_path: str) -> None:
         """Every parameter outside the decoder layers back to the meta device (after the first
         layer's inputs are captured nothing runs them until the end, when ``materialize_outside``
-        reads them again for the output)."""
+        reads them again for the output), but the quantized linears (they are written at the end)."""
+        kept = self._kept(layers_path)
         for name, m in self.model.named_modules():
-            if name == layers_path or name.startswith(layers_path + "."):
+            if any(name == p or name.startswith(p + ".") for p in kept):
                 continue
             for k, p in list(m.named_parameters(recurse=False)):
                 setattr(m, k, nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False))

@@ -66,6 +66,8 @@ def release_freed_blocks(threshold: int = 1 << 20) -> bool:
 
 
 class LayerStream(InMemory):
+    whole_model = False  # one layer at a time: linears outside the layers are done first (calibration.outside)
+
     def __init__(self, skel: Skeleton, output: StreamOutput, device: torch.device | None = None,
                  offload: bool = False, prefetch: bool = True, log: bool = False) -> None:
         self.skel, self.output = skel, output
