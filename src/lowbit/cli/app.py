@@ -52,6 +52,11 @@ def schemes_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON i
         acts = "none (weight-only)" if a is None else f"{a.describe()}, {a.dynamic.value}"
         t.add_row(n, s.weights.describe(), acts, "needed" if s.needs_calibration else "-")
     console.print(t)
+    from lowbit.formats.gguf.mixes import Mix
+    from lowbit.numerics.ggml import GgmlType
+
+    console.print(f"--format gguf (llama.cpp) takes a mix: {', '.join(m.value for m in Mix)}; or one GGML type for "
+                  f"every tensor: {', '.join(g.value for g in GgmlType)} (docs/gguf.md)", highlight=False)
 
 
 def main(argv: list[str] | None = None) -> None:
