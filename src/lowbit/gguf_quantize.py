@@ -22,7 +22,7 @@ from typing import Mapping
 
 import torch
 
-from lowbit.errors import FormatError
+from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.gguf.mixes import Mix, choose_types
 from lowbit.numerics.ggml import GgmlType
 
@@ -53,6 +53,19 @@ def parse_overrides(overrides: Mapping[str, str] | None) -> list[tuple[re.Patter
         except ValueError:
             raise FormatError(f"GGUF tensor-type override {pattern!r}: unknown GGML type {kind!r}") from None
     return out
+
+
+def check_output(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool) -> None:
+    """Before any work, for the API and ``lowbit quantize --format gguf`` alike: FormatError when
+    ``out`` is a folder, exists (without ``overwrite``), or lies inside the source folder."""
+    src, out = Path(src).resolve(), Path(out)
+    if out.is_dir():
+        raise FormatError(f"GGUF output {str(out)!r} is a folder: a GGUF output is one file (e.g. model-Q4_K_M.gguf)")
+    if out.exists() and not overwrite:
+        raise FormatError(f"GGUF output {str(out)!r} exists (pass {{overwrite}} to replace it)",
+                          overwrite=OptionRef("overwrite"))
+    if out.resolve() == src or src in out.resolve().parents:
+        raise FormatError(f"GGUF output {str(out)!r} lies inside the source folder {str(src)!r}")
 
 
 def tensor_types(plan, target: Mix | GgmlType, has_importance: bool = False,
@@ -128,10 +141,7 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     src, out = Path(src), Path(out)
     target = parse_target(scheme)
     parse_overrides(overrides)  # a bad pattern before any work
-    if out.exists() and not overwrite:
-        raise FormatError(f"GGUF output {str(out)!r} exists (pass overwrite=True to replace it)")
-    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
-        raise FormatError(f"GGUF output {str(out)!r} lies inside the source folder {str(src)!r}")
+    check_output(src, out, overwrite)
     plan = plan_gguf(src)
     importance = None
     if calibration is not None:

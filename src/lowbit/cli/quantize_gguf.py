@@ -43,7 +43,7 @@ def gguf_plan(o, plan_cls):
     from lowbit.calibration import CalibrationConfig
     from lowbit.cli.common import calib_data_options
     from lowbit.errors import FormatError
-    from lowbit.gguf_quantize import parse_target
+    from lowbit.gguf_quantize import check_output, parse_target
     from lowbit.models import resolve_model_path
 
     try:
@@ -55,10 +55,7 @@ def gguf_plan(o, plan_cls):
     folder = resolve_model_path(src)
     stem = Path(src).resolve().name if src else "SmolLM2-135M-Instruct"
     out = Path(o.output) if o.output else Path(f"{stem}-{label}.gguf")
-    if out.exists() and not o.overwrite:
-        raise OptionError(f"--output {out}: the file exists (pass --overwrite to replace it)")
-    if out.is_dir():
-        raise OptionError(f"--output {out}: a GGUF output is one file, not a folder")
+    check_output(folder, out, o.overwrite)  # the API's own check, before any work
     weights = parse_calib_weights(o.calib, o.calib_weights)
     data = calib_data_options(o.calib_pack, o.chat_template, o.calib_column, o.calib_split)
     sizes = {k: v for k, v in (("num_samples", o.calib_samples), ("seq_len", o.calib_seq_len)) if v is not None}

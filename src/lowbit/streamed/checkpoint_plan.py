@@ -10,6 +10,7 @@ decides again. The checks run in the order they always ran, so the first error i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,8 +118,7 @@ def plan_checkpoint(src, out, scheme, checkpoint_format, calibration: Calibratio
                                     "memory (lowbit.quantize, then lowbit.save)", head=OptionRef("include_lm_head"))
         planned = open_planned(Path(src), recipe, list(targets.ignore))  # the recipe resolved (lowbit.recipes.plan)
         if calibrating(planned.schemes, alphas, cfg):
-            return CheckpointPlan(Path(src), Path(out), recipe, checkpoint_format, alphas, cfg, calibration, targets, settings,
-                                  planned)
+            return dataclasses.replace(plan, planned=planned)
         planned.close()  # no linear got a scheme that calibrates: round-to-nearest, as in memory
     # model-free: it refuses schemes that need calibration, naming the dynamic alternatives
     # (asked for: without calibration data the 4-bit schemes' default GPTQ is plain RTN)

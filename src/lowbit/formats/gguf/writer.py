@@ -23,6 +23,7 @@ import torch
 
 from lowbit.errors import FormatError
 from lowbit.formats.gguf.mixes import F16, ModelFacts, Mix
+from lowbit.formats.gguf.rowmap import RowMap
 from lowbit.numerics.ggml import GgmlType, encode
 
 
@@ -30,7 +31,7 @@ def plan_shapes(plan) -> list[tuple[str, tuple[int, ...]]]:
     """(GGUF name, numpy-order shape) of every tensor of a ``GGUFPlan``, in its order."""
     out = []
     for t in plan.tensors:
-        shape = t.shape if hasattr(t, "row") else tuple(np.asarray(t.array).shape)
+        shape = t.shape if isinstance(t, RowMap) else tuple(np.asarray(t.array).shape)
         out.append((t.name, tuple(int(d) for d in shape)))
     return out
 
@@ -136,7 +137,7 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
             kind = types.get(t.name)
             if progress is not None:
                 progress(t.name)
-            if hasattr(t, "row"):  # a RowMap: rows of HF weights
+            if isinstance(t, RowMap):  # rows of HF weights
                 values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: _float(get(n), n))))
                 groups = _rows_importance(t, importance) if importance and isinstance(kind, GgmlType) else None
             else:
@@ -149,7 +150,7 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
             elif kind == F16:
                 writer.add_tensor(t.name, values.to(torch.float16).numpy())
                 report.types[t.name] = "F16"
-            elif hasattr(t, "row"):
+            elif isinstance(t, RowMap):
                 writer.add_tensor(t.name, values.to(torch.float32).numpy())
                 report.types[t.name] = "F32"
             else:
