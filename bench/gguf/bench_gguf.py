@@ -138,7 +138,7 @@ def main() -> None:
         theirs = out / f"llama-{mix}.gguf"
         _, t_q = run([str(tools / "llama-quantize"), str(f32), str(theirs), mix, "2"], out / f"quantize-{mix}.log")
         checks[mix] = compare_files(ours, theirs)
-        score(theirs, f"llama-quantize {mix}", t_q)
+        score(theirs, f"llama-quantize {mix} (no importance matrix)", t_q)
         score(ours, f"lowbit {mix} (no importance)", r.seconds)
         ours_i = out / f"lowbit-{mix}-imatrix.gguf"
         r = quantize_gguf(src, ours_i, mix, calibration=str(calib), overwrite=True, progress=False,
