@@ -209,7 +209,7 @@ def gptq_quantize_groups(groups: list[list[torch.Tensor]], Hs: list[torch.Tensor
             Ws = [W.detach().to(torch.float32) for W in groups[k]]
             rtns[k] = [_up_front(W, spec, options.scale_search, g, n, Hs[k])
                        for W, g, n in zip(Ws, global_scales[k], names[k])]
-            W, u, perm = _prepare_part(torch.cat(Ws), Hs[k], options, names[k][0], factors)
+            W, u, perm = prepare_part(torch.cat(Ws), Hs[k], options, names[k][0], factors)
             for r in rtns[k]:
                 eff_t, div_t = _column_scales(r, W.shape[1])
                 scales.append((eff_t, div_t) if perm is None else (eff_t[perm], div_t[perm]))
@@ -289,7 +289,7 @@ def gptq_batches(groups: list[list[torch.Tensor]], Hs: list, options: GPTQOption
     return out
 
 
-def _prepare_part(W: torch.Tensor, H: torch.Tensor, options: GPTQOptions, name: str,
+def prepare_part(W: torch.Tensor, H: torch.Tensor, options: GPTQOptions, name: str,
                   factors: dict[int, tuple] | None = None):
     """(W, -Ub, perm) for ``solve_columns``: dead inputs (H[i, i] == 0) zeroed in W with
     H[i, i] = 1, columns permuted by decreasing H[i, i] under act_order (perm, else None).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from lowbit.errors import QuantizationError
-from lowbit.numerics.ggml_kquant_search import SUB, _pack_scale_min, _rdiv, _seq_sum, scale_min_search, sqrt32
+from lowbit.numerics.ggml_kquant_search import SUB, _pack_scale_min, _rdiv, _row_sum, _seq_sum, scale_min_search, sqrt32
 from lowbit.numerics.ggml_kquants import SUPER
 
 
@@ -25,27 +25,28 @@ def qp_search(v: torch.Tensor, w: torch.Tensor, nmax: int = 63) -> tuple[torch.T
     mx = torch.clamp(v.amax(dim=1), min=0.0)
     zero = mx < 1e-15
     mx = torch.where(zero, torch.ones_like(mx), mx)
+    v, w = v.t().contiguous(), w.t().contiguous()                      # [n, S]: sums run over rows in order
 
     def mse(isc: torch.Tensor) -> torch.Tensor:
-        l = torch.clamp(torch.round(isc[:, None] * v), max=nmax)
-        diff = v - _rdiv(1.0, isc)[:, None] * l
-        return _seq_sum(w * diff * diff)
+        l = torch.clamp(torch.round(isc[None] * v), max=nmax)
+        diff = v - _rdiv(1.0, isc)[None] * l
+        return _row_sum(w * diff * diff)
 
     iscale = _rdiv(nmax, mx)
-    diff = v - _rdiv(1.0, iscale)[:, None] * torch.round(iscale[:, None] * v)  # the first grid: no clamp
-    best = _seq_sum(w * diff * diff)
+    diff = v - _rdiv(1.0, iscale)[None] * torch.round(iscale[None] * v)  # the first grid: no clamp
+    best = _row_sum(w * diff * diff)
     for k in (-4, -3, -2, -1, 1, 2, 3, 4):
         isc = (torch.tensor(0.1, dtype=torch.float32) * k + nmax) / mx
         cur = mse(isc)
         better = cur < best
         best = torch.where(better, cur, best)
         iscale = torch.where(better, isc, iscale)
-    L = torch.clamp(torch.round(iscale[:, None] * v), max=nmax)
+    L = torch.clamp(torch.round(iscale[None] * v), max=nmax)
     L = (L.to(torch.int64) & 0xFF).to(torch.float32)                   # uint8_t L[]
-    sumlx, suml2 = _seq_sum(w * v * L), _seq_sum(w * L * L)
+    sumlx, suml2 = _row_sum(w * v * L), _row_sum(w * L * L)
     for _ in range(5):
-        for i in range(v.shape[1]):
-            wi, xi, li = w[:, i], v[:, i], L[:, i]
+        for i in range(v.shape[0]):
+            wi, xi, li = w[i], v[i], L[i]
             slx = sumlx - wi * xi * li
             sl2 = suml2 - wi * li * li
             ok = (slx > 0) & (sl2 > 0)
@@ -53,13 +54,13 @@ def qp_search(v: torch.Tensor, w: torch.Tensor, nmax: int = 63) -> tuple[torch.T
             slx2 = slx + wi * xi * new
             sl22 = sl2 + wi * new * new
             take = ok & (new != li) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
-            L[:, i] = torch.where(take, (new.to(torch.int64) & 0xFF).to(torch.float32), li)
+            L[i] = torch.where(take, (new.to(torch.int64) & 0xFF).to(torch.float32), li)
             sumlx = torch.where(take, slx2, sumlx)
             suml2 = torch.where(take, sl22, suml2)
     scale = torch.where(suml2 > 0, sumlx / torch.where(suml2 > 0, suml2, torch.ones_like(suml2)),
                         torch.zeros_like(suml2))
     scale = torch.where(zero, torch.zeros_like(scale), scale)
-    return scale, torch.where(zero[:, None], torch.zeros_like(L), L).to(torch.int64)
+    return scale, torch.where(zero[None], torch.zeros_like(L), L).t().to(torch.int64)
 
 
 def check_importance(importance: torch.Tensor, k: int, name: str) -> None:

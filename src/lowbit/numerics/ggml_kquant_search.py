@@ -42,9 +42,15 @@ def sqrt32(t: torch.Tensor) -> torch.Tensor:
 
 def _seq_sum(terms: torch.Tensor) -> torch.Tensor:
     """sum over the last dimension [S, n] in order, float32, one element at a time."""
-    acc = terms[:, 0].clone()
-    for i in range(1, terms.shape[1]):
-        acc = acc + terms[:, i]
+    return _row_sum(terms.t().contiguous())
+
+
+def _row_sum(terms: torch.Tensor) -> torch.Tensor:
+    """sum over the first dimension [n, S] in order, float32, one element at a time (each step
+    adds a contiguous row: the searches below keep their sub-blocks in this layout)."""
+    acc = terms[0].clone()
+    for i in range(1, terms.shape[0]):
+        acc.add_(terms[i])
     return acc
 
 
@@ -53,21 +59,22 @@ def scale_min_search(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: flo
     """llama.cpp's ``make_qkx2_quants`` on sub-blocks x, w [S, n] (squared error, or absolute with
     ``mad``): (scale [S], min [S] (as stored: -min, >= 0), codes [S, n] in 0..nmax)."""
     f32 = torch.float32
-    lo = torch.clamp(x.amin(dim=1), max=0.0)
-    hi = x.amax(dim=1)
-    sum_w = _seq_sum(w)
-    sum_x = _seq_sum(w * x)
+    x, w = x.t().contiguous(), w.t().contiguous()                      # [n, S]: sums run over rows in order
+    lo = torch.clamp(x.amin(dim=0), max=0.0)
+    hi = x.amax(dim=0)
+    sum_w = _row_sum(w)
+    sum_x = _row_sum(w * x)
     flat = hi == lo
     span = torch.where(flat, torch.ones_like(hi), hi - lo)
     iscale = _rdiv(nmax, span)
     scale = _rdiv(1.0, iscale)
 
     def codes(isc: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        return torch.round(isc[:, None] * (x - m[:, None])).clamp(0, nmax)
+        return torch.round(isc[None] * (x - m[None])).clamp(0, nmax)
 
     def error(sc: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        diff = sc[:, None] * q + m[:, None] - x
-        return _seq_sum(w * (diff.abs() if mad else diff * diff))
+        diff = sc[None] * q + m[None] - x
+        return _row_sum(w * (diff.abs() if mad else diff * diff))
 
     best_q = codes(iscale, lo)
     best = error(scale, lo, best_q)
@@ -77,7 +84,8 @@ def scale_min_search(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: flo
         span = torch.where(flat, torch.ones_like(hi), hi - best_min)
         isc = (torch.tensor(rmin, dtype=f32) + torch.tensor(rdelta, dtype=f32) * step + nmax) / span
         q = codes(isc, best_min)
-        sum_l, sum_l2, sum_xl = _seq_sum(w * q), _seq_sum(w * q * q), _seq_sum(w * q * x)
+        wq = w * q
+        sum_l, sum_l2, sum_xl = _row_sum(wq), _row_sum(wq * q), _row_sum(wq * x)
         d = sum_w * sum_l2 - sum_l * sum_l
         ok = d > 0
         safe = torch.where(ok, d, torch.ones_like(d))
@@ -88,13 +96,13 @@ def scale_min_search(x: torch.Tensor, w: torch.Tensor, nmax: int = 15, rmin: flo
         this_min = torch.where(pos, torch.zeros_like(this_min), this_min)
         cur = error(this_scale, this_min, q)
         better = ok & (cur < best) & ~flat
-        best_q = torch.where(better[:, None], q, best_q)
+        best_q = torch.where(better[None], q, best_q)
         best = torch.where(better, cur, best)
         scale = torch.where(better, this_scale, scale)
         best_min = torch.where(better, this_min, best_min)
     scale = torch.where(flat, torch.zeros_like(scale), scale)
-    best_q = torch.where(flat[:, None], torch.zeros_like(best_q), best_q)
-    return scale, -best_min, best_q.to(torch.uint8)
+    best_q = torch.where(flat[None], torch.zeros_like(best_q), best_q)
+    return scale, -best_min, best_q.t().to(torch.uint8)
 
 
 def _six_bits(v: torch.Tensor) -> torch.Tensor:
@@ -238,11 +246,13 @@ def symmetric_search(x: torch.Tensor, nmax: int = 32, qw: torch.Tensor | None = 
     v = x.gather(1, x.abs().argmax(dim=1, keepdim=True)).squeeze(1)
     zero = amax < 1e-15
     v = torch.where(zero, torch.ones_like(v), v)
-    w = x * x if qw is None else qw
+    x = x.t().contiguous()                                             # [n, S]: sums run over rows in order
+    w = x * x if qw is None else qw.t().contiguous()
+    wx = w * x
 
     def grid(isc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        l = torch.round(isc[:, None] * x).clamp(-nmax, nmax - 1)
-        return l, _seq_sum(w * x * l), _seq_sum(w * l * l)
+        l = torch.round(isc[None] * x).clamp(-nmax, nmax - 1)
+        return l, _row_sum(wx * l), _row_sum(w * l * l)
 
     l, sumlx, suml2 = grid(_rdiv(-nmax, v))
     scale = torch.where(suml2 != 0, sumlx / torch.where(suml2 != 0, suml2, torch.ones_like(suml2)),
@@ -253,12 +263,12 @@ def symmetric_search(x: torch.Tensor, nmax: int = 32, qw: torch.Tensor | None = 
         isc = -(nmax + torch.tensor(0.1, dtype=f32) * k) / v
         lk, slx, sl2 = grid(isc)
         better = (sl2 > 0) & (slx * slx > best * sl2)
-        best_l = torch.where(better[:, None], lk, best_l)
+        best_l = torch.where(better[None], lk, best_l)
         scale = torch.where(better, slx / torch.where(sl2 > 0, sl2, torch.ones_like(sl2)), scale)
         best = torch.where(better, scale * slx, best)
     scale = torch.where(zero, torch.zeros_like(scale), scale)
-    codes = torch.where(zero[:, None], torch.zeros_like(best_l), best_l + nmax)
-    return scale, codes.to(torch.int64)
+    codes = torch.where(zero[None], torch.zeros_like(best_l), best_l + nmax)
+    return scale, codes.t().to(torch.int64)
 
 
 def encode_q6_k(x: torch.Tensor, name: str = "tensor", importance: torch.Tensor | None = None) -> torch.Tensor:
@@ -305,12 +315,13 @@ def refined_symmetric(x: torch.Tensor, nmax: int = 4, tries: int = 5) -> tuple[t
     v = x.gather(1, x.abs().argmax(dim=1, keepdim=True)).squeeze(1)
     zero = amax < 1e-15
     v = torch.where(zero, torch.ones_like(v), v)
+    x = x.t().contiguous()                                             # [n, S]: one row per position
     w = x * x
-    L = torch.round(_rdiv(-nmax, v)[:, None] * x).clamp(-nmax, nmax - 1)
-    sumlx, suml2 = _seq_sum(w * x * L), _seq_sum(w * L * L)
+    L = torch.round(_rdiv(-nmax, v)[None] * x).clamp(-nmax, nmax - 1)
+    sumlx, suml2 = _row_sum(w * x * L), _row_sum(w * L * L)
     for _ in range(tries):
-        for i in range(x.shape[1]):
-            wi, xi, li = w[:, i], x[:, i], L[:, i]
+        for i in range(x.shape[0]):
+            wi, xi, li = w[i], x[i], L[i]
             slx = sumlx - wi * xi * li
             sl2 = suml2 - wi * li * li
             pos = slx > 0
@@ -318,14 +329,14 @@ def refined_symmetric(x: torch.Tensor, nmax: int = 4, tries: int = 5) -> tuple[t
             slx2 = slx + wi * xi * new
             sl22 = sl2 + wi * new * new
             take = pos & (new != li) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
-            L[:, i] = torch.where(take, new, li)
+            L[i] = torch.where(take, new, li)
             sumlx = torch.where(take, slx2, sumlx)
             suml2 = torch.where(take, sl22, suml2)
     scale = torch.where(suml2 > 0, sumlx / torch.where(suml2 > 0, suml2, torch.ones_like(suml2)),
                         torch.zeros_like(suml2))
     scale = torch.where(zero, torch.zeros_like(scale), scale)
-    codes = torch.where(zero[:, None], torch.zeros_like(L), L + nmax)
-    return scale, codes.to(torch.int64)
+    codes = torch.where(zero[None], torch.zeros_like(L), L + nmax)
+    return scale, codes.t().to(torch.int64)
 
 
 def encode_q3_k(x: torch.Tensor, name: str = "tensor", importance: torch.Tensor | None = None) -> torch.Tensor:
