@@ -8,6 +8,9 @@ each asked-for parameter through the ops it flows into:
 
 - a tensor derived from a parameter (by indexing, slicing, a view, a cast, or an op whose output
   has the parameter's element count, e.g. ``w * scale``) stays that parameter's;
+- a linear's output stays that linear's through the same ops, and through a product with another
+  activation (not a weight): a score multiplied by scores is still a score (DeepSeek-V3.2's and
+  GLM-MoE-DSA's indexer: ``weights_proj``'s per-head weights times the heads' q.k scores, then top-k);
 - an operand of a matmul (``F.linear``, ``matmul``/``@``, ``mm``, ``bmm``, ``addmm``,
   ``baddbmm``, ``einsum``, grouped matmuls, a convolution with ``groups == 1``) makes it a
   ``ParamKind.MATMUL`` weight;
@@ -91,6 +94,11 @@ class _Follow(TorchFunctionMode):
                 if id(t) in skip and n in self.uses:  # an added term (a bias), not a matrix operand
                     self.uses[n].add(ParamKind.ELEMENTWISE)
             tracked = [(t, n) for t, n in tracked if id(t) not in skip]
+            if not any(isinstance(t, nn.Parameter) or n in self.uses for t, n in tracked) \
+                    and not any(isinstance(t, nn.Parameter) for t in tensors((args, kwargs))):
+                for _, n in tracked:  # scores times scores (an indexer's head weights x its q.k scores):
+                    for o in tensors(out):  # still a score, followed to a top-k
+                        self.tags.tag(o, n)
         elif func in _CONV:
             groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
             kind = ParamKind.MATMUL if groups == 1 else ParamKind.DEPTHWISE_CONV

@@ -5,7 +5,7 @@ that very tensor is alive (a weak reference guards against a reused ``id``)."""
 from __future__ import annotations
 
 import weakref
-from typing import Iterator
+from typing import Generic, Iterator, TypeVar
 
 import torch
 
@@ -22,16 +22,19 @@ def tensors(x) -> Iterator[torch.Tensor]:
             yield from tensors(v)
 
 
-class Tags:
-    """tensor -> name, by identity."""
+V = TypeVar("V")
+
+
+class Tags(Generic[V]):
+    """tensor -> a name (or any value), by identity."""
 
     def __init__(self) -> None:
-        self._tags: dict[int, tuple[str, weakref.ref]] = {}
+        self._tags: dict[int, tuple[V, weakref.ref]] = {}
 
-    def tag(self, t: torch.Tensor, name: str) -> None:
+    def tag(self, t: torch.Tensor, name: V) -> None:
         self._tags[id(t)] = (name, weakref.ref(t))
 
-    def of(self, t) -> str | None:
+    def of(self, t) -> V | None:
         if not isinstance(t, torch.Tensor):
             return None
         ent = self._tags.get(id(t))

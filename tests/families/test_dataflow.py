@@ -13,6 +13,7 @@ from helpers.families import tiny_model
 from lowbit.calibration.capture import find_decoder_layers, run_layer
 from lowbit.calibration.layer_calls import capture_calls
 from lowbit.linearize import linearize
+from lowbit.modules.qlinear import QuantLinear
 from lowbit.param_uses import ParamKind
 from lowbit.targets import quantizable_linears, survey_weights
 
@@ -69,6 +70,29 @@ def test_score_correction_bias_is_not_a_target_and_routers_are_found_by_topk():
     hy = _model("hunyuan_v1_moe")
     linearize(hy)
     assert survey_weights(hy).routers == ["model.layers.0.mlp.gate.wg", "model.layers.1.mlp.gate.wg"]
+
+
+def test_an_indexer_scoring_tokens_for_top_k_is_a_router_and_stays_float():
+    # DeepSeek-V3.2-style sparse attention: the indexer's weights_proj [H -> heads] scales the heads'
+    # q.k scores (a matmul of activations), then top-k picks the tokens; the model casts its input to
+    # weights_proj.weight.dtype, which a quantized module would not have
+    import lowbit
+
+    model = _model("axk2")
+    linearize(model)
+    assert survey_weights(model).routers == ["model.layers.0.self_attn.indexer.weights_proj",
+                                             "model.layers.1.self_attn.indexer.weights_proj"]
+    model = _model("axk2")
+    tokens = torch.randint(3, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(input_ids=tokens, use_cache=False).logits
+    q = lowbit.quantize(model, "nvfp4", calibration=tokens, progress=False)
+    assert type(q.get_submodule("model.layers.1.self_attn.indexer.weights_proj")) is torch.nn.Linear
+    assert type(q.get_submodule("model.layers.1.self_attn.indexer.wq_b")) is QuantLinear  # the rest is quantized
+    with torch.no_grad():
+        got = q(input_ids=tokens, use_cache=False).logits
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert 0.01 < err < 0.2, err  # measured 0.071
 
 
 def test_a_matmul_weight_in_a_plain_parameter_is_a_target():

@@ -1,14 +1,16 @@
 """``rotate_model``: fuse Hadamard rotations into a float Hugging Face causal LM, in place.
 
-Steps (``lowbit.algorithms.rotate.ops`` for the algebra, ``layout`` for which module is which):
-1. every RMS norm's gain is folded into the linears (and MoE routers) that read it, and the norm's
-   gain becomes the identity (1; 0 for Gemma's (1 + w) norms), the final norm's into lm_head;
-2. R1: the residual stream is rotated by Q = ``hadamard(hidden)`` (block-diagonal when the width is
-   not a constructible order: ``block_hadamard``): embeddings E <- E Q, readers W <- W Q, writers
-   (o_proj, down_proj, every expert's down_proj) W <- Q^T W, b <- b Q, lm_head W <- W Q. A tied
-   lm_head is untied (it is the embedding times the final norm's gain, rotated), and
+Steps (``lowbit.algorithms.rotate.ops`` for the algebra, ``layout`` for which module is which, read
+from the model's data flow):
+1. a tied lm_head is untied (it is the embedding times the final norm's gain, rotated), and
    ``config.tie_word_embeddings`` becomes False, so every saver writes ``lm_head.weight``;
-3. R2: per attention head, H = ``hadamard(head_dim)`` on v_proj's rows and o_proj's columns.
+2. every norm that reads the stream has its gain folded into the linears (and MoE routers) it feeds,
+   and the gain becomes the identity (1; 0 for Gemma's (1 + w) norms), the final norm's into lm_head;
+3. R1: the residual stream is rotated by Q = ``hadamard(hidden)`` (block-diagonal when the width is
+   not a constructible order: ``block_hadamard``): embeddings E <- E Q, readers W <- W Q (lm_head
+   too), writers (o_proj, down_proj, every expert's down_proj, ...) W <- Q^T W, b <- b Q;
+4. R2: per attention head, H = ``hadamard(head_dim)`` on each v -> o pair's v rows and o columns
+   (head_dim: the width attention saw; layers without such a pair get R1 only).
 
 The result is an ordinary float model (no new modules, no hooks) computing the same logits up to
 float rounding, so every format saves it as any other checkpoint. Online rotations (a Hadamard
@@ -62,21 +64,24 @@ def _untie(model: nn.Module) -> bool:
 
 
 def _r1(model: nn.Module, layout, q: torch.Tensor) -> None:
-    emb = model.get_submodule(layout.embedding)
-    _set(emb, "weight", rotate_inputs(emb.weight.detach(), q))
-    readers = [r for p in layout.layers for n in p.norms for r in n.readers] + [layout.head]
+    for e in layout.embeddings:
+        emb = model.get_submodule(e)
+        _set(emb, "weight", rotate_inputs(emb.weight.detach(), q))
+    readers = dict.fromkeys([r for n in layout.norms for r in n.readers] + list(layout.readers))
     for r in readers:
         m = model.get_submodule(r)
         _set(m, "weight", rotate_inputs(m.weight.detach(), q))
-    for w in (w for p in layout.layers for w in p.writers):
+    for w in layout.writers:
         m = model.get_submodule(w)
         _set(m, "weight", rotate_outputs(m.weight.detach(), q))
         if getattr(m, "bias", None) is not None:
             _set(m, "bias", rotate_bias(m.bias.detach(), q))
 
 
-def _r2(model: nn.Module, layout, h: torch.Tensor) -> None:
-    for p in layout.layers:
+def _r2(model: nn.Module, layout) -> None:
+    dev = model.get_input_embeddings().weight.device
+    for p in layout.pairs:
+        h = block_hadamard(p.head_dim).to(dev)
         v, o = model.get_submodule(p.v_proj), model.get_submodule(p.o_proj)
         _set(v, "weight", rotate_head_outputs(v.weight.detach(), h))
         if getattr(v, "bias", None) is not None:
@@ -101,19 +106,16 @@ def rotate_model(model: nn.Module, rotation: Rotation | str) -> RotationReport |
 
     split_experts(model)  # Conv1D stays: the layout refuses those families before any weight changes
     layout = residual_layout(model)
-    r1, r2 = block_size(layout.hidden), block_size(layout.head_dim)
-    if r1 == 1 or r2 == 1:
-        width = layout.hidden if r1 == 1 else layout.head_dim
-        raise QuantizationError(f"rotation {rotation.value!r}: {type(model).__name__}'s width {width} is odd, so no "
+    odd = [w for w in [layout.hidden] + [p.head_dim for p in layout.pairs] if block_size(w) == 1]
+    if odd:
+        raise QuantizationError(f"rotation {rotation.value!r}: {type(model).__name__}'s width {odd[0]} is odd, so no "
                                 f"Hadamard block (order >= 2) divides it")
-    dev = model.get_input_embeddings().weight.device
-    q = block_hadamard(layout.hidden).to(dev)
-    h = block_hadamard(layout.head_dim).to(dev)
-    for p in layout.layers:
-        for n in p.norms:
-            _fold_norm(model, n)
+    q = block_hadamard(layout.hidden).to(model.get_input_embeddings().weight.device)
     untied = _untie(model)
-    _fold_norm(model, layout.final_norm)
+    for n in layout.norms:
+        _fold_norm(model, n)
     _r1(model, layout, q)
-    _r2(model, layout, h)
-    return RotationReport(rotation.value, layout.hidden, r1, layout.head_dim, r2, len(layout.layers), untied)
+    _r2(model, layout)
+    head_dim = layout.pairs[0].head_dim if layout.pairs else 0
+    return RotationReport(rotation.value, layout.hidden, block_size(layout.hidden), head_dim,
+                          block_size(head_dim) if head_dim else 0, layout.layers, untied, len(layout.pairs))

@@ -1,36 +1,39 @@
-"""Where the residual stream of a Hugging Face causal LM is read and written, for a fused rotation.
+"""Where the residual stream of a causal LM is read and written, for a fused rotation.
 
-``residual_layout(model)`` returns the modules by full name: the input embedding, per decoder layer
-the norms that read the stream with the linears (and routers) each one feeds, the linears that
-write it, the v/o projections of attention, then the final norm and the output embedding. The
-norm -> readers part is SmoothQuant's mapping table (``lowbit.algorithms.smoothquant.mappings``,
-expanded onto MoE experts and routers by ``expand_for_layer``); the residual writers are the
-attention output projection and the MLP's output projections (the targets of the up -> down
-mappings: every expert's and shared expert's down_proj).
+``residual_layout(model)`` reads it from the model's data flow (``lowbit.algorithms.rotate.stream``:
+one forward on 8 tokens, every expert on every token), not from a table of families: the input
+embedding and any embedding added to the stream; every norm that reads the stream, with the linears
+and routers it feeds (the final norm's reader is the output embedding); the linears that read the
+stream without a norm; the linears that write it (o_proj, down_proj, every expert's down_proj, ...);
+and per attention layer the pair v -> o (a linear whose whole output, mixed across tokens by
+attention, is the only input of another), with the head width attention saw. A layer without such a
+pair (linear attention, Mamba, MLA's kv_b_proj, a fused qkv, a gated attention output) gets no R2.
 
-A fused rotation is exact only when nothing but those modules touches the stream, so anything
-else is a QuantizationError naming the model class and the module:
-- a family without a mapping (unknown structure);
-- a norm of a kind that does not commute with a rotation once its gain is folded (LayerNorm's
-  mean subtraction: OPT);
-- a norm directly inside a decoder layer that reads no linear of the table (Gemma 2/3's
-  post-attention / post-feedforward norms sit between o_proj/down_proj and the residual add);
-- a weight matrix in a decoder layer that neither reads nor writes the stream by the table
-  (e.g. gpt-oss's experts, whose clamped gating is not in the up -> down table);
-- missing pieces: no base model with ``layers`` and ``norm``, no output embedding, no v_proj/o_proj.
+How each norm folds its gain (``SourceKind.RMS``: w; ``RMS_ONE_PLUS``: Gemma's 1 + w) is checked on a
+copy (``lowbit.algorithms.smoothquant.dataflow.norm_fold_kind``), and so is that it commutes with the
+rotation once its gain is the identity (LayerNorm's mean subtraction does not).
+
+A fused rotation is exact only when nothing else touches the stream, so anything else is a
+QuantizationError naming the model class and the module, before any weight changes: the stream or
+a stream norm's output used otherwise (a per-channel product, a channel slice, a nonlinearity); a
+norm of a kind that does not commute (OPT's and GPT-2's LayerNorms); something other than a linear
+or embedding added into the stream (Gemma 2/3's norms after o_proj/down_proj); a weight matrix the
+forward did not reach (whether it reads or writes the stream is unknown); widths that do not match.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
+import torch
 import torch.nn as nn
 
 from lowbit.errors import QuantizationError
-from lowbit.algorithms.smoothquant.mappings import SourceKind, expand_for_layer, mappings_for, model_type
+from lowbit.algorithms.rotate.stream import Event, StreamFlow, trace_stream
+from lowbit.algorithms.smoothquant.mappings import SourceKind
 
 FOLDABLE = (SourceKind.RMS, SourceKind.RMS_ONE_PLUS)
-ATTN_V, ATTN_O = "self_attn.v_proj", "self_attn.o_proj"
 
 
 @dataclass(frozen=True)
@@ -41,105 +44,112 @@ class NormReaders:
 
 
 @dataclass(frozen=True)
-class LayerParts:
-    name: str
-    norms: tuple[NormReaders, ...]
-    writers: tuple[str, ...]   # linears whose outputs are added to the stream
-    v_proj: str
-    o_proj: str
+class AttentionPair:
+    v_proj: str     # its output rows, per head, are rotated by R2
+    o_proj: str     # its input columns, per head, likewise
+    head_dim: int   # the head width attention saw
 
 
 @dataclass(frozen=True)
 class ResidualLayout:
-    embedding: str
-    layers: tuple[LayerParts, ...]
-    final_norm: NormReaders   # readers: the output embedding
+    embeddings: tuple[str, ...]   # the input embedding first, then embeddings added to the stream
+    norms: tuple[NormReaders, ...]  # in the order they ran; the final norm's reader is ``head``
+    readers: tuple[str, ...]      # linears reading the stream without a norm
+    writers: tuple[str, ...]      # linears whose outputs are added to the stream
+    pairs: tuple[AttentionPair, ...]
     head: str
     hidden: int
-    head_dim: int
+    layers: int                   # decoder layers (the module list holding the most writers)
 
 
 def _fail(model: nn.Module, module: str, why: str) -> QuantizationError:
     return QuantizationError(f"rotation cannot be fused into {type(model).__name__}: {module} {why}")
 
 
-def _weight2d(m: nn.Module) -> bool:
-    w = getattr(m, "weight", None)
-    return w is not None and w.dim() == 2
+def _commutes(norm: nn.Module, kind: SourceKind, q: torch.Tensor) -> bool:
+    """Whether ``norm`` with its gain at the identity computes norm(x) Q from x Q."""
+    unit = copy.deepcopy(norm)
+    with torch.no_grad():
+        unit.weight.fill_(0.0 if kind is SourceKind.RMS_ONE_PLUS else 1.0)
+        x = torch.randn(4, q.shape[0], generator=torch.Generator().manual_seed(0)).to(norm.weight)
+        q = q.to(norm.weight)
+        return torch.allclose(unit(x @ q).float(), (unit(x) @ q).float(), rtol=1e-3, atol=1e-4)
 
 
-def _norm_like(m: nn.Module) -> bool:
-    w = getattr(m, "weight", None)
-    return len(m._modules) == 0 and w is not None and w.dim() == 1
+def _norm(model: nn.Module, name: str, readers: list[str], hidden: int) -> NormReaders:
+    from lowbit.algorithms.rotate.hadamard import block_hadamard
+    from lowbit.algorithms.smoothquant.dataflow import norm_fold_kind
+
+    norm = model.get_submodule(name)
+    if getattr(norm, "bias", None) is not None:
+        raise _fail(model, name, "is a layernorm norm (it has a bias), which does not commute with a rotation")
+    if norm.weight.shape != (hidden,):
+        raise _fail(model, name, f"reads the residual stream but its weight is not {hidden} wide")
+    wide = copy.deepcopy(norm).float()  # checked in float32: bfloat16 rounding is not a different kind
+    kind = norm_fold_kind(wide, hidden)
+    if kind not in FOLDABLE:
+        raise _fail(model, name, "is a norm whose gain no fold takes out (a rotation needs it folded into the "
+                                 "linears it feeds)")
+    if not _commutes(wide, kind, block_hadamard(hidden)):
+        raise _fail(model, name, "is a norm that does not commute with a rotation (e.g. LayerNorm's mean "
+                                 "subtraction)")
+    return NormReaders(name, kind, tuple(readers))
 
 
-def _layer_parts(model: nn.Module, name: str, layer: nn.Module, maps, hidden: int) -> LayerParts:
-    def full(rel: str) -> str:
-        return f"{name}.{rel}"
+def _weight(model: nn.Module, name: str) -> torch.Tensor:
+    return model.get_submodule(name).weight
 
-    def has(rel: str) -> bool:
-        try:
-            layer.get_submodule(rel)
-            return True
-        except AttributeError:
-            return False
 
-    norms, writers, seen = [], [], set()
-    for m in expand_for_layer(maps, layer):
-        if not all(has(t) for t in m.targets):
-            continue  # an alternative mapping of the family (e.g. with and without q_lora_rank)
-        if m.kind is SourceKind.LINEAR:
-            writers += [full(t) for t in m.targets]
-            continue
-        if "." in m.source:
-            raise _fail(model, full(m.source), "is a norm inside a sub-block (not on the residual stream)")
-        if m.kind not in FOLDABLE:
-            raise _fail(model, full(m.source), f"is a {m.kind.value} norm, which does not commute with a rotation")
-        src = layer.get_submodule(m.source)
-        if getattr(src, "bias", None) is not None or src.weight.shape != (hidden,):
-            raise _fail(model, full(m.source), f"is not an RMS norm over the {hidden} residual channels")
-        norms.append(NormReaders(full(m.source), m.kind, tuple(full(t) for t in m.targets + m.float_targets)))
-        seen.add(m.source)
-    if not has(ATTN_O) or not has(ATTN_V):
-        raise _fail(model, full(ATTN_O if not has(ATTN_O) else ATTN_V), "does not exist (no per-head v/o to rotate)")
-    writers.insert(0, full(ATTN_O))
-    for child, mod in layer.named_children():
-        if child not in seen and _norm_like(mod):
-            raise _fail(model, full(child), "is a norm that feeds no linear (e.g. after o_proj/down_proj, before the "
-                                            "residual add): the residual stream cannot be rotated by fusion")
-    known = {r for n in norms for r in n.readers} | set(writers)
-    for rel, mod in layer.named_modules():
-        if rel and _weight2d(mod) and full(rel) not in known:
-            raise _fail(model, full(rel), "neither reads nor writes the residual stream by lowbit's mapping table")
-    return LayerParts(name, tuple(norms), tuple(writers), full(ATTN_V), full(ATTN_O))
+def _layers(model: nn.Module, writers: tuple[str, ...]) -> int:
+    """The length of the module list holding the most writers (the decoder layers)."""
+    lists = [(sum(w.startswith(f"{n}.") for w in writers), len(m)) for n, m in model.named_modules()
+             if isinstance(m, nn.ModuleList) and len(m)]
+    return max(lists, default=(0, 0))[1] if any(c for c, _ in lists) else 0
+
+
+def _check(model: nn.Module, flow: StreamFlow, hidden: int) -> tuple[NormReaders, ...]:
+    """The stream norms that feed something; raises the first problem of the trace or of a stream
+    norm's kind, in the order they happened, then a weight matrix the forward did not reach."""
+    norms = []
+    for event, module, why in flow.events:
+        if event is Event.PROBLEM:
+            raise _fail(model, module, why)
+        nr = _norm(model, module, flow.norms[module], hidden)
+        if nr.readers:
+            norms.append(nr)
+    for n, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        if not m._modules and isinstance(w, torch.Tensor) and w.dim() == 2 and not isinstance(m, nn.Embedding) \
+                and n not in flow.used:
+            raise _fail(model, n, "is not reached by a forward on 8 tokens: whether it reads or writes the residual "
+                                  "stream is unknown")
+    for r in [r for rs in flow.norms.values() for r in rs] + flow.direct:
+        if _weight(model, r).shape[-1] != hidden:
+            raise _fail(model, r, f"reads the residual stream but its weight is not {hidden} columns wide")
+    for w in flow.writers:
+        if _weight(model, w).shape[0] != hidden:
+            raise _fail(model, w, f"writes the residual stream but its weight is not {hidden} rows")
+    return tuple(norms)
 
 
 def residual_layout(model: nn.Module) -> ResidualLayout:
     """The layout of ``model`` (module docstring), or a QuantizationError naming what stops a fused
     rotation."""
-    maps = mappings_for(model, include_mlp_inner=True)
-    if maps is None:
-        raise _fail(model, f"model_type {model_type(model)!r}", "has no norm -> linear mapping in lowbit")
-    bad = [m for m in maps if m.kind is not SourceKind.LINEAR and m.kind not in FOLDABLE]
-    if bad:
-        raise _fail(model, bad[0].source, f"is a {bad[0].kind.value} norm, which does not commute with a rotation")
-    names = {m: n for n, m in model.named_modules()}
-    base = getattr(model, "base_model", None)
-    layers = getattr(base, "layers", None)
-    norm = getattr(base, "norm", None)
-    if base is None or base is model or not isinstance(layers, nn.ModuleList) or not isinstance(norm, nn.Module):
-        raise _fail(model, "the base model", "has no decoder `layers` and final `norm`")
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if not isinstance(emb, nn.Embedding) or not _weight2d(head if head is not None else nn.Module()):
-        raise _fail(model, "the input/output embedding", "is not an nn.Embedding / a module with a 2-D weight")
+    if not isinstance(emb, nn.Embedding) or not isinstance(getattr(head, "weight", None), torch.Tensor):
+        raise _fail(model, "the input/output embedding", "is not an nn.Embedding / a module with a weight")
+    names = {m: n for n, m in model.named_modules()}
     hidden = emb.weight.shape[1]
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    head_dim = getattr(cfg, "head_dim", None) or hidden // cfg.num_attention_heads
-    parts = tuple(_layer_parts(model, names[layer], layer, maps, hidden) for layer in layers)
-    kinds = {n.kind for p in parts for n in p.norms}
-    if len(kinds) != 1:
-        raise _fail(model, names[layers], f"mixes norm kinds {sorted(k.value for k in kinds)}")
-    if getattr(norm, "bias", None) is not None or not _norm_like(norm) or norm.weight.shape != (hidden,):
-        raise _fail(model, names[norm], f"is not an RMS norm over the {hidden} residual channels")
-    final = NormReaders(names[norm], kinds.pop(), (names[head],))
-    return ResidualLayout(names[emb], parts, final, names[head], hidden, head_dim)
+    try:
+        flow = trace_stream(model)
+    except Exception as e:  # noqa: BLE001 - the forward that the layout is read from failed
+        raise _fail(model, "the model", f"cannot run a forward on 8 tokens ({type(e).__name__}: "
+                                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    norms = _check(model, flow, hidden)
+    if names[head] not in {r for n in norms for r in n.readers} | set(flow.direct):
+        raise _fail(model, names[head], "does not read the residual stream")
+    pairs = tuple(AttentionPair(v, o, d) for v, o, d in flow.pairs
+                  if _weight(model, v).shape[0] % d == 0 and _weight(model, o).shape[1] % d == 0)
+    writers = tuple(flow.writers)
+    return ResidualLayout((names[emb], *flow.embeddings), norms, tuple(flow.direct), writers, pairs, names[head],
+                          hidden, _layers(model, writers))

@@ -28,7 +28,9 @@ class RotationReport:
     R1's Hadamard blocks (== hidden: one full Hadamard matrix; smaller: block-diagonal).
     head_dim / r2_block: the same for R2 (each attention head's v rows and o columns).
     layers: decoder layers rotated. untied: the output embedding was tied to the input embedding
-    and now has its own weight (``config.tie_word_embeddings`` set to False)."""
+    and now has its own weight (``config.tie_word_embeddings`` set to False). r2_pairs: the
+    attention v -> o pairs R2 rotated (a layer without one, e.g. linear attention, gets R1 only;
+    head_dim is the first pair's head width, 0 when there is none)."""
 
     rotation: str
     hidden: int
@@ -37,10 +39,15 @@ class RotationReport:
     r2_block: int
     layers: int
     untied: bool
+    r2_pairs: int
 
     def describe(self) -> str:
         """One line for ``lowbit quantize``'s output."""
         r1 = f"{self.hidden}" if self.r1_block == self.hidden else f"{self.hidden} (blocks of {self.r1_block})"
         r2 = f"{self.head_dim}" if self.r2_block == self.head_dim else f"{self.head_dim} (blocks of {self.r2_block})"
+        if self.r2_pairs == 0:
+            r2 = "none (no attention v -> o pair)"
+        elif self.r2_pairs != self.layers:
+            r2 += f" on {self.r2_pairs} attention layer{'s' if self.r2_pairs > 1 else ''}"
         tie = "; lm_head untied from the embeddings" if self.untied else ""
         return f"rotated ({self.rotation}): residual stream R1 {r1}, per-head R2 {r2}, {self.layers} layers{tie}"

@@ -119,7 +119,9 @@ def _norm_kind(norm: nn.Module, width: int) -> SourceKind | None:
     return None
 
 
-def _try_norm_kind(norm: nn.Module, width: int) -> SourceKind | None:
+def norm_fold_kind(norm: nn.Module, width: int) -> SourceKind | None:
+    """The fold under which ``norm`` (a module with a 1-D weight) computes its output / s, checked on a
+    copy (module docstring); None when no fold does or the norm cannot be called on one tensor."""
     try:
         return _norm_kind(norm, width)
     except (TypeError, RuntimeError, ValueError):  # a norm of more inputs (gated RMSNorm): not checked
@@ -186,7 +188,7 @@ def layer_mappings(layer: nn.Module, call: tuple[tuple, dict], targets: list[str
         if src.linear:
             kind = SourceKind.LINEAR
         else:
-            kind = _try_norm_kind(mods[src.name], mods[src.name].weight.shape[0])
+            kind = norm_fold_kind(mods[src.name], mods[src.name].weight.shape[0])
             if kind is None:
                 skipped[src.name] = "no fold of its weight divides its output by s"
                 continue
