@@ -140,14 +140,17 @@ def main() -> None:
         checks[mix] = compare_files(ours, theirs)
         score(theirs, f"llama-quantize {mix} (no importance matrix)", t_q)
         score(ours, f"lowbit {mix} (no importance)", r.seconds)
-        ours_i = out / f"lowbit-{mix}-imatrix.gguf"
-        r = quantize_gguf(src, ours_i, mix, calibration=str(calib), overwrite=True, progress=False,
-                          config=CalibrationConfig(num_samples=a.calib_chunks, seq_len=a.ctx))
         theirs_i = out / f"llama-{mix}-imatrix.gguf"
         _, t_qi = run([str(tools / "llama-quantize"), "--imatrix", str(imatrix), str(f32), str(theirs_i), mix, "2"],
                       out / f"quantize-{mix}-imatrix.log")
         score(theirs_i, f"llama-imatrix + llama-quantize {mix}", t_imatrix + t_qi)
-        score(ours_i, f"lowbit {mix} (importance from the same text)", r.seconds)
+        for rounding, label in (("rtn", "importance-weighted search, its own codes"),
+                                ("gptq", "importance-weighted search, then GPTQ codes (default)")):
+            ours_i = out / f"lowbit-{mix}-{rounding}.gguf"
+            r = quantize_gguf(src, ours_i, mix, calibration=str(calib), overwrite=True, progress=False,
+                              config=CalibrationConfig(num_samples=a.calib_chunks, seq_len=a.ctx,
+                                                       weight_rounding=rounding))
+            score(ours_i, f"lowbit {mix} ({label})", r.seconds)
     (out / "results.json").write_text(json.dumps({"rows": rows, "checks": checks}, indent=2))
     lines = ["| file | size (MB) | KLD ± | same top % | PPL ± | seconds |", "|---|---|---|---|---|---|"]
     for r in rows:

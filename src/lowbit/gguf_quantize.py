@@ -9,7 +9,9 @@ importance matrix from calibration text when given.
 Without calibration every weight is llama.cpp's reference rounding (``llama-quantize`` without
 ``--imatrix``, byte for byte); with it, each linear's mean squared input per column
 (``lowbit.calibration.importance``, llama-imatrix's statistic) weights the scale search, as
-``llama-quantize --imatrix`` does.
+``llama-quantize --imatrix`` does, and then GPTQ picks the codes under the scales that search
+chose (``lowbit.gguf_gptq``; ``CalibrationConfig(weight_rounding="rtn")``: the search's own codes,
+``llama-quantize --imatrix``'s bytes given its vectors).
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 
 from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.gguf.mixes import Mix, choose_types
 from lowbit.numerics.ggml import GgmlType
+
+if TYPE_CHECKING:
+    from lowbit.algorithms.gptq import WeightRounding
 
 
 def parse_target(value: str) -> Mix | GgmlType:
@@ -91,10 +96,13 @@ def tensor_types(plan, target: Mix | GgmlType, has_importance: bool = False,
     return types
 
 
-def _importance(src: Path, calibration, tokenizer, config) -> dict[str, torch.Tensor]:
-    """HF weight name -> llama-imatrix's statistic [in] of every linear, from ``calibration``."""
+def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, GgmlType]) -> tuple[dict, dict]:
+    """(HF weight name -> llama-imatrix's statistic [in] of every linear, HF weight name -> (type,
+    GPTQ-rounded rows) for the weights of ``kinds``), from ``calibration`` (``lowbit.gguf_gptq``)."""
+    from lowbit.algorithms.gptq import GPTQOptions
     from lowbit.calibration import calibration_set
-    from lowbit.calibration.importance import importance_matrix
+    from lowbit.files.folder import SafetensorsFolder
+    from lowbit.gguf_gptq import gptq_sources
     from lowbit.models import load_model
 
     if isinstance(calibration, torch.Tensor) or tokenizer is not None:  # no tokenizer needed from the folder
@@ -108,16 +116,17 @@ def _importance(src: Path, calibration, tokenizer, config) -> dict[str, torch.Te
         model, tok = load_model(src)
     data = calibration_set(calibration, tok, **config.data_options())
     model.eval()
-    imp = importance_matrix(model, data.ids, batch_size=config.batch_size)
-    names: dict[int, list[str]] = {}  # a tied weight (lm_head = embed_tokens) gets its linear's vector
-    for n, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(n)
-    out = {}
-    for name, v in imp.items():
-        weight = model.get_submodule(name).weight
-        for n in names.get(id(weight), [f"{name}.weight"]):
-            out[n] = v
-    return out
+    options = GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
+    folder = SafetensorsFolder(src)
+    return gptq_sources(model, data.ids, folder.__getitem__, kinds, options=options, batch_size=config.batch_size)
+
+
+def gguf_rounding(config) -> WeightRounding:
+    """The weight rounding of a calibrated GGUF file: ``config.weight_rounding``, GPTQ when not
+    given (bench/gguf/RESULTS-gguf.md: KLD at the same bytes, every mix measured)."""
+    from lowbit.algorithms.gptq import WeightRounding
+
+    return config.weight_rounding or WeightRounding.GPTQ
 
 
 def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = "Q4_K_M", *, calibration=None,
@@ -143,15 +152,20 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     parse_overrides(overrides)  # a bad pattern before any work
     check_output(src, out, overwrite)
     plan = plan_gguf(src)
-    importance = None
+    importance, encoded = None, {}
+    types = tensor_types(plan, target, calibration is not None, overrides)
     if calibration is not None:
-        importance = _importance(src, calibration, tokenizer, config or CalibrationConfig())
-    types = tensor_types(plan, target, importance is not None, overrides)
+        from lowbit.algorithms.gptq import WeightRounding
+        from lowbit.gguf_gptq import source_types
+
+        config = config or CalibrationConfig()
+        kinds = source_types(plan, types) if gguf_rounding(config) is WeightRounding.GPTQ else {}
+        importance, encoded = _calibrated(src, calibration, tokenizer, config, kinds)
     folder = SafetensorsFolder(src)
     show = _progress(len(plan.tensors), progress)
     try:
         report = write_gguf(plan, out, folder, types, file_type=target if isinstance(target, Mix) else None,
-                            importance=importance, progress=show)
+                            importance=importance, encoded=encoded, progress=show)
     finally:
         show.close()
     report.seconds = time.perf_counter() - t0

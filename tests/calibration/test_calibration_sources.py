@@ -198,6 +198,8 @@ def test_bad_sources(tmp_path):
         calibration_set(tmp_path / "x.pdf", tok)
     with pytest.raises(CalibrationError, match="not found: it does not exist"):
         calibration_set(tmp_path / "missing.jsonl", tok)
+    with pytest.raises(CalibrationError, match=r"is not a file path \(give text as a list of strings"):
+        calibration_set("It was a truth universally acknowledged. " * 20, tok)  # a text, not a path
     (tmp_path / "empty.csv").write_text("text\n", encoding="utf-8")
     with pytest.raises(CalibrationError, match="has no samples"):
         calibration_set(tmp_path / "empty.csv", tok)

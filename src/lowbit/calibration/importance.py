@@ -11,9 +11,12 @@ llama-imatrix counts per expert), divided by that count.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn as nn
 
+from lowbit.calibration.hessian import HessianSum
 from lowbit.errors import QuantizationError
 
 
@@ -24,23 +27,44 @@ def importance_matrix(model: nn.Module, tokens: torch.Tensor, *, batch_size: int
     [n, seq_len] (``lowbit.calibration.calibration_tokens``), run through ``model`` in batches of
     ``batch_size`` windows. ``names``: the linears to measure (default: every ``nn.Linear``). A
     linear no token reached is a QuantizationError naming it."""
+    return input_statistics(model, tokens, batch_size=batch_size, names=names)[0]
+
+
+@torch.no_grad()
+def input_statistics(model: nn.Module, tokens: torch.Tensor, *, batch_size: int = 4, names: list[str] | None = None,
+                     hessians: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, HessianSum]]:
+    """``importance_matrix``'s vectors and, with ``hessians``, GPTQ's input Hessian sum of every
+    linear (``HessianSum``; linears that read the same input tensor, e.g. q/k/v, share one object).
+    The Hessians of all linears are held at once: sum of in_features^2 float64 values."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and (names is None or n in names)}
     if names is not None and set(names) - set(linears):
         raise QuantizationError(f"no nn.Linear named {sorted(set(names) - set(linears))[0]!r} in the model")
     sums = {n: torch.zeros(m.in_features, dtype=torch.float64) for n, m in linears.items()}
     counts = dict.fromkeys(linears, 0)
+    owner: dict[str, HessianSum] = {}
+    seen: dict[int, tuple] = {}  # this batch's inputs: id -> (weak reference to the tensor, its sum)
 
     def hook(name):
         def observe(module, args):
-            x = args[0].detach().reshape(-1, module.in_features).to(torch.float64)
-            sums[name] += (x * x).sum(dim=0).cpu()
+            x = args[0].detach().reshape(-1, module.in_features)
+            xd = x.to(torch.float64)
+            sums[name] += (xd * xd).sum(dim=0).cpu()
             counts[name] += x.shape[0]
+            if hessians:
+                ref, h = seen.get(id(args[0]), (None, None))
+                if ref is None or ref() is not args[0]:  # the same tensor object, not a reused address
+                    h = owner.setdefault(name, HessianSum())
+                    h.add(x)
+                    seen[id(args[0])] = (weakref.ref(args[0]), h)
+                else:
+                    owner.setdefault(name, h)
         return observe
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
     dev = next(model.parameters()).device
     try:
         for s in range(0, tokens.shape[0], batch_size):
+            seen.clear()
             model(input_ids=tokens[s:s + batch_size].to(dev), use_cache=False)
     finally:
         for h in handles:
@@ -49,4 +73,4 @@ def importance_matrix(model: nn.Module, tokens: torch.Tensor, *, batch_size: int
     if unseen:
         raise QuantizationError(f"linear {unseen[0]!r} saw no calibration token ({len(unseen)} in all): its "
                                 f"importance is undefined")
-    return {n: (sums[n] / counts[n]).to(torch.float32) for n in linears}
+    return {n: (sums[n] / counts[n]).to(torch.float32) for n in linears}, owner

@@ -97,6 +97,10 @@ class Samples:
     items: tuple[Sample, ...]
 
 
+def _head(text: str, n: int = 40) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
 def read_source(src: CalibrationSource) -> Samples:
     """The samples of ``src`` (at least one, else a CalibrationError naming the source)."""
     data = src.data
@@ -105,7 +109,12 @@ def read_source(src: CalibrationSource) -> Samples:
         return _nonempty(BUILTIN, SourceKind.BUILTIN, read_paragraphs(path, kind="calibration", error=CalibrationError))
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
-        if path.exists():
+        try:
+            found = path.exists()
+        except OSError:  # not a path at all (e.g. a whole text: too long for a file name)
+            raise CalibrationError(f"calibration {_head(str(data))!r} is not a file path (give text as a list of "
+                                   f"strings: [text])") from None
+        if found:
             return read_path(path, src.column, src.split)
         if isinstance(data, str) and path.suffix == "" and _looks_like_name(data):
             ds = _split_of(_cached_dataset(data, src.split), src.split, data)

@@ -2,22 +2,24 @@
 
 ``--scheme`` names a llama-quantize mix (Q4_K_M ...) or one GGML type for every tensor (q4_k ...);
 the importance matrix comes from the calibration text (default: the built-in text, as every
-calibrated lowbit scheme), ``--model-free`` writes llama.cpp's reference rounding without one.
+calibrated lowbit scheme) and GPTQ picks the codes under its scales (``--weight-rounding rtn``: the
+search's own codes); ``--model-free`` writes llama.cpp's reference rounding without either.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lowbit.cli.common import OptionError, calibration_arg, check_model_path, model_arg, parse_calib_weights
+from lowbit.cli.common import (OptionError, calibration_arg, check_model_path, model_arg, parse_calib_weights,
+                               parse_weight_rounding)
 from lowbit.cli.recipe_options import SchemePlan
 from lowbit.run_path import RunPath
 
-#: the calibration options an importance matrix uses; every other calibration option is refused
+#: the calibration options an importance matrix and GPTQ use; every other calibration option is refused
 _ALLOWED = ("calib", "calib_weights", "calib_column", "calib_split", "chat_template", "calib_pack", "calib_samples",
-            "calib_seq_len")
+            "calib_seq_len", "weight_rounding")
 _REFUSED = {"recipe": "--recipe", "target_bits": "--target-bits", "candidates": "--candidates",
-            "weight_rounding": "--weight-rounding", "layer_inputs": "--layer-inputs", "calib_preset": "--calib-preset",
+            "layer_inputs": "--layer-inputs", "calib_preset": "--calib-preset",
             "reconstruct_iters": "--reconstruct-iters", "reconstruct_batch_size": "--reconstruct-batch-size",
             "gptq_scale_search": "--gptq-scale-search", "rotation": "--rotation", "kv_cache": "--kv-cache",
             "device": "--device", "ignore": "--ignore"}
@@ -59,7 +61,8 @@ def gguf_plan(o, plan_cls):
     weights = parse_calib_weights(o.calib, o.calib_weights)
     data = calib_data_options(o.calib_pack, o.chat_template, o.calib_column, o.calib_split)
     sizes = {k: v for k, v in (("num_samples", o.calib_samples), ("seq_len", o.calib_seq_len)) if v is not None}
-    config = CalibrationConfig(**sizes, **data)
+    rounding = parse_weight_rounding(o.weight_rounding)
+    config = CalibrationConfig(**sizes, **data, **({"weight_rounding": rounding} if rounding else {}))
     calibration = None if o.model_free else (calibration_arg(o.calib, weights) or "builtin")
     return plan_cls(source=folder, output=out, assignment=SchemePlan(label=label), checkpoint_format="gguf",
                     path=RunPath.GGUF, calibration=calibration, config=config, smoothquant=None, alphas={},
@@ -74,9 +77,12 @@ def run_gguf(plan) -> dict:
     from lowbit.gguf_quantize import quantize_gguf
 
     if plan.calibration is not None:
-        err_console.print(f"[dim]importance matrix from {plan.calibration if plan.calibration != 'builtin' else 'the built-in text'}"
-                          "[/dim]", highlight=False)
+        from lowbit.gguf_quantize import gguf_rounding
+
+        text = plan.calibration if plan.calibration != "builtin" else "the built-in text"
+        err_console.print(f"[dim]importance matrix and {gguf_rounding(plan.config).value} rounding from {text}[/dim]",
+                          highlight=False)
     report = quantize_gguf(plan.source, plan.output, plan.assignment.label, calibration=plan.calibration,
                            config=plan.config, overwrite=plan.overwrite)
     return {"gguf": {"types": report.types, "counts": report.counts(),
-                     "importance": plan.calibration is not None}}
+                     "importance": plan.calibration is not None, "gptq": report.from_encoded}}

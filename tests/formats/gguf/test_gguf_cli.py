@@ -41,7 +41,9 @@ def test_gguf_refuses_what_it_does_not_take(folder, tmp_path, capsys):
                         (["--scheme", "Q4_K_M", "--kv-cache", "fp8"], ("--kv-cache",)),
                         (["--scheme", "Q4_K_M", "--rotation", "hadamard"], ("--rotation",)),
                         (["--recipe", "r.yaml"], ("--recipe",)),
-                        (["--scheme", "Q4_K_M", "--model-free", "--calib-samples", "4"], ("--model-free",))):
+                        (["--scheme", "Q4_K_M", "--model-free", "--calib-samples", "4"], ("--model-free",)),
+                        (["--scheme", "Q4_K_M", "--model-free", "--weight-rounding", "gptq"], ("--model-free",)),
+                        (["--scheme", "Q4_K_M", "--weight-rounding", "best"], ("--weight-rounding",))):
         code, _, err = run(capsys, "quantize", folder, "--format", "gguf", *args, "-o", out)
         assert_one_error(code, err, *names)
         assert leftovers(out) == []

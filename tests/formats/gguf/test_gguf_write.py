@@ -136,3 +136,50 @@ def test_mixtral_stacked_experts_take_their_mix_types_and_bytes(tmp_path):
     rows = rm.gather(SafetensorsFolder(moe))
     expect = encode(rows.reshape(-1, rows.shape[-1]).float(), kind).numpy()
     assert rows.shape[0] == 8 and np.array_equal(np.asarray(tensors[rm.name].data).reshape(expect.shape), expect)
+
+
+def test_gptq_keeps_the_searched_scales_and_lowers_the_output_error(folder, tmp_path):
+    """With calibration (default rounding GPTQ) each affine tensor keeps the scales of the importance
+    search (the rtn file's) and takes other codes; on the calibration inputs the layer's output error
+    ||X (W - Q)^T|| is smaller than with the search's own codes."""
+    from transformers import AutoModelForCausalLM
+
+    from lowbit.calibration import CalibrationConfig
+    from lowbit.numerics.ggml_codes import AFFINE, codes_of, grid_of
+
+    ids = torch.randint(3, 300, (8, 64), generator=torch.Generator().manual_seed(1))
+    cfg = dict(num_samples=8, seq_len=64, batch_size=4)
+    rtn = quantize_gguf(folder, tmp_path / "r.gguf", "Q3_K_M", calibration=ids, progress=False,
+                        config=CalibrationConfig(weight_rounding="rtn", **cfg))
+    gptq = quantize_gguf(folder, tmp_path / "g.gguf", "Q3_K_M", calibration=ids, progress=False,
+                         config=CalibrationConfig(**cfg))
+    assert rtn.types == gptq.types and rtn.from_encoded == []
+    _, a = _read(tmp_path / "r.gguf")
+    _, b = _read(tmp_path / "g.gguf")
+    affine = [n for n, k in gptq.types.items() if k.startswith("Q") and GgmlType(k.lower()) in AFFINE]
+    # every linear's weight; the (untied) token embedding is read by no linear: the search's codes
+    assert sorted(gptq.from_encoded) == sorted(n for n in affine if n != "token_embd.weight") and len(affine) >= 10
+    moved = 0
+    for n in affine:
+        kind = GgmlType(gptq.types[n].lower())
+        ra, rb = (torch.from_numpy(np.asarray(t[n].data).copy()) for t in (a, b))
+        ra, rb = ra.reshape(-1, ra.shape[-1]), rb.reshape(-1, rb.shape[-1])
+        ga, gb = grid_of(ra, kind), grid_of(rb, kind)
+        assert torch.equal(ga.step, gb.step) and torch.equal(ga.offset, gb.offset), n
+        moved += int((codes_of(ra, kind) != codes_of(rb, kind)).sum())
+    assert moved > 1000
+    # the output error of one layer's MLP down projection on the calibration inputs
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    seen = []
+    h = model.model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, x: seen.append(x[0].reshape(-1, 512)))
+    with torch.no_grad():
+        model(input_ids=ids)
+    h.remove()
+    X = torch.cat(seen)
+    W = model.model.layers[0].mlp.down_proj.weight.detach()
+    kind = GgmlType(gptq.types["blk.0.ffn_down.weight"].lower())
+    err = {}
+    for label, t in (("rtn", a), ("gptq", b)):
+        data = torch.from_numpy(np.asarray(t["blk.0.ffn_down.weight"].data).copy()).reshape(W.shape[0], -1)
+        err[label] = float(((X @ (W - decode(data, kind)).T) ** 2).sum())
+    assert err["gptq"] < 0.9 * err["rtn"], err

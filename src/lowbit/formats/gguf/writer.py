@@ -58,12 +58,14 @@ def facts_of(plan, has_importance: bool = False) -> ModelFacts:
 @dataclass
 class WriteReport:
     """What was written: the file, its size, the type of every tensor (GGUF name -> type name),
-    and the seconds the whole run took."""
+    the tensors assembled from rows encoded before writing (``encoded``: GPTQ's), and the seconds
+    the whole run took."""
 
     path: Path
     size_bytes: int
     types: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    from_encoded: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -113,11 +115,15 @@ def encode_rows(values: torch.Tensor, kind: GgmlType, name: str, groups=None) ->
 def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callable[[str], Any],
                types: Mapping[str, GgmlType | str | None], *, file_type: Mix | None = None,
                importance: Mapping[str, torch.Tensor] | None = None,
+               encoded: Mapping[str, tuple[GgmlType, torch.Tensor]] | None = None,
                progress: Callable[[str], None] | None = None) -> WriteReport:
     """Write ``plan`` to the file ``out``. ``weights``: HF name -> float tensor of every source
     of a RowMap; ``types``: GGUF name -> GgmlType, ``F16`` or None (kept as the converter
     wrote it) for every tensor; ``importance``: HF weight name -> float32 [in] (or [E, in] for
-    stacked experts), llama-imatrix's statistic. Nothing is left at ``out`` on an error."""
+    stacked experts), llama-imatrix's statistic; ``encoded``: HF weight name -> (GGML type, its
+    rows already encoded, uint8 [..., row bytes]): a tensor whose every source is there in its
+    type is assembled from those rows (e.g. GPTQ's codes on the type's grid), not encoded again.
+    Nothing is left at ``out`` on an error."""
     import gguf
 
     out = Path(out)
@@ -137,6 +143,12 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
             kind = types.get(t.name)
             if progress is not None:
                 progress(t.name)
+            if isinstance(kind, GgmlType) and _all_encoded(t, kind, encoded):  # rows encoded already
+                data = t.gather(lambda n: encoded[n][1]).numpy()
+                writer.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType[kind.name])
+                report.types[t.name] = kind.name
+                report.from_encoded.append(t.name)
+                continue
             if isinstance(t, RowMap):  # rows of HF weights
                 values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: _float(get(n), n))))
                 groups = _rows_importance(t, importance) if importance and isinstance(kind, GgmlType) else None
@@ -168,6 +180,12 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
         raise
     report.size_bytes = out.stat().st_size
     return report
+
+
+def _all_encoded(t, kind: GgmlType, encoded) -> bool:
+    """Whether every source of the RowMap ``t`` comes encoded in ``kind``."""
+    return (bool(encoded) and isinstance(t, RowMap)
+            and all(n in encoded and encoded[n][0] is kind for n in t.sources))
 
 
 def _float(t: Any, name: str) -> torch.Tensor:

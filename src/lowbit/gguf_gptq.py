@@ -1,0 +1,107 @@
+"""GPTQ within GGML's grids for a GGUF file: the calibrated rounding of ``quantize_gguf``.
+
+For every weight that goes whole into tensors of one affine GGML type (``lowbit.numerics.ggml_codes``:
+Q8_0, Q4_0 ... Q5_1, Q2_K ... Q6_K), the type's importance-weighted scale search (llama.cpp's,
+``quantize_<type>`` with the importance matrix) chooses the stored scales and mins, exactly as
+without GPTQ; then GPTQ (``lowbit.algorithms.gptq_grid``) picks the codes under those scales,
+column by column, spreading each column's error over the later ones through the layer's input
+Hessian. The file keeps llama.cpp's layout, scales and types: only codes differ.
+
+Hessians come from the float model on the calibration windows (every linear sees float inputs,
+not the outputs of quantized layers before it). They are gathered for a slice of the linears per
+forward pass, at most ``max_hessian_bytes`` of float64 sums at a time (one pass for a small
+model, several for a large one), and freed once the slice's weights are encoded.
+
+Not rounded by GPTQ (encoded by the writer with their importance vectors, listed in the report):
+weights of a type without affine codes (MXFP4, NVFP4), stacked experts [E, out, in] (one
+Hessian per expert is not gathered), weights whose rows go to tensors of two types, and tensors
+the mix leaves in float.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn as nn
+
+from lowbit.algorithms.gptq import GPTQOptions
+from lowbit.algorithms.gptq_grid import gptq_on_grid
+from lowbit.calibration.importance import input_statistics
+from lowbit.formats.gguf.rowmap import RowMap
+from lowbit.numerics.ggml import GgmlType, encode
+from lowbit.numerics.ggml_codes import AFFINE, grid_of, with_codes
+from lowbit.threads import one_thread
+
+
+def source_types(plan, types: Mapping[str, Any]) -> dict[str, GgmlType]:
+    """HF weight name -> the affine GGML type of the GGUF tensors its rows go to (weights whose rows
+    go to tensors of two types, or of a type without affine codes, are left out)."""
+    seen: dict[str, set] = {}
+    for t in plan.tensors:
+        kind = types.get(t.name)
+        if isinstance(t, RowMap) and isinstance(kind, GgmlType):
+            for s in t.sources:
+                seen.setdefault(s, set()).add(kind)
+    return {s: next(iter(k)) for s, k in seen.items() if len(k) == 1 and next(iter(k)) in AFFINE}
+
+
+def weight_names(model: nn.Module) -> dict[str, list[str]]:
+    """linear name -> the parameter names of its weight (a tied weight has several)."""
+    names: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    return {n: names.get(id(m.weight), [f"{n}.weight"]) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def slices(model: nn.Module, linears: list[str], max_bytes: int) -> list[list[str]]:
+    """``linears`` in model order, cut into slices whose float64 Hessians fit in ``max_bytes``
+    (a linear larger than that is a slice of its own)."""
+    out: list[list[str]] = [[]]
+    used = 0
+    for n in linears:
+        size = 8 * model.get_submodule(n).in_features ** 2
+        if out[-1] and used + size > max_bytes:
+            out.append([])
+            used = 0
+        out[-1].append(n)
+        used += size
+    return [s for s in out if s]
+
+
+def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str], Any],
+                 kinds: Mapping[str, GgmlType], *, options: GPTQOptions, batch_size: int,
+                 max_hessian_bytes: int = 4 << 30,
+                 progress: Callable[[str], None] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
+    """(importance: HF weight name -> llama-imatrix's vector, for every linear; encoded: HF weight
+    name -> (GGML type, uint8 rows) for the weights of ``kinds`` GPTQ rounded). ``weights``: HF
+    name -> float tensor (the checkpoint's values the writer would encode)."""
+    from lowbit.formats.gguf.writer import _float
+
+    names = weight_names(model)
+    importance: dict[str, torch.Tensor] = {}
+    encoded: dict[str, tuple] = {}
+    linears = list(names)
+    for part in slices(model, linears, max_hessian_bytes):
+        want = [n for n in part if any(w in kinds for w in names[n])]
+        imp, hess = input_statistics(model, tokens, batch_size=batch_size, names=part, hessians=bool(want))
+        for n in part:
+            for w in names[n]:
+                importance[w] = imp[n]
+        for n in want:
+            H = hess[n].value()
+            for w in names[n]:
+                if w not in kinds:
+                    continue
+                if progress is not None:
+                    progress(w)
+                kind = kinds[w]
+                W = _float(weights(w), w)
+                if W.dim() != 2:
+                    continue
+                with one_thread():
+                    data = encode(W, kind, w, importance=imp[n])
+                    codes = gptq_on_grid(W, H, grid_of(data, kind), options, w)
+                    encoded[w] = (kind, with_codes(data, kind, codes))
+        del hess
+    return importance, encoded
