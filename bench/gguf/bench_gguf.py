@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--calib-chunks", type=int, default=16, help="calibration windows of --ctx tokens, both tools")
     ap.add_argument("--eval-chars", type=int, default=60000)
     ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--tokenizer-from", default=None, help="a GGUF file whose tokenizer keys the files take "
+                    "(a model expanded from a published GGUF, e.g. Gemma-3-270M)")
     a = ap.parse_args()
 
     import torch
@@ -116,7 +118,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     f32 = out / "model-f32.gguf"
-    write_gguf(plan_gguf(src), f32, SafetensorsFolder(src), {})
+    write_gguf(plan_gguf(src, tokenizer_from=a.tokenizer_from), f32, SafetensorsFolder(src), {})
     rows.append({"file": "float32 (lowbit writer)", "size": f32.stat().st_size, "seconds": time.perf_counter() - t0})
     base = out / "base.kld"
     res, _ = run([str(tools / "llama-perplexity"), "-m", str(f32), "-f", str(evalt), "-c", str(a.ctx), "-t", "2",
@@ -134,7 +136,7 @@ def main() -> None:
 
     for mix in a.mixes.split(","):
         ours = out / f"lowbit-{mix}.gguf"
-        r = quantize_gguf(src, ours, mix, overwrite=True, progress=False)
+        r = quantize_gguf(src, ours, mix, overwrite=True, progress=False, tokenizer_from=a.tokenizer_from)
         theirs = out / f"llama-{mix}.gguf"
         _, t_q = run([str(tools / "llama-quantize"), str(f32), str(theirs), mix, "2"], out / f"quantize-{mix}.log")
         checks[mix] = compare_files(ours, theirs)
@@ -148,6 +150,7 @@ def main() -> None:
                                 ("gptq", "importance-weighted search, then GPTQ codes (default)")):
             ours_i = out / f"lowbit-{mix}-{rounding}.gguf"
             r = quantize_gguf(src, ours_i, mix, calibration=str(calib), overwrite=True, progress=False,
+                              tokenizer_from=a.tokenizer_from,
                               config=CalibrationConfig(num_samples=a.calib_chunks, seq_len=a.ctx,
                                                        weight_rounding=rounding))
             score(ours_i, f"lowbit {mix} ({label})", r.seconds)

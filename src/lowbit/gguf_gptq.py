@@ -20,6 +20,7 @@ the mix leaves in float.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
 import torch
@@ -69,6 +70,20 @@ def slices(model: nn.Module, linears: list[str], max_bytes: int) -> list[list[st
     return [s for s in out if s]
 
 
+def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tensor, hessian: torch.Tensor,
+           options: GPTQOptions, name: str) -> torch.Tensor | None:
+    """Weight ``name``'s rows encoded in ``kind``: the importance-weighted search's scales, GPTQ's
+    codes (None for a weight that is not a matrix: stacked experts keep the writer's encoding)."""
+    from lowbit.formats.gguf.writer import _float
+
+    W = _float(weights(name), name)
+    if W.dim() != 2:
+        return None
+    data = encode(W, kind, name, importance=importance)
+    codes = gptq_on_grid(W, hessian, grid_of(data, kind), options, name)
+    return with_codes(data, kind, codes)
+
+
 def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str], Any],
                  kinds: Mapping[str, GgmlType], *, options: GPTQOptions, batch_size: int,
                  max_hessian_bytes: int = 4 << 30,
@@ -76,8 +91,6 @@ def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str]
     """(importance: HF weight name -> llama-imatrix's vector, for every linear; encoded: HF weight
     name -> (GGML type, uint8 rows) for the weights of ``kinds`` GPTQ rounded). ``weights``: HF
     name -> float tensor (the checkpoint's values the writer would encode)."""
-    from lowbit.formats.gguf.writer import _float
-
     names = weight_names(model)
     importance: dict[str, torch.Tensor] = {}
     encoded: dict[str, tuple] = {}
@@ -88,20 +101,18 @@ def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str]
         for n in part:
             for w in names[n]:
                 importance[w] = imp[n]
-        for n in want:
-            H = hess[n].value()
-            for w in names[n]:
-                if w not in kinds:
-                    continue
+        jobs = [(w, n) for n in want for w in names[n] if w in kinds]
+        full = {id(h): h for h in hess.values()}
+        full = {k: h.value() for k, h in full.items()}  # linears reading one input share it
+        workers = max(1, torch.get_num_threads())
+        with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = [(w, pool.submit(_round, weights, kinds[w], imp[n], full[id(hess[n])], options, w))
+                       for w, n in jobs]
+            for w, f in futures:
                 if progress is not None:
                     progress(w)
-                kind = kinds[w]
-                W = _float(weights(w), w)
-                if W.dim() != 2:
-                    continue
-                with one_thread():
-                    data = encode(W, kind, w, importance=imp[n])
-                    codes = gptq_on_grid(W, H, grid_of(data, kind), options, w)
-                    encoded[w] = (kind, with_codes(data, kind, codes))
-        del hess
+                got = f.result()  # in order: the first error is raised
+                if got is not None:
+                    encoded[w] = (kinds[w], got)
+        del hess, full
     return importance, encoded

@@ -131,15 +131,19 @@ def gguf_rounding(config) -> WeightRounding:
 
 def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = "Q4_K_M", *, calibration=None,
                   tokenizer=None, config=None, overrides: Mapping[str, str] | None = None,
-                  progress: bool | None = None, overwrite: bool = False):
+                  progress: bool | None = None, overwrite: bool = False,
+                  tokenizer_from: str | os.PathLike | None = None):
     """Quantize the float checkpoint folder ``src`` into the GGUF file ``out``; returns the
     ``WriteReport`` (path, size, every tensor's type, seconds).
 
     scheme: a llama-quantize mix (Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S,
         Q2_K, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4_MOE) or one GGML type for every tensor (q4_k, nvfp4...).
-    calibration: text for the importance matrix (as ``lowbit.quantize`` takes it; None: llama.cpp's
-        reference rounding, no importance); ``config``: a ``CalibrationConfig`` for its windows.
+    calibration: text for the importance matrix and GPTQ (as ``lowbit.quantize`` takes it; None:
+        llama.cpp's reference rounding, no importance); ``config``: a ``CalibrationConfig`` for its
+        windows and ``weight_rounding`` (default GPTQ, ``gguf_rounding``).
     overrides: {regex on GGUF tensor names: GGML type}, llama-quantize's ``--tensor-type``.
+    tokenizer_from: a GGUF file whose ``tokenizer.*`` keys the file takes (for a tokenizer the
+        converter cannot read from the folder, e.g. one expanded from a published GGUF).
     FormatError naming the file, tensor or option; nothing is left at ``out`` on an error."""
     from lowbit.calibration.config import CalibrationConfig
     from lowbit.formats.gguf.convert import plan_gguf
@@ -151,7 +155,7 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     target = parse_target(scheme)
     parse_overrides(overrides)  # a bad pattern before any work
     check_output(src, out, overwrite)
-    plan = plan_gguf(src)
+    plan = plan_gguf(src, tokenizer_from=tokenizer_from)
     importance, encoded = None, {}
     types = tensor_types(plan, target, calibration is not None, overrides)
     if calibration is not None:

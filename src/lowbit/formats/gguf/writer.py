@@ -139,27 +139,22 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
             writer.add_file_type(int(getattr(gguf.LlamaFileType, f"MOSTLY_{Mix.parse(file_type).value}")))
         if "general.quantization_version" not in plan.metadata:
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        coded = _encode_all(plan, types, get, importance, encoded)
         for t in plan.tensors:
             kind = types.get(t.name)
             if progress is not None:
                 progress(t.name)
-            if isinstance(kind, GgmlType) and _all_encoded(t, kind, encoded):  # rows encoded already
-                data = t.gather(lambda n: encoded[n][1]).numpy()
-                writer.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType[kind.name])
+            if isinstance(kind, GgmlType):
+                writer.add_tensor(t.name, coded.pop(t.name), raw_dtype=gguf.GGMLQuantizationType[kind.name])
                 report.types[t.name] = kind.name
-                report.from_encoded.append(t.name)
+                if _all_encoded(t, kind, encoded):
+                    report.from_encoded.append(t.name)
                 continue
             if isinstance(t, RowMap):  # rows of HF weights
                 values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: _float(get(n), n))))
-                groups = _rows_importance(t, importance) if importance and isinstance(kind, GgmlType) else None
             else:
                 values = torch.from_numpy(np.ascontiguousarray(t.array))
-                groups = None
-            if isinstance(kind, GgmlType):
-                data = encode_rows(values.to(torch.float32), kind, t.name, groups)
-                writer.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType[kind.name])
-                report.types[t.name] = kind.name
-            elif kind == F16:
+            if kind == F16:
                 writer.add_tensor(t.name, values.to(torch.float16).numpy())
                 report.types[t.name] = "F16"
             elif isinstance(t, RowMap):
@@ -180,6 +175,32 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
         raise
     report.size_bytes = out.stat().st_size
     return report
+
+
+def _encode_all(plan, types, get, importance, encoded) -> dict[str, np.ndarray]:
+    """GGUF name -> bytes of every tensor of a GGML type: rows given in ``encoded`` gathered, the
+    others encoded, tensors in parallel on one intra-op thread each (the encoders are many small
+    operations: a second thread per operation costs more than it saves; several tensors at once use
+    the cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lowbit.threads import one_thread
+
+    def job(t, kind):
+        if _all_encoded(t, kind, encoded):
+            return t.gather(lambda n: encoded[n][1]).numpy()
+        if isinstance(t, RowMap):
+            values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: _float(get(n), n))))
+            groups = _rows_importance(t, importance) if importance else None
+        else:
+            values, groups = torch.from_numpy(np.ascontiguousarray(t.array)), None
+        return encode_rows(values.to(torch.float32), kind, t.name, groups)
+
+    jobs = [(t, types[t.name]) for t in plan.tensors if isinstance(types.get(t.name), GgmlType)]
+    workers = max(1, torch.get_num_threads())
+    with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [(t.name, pool.submit(job, t, kind)) for t, kind in jobs]
+        return {name: f.result() for name, f in futures}  # in order: the first error is raised
 
 
 def _all_encoded(t, kind: GgmlType, encoded) -> bool:
