@@ -179,6 +179,13 @@ class CalibrationConfig:
         ``default_layer_inputs(self.rounding_for(scheme))``."""
         return self.layer_inputs if self.layer_inputs is not None else default_layer_inputs(self.rounding_for(scheme))
 
+    def inputs_for_all(self, schemes: list[Scheme]) -> LayerInputs:
+        """What layers are calibrated on for linears of ``schemes``: ``inputs_for`` of each; with
+        several schemes whose defaults differ, the quantized model's outputs (what the GPTQ or
+        reconstructed schemes want; the others' static scales are then set on the inputs they see)."""
+        seen = {self.inputs_for(s) for s in schemes}
+        return seen.pop() if len(seen) == 1 else LayerInputs.QUANTIZED
+
     def reconstruct_iters_for(self, scheme: Scheme) -> int:
         """Reconstruction steps per layer for ``scheme``: the number asked for, else
         ``default_reconstruct_iters(scheme, self.rounding_for(scheme))``."""
