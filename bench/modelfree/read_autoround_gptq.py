@@ -23,7 +23,7 @@ import torch
 
 import lowbit
 from lowbit.files.folder import read_config
-from lowbit.model_quant import quantize_rtn
+from lowbit.model_quant import every_linear, quantize_rtn
 from lowbit.modules import QuantLinear
 from lowbit.quant import dequantize
 from lowbit.schemes import WeightObserver, QuantSpec, Scheme
@@ -74,7 +74,8 @@ def main() -> None:
         bits = scheme.weights.bits
         own = Scheme(f"int{bits}-g{a.scheme_group}", QuantSpec(f"int{bits}", "group", a.scheme_group,
                                                                observer=WeightObserver.FULL_RANGE), None)
-        lb = quantize_rtn(float_model(a.src), own, ignore=["lm_head"])
+        lb = float_model(a.src)
+        quantize_rtn(lb, every_linear(lb, own, ignore=["lm_head"]))
         lowbit.use_backend(lb, "reference")
         res["lowbit"] = f"quantize_rtn {own.weights.describe()} (in memory)"
     lb_l = layers(lb)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import lowbit
-from lowbit.model_quant import quantize_rtn
+from lowbit.model_quant import every_linear, quantize_rtn
 from lowbit.report.compare import set_backends
 from lowbit.errors import SchemeError
 from lowbit.schemes import PRESETS, WeightObserver, Scheme
@@ -84,7 +84,7 @@ def main() -> None:
             scheme = with_observer(name, obs)
             m = copy.deepcopy(model)
             t = time.perf_counter()
-            quantize_rtn(m, scheme)
+            quantize_rtn(m, every_linear(m, scheme))
             rtn_s = time.perf_counter() - t
             if scheme.needs_calibration:
                 m = lowbit.quantize(copy.deepcopy(model), scheme, "builtin", tokenizer=tok,

@@ -9,7 +9,6 @@ changes the docs at the next build.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 
@@ -57,14 +56,17 @@ def scheme_defaults() -> str:
 
 
 def calibration_config() -> str:
-    """CalibrationConfig's fields and their defaults (None: derived per scheme or by the field's own rule)."""
+    """CalibrationConfig's options, the part holding each, and their defaults (None: derived per
+    scheme or by the option's own rule)."""
     from lowbit.calibration import CalibrationConfig
+    from lowbit.calibration.config_parts import PART_OF
 
-    rows = []
-    for f in dataclasses.fields(CalibrationConfig):
-        d = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        rows.append([f"`{f.name}`", f"`{getattr(d, 'value', d)}`"])
-    return _table(["field", "default"], rows)
+    rows = [[f"`{name}`", f"`{part}`", f"`{getattr(d, 'value', d)}`"]
+            for name, part in PART_OF.items() for d in [getattr(CalibrationConfig, name)]]
+    for name in ("layer_inputs", "rotation"):  # the config's own fields
+        d = getattr(CalibrationConfig(), name)
+        rows.append([f"`{name}`", "-", f"`{getattr(d, 'value', d)}`"])
+    return _table(["option", "part", "default"], rows)
 
 
 def calibration_presets() -> str:

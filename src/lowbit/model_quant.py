@@ -1,4 +1,6 @@
-"""Quantize a model in memory: ``lowbit.quantize(model, scheme, ...)``.
+"""Quantize a model in memory: ``lowbit.quantize(model, scheme, ...)`` resolves its arguments
+into an ``InMemoryPlan`` (around the ``lowbit.method.Method`` every path shares) and runs it
+(``run_in_memory``).
 
 Without calibration this is plain round-to-nearest of every target linear (the model-free
 path must reproduce it bit for bit). NVFP4 weight global scales are shared across fused
@@ -8,6 +10,7 @@ siblings (q/k/v, gate/up): the amax is taken over the group.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -19,29 +22,23 @@ from lowbit.fusion import shared_weight_global_scales
 from lowbit.kvcache import DEFAULT_KV_CACHE, check_kv_cache
 from lowbit.modules import QuantLinear
 from lowbit.linearize import linearize
-from lowbit.algorithms import WeightRounding
 from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
+from lowbit.method import CalibrationChoice, Method, TargetChoice, resolve_method
 from lowbit.recipes import Assignment
-from lowbit.recipes.plan import plan as recipe_plan, recipe_of
 from lowbit.schemes import Scheme, get_scheme
-from lowbit.algorithms.smoothquant.defaults import DEFAULT, scheme_alphas
+from lowbit.algorithms.smoothquant.defaults import DEFAULT
 from lowbit.targets import (
     READ_DIRECTLY, float_weights, matmul_targets, quantizable_linears, set_submodule, survey_weights,
 )
 
 
 @torch.no_grad()
-def quantize_rtn(model: nn.Module, scheme: "Scheme | str | Assignment", *, ignore: Iterable[str] = (),
-                 include_lm_head: bool = False, names: list[str] | None = None) -> nn.Module:
-    """Replace target linears with QuantLinear by round-to-nearest (no activation scales); every
-    layer gets the automatic backend. ``scheme``: an ``Assignment`` (a scheme per linear name; its
-    names are the ones quantized), or one scheme for ``names`` (default: every quantizable linear
-    not in ``ignore``)."""
+def quantize_rtn(model: nn.Module, assign: Assignment) -> nn.Module:
+    """Replace the linears of ``assign`` (a scheme per linear name: ``lowbit.recipes.plan``; one
+    scheme for all is ``Assignment.of_one``) with QuantLinear by round-to-nearest (no activation
+    scales); every layer gets the automatic backend."""
     linearize(model)
-    if not isinstance(scheme, Assignment):
-        one = get_scheme(scheme)
-        scheme = Assignment.of_one(one, quantizable_linears(model, ignore, include_lm_head) if names is None else names)
-    schemes = dict(scheme)
+    schemes = dict(assign)
     linears = {n: model.get_submodule(n) for n in schemes}
     gscales: dict[str, torch.Tensor] = {}
     for s in dict.fromkeys(schemes.values()):  # fused siblings share one scheme (recipes.resolve)
@@ -53,10 +50,11 @@ def quantize_rtn(model: nn.Module, scheme: "Scheme | str | Assignment", *, ignor
     return model
 
 
-def _plan(model: nn.Module, scheme, ignore: Iterable[str], include_lm_head: bool) -> Assignment:
-    """``scheme`` (a Scheme or a recipe) as the Assignment of the model's quantizable linears:
-    ``lowbit.recipes.plan``, the rule the streamed and model-free paths follow too."""
-    return recipe_plan(recipe_of(scheme), quantizable_linears(model, ignore, include_lm_head))
+def every_linear(model: nn.Module, scheme, ignore: Iterable[str] = (), include_lm_head: bool = False) -> Assignment:
+    """``scheme`` (a preset name or Scheme) for every quantizable linear of ``model`` not in
+    ``ignore``: the one-scheme Assignment ``quantize_rtn`` takes (MoE experts split first)."""
+    linearize(model)
+    return Assignment.of_one(get_scheme(scheme), quantizable_linears(model, ignore, include_lm_head))
 
 
 def check_targets(model: nn.Module, ignore: Iterable[str], include_lm_head: bool, allow_unquantized: bool,
@@ -113,13 +111,14 @@ def _refuse_quantized(model: nn.Module) -> None:
             f"place, so quantize a fresh float model (load it again, or copy.deepcopy it before quantizing)")
 
 
-def calibrates(scheme: Scheme, smoothquant, cfg) -> bool:
-    """Whether quantizing ``scheme`` runs calibration: static activation scales, SmoothQuant (an
-    alpha resolved by ``scheme_alphas``, or "auto"), GPTQ weights (``cfg.rounding_for``) or block
-    reconstruction (``cfg.reconstruct_iters_for``). The one
-    rule ``quantize``, ``lowbit quantize`` and ``compare`` follow."""
-    return scheme.needs_calibration or smoothquant is not None or cfg.rounding_for(scheme) is WeightRounding.GPTQ \
-        or cfg.reconstruct_iters_for(scheme) > 0
+@dataclass(frozen=True)
+class InMemoryPlan:
+    """An in-memory run, decided: how it quantizes (``lowbit.method.Method``), which weights, and
+    the KV cache (None, or "fp8" checked by ``check_kv_cache``)."""
+
+    method: Method
+    targets: TargetChoice = TargetChoice()
+    kv_cache: str | None = DEFAULT_KV_CACHE
 
 
 def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *, smoothquant=DEFAULT,
@@ -183,64 +182,55 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     keeps any of them RTN. The calibration report
     is left on ``model.lowbit_calibration``.
     """
-    from lowbit.calibration import LayerwiseCalibrator
-    from lowbit.calibration.config import calibration_config
-
     kv_cache = check_kv_cache(kv_cache)
     _check_float_states(float_states)
+    choice = CalibrationChoice(calibration, tokenizer, smoothquant, config, preset, calibration_options)
     if scheme is None and kv_cache is not None:
-        return _kv_only(model, calibration, tokenizer, kv_cache, config, preset, calibration_options)
-    scheme = recipe_of(scheme)  # an unknown preset: SchemeError; a malformed recipe: RecipeError
+        return _kv_only(model, choice, kv_cache)
+    plan = InMemoryPlan(resolve_method(scheme, choice), TargetChoice(tuple(ignore), include_lm_head, allow_unquantized),
+                        kv_cache)
+    return run_in_memory(model, plan, progress=progress, float_states=float_states)
+
+
+def run_in_memory(model: nn.Module, plan: InMemoryPlan, progress: bool | None = None,
+                  float_states=None) -> nn.Module:
+    """Quantize ``model`` in place under ``plan`` (``lowbit.quantize``'s run, after its resolve
+    step; ``lowbit compare`` and ``lowbit quantize --in-memory`` call it with their own plan)."""
+    from lowbit.calibration import LayerwiseCalibrator
+
+    method, t, kv_cache = plan.method, plan.targets, plan.kv_cache
     _refuse_quantized(model)
     if kv_cache is not None:
         from lowbit.kvcache.calibrate import check_kv_model
 
         check_kv_model(model, kv_cache)  # before any work
     linearize(model)
-    survey = survey_weights(model, ignore, include_lm_head)
-    ignore = _set_apart(ignore, survey)
-    assign = _plan(model, scheme, ignore, include_lm_head)
+    survey = survey_weights(model, t.ignore, t.include_lm_head)
+    ignore = _set_apart(t.ignore, survey)
+    assign = method.assignment(quantizable_linears(model, ignore, t.include_lm_head))
     schemes = assign.distinct
-    left = check_targets(model, ignore, include_lm_head, allow_unquantized, survey)
-    try:
-        alphas = scheme_alphas(smoothquant, schemes)
-    except ValueError as e:
-        raise QuantizationError(str(e)) from None
-    smoothquant = next((a for a in alphas.values() if a is not None), None)
-    cfg = calibration_config(config, preset, calibration_options)
-    if calibration is None:
-        for s in schemes:
-            if s.needs_calibration:
-                raise QuantizationError(
-                    f"scheme {s.name} has static activation scales and needs calibration data "
-                    f"(pass calibration=...)"
-                )
-        if smoothquant is not None:
-            raise QuantizationError("smoothquant needs calibration data (pass calibration=...)")
-        if cfg.weight_rounding is WeightRounding.GPTQ:
-            raise QuantizationError(f"weight_rounding={cfg.weight_rounding.value!r} needs calibration data "
-                                    f"(pass calibration=...)")
-        if kv_cache is not None:
-            raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
+    left = check_targets(model, ignore, t.include_lm_head, t.allow_unquantized, survey)
+    cfg, choice = method.config, method.calibration
+    if not method.has_data:
+        method.check_without_data(schemes, kv_cache)
         _rotate(model, cfg)
         return _unquantized(quantize_rtn(model, assign), left, assign)
-    if not any(calibrates(s, alphas[s], cfg) for s in schemes):
+    if not method.calibrates(schemes):
         data = None
         if kv_cache is not None:
-            data = _calibration_data(calibration, tokenizer, cfg, kv_cache)
+            data = _calibration_data(choice, cfg, kv_cache)
         _rotate(model, cfg)
         quantize_rtn(model, assign)
         if kv_cache is not None:
             _calibrate_kv(model, data.ids, kv_cache, cfg)
         return _unquantized(model, left, assign)
-    data = _calibration_data(calibration, tokenizer, cfg, kv_cache)
+    data = _calibration_data(choice, cfg, kv_cache)
     _rotate(model, cfg)  # the float model, before SmoothQuant and calibration
     was_training = model.training
     model.eval()
     shared = float_states if cfg.rotation is DEFAULT_ROTATION else None  # a rotation changes the float layers
-    report = LayerwiseCalibrator(model, assign, cfg, alphas, float_states=shared).run(data.ids, list(assign),
-                                                                                     progress=progress,
-                                                                                     valid=data.valid)
+    report = LayerwiseCalibrator(model, assign, cfg, method.alphas_of(schemes),
+                                 float_states=shared).run(data.ids, list(assign), progress=progress, valid=data.valid)
     report.data = data.info.as_dict()
     model.train(was_training)
     model.lowbit_calibration = report
@@ -250,7 +240,7 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     return _unquantized(model, left, assign)
 
 
-def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, preset, options) -> nn.Module:
+def _kv_only(model: nn.Module, choice: CalibrationChoice, kv_cache: str) -> nn.Module:
     """``scheme=None`` with a KV cache: the weights stay float, only K and V are quantized (to
     measure the KV cache's own cost in memory; ``lowbit.save`` refuses a model without quantized
     layers)."""
@@ -259,23 +249,24 @@ def _kv_only(model: nn.Module, calibration, tokenizer, kv_cache: str, config, pr
 
     _refuse_quantized(model)
     check_kv_model(model, kv_cache)
-    cfg = calibration_config(config, preset, options)
+    cfg = calibration_config(choice.config, choice.preset, choice.options)
     if cfg.rotation is not DEFAULT_ROTATION:
         raise QuantizationError(f"rotation={cfg.rotation.value!r} rotates weights before quantizing them: pass a "
                                 f"weight scheme (scheme=None quantizes only the KV cache)")
-    if calibration is None:
+    if choice.data is None:
         raise QuantizationError(f"kv_cache={kv_cache!r} needs calibration data (pass calibration=...)")
-    _calibrate_kv(model, _calibration_data(calibration, tokenizer, cfg, kv_cache).ids, kv_cache, cfg)
+    _calibrate_kv(model, _calibration_data(choice, cfg, kv_cache).ids, kv_cache, cfg)
     model.lowbit_unquantized = []
     return model
 
 
-def _calibration_data(calibration, tokenizer, cfg, kv_cache):
-    """The calibration windows (``lowbit.calibration.calibration_set``) under ``cfg``'s data options;
-    padded windows with a KV cache are refused (its scales would count the padding)."""
+def _calibration_data(choice: CalibrationChoice, cfg, kv_cache):
+    """The calibration windows of ``choice``'s data (``lowbit.calibration.calibration_set``) under
+    ``cfg``'s data options; padded windows with a KV cache are refused (its scales would count the
+    padding)."""
     from lowbit.calibration import calibration_set
 
-    data = calibration_set(calibration, tokenizer, **cfg.data_options())
+    data = calibration_set(choice.data, choice.tokenizer, **cfg.data_options())
     if kv_cache is not None and data.valid is not None:
         raise QuantizationError("{kv} calibrates on packed windows only (its K/V scales would count the padding): "
                                 "pass {pack}", kv=OptionRef("kv_cache", kv_cache),

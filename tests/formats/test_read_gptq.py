@@ -13,7 +13,7 @@ from helpers.models import tiny_llama
 from lowbit.errors import FormatError
 from lowbit.formats import parse_quantization_config
 from lowbit.checkpoint.inspect import inspect_checkpoint
-from lowbit.model_quant import quantize_rtn
+from lowbit.model_quant import every_linear, quantize_rtn
 from lowbit.numerics import get_format
 from lowbit.kernels.bitpack import unpack_int32
 from lowbit.schemes import PRESETS, WeightObserver, QuantSpec, Scheme
@@ -56,7 +56,8 @@ def _config(**fields) -> dict:
 
 def _folder(tmp_path, scheme: Scheme, group: int, edit=None, **fields):
     """(reference model quantized by lowbit, folder with its layers packed as auto_gptq)."""
-    ref = quantize_rtn(tiny_llama(), scheme)
+    ref = tiny_llama()
+    quantize_rtn(ref, every_linear(ref, scheme))
     lowbit.use_backend(ref, "reference")
     tensors = float_tensors(tiny_llama())
     for n, m in quant_layers(ref).items():

@@ -18,7 +18,7 @@ from lowbit.errors import FormatError
 from lowbit.formats import get_layout, parse_quantization_config
 from lowbit.formats.autoround import fill_defaults
 from lowbit.fusion import fused_groups
-from lowbit.model_quant import quantize_rtn
+from lowbit.model_quant import every_linear, quantize_rtn
 from lowbit.modules import QuantLinear
 from lowbit.numerics import E4M3, INT8
 from lowbit.quant import dequantize, pack_nibbles, quantize
@@ -233,7 +233,8 @@ def test_autoround_llm_compressor_nvfp4(tmp_path):
 
 def test_autoround_fake_weight_only(tmp_path):
     scheme = Scheme("int4-g32", QuantSpec("int4", "group", 32), None)
-    ref = quantize_rtn(tiny_llama(), scheme)
+    ref = tiny_llama()
+    quantize_rtn(ref, every_linear(ref, scheme))
     lowbit.use_backend(ref, "reference")
     tensors = float_tensors(tiny_llama())
     for n, m in quant_layers(ref).items():

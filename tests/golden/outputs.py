@@ -73,7 +73,7 @@ def _calibration_ids():
 def _quantized(scheme: str):
     import lowbit
     from helpers.models import tiny_llama
-    from lowbit.model_quant import calibrates
+    from lowbit.method import calibrates
     from lowbit.calibration import CalibrationConfig
     from lowbit.schemes import get_scheme
 

@@ -63,12 +63,13 @@ def write_docs_model(path: Path) -> Path:
 
 
 def shrink_calibration(num_samples: int = DOCS_SAMPLES, seq_len: int = DOCS_SEQ_LEN) -> None:
-    """Make ``num_samples`` x ``seq_len`` the calibration budget of this process: CalibrationConfig's
-    defaults (its __init__ and the class attributes compare reads) and the presets' window counts.
-    Options a block passes explicitly still win."""
+    """Make ``num_samples`` x ``seq_len`` the calibration budget of this process: the defaults of
+    CalibrationConfig's data part (its __init__ and the class attributes ``CalibrationConfig.num_samples``
+    and compare read) and the presets' window counts. Options a block passes explicitly still win."""
     from lowbit.calibration import config as data
+    from lowbit.calibration.config_parts import DataConfig
 
-    cls = data.CalibrationConfig
+    cls = DataConfig
     names = [f.name for f in dataclasses.fields(cls)]
     defaults = list(cls.__init__.__defaults__)
     assert len(defaults) == len(names), "every CalibrationConfig field has a default"

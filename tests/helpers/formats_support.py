@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from helpers.models import tiny_llama
 from lowbit.fusion import fused_groups
-from lowbit.model_quant import quantize_rtn
+from lowbit.model_quant import every_linear, quantize_rtn
 from lowbit.modules import QuantLinear
 from lowbit.schemes import Dynamic, Scheme, get_scheme
 
@@ -37,7 +37,7 @@ def quantized_model(scheme: str | Scheme, dtype: torch.dtype = torch.float32, se
     gate/up, different between groups), as calibration would."""
     model = tiny_llama_as(dtype, seed=seed, **overrides)
     s = get_scheme(scheme)
-    quantize_rtn(model, s)
+    quantize_rtn(model, every_linear(model, s))
     a = s.input_activations
     layers = quant_layers(model)
     for i, group in enumerate(fused_groups(list(layers))):

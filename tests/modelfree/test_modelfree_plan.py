@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from lowbit.errors import FormatError, LowbitError
 from lowbit.modelfree import Checkpoint, Kind, make_plan
 from lowbit.modelfree.outshape import ShardFile
+from lowbit.recipes import Assignment
 from lowbit.files.regions import RegionWriter, create_shard_file, shard_file_matches
 from lowbit.schemes import get_scheme
 from lowbit.targets import quantizable_linears
@@ -39,7 +40,7 @@ def _arch(name: str):
 
 
 def _plan(folder: Path, scheme="nvfp4a16", **kw):
-    return make_plan(Checkpoint(folder), get_scheme(scheme), **kw)
+    return make_plan(Checkpoint(folder), Assignment.for_all(get_scheme(scheme)), **kw)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3", "gpt_neox"])

@@ -29,9 +29,10 @@ from lowbit.fusion import fused_groups
 
 @torch.no_grad()
 def before_layers(calib, names: list[str], tokens: torch.Tensor, first_layer: nn.Module,
-                  device: torch.device | None = None) -> None:
+                  masks: list[torch.Tensor] | None, device: torch.device | None = None) -> None:
     """Calibrate and quantize ``names`` (linears outside the decoder layers of ``calib.model``, a
-    ``LayerwiseCalibrator``) on their inputs before ``first_layer`` runs (module docstring)."""
+    ``LayerwiseCalibrator``) on their inputs before ``first_layer`` runs (module docstring);
+    ``masks``: per calibration batch, the positions that count (None: all)."""
     import time
 
     t0 = time.perf_counter()
@@ -55,7 +56,7 @@ def before_layers(calib, names: list[str], tokens: torch.Tensor, first_layer: nn
         try:
             with observing(mods, observe):
                 for b, i in enumerate(range(0, tokens.shape[0], bs)):
-                    current[0] = None if calib._masks is None else calib._masks[b]
+                    current[0] = None if masks is None else masks[b]
                     try:
                         model(input_ids=tokens[i:i + bs].to(device), use_cache=False)
                     except Stop:

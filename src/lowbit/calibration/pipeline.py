@@ -31,6 +31,7 @@ import dataclasses
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -64,12 +65,17 @@ from lowbit.targets import set_submodule
 from lowbit.threads import one_thread
 
 
-def _layer_inputs(cfg: CalibrationConfig, schemes: list[Scheme]) -> LayerInputs:
-    """What layers are calibrated on: ``cfg.inputs_for`` of the scheme(s); with several schemes
-    whose defaults differ, the quantized model's outputs (what the GPTQ/reconstructed schemes
-    want; the others' static scales are then set on the inputs they will see)."""
-    seen = {cfg.inputs_for(s) for s in schemes}
-    return seen.pop() if len(seen) == 1 else LayerInputs.QUANTIZED
+@dataclass
+class _RunState:
+    """What one ``LayerwiseCalibrator.run`` decided for its layers, passed to each step, and what
+    its layer loop carries (``index``, ``float_hidden``)."""
+
+    masks: list[torch.Tensor] | None = None       # per batch [B, T] bool: the positions that count (None: all)
+    run_on: torch.device | None = None            # each batch's device when activations are offloaded
+    layer_device: torch.device | None = None      # where each layer computes (None: where it is)
+    fs_key: tuple | None = None                   # the shared float states' key for this run (None: not used)
+    index: int = 0                                # the decoder layer being calibrated
+    float_hidden: list[torch.Tensor] | None = None  # the float model's hidden states (reconstruction targets)
 
 
 class LayerwiseCalibrator:
@@ -88,8 +94,6 @@ class LayerwiseCalibrator:
         self.model = model
         self.survey = survey  # a LayerSurvey: targets decided per loaded layer (streamed), or None
         self.float_states = float_states  # shared float hidden states (lowbit.calibration.float_states)
-        self._fs_key: tuple | None = None  # their key for this run; None: not used
-        self._index = 0  # the decoder layer being calibrated
         self.group = group or Group.single()  # ranks sharing the calibration batches (lowbit.dist)
         if isinstance(scheme, Scheme):  # one scheme for whatever linears run() is given
             self.assign, self.uniform, schemes = {}, scheme, [scheme]
@@ -99,16 +103,12 @@ class LayerwiseCalibrator:
         self.alphas = dict(smoothquant) if isinstance(smoothquant, dict) else {s: smoothquant for s in schemes}
         smoothquant = next((a for a in self.alphas.values() if a is not None), None)
         self.smoothquant = smoothquant
-        self._run_on: torch.device | None = None  # each batch's device when activations are offloaded
-        self._layer_device: torch.device | None = None  # where each layer computes (None: where it is)
-        self._float_hidden: list[torch.Tensor] | None = None  # the float model's, for reconstruction targets
-        self._masks: list[torch.Tensor] | None = None  # per batch [B, T] bool: the positions that count
         self.smoothing = smoothquant is not None
         # the family table: only where a layer's data flow cannot be read (smoothing_maps)
         self.table = mappings_for(model, include_mlp_inner=cfg.smooth_down_proj) if self.smoothing else None
         family = model_type(model)
         check_distributable(self.group, cfg, smoothquant)
-        self.inputs = _layer_inputs(cfg, schemes)
+        self.inputs = cfg.inputs_for_all(schemes)
         roundings = {s: cfg.rounding_for(s) for s in schemes}
         gptq = [s for s in schemes if roundings[s] is WeightRounding.GPTQ]
         label = "+".join(s.name for s in schemes)
@@ -152,7 +152,7 @@ class LayerwiseCalibrator:
         return GroupStats(obs, rows, hessian=self._gptq(scheme), deferred_hessian=self.group.rank > 0)
 
     def _observe_pass(self, root: nn.Module, groups: list[list[str]], inputs: Inputs,
-                      stats: dict[str, GroupStats], rel: dict[str, str],
+                      stats: dict[str, GroupStats], rel: dict[str, str], run: _RunState,
                       outputs: bool = False) -> list[torch.Tensor] | None:
         """Observe the groups' inputs; with ``outputs`` the layer runs to its end and its outputs
         are returned (the next layer's inputs under layer_inputs="float")."""
@@ -162,7 +162,7 @@ class LayerwiseCalibrator:
         # every expert observes every token; the routing of the outputs is kept
         with all_tokens(root), self.report.cost.timed(Phase.OBSERVE, len(inputs)):
             return observe_batches(root, inputs, mods, lambda n, x, m: stats[n].observe(x, sinks, seq, m),
-                                   self._masks, self._run_on, outputs)
+                                   run.masks, run.run_on, outputs)
 
     def _quantize_groups(self, root: nn.Module, groups: list[list[str]], rel: dict[str, str],
                          stats: dict[str, GroupStats] | None) -> None:
@@ -220,11 +220,12 @@ class LayerwiseCalibrator:
 
         hooks = hooks or InMemory()
         t0 = time.perf_counter()
-        self._masks = batch_masks(valid, tokens, self.cfg.batch_size)
+        run = _RunState(masks=batch_masks(valid, tokens, self.cfg.batch_size),
+                        run_on=hooks.device if hooks.offload else None, layer_device=hooks.device)
         fs = self.float_states
         if fs is not None and not self.smoothing and not self.group.distributed and not hooks.offload:
             key = fs.make_key(tokens, valid, self.cfg.batch_size)
-            self._fs_key = key if fs.matches(key) else None
+            run.fs_key = key if fs.matches(key) else None
         self.report.num_samples = int(tokens.shape[0])
         check_windows(self.group, tokens.shape[0], self.cfg.seq_len)  # several ranks: this rank's windows
         found = find_decoder_layers(self.model, names)
@@ -237,25 +238,21 @@ class LayerwiseCalibrator:
             inputs = calls.first
             outside = [n for n in names if not n.startswith(path + ".")]
             if outside and not hooks.whole_model:  # streamed: before the layers run (calibration.outside)
-                before_layers(self, outside, tokens, layers[0])
+                before_layers(self, outside, tokens, layers[0], run.masks)
                 done.update(outside)
             hooks.captured()
             # block reconstruction on quantized layer inputs aims at the float model's outputs:
             # the float model's hidden states are carried along (the float inputs otherwise are them)
-            self._float_hidden = None
             quantized_inputs = self.inputs is LayerInputs.QUANTIZED
             if quantized_inputs and self._reconstructs(names)[0] is not None:
-                self._float_hidden = [hidden_of(c) for c in inputs]
+                run.float_hidden = [hidden_of(c) for c in inputs]
             if saved is not None:  # a resumed run: the hidden states entering layer `first`
                 n = len(inputs)
                 inputs = [with_hidden(c, h) for c, h in zip(inputs, saved[:n])]
-                if self._float_hidden is not None:
-                    self._float_hidden = list(saved[n:])
+                if run.float_hidden is not None:
+                    run.float_hidden = list(saved[n:])
             if hooks.device is not None and not hooks.offload:
                 inputs = [move_call(c, hooks.device) for c in inputs]
-            self._run_on = hooks.device if hooks.offload else None
-            self._layer_device = hooks.device
-            float_inputs = self.inputs is LayerInputs.FLOAT
             show = sys.stderr.isatty() if progress is None else progress
             bar = tqdm(total=len(layers), initial=first, desc=f"calibrating {self.report.scheme}", unit="layer",
                        disable=not show, leave=False, file=sys.stderr)
@@ -264,22 +261,20 @@ class LayerwiseCalibrator:
                 prefix = f"{path}.{i}."
                 lnames = [n for n in names if n.startswith(prefix)]
                 more = i + 1 < len(layers)
-                self._index = i
+                run.index = i
                 inputs = calls.for_layer(i, inputs, hooks.device if not hooks.offload else None)
                 hooks.enter(i, layer)
-                outs = None
                 if lnames and self.survey is not None:
-                    lnames = self.survey.check(layer, prefix, lnames, inputs, self._run_on, self.group)
+                    lnames = self.survey.check(layer, prefix, lnames, inputs, run.run_on, self.group)
                 if lnames:
-                    outs = self._layer(layer, prefix, lnames, inputs, outputs=float_inputs and more, more=more)
+                    outs = self._layer(layer, prefix, lnames, inputs, run, more)
+                else:
+                    outs = self._next_inputs(layer, inputs, run) if more else None
                 if more:
-                    if outs is None:
-                        with _fast_backends(layer), self.report.cost.timed(Phase.NEXT_INPUTS, len(inputs)):
-                            outs = run_layer(layer, inputs, self._run_on)
                     inputs = [with_hidden(c, o) for c, o in zip(inputs, outs)]
-                if not lnames and self._float_hidden is not None:
-                    self._float_hidden = self._float_outputs(layer, inputs)
-                carried = [hidden_of(c) for c in inputs] + (self._float_hidden or [])
+                if not lnames and run.float_hidden is not None:
+                    run.float_hidden = self._float_outputs(layer, inputs, run)
+                carried = [hidden_of(c) for c in inputs] + (run.float_hidden or [])
                 hooks.leave(i, layer, carried if more else None)
                 bar.update(1)
             done.update(n for n in names if n.startswith(path + "."))
@@ -290,17 +285,23 @@ class LayerwiseCalibrator:
                           "SmoothQuant", stacklevel=3)
         rest = [n for n in names if n not in done]
         if rest:
-            self._whole_model(rest, tokens)
+            self._whole_model(rest, tokens, run.masks)
         self.report.seconds = time.perf_counter() - t0
         return self.report
 
-    def _layer(self, layer: nn.Module, prefix: str, lnames: list[str], inputs: Inputs,
-               outputs: bool = False, more: bool = True) -> list[torch.Tensor] | None:
-        """Calibrate and quantize one layer; with ``outputs``, return the float layer's outputs
-        (computed by the observe pass, before smoothing, which leaves them unchanged); else, when
-        reconstruction ran, ``more`` layers follow and the layer's backends match the reference,
-        the quantized layer's outputs it computed (the ones ``run_layer`` would give, bit for bit);
-        else None."""
+    def _next_inputs(self, layer: nn.Module, inputs: Inputs, run: _RunState) -> list[torch.Tensor]:
+        """The (quantized) layer's outputs on ``inputs``: the next layer's inputs."""
+        with _fast_backends(layer), self.report.cost.timed(Phase.NEXT_INPUTS, len(inputs)):
+            return run_layer(layer, inputs, run.run_on)
+
+    def _layer(self, layer: nn.Module, prefix: str, lnames: list[str], inputs: Inputs, run: _RunState,
+               more: bool) -> list[torch.Tensor] | None:
+        """Calibrate and quantize one layer; return the hidden states the next layer takes (None
+        for the last layer, ``more`` False): under ``layer_inputs="float"`` the float layer's
+        outputs (computed by the observe pass, before smoothing, which leaves them unchanged); else
+        the quantized layer's, as ``run_layer`` gives them (those reconstruction computed, when the
+        layer's backends match the reference: the same bits)."""
+        outputs = self.inputs is LayerInputs.FLOAT and more
         rel = {n: n[len(prefix):] for n in lnames}
         groups = fused_groups(lnames)
         rep = same_input_groups(layer, [[rel[n] for n in g] for g in groups], [g[0] for g in groups])
@@ -308,18 +309,18 @@ class LayerwiseCalibrator:
         stats = {g[0]: self._new_stats(g[0]) for g in heads}
         for g in groups:
             stats[g[0]] = stats[rep.get(g[0], g[0])]  # the same object: one Hessian, one observer
-        outs = self._observe_pass(layer, heads, inputs, stats, rel, outputs=outputs)
+        outs = self._observe_pass(layer, heads, inputs, stats, rel, run, outputs=outputs)
         # several ranks: what one process observes (a rank holding no batch observed on the layer's device)
         reduce_stats(self.group, distinct(stats), next(layer.parameters()).device)
         if self.smoothing:
             with self.report.cost.timed(Phase.SMOOTH):
                 maps = smoothing_maps(layer, prefix, list(rel.values()), inputs, self.table, self.cfg.smooth_down_proj,
-                                      self.report, self._run_on, self.group)
+                                      self.report, run.run_on, self.group)
                 stale = smooth_layer(layer, rel, groups, stats, maps, self._scheme, self.alphas,
                                      self.report.groups, self.cfg.auto_alphas)
             if stale:
                 fresh = {k: self._new_stats(k) for k in stale}
-                self._observe_pass(layer, [g for g in heads if g[0] in fresh], inputs, fresh, rel)
+                self._observe_pass(layer, [g for g in heads if g[0] in fresh], inputs, fresh, rel, run)
                 for g in groups:
                     head = rep.get(g[0], g[0])
                     if head in fresh:
@@ -327,22 +328,22 @@ class LayerwiseCalibrator:
         recon, rounded = self._reconstructs(lnames)
         if recon is not None:  # the float layer's weights and outputs, before quantization
             floats = {rel[n]: layer.get_submodule(rel[n]).weight.detach() for n in rounded}
-            if self._float_hidden is not None:  # the float layer on the float model's hidden states
-                targets = self._float_hidden = self._float_outputs(layer, inputs)
+            if run.float_hidden is not None:  # the float layer on the float model's hidden states
+                targets = run.float_hidden = self._float_outputs(layer, inputs, run)
             elif outs is not None:
                 targets = outs
             else:
                 with self.report.cost.timed(Phase.TARGETS, len(inputs)):
-                    targets = run_layer(layer, inputs, self._run_on)
-        elif self._float_hidden is not None:  # not reconstructed (mixed recipes): the float states advance
-            self._float_hidden = self._float_outputs(layer, inputs)
+                    targets = run_layer(layer, inputs, run.run_on)
+        elif run.float_hidden is not None:  # not reconstructed (mixed recipes): the float states advance
+            run.float_hidden = self._float_outputs(layer, inputs, run)
         with self.report.cost.timed(Phase.QUANTIZE):
             self._quantize_groups(layer, groups, rel, stats)
-        if self._layer_device is not None:
-            layer.to(self._layer_device)  # the quantized linears are built where their weights were
+        if run.layer_device is not None:
+            layer.to(run.layer_device)  # the quantized linears are built where their weights were
         if recon is not None:
-            r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on, self.group,
-                                  masks=self._masks)
+            r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, run.run_on, self.group,
+                                  masks=run.masks)
             cost = self.report.cost
             cost.add(Phase.RECONSTRUCT_STEPS, r.step_seconds, r.steps)
             cost.add(Phase.RECONSTRUCT_EVALS, r.eval_seconds, r.eval_calls)
@@ -356,25 +357,28 @@ class LayerwiseCalibrator:
                 # the outputs of the codes kept, as the layer's backends compute them: the next inputs
                 cost.reused_outputs += 1
                 return [o.to(hidden_of(c).device) for o, c in zip(r.outputs, inputs)]
-        return outs
+        if not more:
+            return None
+        return outs if outs is not None else self._next_inputs(layer, inputs, run)
 
-    def _float_outputs(self, layer: nn.Module, inputs: Inputs) -> list[torch.Tensor]:
+    def _float_outputs(self, layer: nn.Module, inputs: Inputs, run: _RunState) -> list[torch.Tensor]:
         """The (still float) layer's outputs on the float model's hidden states (those of
         ``float_states`` when they hold this layer's for this run's key; else computed, and
         kept there when given)."""
-        key, fs = self._fs_key, self.float_states
-        if key is not None and (kept := fs.get(self._index)) is not None:
+        key, fs = run.fs_key, self.float_states
+        if key is not None and (kept := fs.get(run.index)) is not None:
             self.report.cost.reused_float_states += 1
             return kept
-        calls = [with_hidden(c, h) for c, h in zip(inputs, self._float_hidden)]
+        calls = [with_hidden(c, h) for c, h in zip(inputs, run.float_hidden)]
         with _fast_backends(layer), self.report.cost.timed(Phase.TARGETS, len(calls)):
-            outs = run_layer(layer, calls, self._run_on)
+            outs = run_layer(layer, calls, run.run_on)
         if key is not None:
-            fs.put(key, self._index, outs)
+            fs.put(key, run.index, outs)
         return outs
 
-    def _whole_model(self, names: list[str], tokens: torch.Tensor) -> None:
-        """Linears outside the decoder layers: observe during full forwards, then quantize."""
+    def _whole_model(self, names: list[str], tokens: torch.Tensor, masks: list[torch.Tensor] | None) -> None:
+        """Linears outside the decoder layers: observe during full forwards (``masks``: per batch,
+        the positions that count), then quantize."""
         groups = fused_groups(names)
         rel = {n: n for n in names}
         stats = None
@@ -387,7 +391,7 @@ class LayerwiseCalibrator:
             with observing(mods, lambda n, x: stats[n].observe(x, sinks, 0, current[0])), \
                     _fast_backends(self.model), all_tokens(self.model):
                 for b, i in enumerate(range(0, tokens.shape[0], bs)):
-                    current[0] = None if self._masks is None else self._masks[b]
+                    current[0] = None if masks is None else masks[b]
                     self.model(input_ids=tokens[i:i + bs].to(device), use_cache=False)
         self._quantize_groups(self.model, groups, rel, stats)
         self.report.cost.add(Phase.WHOLE_MODEL, time.perf_counter() - t0)

@@ -65,7 +65,7 @@ def gguf_plan(o, plan_cls):
     config = CalibrationConfig(**sizes, **data, **({"weight_rounding": rounding} if rounding else {}))
     calibration = None if o.model_free else (calibration_arg(o.calib, weights) or "builtin")
     return plan_cls(source=folder, output=out, assignment=SchemePlan(label=label), checkpoint_format="gguf",
-                    path=RunPath.GGUF, calibration=calibration, config=config, smoothquant=None, alphas={},
+                    path=RunPath.GGUF, calibration=calibration, config=config, smoothquant=None, method=None,
                     kv_cache=None, ignore=(), allow_unquantized=False, overwrite=o.overwrite, workers=o.workers,
                     device=None, offload_activations=False, as_json=o.as_json)
 

@@ -74,7 +74,7 @@ class QuantizePlan:
     calibration: object          # lowbit.quantize's calibration= (None: the built-in text)
     config: object               # the CalibrationConfig (None on the model-free path)
     smoothquant: object          # the --smoothquant choice (lowbit.algorithms.smoothquant.defaults)
-    alphas: dict                 # the alpha each scheme gets
+    method: object               # the lowbit.method.Method (None: GGUF, or --target-bits until the choice)
     kv_cache: str | None
     ignore: tuple[str, ...]
     allow_unquantized: bool
@@ -83,12 +83,6 @@ class QuantizePlan:
     device: str | None
     offload_activations: bool
     as_json: bool
-
-    @property
-    def smoothquant_report(self):
-        """The alpha of a one-scheme run, or {scheme name: alpha} of a recipe (the summary's field)."""
-        sch = self.assignment.scheme
-        return self.alphas[sch] if sch is not None else {s.name: a for s, a in self.alphas.items()}
 
     @property
     def calibration_options_given(self) -> bool:
@@ -163,11 +157,10 @@ def _check_model_free(o: QuantizeOptions, c: _Calibration, assignment: SchemePla
                           "--model-free or give --scheme/--recipe")
 
 
-def _choose_path(o: QuantizeOptions, rotation, assignment: SchemePlan, cfg, alphas: dict, kv) -> RunPath:
-    """Streamed when the run calibrates and nothing needs the whole model; else in memory."""
-    from lowbit.model_quant import calibrates  # noqa: E402 (torch is imported from here on)
-
-    needs = any(calibrates(s, alphas[s], cfg) for s in assignment.schemes)
+def _choose_path(o: QuantizeOptions, rotation, assignment: SchemePlan, method, kv) -> RunPath:
+    """Streamed when the run calibrates (``method.calibrates``) and nothing needs the whole model;
+    else in memory."""
+    needs = method is not None and method.calibrates(method.schemes)
     rot = rotation is not None
     # a rotation rewrites the embeddings, every layer and lm_head together, and the automatic
     # choice runs the whole model forward and backward: the whole model is loaded
@@ -198,16 +191,15 @@ def resolve_plan(o: QuantizeOptions) -> QuantizePlan:
     if o.offload_activations and (o.model_free or o.in_memory):
         raise OptionError("--offload-activations applies to streamed calibration: drop --model-free/--in-memory")
     check_model_path(o.model)
-    from lowbit.algorithms.smoothquant.defaults import scheme_alphas
+    from lowbit.method import CalibrationChoice, resolve_method  # noqa: E402 (torch is imported from here on)
     from lowbit.models import resolve_model_path
 
     assignment = parse_plan(o.scheme, o.recipe, o.target_bits, o.candidates)
     src = model_arg(o.model)
     out = Path(o.output) if o.output else _default_output(src, assignment.label)
     sq_choice = parse_smoothquant(o.smoothquant)
-    alphas = scheme_alphas(sq_choice, assignment.schemes)
     calib = _Calibration.parse(o)
-    common = dict(output=out, assignment=assignment, checkpoint_format=o.checkpoint_format, smoothquant=sq_choice, alphas=alphas,
+    common = dict(output=out, assignment=assignment, checkpoint_format=o.checkpoint_format, smoothquant=sq_choice,
                   kv_cache=kv, ignore=tuple(o.ignore or ()), allow_unquantized=o.allow_unquantized,
                   overwrite=o.overwrite, workers=o.workers, device=o.device,
                   offload_activations=o.offload_activations, as_json=o.as_json)
@@ -215,9 +207,14 @@ def resolve_plan(o: QuantizeOptions) -> QuantizePlan:
         _check_model_free(o, calib, assignment, sq_choice, data_opts, kv)
         folder = resolve_model_path(src)
         _check_output(folder, out, o.overwrite)
-        return QuantizePlan(source=folder, path=RunPath.MODEL_FREE, calibration=None, config=None, **common)
+        method = resolve_method(assignment.given, CalibrationChoice())
+        return QuantizePlan(source=folder, path=RunPath.MODEL_FREE, calibration=None, config=None, method=method,
+                            **common)
     folder = resolve_model_path(src)
     _check_output(folder, out, o.overwrite)
     cfg = _calibration_config(o, calib, data_opts)
-    path = _choose_path(o, calib.rotation, assignment, cfg, alphas, kv)
-    return QuantizePlan(source=folder, path=path, calibration=calibration_arg(o.calib, weights), config=cfg, **common)
+    calibration = calibration_arg(o.calib, weights)
+    method = None if assignment.target_bits is not None else \
+        resolve_method(assignment.given, CalibrationChoice(calibration or "builtin", smoothquant=sq_choice, config=cfg))
+    path = _choose_path(o, calib.rotation, assignment, method, kv)
+    return QuantizePlan(source=folder, path=path, calibration=calibration, config=cfg, method=method, **common)

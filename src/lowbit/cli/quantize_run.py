@@ -45,24 +45,17 @@ def _leave(group) -> None:
 
 
 def _checkpoint(plan: QuantizePlan, group):
-    """The model-free or streamed run of ``plan`` on ``group``'s ranks, through the API's own resolve
-    step (``lowbit.streamed.plan_checkpoint``) and run (``run_checkpoint``)."""
-    from lowbit.streamed import CalibrationChoice, RunSettings, TargetChoice, plan_checkpoint, run_checkpoint
+    """The model-free or streamed run of ``plan`` on ``group``'s ranks: the API's own plan
+    (``lowbit.streamed.checkpoint_plan_of`` around the plan's Method) and run (``run_checkpoint``)."""
+    from lowbit.streamed import RunSettings, TargetChoice, checkpoint_plan_of, run_checkpoint
 
-    a = plan.assignment
-    if plan.path is RunPath.MODEL_FREE:
-        calib = CalibrationChoice()
-        scheme = a.scheme.name if a.scheme is not None else a.recipe
-    else:
-        calib = CalibrationChoice(plan.calibration or "builtin", smoothquant=plan.smoothquant, config=plan.config)
-        scheme = a.given
     settings = RunSettings(overwrite=plan.overwrite, workers=plan.workers, device=plan.device,
                            offload=plan.offload_activations, group=group,
                            progress=group.is_main if plan.path is RunPath.MODEL_FREE else
                            (None if group.is_main else False))
     targets = TargetChoice(ignore=plan.ignore, allow_unquantized=plan.allow_unquantized)
-    return run_checkpoint(plan_checkpoint(plan.source, plan.output, scheme, plan.checkpoint_format, calib, targets,
-                                          settings))
+    return run_checkpoint(checkpoint_plan_of(plan.method, plan.source, plan.output, plan.checkpoint_format, targets,
+                                             settings))
 
 
 def _model_free(plan: QuantizePlan) -> dict | None:
@@ -111,40 +104,49 @@ def _chosen(plan: QuantizePlan, model, tok) -> tuple[object, dict]:
         "calibration": auto.calibration}}
 
 
+def _smoothquant_report(assignment, method):
+    """The alpha of a one-scheme run (``--scheme``), or {scheme name: alpha} of a recipe (the
+    summary's field)."""
+    if assignment.scheme is not None:
+        return method.alphas[assignment.scheme]
+    return {s.name: a for s, a in method.alphas.items()}
+
+
 def _in_memory(plan: QuantizePlan, t0: float) -> dict:
-    """Load the folder, quantize it (calibrated when a scheme asks for it: ``model_quant.calibrates``,
-    or for the KV-cache scales; with a budget after choosing the recipe on the loaded model) and save."""
+    """Load the folder, quantize it under the plan's Method (calibrated when it says so:
+    ``Method.calibrates``, or for the KV-cache scales; with a budget the Method is resolved after
+    choosing the recipe on the loaded model) and save."""
+    import dataclasses
+
     import lowbit
-    from lowbit.algorithms.smoothquant.defaults import resolve_alpha
     from lowbit.files.outlock import output_lock
-    from lowbit.model_quant import calibrates
+    from lowbit.method import CalibrationChoice, TargetChoice, resolve_method
+    from lowbit.model_quant import InMemoryPlan, run_in_memory
     from lowbit.models import load_model
     from lowbit.report.quantized import quantized_summary
     from lowbit.report.smoothing import smoothing_summary
 
     with output_lock(plan.output):  # held from loading to the rename: a second run into the output is refused now
         qmodel, tok = load_model(plan.source)
-        given, extra = plan.assignment.given, {}
+        method, extra, kv = plan.method, {}, plan.kv_cache
         if plan.assignment.target_bits is not None:
             given, extra = _chosen(plan, qmodel, tok)
-        schemes = plan.assignment.schemes if plan.assignment.target_bits is None else list(given.schemes)
-        cfg, kv = plan.config, plan.kv_cache
-        needs = any(calibrates(s, resolve_alpha(plan.smoothquant, s), cfg) for s in schemes) or kv is not None
+            method = resolve_method(given, CalibrationChoice(plan.calibration or "builtin", smoothquant=plan.smoothquant,
+                                                             config=plan.config))
+        method = dataclasses.replace(method, calibration=dataclasses.replace(method.calibration, tokenizer=tok))
+        needs = method.calibrates(method.schemes) or kv is not None
         if not needs and plan.calibration_options_given:
             err_console.print(f"[yellow]note:[/yellow] {plan.assignment.label} needs no calibration; --calib options "
                               "ignored")
-        common = dict(smoothquant=plan.smoothquant, ignore=list(plan.ignore), allow_unquantized=plan.allow_unquantized)
         if needs:
             err_console.print(f"[dim]calibrating on {_calib_desc(plan.calibration)}[/dim]", highlight=False)
-            qmodel = lowbit.quantize(qmodel, given, calibration=plan.calibration or "builtin", tokenizer=tok,
-                                     config=cfg, kv_cache=kv, **common)
-        else:
-            qmodel = lowbit.quantize(qmodel, given, rotation=cfg.rotation, **common)
+        targets = TargetChoice(ignore=plan.ignore, allow_unquantized=plan.allow_unquantized)
+        qmodel = run_in_memory(qmodel, InMemoryPlan(method, targets, kv))
         t_quant = time.perf_counter() - t0
         lowbit.save(qmodel, plan.output, format=plan.checkpoint_format, tokenizer=tok, source_dir=plan.source,
                     overwrite=plan.overwrite)
     report = getattr(qmodel, "lowbit_calibration", None)
-    return {"quant_seconds": t_quant, "smoothquant": plan.smoothquant_report, "quantized": quantized_summary(qmodel),
+    return {"quant_seconds": t_quant, "smoothquant": _smoothquant_report(plan.assignment, method), "quantized": quantized_summary(qmodel),
             "kv_cache": kv, "kv_scales": getattr(qmodel, "lowbit_kv_calibration", None),
             "calibration": report.data if report is not None else None, "smoothing": smoothing_summary(report),
             **extra}

@@ -17,25 +17,27 @@ from typing import Iterable
 from lowbit.modelfree.plan import Plan, make_plan
 from lowbit.modelfree.source import Checkpoint
 from lowbit.moe.naming import model_names
-from lowbit.recipes import Recipe
+from lowbit.recipes import Assignment, Recipe
 from lowbit.recipes.plan import is_plain, plan
 
 
 def plan_recipe(ckpt: Checkpoint, recipe: Recipe, ignore: Iterable[str] = (), include_lm_head: bool = False) -> Plan:
-    """The plan of ``ckpt`` under ``recipe``: ``make_plan`` with one scheme (a plain recipe, or one
-    that gives every linear the same scheme), or with a scheme per module. RecipeError /
-    QuantizationError as ``lowbit.recipes.plan`` raises them, before anything is written."""
+    """The plan of ``ckpt`` under ``recipe``: ``make_plan`` with one scheme for all
+    (``Assignment.for_all``: a plain recipe, or one that gives every linear the same scheme), or
+    with a scheme per module. RecipeError / QuantizationError as ``lowbit.recipes.plan`` raises
+    them, before anything is written."""
     ignore = list(ignore)
     if is_plain(recipe):
-        return make_plan(ckpt, recipe.default, ignore, include_lm_head)
+        return make_plan(ckpt, Assignment.for_all(recipe.default, recipe), ignore, include_lm_head)
     found = make_plan(ckpt, None, ignore, include_lm_head).quantized  # checkpoint names
     as_model = model_names(ckpt.get("model_type"), found)
     disk = {as_model[n]: n for n in found}
     chosen = plan(recipe, [as_model[n] for n in found])
     if chosen.uniform is not None:
-        return make_plan(ckpt, chosen.uniform, ignore, include_lm_head)
+        return make_plan(ckpt, Assignment.for_all(chosen.uniform, recipe), ignore, include_lm_head)
     # exact names as ignore patterns (matched whole: lowbit.targets.matches_ignore)
     keep_float = ignore + [re.escape(disk[n]) for n in chosen.left]
-    schemes = {disk[n]: s for n, s in chosen.items()}
     one = chosen.distinct[0] if len(chosen.distinct) == 1 else None
-    return make_plan(ckpt, one if one is not None else schemes, keep_float, include_lm_head)
+    by_disk = Assignment.for_all(one, recipe) if one is not None else \
+        Assignment({disk[n]: s for n, s in chosen.items()}, (), recipe)
+    return make_plan(ckpt, by_disk, keep_float, include_lm_head)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import torch
 
@@ -48,6 +48,7 @@ from lowbit.moe.layouts import fused_layouts
 from lowbit.moe import FUSED_ON_DISK, FusedLayout, Proj, part_shape
 from lowbit.moe.naming import FUSED_BIASES, FUSED_WEIGHTS
 from lowbit.quant import num_groups
+from lowbit.recipes.resolve import Assignment
 from lowbit.numerics import FormatName
 from lowbit.schemes import Granularity, Scheme
 from lowbit.targets import is_excluded_name
@@ -161,14 +162,15 @@ def classify_weight(module: str, shape: tuple[int, ...], vocab_size: int | None)
     return "linear"
 
 
-def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ignore: Iterable[str] = (),
+def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str] = (),
               include_lm_head: bool = False) -> Plan:
-    """The plan of every tensor (see the module's docstring). ``scheme``: one for every linear; a
-    mapping giving every module the plan quantizes its scheme (mixed precision: the caller keeps
-    the others in float through ``ignore``, lowbit.modelfree.mixed); or None: only which modules
-    are quantized (``quantized``, ``ignored``), with no check that depends on a scheme."""
+    """The plan of every tensor (see the module's docstring). ``assign``: the scheme of every
+    module the plan quantizes (``Assignment.scheme_for``: one scheme for all is
+    ``Assignment.for_all``; a recipe's gives each module its own, the caller keeping the others in
+    float through ``ignore``, lowbit.modelfree.mixed); or None: only which modules are quantized
+    (``quantized``, ``ignored``), with no check that depends on a scheme."""
     ignore = list(ignore)
-    scheme_of = _scheme_lookup(scheme)
+    scheme_of = _scheme_lookup(assign)
     model_type = ckpt.get("model_type")
     if model_type in CONV1D_MODEL_TYPES:
         raise FormatError(f"{ckpt.root}: model_type {model_type!r} stores its projections as Conv1D [in, out], "
@@ -176,7 +178,7 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ig
     is_fp8, block = source_fp8_block(ckpt)
     is_mx = source_mxfp4_experts(ckpt)
     mx_of: dict[str, TensorInfo] = {}  # MXFP4 blocks -> their scales
-    for s in _distinct(scheme):
+    for s in assign.distinct if assign is not None else ():
         if is_fp8 and s.weights.format is FormatName.E4M3 and s.weights.granularity is Granularity.BLOCK:
             raise FormatError(f"{ckpt.root}: the source is already FP8 (quant_method 'fp8', weight_block_size "
                               f"{list(block) if block else None}); quantizing it to {s.name} would round its FP8 "
@@ -319,14 +321,14 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ig
 
     weights = {m: source(tensors[n]) for n, m in module_of.items()} | {m: source(e) for m, e in extra} | \
         {m: source(i, p) for m, (i, p) in parts_of.items()}
-    schemes = {m: scheme_of(m) for m in weights} if scheme is not None else {}
-    for m, src in weights.items() if scheme is not None else ():
+    schemes = {m: scheme_of(m) for m in weights} if assign is not None else {}
+    for m, src in weights.items() if assign is not None else ():
         try:
             num_groups(src.shape[1], schemes[m].weights, src.key, src.shape)
         except QuantizationError as e:
             raise QuantizationError(f"{src.info.shard}: {e}") from None
     group_of: dict[str, tuple[Source, ...]] = {}
-    for g in fused_groups(list(weights)) if scheme is not None else ():
+    for g in fused_groups(list(weights)) if assign is not None else ():
         if schemes[g[0]].weights.global_scale:  # fused siblings share one scheme (lowbit.recipes.resolve)
             srcs = tuple(weights[m] for m in g)
             for m in g:
@@ -354,26 +356,18 @@ def make_plan(ckpt: Checkpoint, scheme: Scheme | Mapping[str, Scheme] | None, ig
                 if e.name == info.name:
                     items.append(Item(Kind.QUANTIZE, m, source(e), group_of.get(m, ()), schemes.get(m)))
         shards[shard] = items
-    return Plan(scheme=scheme if isinstance(scheme, Scheme) else None, dtype=ckpt.dtype, fp8_block=block,
+    return Plan(scheme=assign.uniform if assign is not None else None, dtype=ckpt.dtype, fp8_block=block,
                 shards=shards, quantized=quantized, ignored=sorted(set(ignored) - set(quantized)),
                 config_updates=config_updates, schemes=schemes)
 
 
-def _distinct(scheme: Scheme | Mapping[str, Scheme] | None) -> list[Scheme]:
-    if scheme is None:
-        return []
-    return [scheme] if isinstance(scheme, Scheme) else list(dict.fromkeys(scheme.values()))
-
-
-def _scheme_lookup(scheme: Scheme | Mapping[str, Scheme] | None):
-    """module -> its scheme under make_plan's ``scheme`` argument."""
-    if isinstance(scheme, Scheme) or scheme is None:
-        return lambda module: scheme
-
-    def of(module: str) -> Scheme:
-        if module not in scheme:  # the caller resolved the recipe on another set of modules
+def _scheme_lookup(assign: Assignment | None):
+    """module -> its scheme under make_plan's ``assign``."""
+    def of(module: str) -> Scheme | None:
+        s = assign.scheme_for(module) if assign is not None else None
+        if s is None and assign is not None:  # the caller resolved the recipe on another set of modules
             raise QuantizationError(f"internal error: the recipe gave no scheme to {module!r}")
-        return scheme[module]
+        return s
     return of
 
 

@@ -43,6 +43,16 @@ class Assignment(Mapping[str, Scheme]):
         """``scheme`` for every one of ``names``, none left in float."""
         return cls({n: scheme for n in names}, (), recipe, scheme)
 
+    @classmethod
+    def for_all(cls, scheme: Scheme, recipe: Recipe | None = None) -> "Assignment":
+        """``scheme`` for every linear a path finds, before it has named them (its ``default``
+        stands for them: ``scheme_for``)."""
+        return cls({}, (), recipe, scheme)
+
+    def scheme_for(self, name: str) -> Scheme | None:
+        """The scheme of linear ``name``: its own, else the one-scheme ``default`` (None: neither)."""
+        return self.schemes.get(name, self.default)
+
     def __getitem__(self, name: str) -> Scheme:
         return self.schemes[name]
 

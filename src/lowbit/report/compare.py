@@ -42,9 +42,8 @@ from lowbit.linearize import linearize
 from lowbit.report.measures import INTERVALS, EvalSettings, measure, noise_pairs, within_noise_of
 from lowbit.report.writer import row_label
 from lowbit.report.layers import estimated_size_bytes, layer_sqnr, quantized_linears
-from lowbit.model_quant import calibrates
 from lowbit.schemes import get_scheme
-from lowbit.algorithms.smoothquant.defaults import DEFAULT, OFF, scheme_alphas
+from lowbit.algorithms.smoothquant.defaults import DEFAULT
 from lowbit.textstart import bos_to_prepend, prepend
 
 DEFAULT_SCHEMES = ("nvfp4", "nvfp4-e5m3", "w8a8-int8", "w8a8-fp8")
@@ -149,38 +148,37 @@ def row_specs(opts: CompareOptions) -> list[RowSpec]:
 
 def quantize_with_options(model, scheme_name: "str | RowSpec", tokenizer, opts: CompareOptions,
                           float_states=None):
-    """``lowbit.quantize`` with calibration when the scheme (or SmoothQuant) needs it; returns
-    (model, calibrated: bool, smoothquant alpha or None). A RowSpec with a recipe quantizes with
-    it; with ``target_bits`` the recipe is chosen first (``lowbit.auto_recipe`` among
-    ``opts.candidates``, on the calibration text) and left on the model as ``lowbit_auto``.
-    ``float_states``: shared by the rows (``lowbit.quantize``'s; the same codes, fewer float passes)."""
+    """Quantize ``model`` for one row: its ``lowbit.method.Method`` resolved as ``lowbit.quantize``
+    resolves its arguments (``resolve_method``), run in memory (``run_in_memory``: calibrated when a
+    scheme, SmoothQuant or the KV cache asks for it); returns (model, calibrated: bool, smoothquant
+    alpha or None). A RowSpec with a recipe quantizes with it; with ``target_bits`` the recipe is
+    chosen first (``lowbit.auto_recipe`` among ``opts.candidates``, on the calibration text) and
+    left on the model as ``lowbit_auto``. ``float_states``: shared by the rows (``lowbit.quantize``'s;
+    the same codes, fewer float passes)."""
+    from lowbit.method import CalibrationChoice, resolve_method
+    from lowbit.model_quant import InMemoryPlan, run_in_memory
+
     spec = scheme_name if isinstance(scheme_name, RowSpec) else RowSpec(scheme_name, scheme=scheme_name)
     options = {**opts.calib_options, "num_samples": opts.calib_samples, "seq_len": opts.calib_seq_len}
-    cfg = CalibrationConfig(**options)
     calib = opts.calib if opts.calib is not None else "builtin"
     auto = None
-    if spec.scheme is not None:
-        plan = get_scheme(spec.scheme)
-    elif spec.recipe is not None:
-        plan = spec.recipe
-    else:
-        # on the windows lowbit.quantize calibrates on below (the same options)
+    if spec.target_bits is not None:
+        # on the windows the row calibrates on below (the same options)
         auto = lowbit.auto_recipe(model, opts.candidates, spec.target_bits, calib, tokenizer=tokenizer, **options)
-        plan = auto.recipe
-    schemes = [plan] if spec.scheme is not None else plan.schemes
-    alphas = scheme_alphas(opts.smoothquant, schemes)  # lowbit.quantize's rule, so the same alphas
-    if not any(calibrates(s, alphas[s], cfg) for s in schemes) and opts.kv_cache is None:
-        q = lowbit.quantize(model, plan, smoothquant=OFF, rotation=cfg.rotation)
-        q.lowbit_auto = auto
-        return q, False, None
-    sq = alphas[plan] if spec.scheme is not None else None
-    q = lowbit.quantize(model, plan, calibration=calib, tokenizer=tokenizer, smoothquant=opts.smoothquant,
-                        progress=opts.progress, kv_cache=opts.kv_cache, float_states=float_states, **options)
+    given = get_scheme(spec.scheme) if spec.scheme is not None else spec.recipe if spec.recipe is not None \
+        else auto.recipe
+    method = resolve_method(given, CalibrationChoice(calib, tokenizer, opts.smoothquant, options=options))
+    calibrated = method.calibrates(method.schemes) or opts.kv_cache is not None
+    q = run_in_memory(model, InMemoryPlan(method, kv_cache=opts.kv_cache), progress=opts.progress,
+                      float_states=float_states)
     q.lowbit_auto = auto
-    if spec.scheme is None:  # the alphas the recipe's schemes got, by scheme name
-        sq = q.lowbit_calibration.smoothquant
-        sq = None if not isinstance(sq, dict) or all(a is None for a in sq.values()) else sq
-    return q, True, sq
+    if not calibrated:
+        return q, False, None
+    if spec.scheme is not None:
+        return q, True, method.alphas[given]
+    report = getattr(q, "lowbit_calibration", None)  # None: only the KV cache was calibrated
+    sq = report.smoothquant if report is not None else None  # the alphas the recipe's schemes got, by name
+    return q, True, None if not isinstance(sq, dict) or all(a is None for a in sq.values()) else sq
 
 
 def set_backends(qmodel, name: str) -> None:

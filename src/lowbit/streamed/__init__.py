@@ -11,8 +11,8 @@ split a run into its resolved plan and its execution.
 
 from lowbit.streamed.api import StreamResult, quantize_checkpoint
 from lowbit.streamed.checkpoint_plan import (
-    CalibrationChoice, CheckpointPlan, RunSettings, TargetChoice, plan_checkpoint, run_checkpoint,
+    CalibrationChoice, CheckpointPlan, RunSettings, TargetChoice, checkpoint_plan_of, plan_checkpoint, run_checkpoint,
 )
 
 __all__ = ["StreamResult", "quantize_checkpoint", "CheckpointPlan", "CalibrationChoice", "TargetChoice",
-           "RunSettings", "plan_checkpoint", "run_checkpoint"]
+           "RunSettings", "checkpoint_plan_of", "plan_checkpoint", "run_checkpoint"]

@@ -64,7 +64,7 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
         group per scheme. The run calibrates when one of the schemes the linears get does.
     calibration, tokenizer, smoothquant, config, preset, calibration_options, allow_unquantized,
         ignore: as for ``lowbit.quantize`` (same defaults). ``tokenizer`` defaults to the source
-        folder's. When nothing calibrates (``model_quant.calibrates``: no static activation scales,
+        folder's. When nothing calibrates (``lowbit.method.calibrates``: no static activation scales,
         no SmoothQuant, no GPTQ), the run is model-free (``lowbit.modelfree.quantize_model_free``,
         which takes ``workers``, ``include_lm_head`` and ``run_options``).
     device: where each layer is calibrated and quantized ("cuda", "cuda:1"; default: the CPU).

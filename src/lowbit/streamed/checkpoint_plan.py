@@ -1,46 +1,26 @@
-"""A checkpoint run's arguments resolved once into a ``CheckpointPlan``: the recipe (one scheme is a
-recipe with a default only), the checkpoint format checked against every scheme it names, each
-scheme's SmoothQuant alpha, the CalibrationConfig, and the path: streamed (some linear gets a
-scheme that calibrates, and calibration data is given) or model-free (nothing calibrates).
+"""A checkpoint run's arguments resolved once into a ``CheckpointPlan``: the ``Method`` (the recipe,
+one scheme being its uniform case; each scheme's SmoothQuant alpha; the CalibrationConfig: the
+resolve step ``lowbit.method.resolve_method`` every path shares), the checkpoint format checked
+against every scheme the recipe names, and the path: streamed (some linear gets a scheme that
+calibrates, and calibration data is given) or model-free (nothing calibrates).
 
 ``lowbit.quantize_checkpoint`` and ``lowbit quantize`` (its streamed and model-free paths) build
-the plan with ``plan_checkpoint`` and run it with ``run_checkpoint``; nothing after the plan
-decides again. The checks run in the order they always ran, so the first error is the same.
+the plan with ``plan_checkpoint`` (or, with a Method already resolved, ``checkpoint_plan_of``) and
+run it with ``run_checkpoint``; nothing after the plan decides again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from lowbit.algorithms.smoothquant.defaults import DEFAULT
 from lowbit.errors import OptionRef, QuantizationError
+from lowbit.method import CalibrationChoice, Method, TargetChoice, resolve_method
 from lowbit.run_path import RunPath
 
-
-@dataclass(frozen=True)
-class CalibrationChoice:
-    """How the run calibrates, as given: the data (``calibration=``), its tokenizer (None: the
-    source folder's), the SmoothQuant choice, and a CalibrationConfig, or a preset name and/or
-    its fields (``lowbit.calibration.config.calibration_config``)."""
-
-    data: object = None
-    tokenizer: object = None
-    smoothquant: object = DEFAULT
-    config: object = None
-    preset: str | None = None
-    options: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TargetChoice:
-    """Which weights are quantized: linears kept in float (exact names or regexes), the output
-    head, and whether targets lowbit cannot quantize stay in float (listed) instead of an error."""
-
-    ignore: tuple[str, ...] = ()
-    include_lm_head: bool = False
-    allow_unquantized: bool = False
+__all__ = ["CalibrationChoice", "CheckpointPlan", "RunSettings", "TargetChoice", "checkpoint_plan_of",
+           "plan_checkpoint", "run_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -61,20 +41,30 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class CheckpointPlan:
-    """One checkpoint run, decided. ``planned`` (streamed only): the source's skeleton with the
-    recipe resolved on its linears (``lowbit.streamed.planned.Planned``; ``run_checkpoint``
-    closes it). ``config``: the CalibrationConfig; ``alphas``: each scheme's SmoothQuant alpha."""
+    """One checkpoint run, decided. ``method``: how it quantizes (``lowbit.method.Method``);
+    ``planned`` (streamed only): the source's skeleton with the recipe resolved on its linears
+    (``lowbit.streamed.planned.Planned``; ``run_checkpoint`` closes it)."""
 
     source: Path
     output: Path
-    recipe: object
+    method: Method
     checkpoint_format: object
-    alphas: dict
-    config: object
-    calibration: CalibrationChoice
     targets: TargetChoice
     settings: RunSettings
     planned: object = None
+
+    @property
+    def recipe(self):
+        return self.method.recipe
+
+    @property
+    def config(self):
+        """The CalibrationConfig."""
+        return self.method.config
+
+    @property
+    def calibration(self) -> CalibrationChoice:
+        return self.method.calibration
 
     @property
     def path(self) -> RunPath:
@@ -86,7 +76,7 @@ class CheckpointPlan:
 
     def smoothquant(self):
         """What the calibrator takes: one alpha, or scheme -> alpha (a mixed recipe)."""
-        return self.planned.smoothquant(self.alphas)
+        return self.method.smoothquant(self.planned.chosen)
 
 
 def plan_checkpoint(src, out, scheme, checkpoint_format, calibration: CalibrationChoice = CalibrationChoice(),
@@ -94,38 +84,34 @@ def plan_checkpoint(src, out, scheme, checkpoint_format, calibration: Calibratio
     """The plan of a run quantizing folder ``src`` into ``out`` with ``scheme`` (a preset name,
     Scheme or anything ``Recipe.of`` takes) in ``checkpoint_format``. SchemeError / RecipeError /
     FormatError / QuantizationError naming the option before anything is written."""
-    from lowbit.algorithms.gptq import WeightRounding
-    from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
-    from lowbit.calibration.config import calibration_config
-    from lowbit.formats import Format, get_layout
-    from lowbit.recipes.plan import recipe_of
-    from lowbit.streamed.planned import alphas_of, calibrating, open_planned
+    return checkpoint_plan_of(resolve_method(scheme, calibration), src, out, checkpoint_format, targets, settings)
 
-    recipe = recipe_of(scheme)  # SchemeError / RecipeError, before anything is read
+
+def checkpoint_plan_of(method: Method, src, out, checkpoint_format, targets: TargetChoice = TargetChoice(),
+                       settings: RunSettings = RunSettings()) -> CheckpointPlan:
+    """``plan_checkpoint`` for a Method already resolved (``lowbit quantize`` resolves it once)."""
+    from lowbit.algorithms.rotate.options import DEFAULT_ROTATION
+    from lowbit.formats import Format, get_layout
+    from lowbit.streamed.planned import open_planned
+
     checkpoint_format = Format.parse(checkpoint_format)
-    for s in recipe.schemes:
+    for s in method.schemes:
         get_layout(checkpoint_format).check_scheme(s)
-    alphas = alphas_of(recipe.schemes, calibration.smoothquant)
-    cfg = calibration_config(calibration.config, calibration.preset, calibration.options)
+    cfg = method.config
     if cfg.rotation is not DEFAULT_ROTATION:
         raise QuantizationError(f"rotation={cfg.rotation.value!r} rewrites the embeddings, every layer and lm_head "
                                 f"together, which a run streamed one layer at a time (or model-free) cannot do: "
                                 f"quantize in memory (lowbit.quantize, then lowbit.save)")
-    plan = CheckpointPlan(Path(src), Path(out), recipe, checkpoint_format, alphas, cfg, calibration, targets, settings)
-    if calibration.data is not None and calibrating(recipe.schemes, alphas, cfg):
+    plan = CheckpointPlan(Path(src), Path(out), method, checkpoint_format, targets, settings)
+    if method.has_data and method.calibrates(method.schemes):
         if targets.include_lm_head:
             raise QuantizationError("a calibrated output head is not streamed yet: drop {head}, or quantize in "
                                     "memory (lowbit.quantize, then lowbit.save)", head=OptionRef("include_lm_head"))
-        planned = open_planned(Path(src), recipe, list(targets.ignore))  # the recipe resolved (lowbit.recipes.plan)
-        if calibrating(planned.schemes, alphas, cfg):
+        planned = open_planned(Path(src), method.recipe, list(targets.ignore))  # the recipe resolved (lowbit.recipes.plan)
+        if method.calibrates(planned.schemes):
             return dataclasses.replace(plan, planned=planned)
         planned.close()  # no linear got a scheme that calibrates: round-to-nearest, as in memory
-    # model-free: it refuses schemes that need calibration, naming the dynamic alternatives
-    # (asked for: without calibration data the 4-bit schemes' default GPTQ is plain RTN)
-    if calibration.data is None and not any(s.needs_calibration for s in recipe.schemes) and (
-            any(a is not None for a in alphas.values()) or cfg.weight_rounding is WeightRounding.GPTQ):
-        raise QuantizationError(f"{recipe.label} with SmoothQuant or GPTQ needs calibration data (pass "
-                                f"{{calibration}})", calibration=OptionRef("calibration", "builtin"))
+    method.check_model_free()
     return plan
 
 

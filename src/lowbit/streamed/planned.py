@@ -1,41 +1,22 @@
 """A streamed run's recipe, resolved on the skeleton's linears as ``lowbit.quantize`` resolves it
 on the loaded model (``lowbit.recipes.plan``: the same names, in the same order, so the same
-Assignment and the same errors), and the calibration choices that follow from it.
+Assignment and the same errors).
 
-Whether a run calibrates is decided twice: on the schemes the recipe names (before anything is
-built: none calibrating is a model-free run, as for one scheme), then on the schemes the
-resolved recipe gives the linears (a default no linear falls to does not make the run
-calibrate, as it does not in memory).
+Whether a run calibrates is asked of its ``Method`` twice (``checkpoint_plan_of``): on the
+schemes the recipe names (before anything is built: none calibrating is a model-free run, as for
+one scheme), then on the schemes the resolved recipe gives the linears (a default no linear
+falls to does not make the run calibrate, as it does not in memory).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
-from lowbit.errors import QuantizationError
 from lowbit.recipes import Assignment, Recipe
 from lowbit.recipes.plan import plan
 from lowbit.schemes import Scheme
-
-
-def alphas_of(schemes: Iterable[Scheme], smoothquant) -> dict[Scheme, object]:
-    """Each scheme's SmoothQuant alpha (``scheme_alphas``: "default" is the scheme's own);
-    QuantizationError for a bad value."""
-    from lowbit.algorithms.smoothquant.defaults import scheme_alphas
-
-    try:
-        return scheme_alphas(smoothquant, schemes)
-    except ValueError as e:
-        raise QuantizationError(str(e)) from None
-
-
-def calibrating(schemes: Iterable[Scheme], alphas: Mapping[Scheme, object], cfg) -> bool:
-    """Whether any of ``schemes`` calibrates (``model_quant.calibrates``) with its alpha."""
-    from lowbit.model_quant import calibrates
-
-    return any(calibrates(s, alphas[s], cfg) for s in schemes)
 
 
 @dataclass
@@ -58,12 +39,6 @@ class Planned:
     def by_name(self) -> dict[str, Scheme]:
         """Every quantized linear's scheme (model names)."""
         return dict(self.chosen)
-
-    def smoothquant(self, alphas: Mapping[Scheme, object]):
-        """What the calibrator takes: the alpha of one scheme, or a mapping scheme -> alpha."""
-        if self.chosen.uniform is not None:
-            return alphas[self.chosen.uniform]
-        return {s: alphas[s] for s in self.schemes}
 
     def close(self) -> None:
         self.skel.close()
