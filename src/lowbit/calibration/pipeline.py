@@ -38,7 +38,7 @@ import torch.nn as nn
 from lowbit.calibration.layer_calls import capture_calls
 from lowbit.calibration.layer_backends import fast_backends as _fast_backends, runs_as_reference as _runs_as_reference
 from lowbit.calibration.capture import (
-    Inputs, batch_masks, find_decoder_layers, hidden_of, observe_batches, observing, run_layer,
+    Inputs, batch_masks, find_decoder_layers, first_window, hidden_of, observe_batches, observing, run_layer,
     with_hidden,
 )
 from lowbit.dist import Group
@@ -103,6 +103,7 @@ class LayerwiseCalibrator:
         self._layer_device: torch.device | None = None  # where each layer computes (None: where it is)
         self._float_hidden: list[torch.Tensor] | None = None  # the float model's, for reconstruction targets
         self._masks: list[torch.Tensor] | None = None  # per batch [B, T] bool: the positions that count
+        self._layout = None  # the layer's CallLayout (lowbit.call_layout): where its call holds the windows
         self.smoothing = smoothquant is not None
         # the family table: only where a layer's data flow cannot be read (smoothing_maps)
         self.table = mappings_for(model, include_mlp_inner=cfg.smooth_down_proj) if self.smoothing else None
@@ -266,10 +267,12 @@ class LayerwiseCalibrator:
                 more = i + 1 < len(layers)
                 self._index = i
                 inputs = calls.for_layer(i, inputs, hooks.device if not hooks.offload else None)
+                self._layout = calls.layout(i)
                 hooks.enter(i, layer)
                 outs = None
                 if lnames and self.survey is not None:
-                    lnames = self.survey.check(layer, prefix, lnames, inputs, self._run_on, self.group)
+                    lnames = self.survey.check(layer, prefix, lnames, first_window(inputs, self._run_on, self._layout),
+                                               self.group)
                 if lnames:
                     outs = self._layer(layer, prefix, lnames, inputs, outputs=float_inputs and more, more=more)
                 if more:
@@ -313,8 +316,8 @@ class LayerwiseCalibrator:
         reduce_stats(self.group, distinct(stats), next(layer.parameters()).device)
         if self.smoothing:
             with self.report.cost.timed(Phase.SMOOTH):
-                maps = smoothing_maps(layer, prefix, list(rel.values()), inputs, self.table, self.cfg.smooth_down_proj,
-                                      self.report, self._run_on, self.group)
+                maps = smoothing_maps(layer, prefix, list(rel.values()), first_window(inputs, self._run_on, self._layout),
+                                      self.table, self.cfg.smooth_down_proj, self.report, self.group)
                 stale = smooth_layer(layer, rel, groups, stats, maps, self._scheme, self.alphas,
                                      self.report.groups, self.cfg.auto_alphas)
             if stale:
@@ -342,7 +345,7 @@ class LayerwiseCalibrator:
             layer.to(self._layer_device)  # the quantized linears are built where their weights were
         if recon is not None:
             r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, self._run_on, self.group,
-                                  masks=self._masks)
+                                  masks=self._masks, layout=self._layout)
             cost = self.report.cost
             cost.add(Phase.RECONSTRUCT_STEPS, r.step_seconds, r.steps)
             cost.add(Phase.RECONSTRUCT_EVALS, r.eval_seconds, r.eval_calls)
