@@ -78,7 +78,9 @@ def test_every_family(model_type, scheme, tmp_path):
                                                ("nemotron_h", "w8a8-int8"), ("granitemoe", "w4a16"),
                                                ("granitemoehybrid", "nvfp4"),
                                                # a linear outside the decoder layers (per_layer_model_projection)
-                                               ("gemma4_text", "w8a8-int8"), ("gemma4_text", "nvfp4")])
+                                               ("gemma4_text", "w8a8-int8"), ("gemma4_text", "nvfp4"),
+                                               # experts called on rows grouped by expert (input_linear.weight[e])
+                                               ("jetmoe", "w4a16")])
 def test_streamed_equals_in_memory_on_new_families(model_type, scheme, tmp_path):
     from helpers.folders import assert_same_tensors, folder_tensors
     from helpers.streamed import in_memory, write_folder

@@ -31,14 +31,16 @@ from lowbit.errors import QuantizationError
 
 class GroupedLinears(nn.Module):
     """Linears ``0`` .. ``E-1`` called on rows grouped by expert (module docstring); ``transposed``:
-    the fused weight was stored [E, in, out]."""
+    the fused weight was stored [E, in, out]; ``leaf``: its parameter's name (a streamed run reads
+    expert e's linear as ``<module>.<leaf>[e]``, ``lowbit.streamed.skeleton``)."""
 
-    def __init__(self, linears: list[nn.Linear], transposed: bool) -> None:
+    def __init__(self, linears: list[nn.Linear], transposed: bool, leaf: str = "weight") -> None:
         super().__init__()
         for e, lin in enumerate(linears):
             self.add_module(str(e), lin)
         self.num_experts = len(linears)
         self.transposed = transposed
+        self.leaf = leaf  # the fused parameter's name (what a checkpoint of the module holds: ``<module>.<leaf>``)
 
     def __getitem__(self, e: int) -> nn.Module:
         return self._modules[str(e)]
@@ -76,9 +78,9 @@ def _linear(w: torch.Tensor) -> nn.Linear:
     return lin
 
 
-def _build(w: torch.Tensor, transposed: bool) -> GroupedLinears:
+def _build(w: torch.Tensor, transposed: bool, leaf: str = "weight") -> GroupedLinears:
     return GroupedLinears([_linear(w[e].t().contiguous() if transposed else w[e].clone())
-                           for e in range(w.shape[0])], transposed)
+                           for e in range(w.shape[0])], transposed, leaf)
 
 
 @torch.no_grad()
@@ -105,6 +107,7 @@ def split_grouped(name: str, module: nn.Module) -> GroupedLinears:
     """The ``GroupedLinears`` computing what ``module`` computes (module docstring)."""
     for transposed in (False, True):
         if _matches(module, transposed):
-            return _build(_weight(module).detach(), transposed)
+            leaf = next(k for k, v in module._parameters.items() if v is _weight(module))
+            return _build(_weight(module).detach(), transposed, leaf)
     raise QuantizationError(f"module {name!r} ({type(module).__name__}): per-expert matrices called on grouped "
                             f"rows in no layout lowbit knows ([E, out, in] or [E, in, out]); it cannot split them")
