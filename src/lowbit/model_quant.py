@@ -79,14 +79,15 @@ def check_targets(model: nn.Module, ignore: Iterable[str], include_lm_head: bool
 
 def _set_apart(ignore: Iterable[str], survey) -> list[str]:
     """``ignore`` and, by exact name, the linears the forward showed are not to be quantized:
-    routers found by their top-k (in float like every router) and linears whose weight the forward
-    reads without calling them (a warning lists them)."""
+    routers found by their top-k (in float like every router), linears whose outputs weight hidden
+    vectors (``targets.COEFFICIENTS``, listed in the summary's float weights) and linears whose
+    weight the forward reads without calling them (a warning lists them)."""
     if survey.read_directly:
         shown = ", ".join(survey.read_directly[:3]) + (f" and {len(survey.read_directly) - 3} more"
                                                       if len(survey.read_directly) > 3 else "")
         warnings.warn(f"lowbit: {len(survey.read_directly)} linears stay in float, a {READ_DIRECTLY}: {shown}",
                       stacklevel=3)
-    return list(ignore) + survey.routers + survey.read_directly
+    return list(ignore) + survey.routers + survey.read_directly + survey.coefficients
 
 
 def quantized_layers(model: nn.Module) -> list[str]:

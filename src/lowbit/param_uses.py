@@ -17,6 +17,16 @@ each asked-for parameter through the ops it flows into:
 - otherwise a convolution with groups (``DEPTHWISE_CONV``), a table read by ``F.embedding``
   (``LOOKUP``), any other op (``ELEMENTWISE``), or no op at all on those tokens (``UNUSED``).
 
+Linears are followed too (their outputs tagged ``out:NAME``): one whose output reaches a top-k is a
+router; one whose output multiplies hidden vectors as per-token coefficients (in a product of two
+activations, broadcast along an axis of the model's hidden width: a ``[..., 1]`` factor of a
+``[..., H]`` tensor, or the right operand ``[..., k, n]`` of a matmul whose rows are the H hidden
+features, k and n not H (attention's k^T and v are not, on as many tokens as H), as
+Gemma 3n's AltUp ``correction_coefs`` / ``prediction_coefs`` mix its four residual streams and an
+MoE router's weights mix the experts' outputs) is a *coefficient* linear: like a router it decides
+how much of each hidden vector passes, not what the vector holds, and stays in float. Linears whose
+outputs are the hidden vectors' values (q/k/v, gates of the same width, MLP, experts) are not.
+
 Only ``MATMUL`` weights are targets; the others stay in float and are listed by kind. When the
 forward cannot run (a model on the meta device, a forward that needs more than token ids),
 ``structural_kind`` decides from types and shapes alone: a grouped ``nn.Conv*`` with one input
@@ -26,7 +36,7 @@ channel per group is a depthwise convolution, a tensor with a dimension of size 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
@@ -59,6 +69,8 @@ _MATMUL = _ops(F.linear, torch.matmul, _T.matmul, _T.__matmul__, _T.__rmatmul__,
 _ADDED_FIRST = _ops(torch.addmm, _T.addmm, torch.baddbmm, _T.baddbmm, torch.addbmm)  # args[0] is added, not multiplied
 _TOPK = _ops(torch.topk, _T.topk, torch.argsort, _T.argsort, torch.sort, _T.sort, torch.argmax, _T.argmax)
 _CONV = _ops(F.conv1d, F.conv2d, F.conv3d)
+_MUL = _ops(torch.mul, _T.mul, _T.__mul__, _T.__rmul__)
+_PRODUCT = _ops(torch.matmul, _T.matmul, _T.__matmul__)
 _LOOKUP = _ops(F.embedding)
 _SELECT = _ops(_T.__getitem__, torch.index_select, _T.index_select, torch.narrow, _T.narrow, torch.select,
                _T.select, torch.chunk, _T.chunk, torch.split, _T.split, torch.unbind, _T.unbind,
@@ -68,11 +80,13 @@ _SELECT = _ops(_T.__getitem__, torch.index_select, _T.index_select, torch.narrow
 class _Follow(TorchFunctionMode):
     """Follows the tracked tensors through the ops of a forward (module docstring)."""
 
-    def __init__(self, params: dict[str, torch.Tensor]) -> None:
+    def __init__(self, params: dict[str, torch.Tensor], hidden: int | None = None) -> None:
         super().__init__()
         self.tags = Tags()
         self.uses: dict[str, set[ParamKind]] = {n: set() for n in params}
         self.selected: set[str] = set()  # tracked names whose values reach a top-k selection
+        self.hidden = hidden  # the model's hidden width (None: no coefficient is looked for)
+        self.coefficients: set[str] = set()  # tracked names whose values weight hidden vectors
         for n, p in params.items():
             self.tags.tag(p, n)
 
@@ -86,6 +100,8 @@ class _Follow(TorchFunctionMode):
             for _, n in tracked:
                 self.selected.add(n)
             return out
+        if (func in _MUL or func in _PRODUCT) and self.hidden and isinstance(out, torch.Tensor):
+            self._coefficients(func, args, out, tracked)
         if func in _MATMUL:
             kind = ParamKind.MATMUL
             skip = {id(t) for t in tensors(args[0] if func in _ADDED_FIRST and args else None)}
@@ -120,6 +136,25 @@ class _Follow(TorchFunctionMode):
         return out
 
 
+    def _coefficients(self, func, args, out: torch.Tensor, tracked) -> None:
+        """Mark the tracked operands of a product of two activations that are broadcast along an
+        axis of the hidden width (module docstring)."""
+        if len(args) < 2 or not all(isinstance(a, torch.Tensor) and not isinstance(a, nn.Parameter)
+                                    and self.tags.of(a) not in self.uses for a in args[:2]):
+            return  # a weight (or a tensor derived from one: ``x @ w.T``) is not a coefficient's partner
+        h = self.hidden
+        for t, n in tracked:
+            if func in _PRODUCT:  # the right operand [.., k, n], the output's rows the left's hidden features;
+                #                   not when its own axes could be those (attention's k^T [.., d, T], v [.., T, d]
+                #                   on as many tokens as the hidden width)
+                hit = t is args[1] and t.dim() >= 2 and out.dim() >= 2 and out.shape[-2] == h and h not in t.shape[-2:]
+            else:  # elementwise: a size-1 (or missing) axis where the product has the hidden width
+                pad = (1,) * (out.dim() - t.dim()) + tuple(t.shape)
+                hit = any(o == h and s == 1 for o, s in zip(out.shape, pad))
+            if hit:
+                self.coefficients.add(n)
+
+
 def _verdict(uses: set[ParamKind]) -> ParamKind:
     for kind in (ParamKind.MATMUL, ParamKind.DEPTHWISE_CONV, ParamKind.LOOKUP, ParamKind.ELEMENTWISE):
         if kind in uses:
@@ -142,12 +177,14 @@ class Trace:
     """What one forward showed (module docstring): ``kinds``, the asked-for parameters' kinds;
     ``read_directly``, linears whose weight the forward uses without calling the module (Mamba's
     ``dt_proj``: a ``QuantLinear`` in its place would not be used as one); ``routers``, linears
-    whose output reaches a top-k selection (MoE routers, whatever their name)."""
+    whose output reaches a top-k selection (MoE routers, whatever their name); ``coefficients``,
+    the other linears whose output weights hidden vectors (module docstring)."""
 
     kinds: dict[str, ParamKind]
     read_directly: list[str]
     routers: list[str]
     traced: bool = True  # False: the kinds come from ``structural_kind`` (the forward could not run)
+    coefficients: list[str] = field(default_factory=list)
 
 
 @torch.no_grad()
@@ -162,16 +199,19 @@ def trace_model(model: nn.Module, params: dict[str, torch.Tensor], tokens: int =
         return None
     vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 32
     ids = (torch.arange(tokens) % max(int(vocab) - 1, 1) + 1).reshape(1, -1).to(first.device)
-    return trace_call(model, params, lambda: model(input_ids=ids, use_cache=False))
+    emb = getattr(model, "get_input_embeddings", lambda: None)()
+    hidden = getattr(emb, "embedding_dim", None) if isinstance(emb, nn.Embedding) else None
+    return trace_call(model, params, lambda: model(input_ids=ids, use_cache=False), hidden)
 
 
 @torch.no_grad()
-def trace_call(root: nn.Module, params: dict[str, torch.Tensor], run) -> Trace | None:
+def trace_call(root: nn.Module, params: dict[str, torch.Tensor], run, hidden: int | None = None) -> Trace | None:
     """``run()`` (a forward through ``root``: the model, or one decoder layer on its own call),
-    followed (module docstring); names relative to ``root``; None when it raises."""
+    followed (module docstring); names relative to ``root``; None when it raises. ``hidden``: the
+    model's hidden width (the input embedding's; None: no coefficient linear is looked for)."""
     linears = {n: m for n, m in root.named_modules() if isinstance(m, nn.Linear)}
     weights = {f"{n}.weight": m.weight for n, m in linears.items()}
-    follow = _Follow({**weights, **params})
+    follow = _Follow({**weights, **params}, hidden)
     called: set[str] = set()
 
     def pre(name):
@@ -197,4 +237,5 @@ def trace_call(root: nn.Module, params: dict[str, torch.Tensor], run) -> Trace |
             h.remove()
     direct = [n for n in linears if n not in called and follow.uses[f"{n}.weight"]]
     routers = [n for n in linears if f"out:{n}" in follow.selected]
-    return Trace({n: _verdict(follow.uses[n]) for n in params}, direct, routers)
+    coefficients = [n for n in linears if f"out:{n}" in follow.coefficients and n not in routers and n not in direct]
+    return Trace({n: _verdict(follow.uses[n]) for n in params}, direct, routers, coefficients=coefficients)

@@ -80,7 +80,8 @@ def survey_weights(model: nn.Module, ignore: Iterable[str] = (), include_lm_head
     forward on a few tokens): the kind of every parameter of two or more dimensions that is not an
     ``nn.Linear`` weight (nor an embedding table, the output embedding or a module excluded by
     name; only ``ParamKind.MATMUL`` ones are targets), the linears whose weight is read without
-    calling them, and the routers found by their top-k. When the forward cannot run (a model on
+    calling them, the routers found by their top-k and the linears whose outputs weight hidden
+    vectors (``param_uses``: coefficient linears). When the forward cannot run (a model on
     the meta device), the kinds come from types and shapes (``structural_kind``) and no linear is
     set apart."""
     cands = _weight_candidates(model, list(ignore), include_lm_head)
@@ -91,7 +92,8 @@ def survey_weights(model: nn.Module, ignore: Iterable[str] = (), include_lm_head
     ignore = list(ignore)
     keep = [n for n in traced.read_directly if n not in heads and not is_excluded_name(n, ignore)]
     routers = [n for n in traced.routers if n not in heads and not is_excluded_name(n, ignore)]
-    return Trace(traced.kinds, keep, routers)
+    coefs = [n for n in traced.coefficients if n not in heads and not is_excluded_name(n, ignore)]
+    return Trace(traced.kinds, keep, routers, coefficients=coefs)
 
 
 def unquantizable_targets(model: nn.Module, ignore: Iterable[str] = (), include_lm_head: bool = False
@@ -113,13 +115,15 @@ def matmul_targets(model: nn.Module, kinds: dict[str, ParamKind]) -> list[tuple[
 
 
 READ_DIRECTLY = "linear whose weight the forward reads without calling it"
+COEFFICIENTS = "linear whose outputs weight hidden vectors (mixing coefficients, as a router's)"
 
 
 def float_weights(survey: Trace) -> dict[str, str]:
     """What stays in float and why, from ``survey_weights``: name -> kind (the non-target
-    parameters, and the linears whose weight the forward reads directly)."""
+    parameters, the linears whose weight the forward reads directly, and the coefficient linears)."""
     out = {n: k.value for n, k in survey.kinds.items() if k is not ParamKind.MATMUL}
     out.update({f"{n}.weight": READ_DIRECTLY for n in survey.read_directly})
+    out.update({f"{n}.weight": COEFFICIENTS for n in survey.coefficients})
     return out
 
 

@@ -27,7 +27,9 @@ def _src(model_type: str, path, dtype=torch.float32):
 @pytest.mark.parametrize("model_type,scheme", [("nemotron_h", "w8a16"), ("nemotron_h", "w8a8-fp8-dynamic"),
                                                ("qwen3_5_moe_text", "w8a8-fp8-dynamic"), ("gemma4_text", "w8a16"),
                                                ("qwen3_next", "w8a16"), ("granitemoehybrid", "w8a16"),
-                                               ("granitemoe", "w8a8-fp8-dynamic")])
+                                               ("granitemoe", "w8a8-fp8-dynamic"),
+                                               # dt_proj is read as dt_proj.weight: in float, as in memory
+                                               ("mamba", "w8a16"), ("falcon_mamba", "w8a16")])
 def test_model_free_computes_what_in_memory_computes(model_type, scheme, tmp_path):
     """The model-free folder loads to the logits of the in-memory model. Nemotron-H's keeps the
     checkpoint's ``backbone.`` names, which lowbit.load reads through transformers' renames;
@@ -45,6 +47,20 @@ def test_model_free_computes_what_in_memory_computes(model_type, scheme, tmp_pat
             ref, got = q(input_ids=IDS, use_cache=False).logits, back(input_ids=IDS, use_cache=False).logits
     assert sum(hasattr(m, "weight_codes") for m in back.modules()) == sum(hasattr(m, "weight_codes") for m in q.modules())
     assert torch.equal(got, ref)
+
+
+def test_model_free_keeps_the_linears_the_forward_sets_apart_in_float(tmp_path):
+    """Mamba's dt_proj is read by its weight, not called: the forward of the model built from
+    config.json on the meta device says so, as the in-memory forward does (lowbit.modelfree.meta_survey)."""
+    from lowbit.modelfree.meta_survey import set_apart
+
+    src = _src("mamba", tmp_path / "src")
+    assert set_apart(src) == ("backbone.layers.0.mixer.dt_proj", "backbone.layers.1.mixer.dt_proj")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = lowbit.load(mf(src, tmp_path / "mf", "w8a16"))
+    assert type(back.get_submodule("backbone.layers.1.mixer.dt_proj")) is torch.nn.Linear
+    assert type(back.get_submodule("backbone.layers.1.mixer.x_proj")).__name__ == "QuantLinear"
 
 
 @pytest.mark.slow

@@ -199,7 +199,7 @@ def weighted_se(out: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> tor
 
 def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weights: dict[str, torch.Tensor],
                       inputs, options: ReconstructOptions, set_submodule, device=None,
-                      group=None, masks: list[torch.Tensor] | None = None) -> ReconstructReport:
+                      group=None, masks: list[torch.Tensor] | None = None, layout=None) -> ReconstructReport:
     """Re-round the QuantLinears of ``layer`` named in ``float_weights`` (relative name -> the float
     weight they were quantized from; the layer's other QuantLinears keep their codes and pass the
     gradient straight through their input QDQ) to minimise the MSE of ``layer``'s outputs on ``inputs`` (the
@@ -207,13 +207,15 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
     tensor per batch); their codes are replaced in place. ``group`` (lowbit.dist.Group): the ranks
     that each hold a contiguous share of the batches; every rank gets the codes one process holding
     all the batches would get. ``masks`` (one [B, T] bool per batch; None: every position): the
-    positions whose errors count (padding weighs nothing in the loss and the MSE)."""
+    positions whose errors count (padding weighs nothing in the loss and the MSE). ``layout``
+    (``lowbit.call_layout.CallLayout``, from the capture): along which axis each tensor of a call,
+    and the layer's output, holds the batch's windows (None: the first of the hidden states)."""
     from lowbit.modules import QuantLinear
 
     def run(m, calls):
         return _run(m, calls, device)
 
-    plan = StepPlan(targets, options.batch_size, group)
+    plan = StepPlan(targets, options.batch_size, group, layout)
     mods = {n: layer.get_submodule(n) for n in float_weights}
     offs = {n: Offsets(m, float_weights[n], options.scales) for n, m in mods.items() if isinstance(m, QuantLinear)}
     rep = ReconstructReport(weights=sum(o.w.numel() for o in offs.values()))
@@ -233,8 +235,11 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
 
     weights = [token_weights(t) for t in targets]
     if masks is not None:
-        weights = [w * m.to(w.device).reshape(w.shape[:-1]).unsqueeze(-1) for w, m in zip(weights, masks)]
-        counted = sum(int(m.sum()) * t.shape[-1] for m, t in zip(masks, targets))
+        if layout is None:
+            weights = [w * m.to(w.device).reshape(w.shape[:-1]).unsqueeze(-1) for w, m in zip(weights, masks)]
+        else:
+            weights = [w * layout.token_mask(m.to(w.device), w) for w, m in zip(weights, masks)]
+        counted = sum(int(m.sum()) * (t.numel() // m.numel()) for m, t in zip(masks, targets))
     else:
         counted = sum(t.numel() for t in targets)
     numel = sum(plan.gather([counted]))
@@ -265,8 +270,10 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         """The summed weighted squared error of each of ``atoms`` (this rank's) in ``outs``."""
         out = []
         for a in atoms:
-            o = outs[a.batch] if a.rows is None else outs[a.batch][a.rows]
-            _, tgt, wts = a.take(inputs, targets, weights)
+            o = outs[a.batch]
+            if a.rows is not None:
+                o = o[a.rows] if layout is None else layout.cut_output(o, a.rows.start, a.rows.stop)
+            _, tgt, wts = a.take(inputs, targets, weights, layout)
             out.append(float(weighted_se(o, tgt, wts).sum()))
         return out
 
@@ -299,7 +306,7 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
                     soft[n].w = w
                 per_atom = []
                 for atom in mine:  # each window alone: the sum below does not depend on the split
-                    call, tgt, wts = atom.take(inputs, targets, weights)
+                    call, tgt, wts = atom.take(inputs, targets, weights, layout)
                     out = run(layer, [call])[0]
                     shared.clear()
                     loss = weighted_se(out, tgt, wts).sum()

@@ -50,29 +50,34 @@ class Atom:
     batch: int
     rows: slice | None
 
-    def take(self, inputs, targets, weights):
-        """(call, target, token weights) of this atom."""
+    def take(self, inputs, targets, weights, layout=None):
+        """(call, target, token weights) of this atom; ``layout`` (``lowbit.call_layout.CallLayout``)
+        says where the call and the target hold their windows (None: along the first dimension)."""
         call, tgt, wts = inputs[self.batch], targets[self.batch], weights[self.batch]
         if self.rows is None:
             return call, tgt, wts
         r = self.rows
+        if layout is not None:
+            return (layout.cut(call, r.start, r.stop), layout.cut_output(tgt, r.start, r.stop),
+                    layout.cut_output(wts, r.start, r.stop))
         return slice_call(call, tgt.shape[0], r.start, r.stop), tgt[r], wts[r]
 
 
 class StepPlan:
     """The atoms of each step on this rank, over the ranks of ``group`` (lowbit.dist.Group; None
     or not distributed: one process). ``per_step``: atoms a step takes (None: as many as the
-    largest calibration batch has windows, on any rank)."""
+    largest calibration batch has windows, on any rank). ``layout`` (``lowbit.call_layout.CallLayout``):
+    the targets' window axis (None: the first of a target of three or more dimensions)."""
 
-    def __init__(self, targets: list[torch.Tensor], per_step: int | None, group) -> None:
+    def __init__(self, targets: list[torch.Tensor], per_step: int | None, group, layout=None) -> None:
         self.group = group if group is not None and group.distributed else None
-        self.local = [a for j, t in enumerate(targets) for a in _atoms(j, t)]
+        self.local = [a for j, t in enumerate(targets) for a in _atoms(j, t, layout)]
         counts = self.gather([len(self.local)])
         rank = 0 if self.group is None else self.group.rank
         self.first = sum(counts[:rank])
         self.total = sum(counts)
         if per_step is None:
-            per_step = max(self.gather([max((len(_atoms(0, t)) for t in targets), default=0)]))
+            per_step = max(self.gather([max((len(_atoms(0, t, layout)) for t in targets), default=0)]))
         self.per_step = max(1, min(per_step, self.total)) if self.total else 0
         self.units = -(-self.total // self.per_step) if self.total else 0
 
@@ -143,7 +148,11 @@ def _rounded_float32(g: torch.Tensor, e: int) -> torch.Tensor:
     return r.mul_(2.0 ** -e)
 
 
-def _atoms(j: int, t: torch.Tensor) -> list[Atom]:
+def _atoms(j: int, t: torch.Tensor, layout=None) -> list[Atom]:
+    if layout is not None:
+        a = layout.output
+        n = t.shape[a.dim] // a.rows
+        return [Atom(j, None)] if n <= 1 else [Atom(j, slice(i, i + 1)) for i in range(n)]
     if t.dim() < 3:
         return [Atom(j, None)]
     return [Atom(j, slice(i, i + 1)) for i in range(t.shape[0])]

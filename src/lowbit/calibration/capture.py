@@ -68,12 +68,16 @@ def run_batches(model: nn.Module, tokens: torch.Tensor, batch_size: int, device:
             pass
 
 
-def first_window(inputs: Inputs, device: torch.device | None = None) -> tuple[tuple, dict] | None:
+def first_window(inputs: Inputs, device: torch.device | None = None, layout=None) -> tuple[tuple, dict] | None:
     """The first window of the first batch's call (on ``device`` when given), or None without a
     batch: what the probes of one decoder layer's forward run on (its SmoothQuant mappings,
-    what its weights are for)."""
+    what its weights are for). ``layout`` (``lowbit.call_layout.CallLayout``, the layer's): where
+    the call holds its windows; None: the batch holds one window, or (callers without a capture)
+    the first dimension of the hidden states counts them (``lowbit.calls.slice_call``)."""
     if not inputs:
         return None
+    if layout is not None:
+        return move_call(layout.cut(inputs[0], 0, 1), device)
     return move_call(slice_call(inputs[0], hidden_of(inputs[0]).shape[0], 0, 1), device)
 
 

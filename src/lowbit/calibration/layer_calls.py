@@ -15,6 +15,11 @@ arguments are compared by identity with the first layer's: the ones that differ 
 the memory is that of one set per layer kind), and ``LayerCalls.for_layer`` puts layer ``i``'s into
 a carried call. When no layer differs, ``keys`` is empty and the calls are the first layer's, as
 before.
+
+Each layer's ``CallLayout`` (``lowbit.call_layout``: along which axis each tensor of its call
+holds the windows of a batch) is read from two more captures, of the same loop on the first
+window alone and on a batch of two copies of it, whose calls are compared (``LayerCalls.layout``).
+Nothing runs in a layer; they cost two embedding forwards of one and two windows.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from lowbit.call_layout import CallLayout
 from lowbit.calibration.capture import Stop, capture_layer_inputs, run_batches
 from lowbit.calls import move_call
 
@@ -94,6 +100,13 @@ class LayerCalls:
     first: list[Call]
     keys: tuple = ()
     own: list[list[dict]] = field(default_factory=list)
+    layouts: list[CallLayout] = field(default_factory=list)  # per layer (one: every layer's)
+
+    def layout(self, i: int) -> CallLayout | None:
+        """Layer ``i``'s call layout (None: none was read)."""
+        if not self.layouts:
+            return None
+        return self.layouts[i] if i < len(self.layouts) else self.layouts[0]
 
     def for_layer(self, i: int, calls: list[Call], device: torch.device | None = None) -> list[Call]:
         """``calls`` (one per batch, carrying the hidden states) with layer ``i``'s own arguments
@@ -145,22 +158,46 @@ def capture_calls(model: nn.Module, layers: nn.ModuleList, tokens: torch.Tensor,
     through, or one that does not call each layer exactly once per batch, gives the first layer's
     calls only (``capture.capture_layer_inputs``; every layer then gets them, as before)."""
     device = device or next(model.parameters()).device
+    per_layer = _per_layer(model, layers, tokens, batch_size, device)
+    if per_layer is None:
+        # a loop that does more with a layer's output than pass its hidden states on (RWKV's
+        # state tuples): the first layer's calls only, captured by running up to it
+        first = capture_layer_inputs(model, layers[0], tokens, batch_size, device)
+        probes = [capture_layer_inputs(model, layers[0], t, len(t), device) for t in _probes(tokens)]
+        return LayerCalls(first, layouts=[CallLayout.compare(p[0], q[0], 2) for p, q in [probes] if probes])
+    if not tokens.shape[0]:
+        return LayerCalls(per_layer[0])
+    one, two = (_per_layer(model, layers, t, len(t), device) for t in _probes(tokens))
+    if one is None or two is None:
+        raise RuntimeError("the decoder layers' calls for one and two calibration windows could not be captured")
     batches = -(-tokens.shape[0] // batch_size)
-    per_layer = None
+    if not all(len(c) == batches for c in per_layer):
+        # a loop that skips layers or calls one several times: only the first layer's calls are known
+        return LayerCalls(per_layer[0], layouts=_layouts(one[:1], two[:1]))
+    keys = _differing(per_layer)
+    own = [[{k: _get(c, k) for k in keys} for c in calls] for calls in per_layer] if keys else []
+    return LayerCalls(per_layer[0], keys, own, _layouts(one, two) if keys else _layouts(one[:1], two[:1]))
+
+
+def _probes(tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The first window alone, and twice (a batch of two: only the shapes are compared); none
+    without a window (a rank that holds no batch)."""
+    return (tokens[:1], tokens[:1].repeat(2, 1)) if tokens.shape[0] else ()
+
+
+def _per_layer(model: nn.Module, layers: nn.ModuleList, tokens: torch.Tensor, batch_size: int,
+               device: torch.device) -> list[list[Call]] | None:
+    """Every layer's calls (``_record``), or None where the loop cannot run on the stand-ins or
+    the first layer is not called once per batch."""
     for as_tuple in (False, True):  # loops that take the layer's output whole, then those that index it
         try:
             per_layer = _record(model, layers, tokens, batch_size, device, as_tuple)
-            break
         except (TypeError, IndexError, AttributeError, RuntimeError, ValueError):
             continue
-    if per_layer is None or len(per_layer[0]) != batches:
-        # a loop that does more with a layer's output than pass its hidden states on (RWKV's
-        # state tuples): the first layer's calls only, captured by running up to it
-        return LayerCalls(capture_layer_inputs(model, layers[0], tokens, batch_size, device))
-    called = [len(c) == batches for c in per_layer]
-    if not all(called):
-        # a loop that skips layers or calls one several times: only the first layer's calls are known
-        return LayerCalls(per_layer[0])
-    keys = _differing(per_layer)
-    own = [[{k: _get(c, k) for k in keys} for c in calls] for calls in per_layer] if keys else []
-    return LayerCalls(per_layer[0], keys, own)
+        return per_layer if len(per_layer[0]) == -(-tokens.shape[0] // batch_size) else None
+    return None
+
+
+def _layouts(one: list[list[Call]], two: list[list[Call]]) -> list[CallLayout]:
+    """Each listed layer's layout, from its call on one window and on two."""
+    return [CallLayout.compare(a[0], b[0], 2) for a, b in zip(one, two)]

@@ -7,8 +7,8 @@ loaded, so the kinds come from types and shapes and every parameter they cannot 
 layer's own call (``param_uses.trace_call``, every expert on every token) before it is
 calibrated: a deferred parameter the forward multiplies as a matrix is refused as
 ``check_targets`` refuses it (or, with ``allow_unquantized``, kept in float with a warning); the
-others stay in float; linears whose weight the forward reads without calling them and routers
-found by their top-k are not quantized (``dropped``; a warning lists the first).
+others stay in float; linears whose weight the forward reads without calling them, routers
+found by their top-k and linears whose outputs weight hidden vectors are not quantized (``dropped``; a warning lists the first).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
+import torch
 import torch.nn as nn
 
 from lowbit.errors import OptionRef, QuantizationError
@@ -29,19 +30,21 @@ class LayerSurvey:
     dropped: list[str] = field(default_factory=list)      # linears left in float, full names
     unquantized: list[str] = field(default_factory=list)  # matmul weights kept in float (allow_unquantized)
 
-    def check(self, layer: nn.Module, prefix: str, lnames: list[str], inputs, device=None, group=None) -> list[str]:
+    def check(self, layer: nn.Module, prefix: str, lnames: list[str], call, group=None) -> list[str]:
         """``lnames`` (full names of the layer's linears to quantize, the layer named ``prefix``)
         less the ones the layer's forward shows are not to be quantized (module docstring), read on
-        the first window of ``inputs``; several ranks (``group``): rank 0 reads, every rank follows."""
-        from lowbit.calibration.capture import first_window
+        ``call``, the first window of its first calibration batch on the device the layer runs on
+        (``capture.first_window``; None: no batch); several ranks (``group``): rank 0 reads, every
+        rank follows."""
         from lowbit.moe import all_tokens
 
         params = {n[len(prefix):]: layer.get_parameter(n[len(prefix):]) for n in self.deferred if n.startswith(prefix)}
         tr = None
-        call = first_window(inputs, device)
         if call is not None:
             with all_tokens(layer):
-                tr = trace_call(layer, params, lambda: layer(*call[0], **call[1]))
+                h = call[0][0] if call[0] else call[1].get("hidden_states")  # the stream: its width
+                tr = trace_call(layer, params, lambda: layer(*call[0], **call[1]),
+                                h.shape[-1] if isinstance(h, torch.Tensor) else None)
         if group is not None and group.distributed:
             tr = group.broadcast_object(tr, src=0)
         if tr is None:
@@ -55,7 +58,7 @@ class LayerSurvey:
                                         allow=OptionRef("allow_unquantized"), ignore=OptionRef("ignore", "NAME"))
             warnings.warn(f"lowbit: {msg}; they stay in float (allow_unquantized)", stacklevel=2)
             self.unquantized += bad
-        drop = {prefix + n for n in tr.read_directly + tr.routers}
+        drop = {prefix + n for n in tr.read_directly + tr.routers + tr.coefficients}
         kept = [n for n in lnames if n not in drop]
         gone = [n for n in lnames if n in drop]
         if gone:

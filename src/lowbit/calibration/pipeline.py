@@ -39,7 +39,7 @@ import torch.nn as nn
 from lowbit.calibration.layer_calls import capture_calls
 from lowbit.calibration.layer_backends import fast_backends as _fast_backends, runs_as_reference as _runs_as_reference
 from lowbit.calibration.capture import (
-    Inputs, batch_masks, find_decoder_layers, hidden_of, observe_batches, observing, run_layer,
+    Inputs, batch_masks, find_decoder_layers, first_window, hidden_of, observe_batches, observing, run_layer,
     with_hidden,
 )
 from lowbit.dist import Group
@@ -76,6 +76,7 @@ class _RunState:
     fs_key: tuple | None = None                   # the shared float states' key for this run (None: not used)
     index: int = 0                                # the decoder layer being calibrated
     float_hidden: list[torch.Tensor] | None = None  # the float model's hidden states (reconstruction targets)
+    layout: object = None                         # the layer's CallLayout (lowbit.call_layout): where its call holds the windows
 
 
 class LayerwiseCalibrator:
@@ -263,9 +264,11 @@ class LayerwiseCalibrator:
                 more = i + 1 < len(layers)
                 run.index = i
                 inputs = calls.for_layer(i, inputs, hooks.device if not hooks.offload else None)
+                run.layout = calls.layout(i)
                 hooks.enter(i, layer)
                 if lnames and self.survey is not None:
-                    lnames = self.survey.check(layer, prefix, lnames, inputs, run.run_on, self.group)
+                    lnames = self.survey.check(layer, prefix, lnames, first_window(inputs, run.run_on, run.layout),
+                                               self.group)
                 if lnames:
                     outs = self._layer(layer, prefix, lnames, inputs, run, more)
                 else:
@@ -314,8 +317,8 @@ class LayerwiseCalibrator:
         reduce_stats(self.group, distinct(stats), next(layer.parameters()).device)
         if self.smoothing:
             with self.report.cost.timed(Phase.SMOOTH):
-                maps = smoothing_maps(layer, prefix, list(rel.values()), inputs, self.table, self.cfg.smooth_down_proj,
-                                      self.report, run.run_on, self.group)
+                maps = smoothing_maps(layer, prefix, list(rel.values()), first_window(inputs, run.run_on, run.layout),
+                                      self.table, self.cfg.smooth_down_proj, self.report, self.group)
                 stale = smooth_layer(layer, rel, groups, stats, maps, self._scheme, self.alphas,
                                      self.report.groups, self.cfg.auto_alphas)
             if stale:
@@ -343,7 +346,7 @@ class LayerwiseCalibrator:
             layer.to(run.layer_device)  # the quantized linears are built where their weights were
         if recon is not None:
             r = reconstruct_layer(layer, targets, floats, inputs, recon, set_submodule, run.run_on, self.group,
-                                  masks=run.masks)
+                                  masks=run.masks, layout=run.layout)
             cost = self.report.cost
             cost.add(Phase.RECONSTRUCT_STEPS, r.step_seconds, r.steps)
             cost.add(Phase.RECONSTRUCT_EVALS, r.eval_seconds, r.eval_calls)

@@ -11,20 +11,19 @@ import torch.nn as nn
 from lowbit.algorithms.smoothquant.fold import fold_smoothing, smooth_scales
 from lowbit.algorithms.smoothquant.mappings import SmoothMapping, expand_for_layer
 from lowbit.algorithms.smoothquant.search import search_alpha
-from lowbit.calibration.capture import first_window
 from lowbit.calibration.stats import GroupReport, GroupStats
 from lowbit.schemes import Scheme
 
 
-def smoothing_maps(layer: nn.Module, prefix: str, targets: list[str], inputs, table, include_mlp_inner: bool,
-                   report, device=None, group=None) -> tuple[SmoothMapping, ...]:
-    """The SmoothQuant mappings of one decoder layer: read from its data flow on the first window
-    of its first calibration batch (``lowbit.algorithms.smoothquant.dataflow``, every expert on every
+def smoothing_maps(layer: nn.Module, prefix: str, targets: list[str], call, table, include_mlp_inner: bool,
+                   report, group=None) -> tuple[SmoothMapping, ...]:
+    """The SmoothQuant mappings of one decoder layer: read from its data flow on ``call``, the first
+    window of its first calibration batch (``capture.first_window``; None: no batch), on the device
+    the layer runs on (``lowbit.algorithms.smoothquant.dataflow``, every expert on every
     token), without the linear -> linear ones unless ``include_mlp_inner``; the sources that cannot
     be folded go to ``report.unsmoothed[layer]``. A layer whose forward cannot be followed falls back
     to the family ``table`` (None: no smoothing for it, said in the report). Several ranks
     (``group``): rank 0 reads them and every rank folds the same."""
-    call = first_window(inputs, device)
     found = _read_flow(layer, targets, call) if call is not None else None
     if group is not None and group.distributed:
         found = group.broadcast_object(found, src=0)

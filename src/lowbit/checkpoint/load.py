@@ -7,7 +7,9 @@ Reads lowbit, fake and compressed-tensors folders (lowbit's own and llm-compress
 auto-round folders. The model class comes from config.json (transformers ``AutoModelForCausalLM``,
 built without random initialisation); every Linear the config quantizes becomes a QuantLinear
 (or, for ``fake`` folders, a FakeQuantLinear) holding exactly the stored codes and scales; every
-other tensor is loaded as stored. Mixture-of-experts models are rebuilt with their experts split
+other tensor is loaded as stored. A model that prepares its own weights in place in its first
+forward (RWKV's rescaling) runs that forward before the tensors are read in, as it had before it
+was quantized (``lowbit.checkpoint.prepare``). Mixture-of-experts models are rebuilt with their experts split
 (``lowbit.moe.split_experts``) and read per expert, under the family's checkpoint names
 (``lowbit.moe.naming``: Mixtral's legacy ``block_sparse_moe.experts.{e}.w1/w2/w3`` too). Anything inconsistent (a missing tensor or scale, a shape or
 dtype that does not match the config, quantized tensors on a layer the config leaves in float,
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from lowbit.checkpoint.prepare import prepare
 from lowbit.modules.fake_linear import FakeQuantLinear
 from lowbit.errors import FormatError, LowbitError
 from lowbit.formats import get_layout, parse_quantization_config
@@ -127,6 +130,7 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
     folder = SafetensorsFolder(path)
     dtype = dtype or _config_dtype(config)
     model = build_empty_model(path, dtype)
+    prepare(model)  # a model that prepares its weights in its first forward (RWKV): as when it was quantized
     folder, parsed, disk = model_view(model, folder, parsed)
     consumed: set[str] = set()
     out_emb = getattr(model, "get_output_embeddings", lambda: None)()

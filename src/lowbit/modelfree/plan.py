@@ -17,6 +17,10 @@ Exact rules, never substring matches:
   tensors are refused, never copied in float silently. gpt-oss's own MXFP4
   experts (``quant_method: "mxfp4"``: ``*_blocks`` / ``*_scales``, lowbit.modelfree.mxfp4_source)
   are dequantized one expert at a time and quantized the same way.
+- Linears the model's forward sets apart in memory (read without a call, such as Mamba's
+  ``dt_proj``; routers found by their top-k; coefficient linears) are kept in float as in memory,
+  read from the forward of the model built from config.json on the meta device
+  (``lowbit.modelfree.meta_survey``; a forward that cannot run there: quantized by name).
 - Everything else (norms, biases, embeddings, lm_head unless asked, routers, towers) is copied
   unchanged. An FP8 source is refused for an FP8 block target (fp8-block: it would round its FP8
   weights twice); for other targets FP8 sources are dequantized to the model dtype first (``weight_scale_inv``, found
@@ -40,6 +44,7 @@ from lowbit.errors import FormatError, QuantizationError
 from lowbit.fusion import fused_groups
 from lowbit.files.folder import DTYPES
 from lowbit.files.tensors import TensorInfo
+from lowbit.modelfree.meta_survey import set_apart
 from lowbit.modelfree.mxfp4_source import BLOCKS, SCALES, dequantized_shape
 from lowbit.modelfree.source_config import check_fp8_scale, source_fp8_block, source_mxfp4_experts
 from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint
@@ -169,7 +174,7 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
     ``Assignment.for_all``; a recipe's gives each module its own, the caller keeping the others in
     float through ``ignore``, lowbit.modelfree.mixed); or None: only which modules are quantized
     (``quantized``, ``ignored``), with no check that depends on a scheme."""
-    ignore = list(ignore)
+    ignore = list(ignore) + list(set_apart(ckpt.root) or ())  # what the model's forward sets apart (meta_survey)
     scheme_of = _scheme_lookup(assign)
     model_type = ckpt.get("model_type")
     if model_type in CONV1D_MODEL_TYPES:

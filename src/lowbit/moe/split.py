@@ -8,7 +8,9 @@ rows; False: interleaved g0, u0, g1, u1, ...) and ``has_bias`` (``gate_up_proj_b
 ``down_proj_bias`` [E, H]). Expert e's linears hold exactly the rows of the fused tensors
 (copies, in the fused tensors' dtype and device), so the split module computes what the fused
 one does. A module without the flags that is called on rows laid out per expert (Llama 4's
-experts) is split by ``lowbit.moe.batched``, its layout checked against its own forward; any
+experts) is split by ``lowbit.moe.batched``, one holding a single [E, out, in] weight called on
+rows grouped by expert with their counts (JetMoE's ``input_linear`` / ``output_linear``) by
+``lowbit.moe.grouped``, each layout checked against the module's own forward; any
 other stays a weight lowbit cannot quantize (``lowbit.targets.unquantizable_targets``: an
 error, or a listed warning). The gating is transformers' default (``act_fn(gate) * up``) unless the class
 defines its own ``_apply_gate``; the one known own gating is gpt-oss's clamped SwiGLU (``alpha``
@@ -27,6 +29,7 @@ import torch.nn as nn
 from lowbit.errors import QuantizationError
 from lowbit.moe.batched import is_batched_experts, probe_experts, split_batched
 from lowbit.moe.experts import ExpertMLP, Gate, GateKind, SplitExperts
+from lowbit.moe.grouped import is_grouped_linears, split_grouped
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
 from lowbit.targets import ROUTER_COMPONENTS
 
@@ -137,12 +140,19 @@ def split_experts(model: nn.Module) -> list[str]:
     the names of the replaced modules, in model order. Idempotent: split modules are left alone.
     Memory: one block's experts are copied at a time (the fused tensors are released as soon as
     their block is replaced, unless the caller holds them)."""
-    names = [n for n, m in model.named_modules() if is_fused_experts(m) or is_batched_experts(m)]
+    names = [n for n, m in model.named_modules() if is_fused_experts(m) or is_batched_experts(m)
+             or is_grouped_linears(m)]
     for name in names:  # one block at a time: its fused tensors are freed before the next is split
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         old = getattr(parent, child)
-        setattr(parent, child, _split_one(name, old) if is_fused_experts(old) else split_batched(name, old))
+        if is_fused_experts(old):
+            new = _split_one(name, old)
+        elif is_batched_experts(old):
+            new = split_batched(name, old)
+        else:
+            new = split_grouped(name, old)
+        setattr(parent, child, new)
     return names
 
 

@@ -35,6 +35,7 @@ from lowbit.modelfree.source import Checkpoint
 from lowbit.linearize import conv1d_as_linears
 from lowbit.renames import checkpoint_renames
 from lowbit.moe import split_experts
+from lowbit.moe.grouped import GroupedLinears
 from lowbit.moe.naming import FUSED_ON_DISK, checkpoint_names
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
 
@@ -110,8 +111,23 @@ class Skeleton:
                 fused = self._stored(".".join(parts[:-3] + [leaf]))
                 if fused is not None:
                     return _Fused(fused, int(parts[-3]), proj, layout)
+        # <module>.<e>.weight of per-expert matrices grouped by expert (moe.grouped) from <module>.<leaf>[e]
+        grouped = self._grouped(".".join(parts[:-2])) if len(parts) >= 3 and parts[-2].isdigit() else None
+        if grouped is not None and parts[-1] == "weight":
+            fused = self._stored(".".join(parts[:-2] + [grouped.leaf]))
+            if fused is not None:
+                return _Fused(fused, int(parts[-2]), Proj.DOWN, FusedLayout(transposed=grouped.transposed))
         disk = checkpoint_names(self.model_type, [key])[key]
         raise FormatError(f"{self.folder}: the checkpoint holds no tensor {disk!r} (the model's {key!r})")
+
+    def _grouped(self, container: str):
+        """The ``GroupedLinears`` at ``container`` (``moe.grouped``: one row of its fused tensor an
+        expert, ``Proj.DOWN``'s rows), or None."""
+        try:
+            m = self.model.get_submodule(container) if container else None
+        except AttributeError:
+            return None
+        return m if isinstance(m, GroupedLinears) else None
 
     def _split_layout(self, container: str):
         """The fused layout the split module recorded (``moe.split``, ``moe.batched``), or None."""
