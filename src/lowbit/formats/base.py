@@ -323,6 +323,19 @@ class Layout(ABC):
         return t
 
     @abstractmethod
+    def kv_tensors(self, scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The tensors of a calibrated FP8 KV cache with ``scales`` {attention module: (k_scale,
+        v_scale)}, keyed by full name (none for formats that keep the scales in their config);
+        ``dtype``: the model's float dtype (``lowbit.formats.kv_layout``)."""
+
+    @abstractmethod
+    def add_kv_config(self, qcfg: dict[str, Any], kv_cache: str | None,
+                      scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+        """``qcfg`` (this layout's ``quantization_config``) with its KV-cache entry for ``kv_cache``
+        ("fp8") and ``scales``; unchanged for ``kv_cache=None``."""
+
+    @abstractmethod
     def quantization_config_groups(self, groups: list[tuple[Scheme, list[str]]], ignore: Iterable[str] = (), *,
                                    static_scales: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
         """As quantization_config, for several schemes each on named layers (mixed precision)."""

@@ -40,7 +40,7 @@ from lowbit.formats.base import (
 )
 from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, layout_format, named_scheme, spec_to_args
 from lowbit.files.folder import STANDARD_STEM
-from lowbit.formats.kv_layout import parse_ct_kv
+from lowbit.formats.kv_layout import ct_kv_cache_scheme, kv_scale_tensors, parse_ct_kv
 from lowbit.formats.ct_tensors import as_shape, codes_store, float_scale, scale_store
 from lowbit.formats.lowbit_layout import read_bias, scale_shape
 from lowbit.numerics import FormatName
@@ -161,6 +161,14 @@ class CompressedTensorsLayout(Layout):
             "config_groups": cg, "ignore": sorted(set(ignore)), "kv_cache_scheme": None,
             "global_compression_ratio": None, "sparsity_config": {}, "transform_config": {}, "version": CT_VERSION,
         }
+
+    def kv_tensors(self, scales, dtype):
+        return kv_scale_tensors(scales, dtype)  # in the model dtype, as compressed-tensors writes them
+
+    def add_kv_config(self, qcfg, kv_cache, scales):
+        if kv_cache is not None:  # kv_cache_scheme stays null otherwise
+            qcfg["kv_cache_scheme"] = ct_kv_cache_scheme()
+        return qcfg
 
     # ------------------------------------------------------------------ read
     def reads(self, qcfg: Mapping[str, Any]) -> bool:

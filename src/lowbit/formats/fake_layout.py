@@ -75,6 +75,16 @@ class FakeLayout(Layout):
         cfg["static_scales"] = {k: dict(v) for k, v in sorted((static_scales or {}).items())}
         return cfg
 
+    def kv_tensors(self, scales, dtype):
+        return {}  # the KV scales live in the config (kv_cache.scales): plain transformers reads the folder
+
+    def add_kv_config(self, qcfg, kv_cache, scales):
+        from lowbit.formats.kv_layout import lowbit_kv_entry
+
+        if kv_cache is not None:
+            qcfg["kv_cache"] = lowbit_kv_entry(kv_cache, scales)
+        return qcfg
+
     def reads(self, qcfg: Mapping[str, Any]) -> bool:
         return qcfg.get("quant_method") == "lowbit" and qcfg.get("format") == self.format.value
 

@@ -10,7 +10,8 @@ Per attention module ``A`` (``model.layers.{i}.self_attn``), the names vLLM load
 
 Reading accepts only the FP8 per-tensor static symmetric scheme (anything else is a FormatError
 naming ``kv_cache_scheme``/``kv_cache``) and scales of shape [1] or [] in a float dtype, returned
-as float32 [1]. Pure functions: no model.
+as float32 [1]. Pure functions: no model. Which row a format writes is its layout's choice
+(``Layout.kv_tensors``, ``Layout.add_kv_config``); the helpers here build the rows.
 """
 
 from __future__ import annotations
@@ -28,38 +29,31 @@ from lowbit.schemes import QuantSpec, Scheme
 KV_TENSORS = ("k_scale", "v_scale")
 
 
-def _ct_args() -> dict[str, Any]:
+KVScales = Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def ct_kv_cache_scheme() -> dict[str, Any]:
+    """compressed-tensors' ``kv_cache_scheme``: the QuantizationArgs of ``KV_SPEC``."""
     from lowbit.formats.ct_args import spec_to_args
 
     return spec_to_args(KV_SPEC, Scheme("kv-cache-fp8", KV_SPEC), False)
 
 
-def kv_tensors(checkpoint_format: Format, scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-               dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """{``A.k_scale``: ..., ``A.v_scale``: ...} for ``scales`` {A: (k, v)} in format ``checkpoint_format``
-    (the model ``dtype`` for compressed-tensors, float32 for lowbit, nothing for fake)."""
-    if checkpoint_format is Format.FAKE:
-        return {}
-    out_dtype = dtype if checkpoint_format is Format.COMPRESSED_TENSORS else torch.float32
-    return {f"{a}.{n}": t.detach().to(torch.float32).to(out_dtype).reshape(1).clone().cpu()
+def kv_scale_tensors(scales: KVScales, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """{``A.k_scale``: ..., ``A.v_scale``: ...} [1] in ``dtype`` (through float32) for ``scales``
+    {A: (k, v)}: what formats that store the KV scales as tensors write (``Layout.kv_tensors``)."""
+    return {f"{a}.{n}": t.detach().to(torch.float32).to(dtype).reshape(1).clone().cpu()
             for a, pair in scales.items() for n, t in zip(KV_TENSORS, pair)}
 
 
-def add_kv_config(checkpoint_format: Format, qcfg: dict[str, Any], kv_cache: str | None,
-                  scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
-    """``qcfg`` with the KV-cache entry of ``checkpoint_format`` (nothing added for ``kv_cache=None``, except
-    that compressed-tensors' ``kv_cache_scheme`` stays null)."""
-    if kv_cache is None:
-        return qcfg
-    if checkpoint_format is Format.COMPRESSED_TENSORS:
-        qcfg["kv_cache_scheme"] = _ct_args()
-        return qcfg
+def lowbit_kv_entry(kv_cache: str, scales: KVScales | None = None) -> dict[str, Any]:
+    """The ``kv_cache`` config entry of lowbit's own formats; with ``scales`` (the ``fake`` format)
+    the scales too, as exact float32 values."""
     entry: dict[str, Any] = {"name": kv_cache, "spec": KV_SPEC.to_dict()}
-    if checkpoint_format is Format.FAKE:
+    if scales is not None:
         entry["scales"] = {a: {n: float(t.to(torch.float32).reshape(-1)[0]) for n, t in zip(KV_TENSORS, pair)}
                            for a, pair in sorted(scales.items())}
-    qcfg["kv_cache"] = entry
-    return qcfg
+    return entry
 
 
 def parse_ct_kv(args: Any, w: str) -> str | None:
