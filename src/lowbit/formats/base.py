@@ -335,6 +335,15 @@ class Layout(ABC):
         """``qcfg`` (this layout's ``quantization_config``) with its KV-cache entry for ``kv_cache``
         ("fp8") and ``scales``; unchanged for ``kv_cache=None``."""
 
+    def read_kv_scales(self, parsed: ParsedConfig, tensors: Mapping[str, torch.Tensor],
+                       modules: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{attention module: (k_scale, v_scale)} float32 [1] for every module in ``modules`` of a
+        folder whose config has a KV cache (``parsed.kv_cache``), {} otherwise; a missing scale is a
+        FormatError naming it. By default the ``A.k_scale`` / ``A.v_scale`` tensors."""
+        from lowbit.formats.kv_layout import tensor_kv_scales
+
+        return tensor_kv_scales(parsed, tensors, modules)
+
     @abstractmethod
     def quantization_config_groups(self, groups: list[tuple[Scheme, list[str]]], ignore: Iterable[str] = (), *,
                                    static_scales: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:

@@ -85,6 +85,11 @@ class FakeLayout(Layout):
             qcfg["kv_cache"] = lowbit_kv_entry(kv_cache, scales)
         return qcfg
 
+    def read_kv_scales(self, parsed, tensors, modules):
+        from lowbit.formats.kv_layout import config_kv_scales
+
+        return config_kv_scales(parsed, modules)
+
     def reads(self, qcfg: Mapping[str, Any]) -> bool:
         return qcfg.get("quant_method") == "lowbit" and qcfg.get("format") == self.format.value
 
@@ -107,7 +112,7 @@ class FakeLayout(Layout):
                     raise FormatError(f"{w}: static_scales[{layer!r}][{k!r}] must be a positive number, got {v!r}")
         from lowbit.formats.kv_layout import parse_lowbit_kv
 
-        kv_cache, kv_scales = parse_lowbit_kv(qcfg.get("kv_cache"), Format.FAKE, w)
+        kv_cache, kv_scales = parse_lowbit_kv(qcfg.get("kv_cache"), w, scales=True)
         return ParsedConfig(Format.FAKE, scheme_groups(qcfg, w), list(qcfg["ignore"]), static_scales=scales,
                             source="lowbit", kv_cache=kv_cache, kv_scales=kv_scales)
 

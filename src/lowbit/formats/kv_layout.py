@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import torch
 
 from lowbit.errors import FormatError, SchemeError
-from lowbit.formats.base import FLOAT_DTYPES, Format, ParsedConfig, check_tensor, need, where
+from lowbit.formats.base import FLOAT_DTYPES, ParsedConfig, check_tensor, need, where
 from lowbit.kvcache import KV_FP8
 from lowbit.kvcache.spec import KV_SPEC
 from lowbit.schemes import QuantSpec, Scheme
@@ -72,11 +72,12 @@ def parse_ct_kv(args: Any, w: str) -> str | None:
     return KV_FP8
 
 
-def parse_lowbit_kv(entry: Any, checkpoint_format: Format, w: str) -> tuple[str | None, dict[str, dict[str, float]]]:
-    """lowbit/fake ``kv_cache`` entry: (None or "fp8", fake's per-module scales)."""
+def parse_lowbit_kv(entry: Any, w: str, *, scales: bool = False) -> tuple[str | None, dict[str, dict[str, float]]]:
+    """lowbit/fake ``kv_cache`` entry: (None or "fp8", its per-module scales); ``scales``: whether
+    the entry holds them (the ``fake`` format), else it must not."""
     if entry is None:
         return None, {}
-    keys = {"name", "spec"} | ({"scales"} if checkpoint_format is Format.FAKE else set())
+    keys = {"name", "spec"} | ({"scales"} if scales else set())
     if not isinstance(entry, dict) or set(entry) != keys:
         raise FormatError(f"{w}: 'kv_cache' must have exactly {sorted(keys)}")
     try:
@@ -86,31 +87,40 @@ def parse_lowbit_kv(entry: Any, checkpoint_format: Format, w: str) -> tuple[str 
     if entry["name"] != KV_FP8 or spec != KV_SPEC:
         raise FormatError(f"{w}: kv_cache {entry['name']!r} ({spec.describe()}) is not supported; lowbit reads only "
                           f"{KV_FP8!r} ({KV_SPEC.describe()})")
-    scales = entry.get("scales", {})
-    if not isinstance(scales, dict):
+    per_module = entry.get("scales", {})
+    if not isinstance(per_module, dict):
         raise FormatError(f"{w}: kv_cache 'scales' must map attention modules to their scales")
-    for a, e in scales.items():
+    for a, e in per_module.items():
         if not isinstance(e, dict) or set(e) != set(KV_TENSORS) or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in e.values()):
             raise FormatError(f"{w}: kv_cache scales[{a!r}] must have exactly positive 'k_scale' and 'v_scale'")
-    return KV_FP8, scales
+    return KV_FP8, per_module
 
 
-def read_kv_scales(parsed: ParsedConfig, tensors: Mapping[str, torch.Tensor],
-                   modules: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{A: (k_scale, v_scale)} float32 [1] for every attention module name in ``modules`` of a
-    folder whose config has a KV cache (``parsed.kv_cache``); {} otherwise. A missing scale is a
-    FormatError naming it."""
+def config_kv_scales(parsed: ParsedConfig, modules: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{A: (k_scale, v_scale)} float32 [1] from the config's scales (``parsed.kv_scales``, the
+    ``fake`` format) for every attention module in ``modules``; {} without a KV cache. A module
+    without scales is a FormatError naming it."""
     if parsed.kv_cache is None:
         return {}
     out = {}
     for a in modules:
-        if parsed.format is Format.FAKE:
-            e = parsed.kv_scales.get(a)
-            if e is None:
-                raise FormatError(f"config.json quantization_config kv_cache: no scales for attention module {a!r}")
-            out[a] = tuple(torch.tensor([e[n]], dtype=torch.float32) for n in KV_TENSORS)
-            continue
+        e = parsed.kv_scales.get(a)
+        if e is None:
+            raise FormatError(f"config.json quantization_config kv_cache: no scales for attention module {a!r}")
+        out[a] = tuple(torch.tensor([e[n]], dtype=torch.float32) for n in KV_TENSORS)
+    return out
+
+
+def tensor_kv_scales(parsed: ParsedConfig, tensors: Mapping[str, torch.Tensor],
+                     modules: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{A: (k_scale, v_scale)} float32 [1] from the tensors ``A.k_scale`` / ``A.v_scale`` (any
+    float dtype, shape [1] or []) for every attention module in ``modules``; {} without a KV
+    cache (``parsed.kv_cache``). A missing or non-positive scale is a FormatError naming it."""
+    if parsed.kv_cache is None:
+        return {}
+    out = {}
+    for a in modules:
         pair = []
         for n in KV_TENSORS:
             k = f"{a}.{n}"

@@ -233,7 +233,7 @@ class LowbitLayout(Layout):
             raise FormatError(f"{w}: 'ignore' must be a list of layer names")
         from lowbit.formats.kv_layout import parse_lowbit_kv
 
-        kv_cache, _ = parse_lowbit_kv(qcfg.get("kv_cache"), Format.LOWBIT, w)
+        kv_cache, _ = parse_lowbit_kv(qcfg.get("kv_cache"), w)
         return ParsedConfig(Format.LOWBIT, scheme_groups(qcfg, w), list(ignore), source="lowbit",
                             extra={"format_version": version}, kv_cache=kv_cache)
 
