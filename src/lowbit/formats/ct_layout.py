@@ -101,14 +101,14 @@ class CompressedTensorsLayout(Layout):
                               f"scheme {scheme.name}")
         out_f, in_f = qweight.shape
         _check_shape(prefix, scheme, in_f)
-        codes = codes_store(ct_format)
-        t = codes.write(prefix, qweight)
+        store = codes_store(ct_format)
+        t = store.write(prefix, qweight)
         t[f"{prefix}.weight_scale"] = scale_store(spec).write(qweight, dtype)
         stored_input_scale = None if input_scale is None else float_scale(input_scale.reshape(1), dtype)
         t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
                                      input_global_scale=input_global_scale, bias=bias, dtype=dtype))
         if qweight.zero_point is not None:
-            t[f"{prefix}.weight_zero_point"] = codes.write_zero_point(qweight.zero_point, spec)
+            t[f"{prefix}.weight_zero_point"] = store.write_zero_point(qweight.zero_point, spec)
         return t
 
     def check_layers(self, scales):
@@ -133,13 +133,13 @@ class CompressedTensorsLayout(Layout):
                      input_global_scale=False, prefix="layer"):
         ct_format, spec, out_f, in_f = ct_format_of(scheme), scheme.weights, out_features, in_features
         _check_shape(prefix, scheme, in_f)
-        codes = codes_store(ct_format)
-        t = codes.specs(spec, out_f, in_f)
+        store = codes_store(ct_format)
+        t = store.specs(spec, out_f, in_f)
         t["weight_scale"] = scale_store(spec).spec(spec, out_f, in_f, dtype)
         t.update(self.common_specs(scheme, out_f, in_f, dtype=dtype, bias=bias,
                                    input_scale=dtype if input_scale else None, input_global_scale=input_global_scale))
         if "weight_zero_point" in t:
-            t["weight_zero_point"] = codes.zero_point_spec(spec, t["weight_zero_point"])
+            t["weight_zero_point"] = store.zero_point_spec(spec, t["weight_zero_point"])
         return t
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
