@@ -196,7 +196,8 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
 def _kv_report(parsed, folder, model, problems: list[str]) -> dict[str, Any] | None:
     """The KV-cache entry of the report, its scales read as lowbit.load reads them (problems listed);
     KV-cache scale tensors in a folder whose config has no KV cache are listed as problems."""
-    from lowbit.formats.kv_layout import KV_TENSORS, read_kv_scales
+    from lowbit.formats import get_layout
+    from lowbit.formats.kv_layout import KV_TENSORS
     from lowbit.kvcache.spec import KV_SPEC
     from lowbit.kvcache.attention import attention_modules
 
@@ -210,7 +211,7 @@ def _kv_report(parsed, folder, model, problems: list[str]) -> dict[str, Any] | N
     scales: dict[str, dict[str, float]] = {}
     if folder is not None and model is not None:
         try:
-            read = read_kv_scales(parsed, folder, names)
+            read = get_layout(parsed.format).read_kv_scales(parsed, folder, names)
             scales = {n: {"k_scale": float(k[0]), "v_scale": float(v[0])} for n, (k, v) in read.items()}
         except LowbitError as e:
             problems.append(str(e))

@@ -34,7 +34,6 @@ from lowbit.errors import FormatError, LowbitError
 from lowbit.formats import get_layout, parse_quantization_config
 from lowbit.files.folder import SafetensorsFolder, read_config
 from lowbit.formats.base import FLOAT_DTYPES, QUANT_SUFFIXES, ParsedConfig, parse_dtype
-from lowbit.formats.kv_layout import read_kv_scales
 from lowbit.kvcache.attention import attach, attention_modules
 from lowbit.modules import QuantLinear
 from lowbit.hostcpu import cpu_flags
@@ -176,7 +175,7 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
     kv = {}
     if parsed.kv_cache is not None:
         rec = _Recorder(folder)
-        kv = read_kv_scales(parsed, rec, list(attention_modules(model)))
+        kv = get_layout(parsed.format).read_kv_scales(parsed, rec, list(attention_modules(model)))
         consumed.update(rec.used)
     _load_rest(model, folder, consumed, dtype, parsed)
     if parsed.kv_cache is not None:

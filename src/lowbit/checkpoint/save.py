@@ -35,7 +35,6 @@ from lowbit.formats import Format, get_layout, static_scale_entry
 from lowbit.formats.base import SHARED_SCALES
 from lowbit.files.writer import CheckpointWriter
 from lowbit.formats.base import dtype_name
-from lowbit.formats.kv_layout import add_kv_config, kv_tensors
 from lowbit.formats.lowbit_layout import file_scale
 from lowbit.kvcache.attention import kv_scales
 from lowbit.files.outguard import check_not_source
@@ -169,7 +168,7 @@ def collect_tensors(model: nn.Module, checkpoint_format: Format | str, dtype: to
 
     kv_cache = getattr(model, "lowbit_kv_cache", None)
     kv = kv_scales(model) if kv_cache is not None else {}
-    kv_t = kv_tensors(checkpoint_format, kv, dtype)
+    kv_t = layout.kv_tensors(kv, dtype)
     warn_rounded("KV-cache scales", [k for k, t in kv_t.items()
                                       if _rounded(t, kv[k.rpartition(".")[0]][k.endswith("v_scale")].cpu())], dtype)
     tensors.update(kv_t)
@@ -182,7 +181,7 @@ def collect_tensors(model: nn.Module, checkpoint_format: Format | str, dtype: to
     groups = config_groups({disk[n]: m.scheme for n, m in layers.items()})  # one order for every writer
     static = {disk[n]: v for n, v in static.items()}
     qcfg = layout.quantization_config_groups(groups, ignore_names(mt, ignore), static_scales=static)
-    qcfg = add_kv_config(checkpoint_format, qcfg, kv_cache, kv)
+    qcfg = layout.add_kv_config(qcfg, kv_cache, kv)
     return tensors, qcfg, untie
 
 

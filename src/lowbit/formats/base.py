@@ -323,6 +323,28 @@ class Layout(ABC):
         return t
 
     @abstractmethod
+    def kv_tensors(self, scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The tensors of a calibrated FP8 KV cache with ``scales`` {attention module: (k_scale,
+        v_scale)}, keyed by full name (none for formats that keep the scales in their config);
+        ``dtype``: the model's float dtype (``lowbit.formats.kv_layout``)."""
+
+    @abstractmethod
+    def add_kv_config(self, qcfg: dict[str, Any], kv_cache: str | None,
+                      scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+        """``qcfg`` (this layout's ``quantization_config``) with its KV-cache entry for ``kv_cache``
+        ("fp8") and ``scales``; unchanged for ``kv_cache=None``."""
+
+    def read_kv_scales(self, parsed: ParsedConfig, tensors: Mapping[str, torch.Tensor],
+                       modules: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{attention module: (k_scale, v_scale)} float32 [1] for every module in ``modules`` of a
+        folder whose config has a KV cache (``parsed.kv_cache``), {} otherwise; a missing scale is a
+        FormatError naming it. By default the ``A.k_scale`` / ``A.v_scale`` tensors."""
+        from lowbit.formats.kv_layout import tensor_kv_scales
+
+        return tensor_kv_scales(parsed, tensors, modules)
+
+    @abstractmethod
     def quantization_config_groups(self, groups: list[tuple[Scheme, list[str]]], ignore: Iterable[str] = (), *,
                                    static_scales: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
         """As quantization_config, for several schemes each on named layers (mixed precision)."""

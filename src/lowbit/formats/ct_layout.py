@@ -23,6 +23,9 @@ codes span -128..127; both are read as they are). Groups in auto-round's non-sta
 ``nvfp4-e5m3-pack-quantized`` format are read (with lowbit's layout, which their tensors are byte
 for byte: ``ct_args.layout_format``); writing NVFP4-E5M3 is refused (``ct_args.spec_to_args``
 says why).
+
+Each compression format's codes and each scale format's scales are one object that writes,
+declares and reads them (``lowbit.formats.ct_tensors``); this layout looks them up.
 """
 
 from __future__ import annotations
@@ -33,15 +36,15 @@ import torch
 
 from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.base import (
-    FLOAT_DTYPES, SHARED_SCALES, Format, Layout, LinearRead, ParsedConfig, TensorSpec, check_codes, check_tensor, model_scale_shape,
-    need, where,
+    FLOAT_DTYPES, SHARED_SCALES, Format, Layout, LinearRead, ParsedConfig, check_tensor, need,
 )
 from lowbit.formats.ct_args import CTFormat, args_to_spec, ct_format_of, layout_format, named_scheme, spec_to_args
 from lowbit.files.folder import STANDARD_STEM
-from lowbit.formats.kv_layout import parse_ct_kv
-from lowbit.formats.lowbit_layout import file_scale, model_scale, read_bias, scale_shape
-from lowbit.numerics import E8M0, FormatName, get_format
-from lowbit.quant import QuantizedTensor, nibbles, pack_int32, pack_sixes, unpack_int32, unpack_nibbles, unpack_sixes
+from lowbit.formats.kv_layout import ct_kv_cache_scheme, kv_scale_tensors, parse_ct_kv
+from lowbit.formats.ct_tensors import as_shape, codes_store, float_scale, scale_store
+from lowbit.formats.lowbit_layout import read_bias, scale_shape
+from lowbit.numerics import FormatName
+from lowbit.quant import QuantizedTensor
 from lowbit.schemes import Dynamic, Granularity, Scheme
 
 CT_VERSION = "0.20.1"  # the compressed-tensors release whose layouts these files were checked against
@@ -73,10 +76,6 @@ def _check_shape(prefix: str, scheme: Scheme, in_f: int) -> None:
                           "save with {lowbit}", lowbit=OptionRef("format", "lowbit"))
 
 
-def _float_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return scale.to(torch.float32).to(dtype).contiguous()
-
-
 class CompressedTensorsLayout(Layout):
     format = Format.COMPRESSED_TENSORS
     weights_stem = STANDARD_STEM  # transformers and vLLM load these folders
@@ -90,7 +89,7 @@ class CompressedTensorsLayout(Layout):
         return engine_support(folder, scheme)
 
     def nibble_packed(self, scheme: Scheme, in_features: int) -> bool:
-        return ct_format_of(scheme) in (CTFormat.NVFP4_PACK_QUANTIZED, CTFormat.MXFP4_PACK_QUANTIZED)
+        return codes_store(ct_format_of(scheme)).nibble_packed
 
     # ------------------------------------------------------------------ write
     def linear_tensors(self, prefix, qweight, scheme, bias=None, input_scale=None, input_global_scale=None,
@@ -102,31 +101,14 @@ class CompressedTensorsLayout(Layout):
                               f"scheme {scheme.name}")
         out_f, in_f = qweight.shape
         _check_shape(prefix, scheme, in_f)
-        t: dict[str, torch.Tensor] = {}
-        if ct_format in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
-            if spec.is_integer:
-                t[f"{prefix}.weight"] = get_format(spec.format).codes_to_int(qweight.codes).to(torch.int8).contiguous()
-            else:
-                t[f"{prefix}.weight"] = qweight.codes.contiguous().view(torch.float8_e4m3fn)
-        elif ct_format is CTFormat.MXFP6_PACK_QUANTIZED:
-            t[f"{prefix}.weight_packed"] = pack_sixes(qweight.codes)
-        elif ct_format is CTFormat.PACK_QUANTIZED:
-            vals = get_format(spec.format).codes_to_int(qweight.codes)
-            t[f"{prefix}.weight_packed"] = pack_int32(vals, spec.bits)
-            t[f"{prefix}.weight_shape"] = torch.tensor([out_f, in_f], dtype=torch.int64)
-        else:  # nvfp4 / mxfp4: nibble-packed E2M1 codes
-            t[f"{prefix}.weight_packed"] = nibbles(qweight, f"{prefix}.weight")
-        if spec.scale_format is FormatName.UE4M3:
-            t[f"{prefix}.weight_scale"] = qweight.scale.to(torch.float32).to(torch.float8_e4m3fn).contiguous()
-        elif spec.scale_format is FormatName.E8M0:
-            t[f"{prefix}.weight_scale"] = qweight.scale_codes().contiguous()
-        else:
-            t[f"{prefix}.weight_scale"] = _float_scale(file_scale(qweight.scale, spec), dtype)
-        stored_input_scale = None if input_scale is None else _float_scale(input_scale.reshape(1), dtype)
+        store = codes_store(ct_format)
+        t = store.write(prefix, qweight)
+        t[f"{prefix}.weight_scale"] = scale_store(spec).write(qweight, dtype)
+        stored_input_scale = None if input_scale is None else float_scale(input_scale.reshape(1), dtype)
         t.update(self.common_tensors(prefix, qweight, input_scale=stored_input_scale,
                                      input_global_scale=input_global_scale, bias=bias, dtype=dtype))
-        if ct_format is CTFormat.PACK_QUANTIZED and qweight.zero_point is not None:  # packed along the output dim
-            t[f"{prefix}.weight_zero_point"] = pack_int32(qweight.zero_point.t(), spec.bits).t().contiguous()
+        if qweight.zero_point is not None:
+            t[f"{prefix}.weight_zero_point"] = store.write_zero_point(qweight.zero_point, spec)
         return t
 
     def check_layers(self, scales):
@@ -151,26 +133,13 @@ class CompressedTensorsLayout(Layout):
                      input_global_scale=False, prefix="layer"):
         ct_format, spec, out_f, in_f = ct_format_of(scheme), scheme.weights, out_features, in_features
         _check_shape(prefix, scheme, in_f)
-        t = {}
-        if ct_format in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
-            t["weight"] = TensorSpec((out_f, in_f), torch.int8 if spec.is_integer else torch.float8_e4m3fn)
-        elif ct_format is CTFormat.MXFP6_PACK_QUANTIZED:
-            t["weight_packed"] = TensorSpec((out_f, in_f * 3 // 4), torch.uint8)
-        elif ct_format is CTFormat.PACK_QUANTIZED:
-            t["weight_packed"] = TensorSpec((out_f, -(-in_f * spec.bits // 32)), torch.int32)
-            t["weight_shape"] = TensorSpec((2,), torch.int64)
-        else:  # nvfp4 / mxfp4: nibble-packed E2M1 codes
-            t["weight_packed"] = TensorSpec((out_f, in_f // 2), torch.uint8)
-        if spec.scale_format in (FormatName.UE4M3, FormatName.E8M0):
-            t["weight_scale"] = TensorSpec(model_scale_shape(spec, out_f, in_f),
-                                           torch.float8_e4m3fn if spec.scale_format is FormatName.UE4M3 else torch.uint8)
-        else:
-            t["weight_scale"] = TensorSpec(scale_shape(spec, out_f, in_f), dtype)
+        store = codes_store(ct_format)
+        t = store.specs(spec, out_f, in_f)
+        t["weight_scale"] = scale_store(spec).spec(spec, out_f, in_f, dtype)
         t.update(self.common_specs(scheme, out_f, in_f, dtype=dtype, bias=bias,
                                    input_scale=dtype if input_scale else None, input_global_scale=input_global_scale))
-        if ct_format is CTFormat.PACK_QUANTIZED and "weight_zero_point" in t:  # packed along the output dim
-            groups = t["weight_zero_point"].shape[1]
-            t["weight_zero_point"] = TensorSpec((-(-out_f * spec.bits // 32), groups), torch.int32)
+        if "weight_zero_point" in t:
+            t["weight_zero_point"] = store.zero_point_spec(spec, t["weight_zero_point"])
         return t
 
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
@@ -192,6 +161,14 @@ class CompressedTensorsLayout(Layout):
             "config_groups": cg, "ignore": sorted(set(ignore)), "kv_cache_scheme": None,
             "global_compression_ratio": None, "sparsity_config": {}, "transform_config": {}, "version": CT_VERSION,
         }
+
+    def kv_tensors(self, scales, dtype):
+        return kv_scale_tensors(scales, dtype)  # in the model dtype, as compressed-tensors writes them
+
+    def add_kv_config(self, qcfg, kv_cache, scales):
+        if kv_cache is not None:  # kv_cache_scheme stays null otherwise
+            qcfg["kv_cache_scheme"] = ct_kv_cache_scheme()
+        return qcfg
 
     # ------------------------------------------------------------------ read
     def reads(self, qcfg: Mapping[str, Any]) -> bool:
@@ -252,88 +229,28 @@ class CompressedTensorsLayout(Layout):
         ct_format = ct_format_of(scheme)
         spec = scheme.weights
         what = f"layer {prefix!r} ({scheme.name}, {ct_format.value})"
-        if ct_format in (CTFormat.INT_QUANTIZED, CTFormat.FLOAT_QUANTIZED, CTFormat.MXFP8_QUANTIZED):
-            k = f"{prefix}.weight"
-            want = torch.int8 if spec.is_integer else torch.float8_e4m3fn
-            wt = check_tensor(tensors, k, need(tensors, k, what), dtypes=[want], what=what)
-            if wt.dim() != 2:
-                raise FormatError(f"tensor {where(tensors, k)} must be 2-D, has shape {tuple(wt.shape)}")
-            if spec.is_integer:
-                fmt_i = get_format(spec.format)
-                if spec.bits < 8 and bool(((wt < fmt_i.qmin) | (wt > fmt_i.qmax)).any()):
-                    raise FormatError(f"tensor {where(tensors, k)}: values outside {spec.format.value}")
-                codes = fmt_i.encode(wt.to(torch.float32))
-            else:
-                codes = wt.contiguous().view(torch.uint8)
-                check_codes(tensors, k, codes, spec, what)
-        elif ct_format is CTFormat.MXFP6_PACK_QUANTIZED:
-            k = f"{prefix}.weight_packed"
-            packed = check_tensor(tensors, k, need(tensors, k, what), dtypes=[torch.uint8], what=what)
-            if packed.dim() != 2 or packed.shape[1] % 3:
-                raise FormatError(f"tensor {where(tensors, k)} must be [out, 3 * in / 4], has shape {tuple(packed.shape)}")
-            codes = unpack_sixes(packed)
-        elif ct_format is CTFormat.PACK_QUANTIZED:
-            k, sk_ = f"{prefix}.weight_packed", f"{prefix}.weight_shape"
-            packed = check_tensor(tensors, k, need(tensors, k, what), dtypes=[torch.int32], what=what)
-            shape_t = check_tensor(tensors, sk_, need(tensors, sk_, what), shape=(2,),
-                                   dtypes=[torch.int64, torch.int32], what=what)
-            out_f, in_f = (int(v) for v in shape_t.tolist())
-            per = 32 // spec.bits
-            check_tensor(tensors, k, packed, shape=(out_f, -(-in_f // per)), what=f"{what}, weight_shape {[out_f, in_f]}")
-            codes = get_format(spec.format).encode(unpack_int32(packed, spec.bits, in_f).to(torch.float32))
-        else:
-            k = f"{prefix}.weight_packed"
-            packed = check_tensor(tensors, k, need(tensors, k, what), dtypes=[torch.uint8], what=what)
-            if packed.dim() != 2:
-                raise FormatError(f"tensor {where(tensors, k)} must be 2-D, has shape {tuple(packed.shape)}")
-            codes = unpack_nibbles(packed)
+        store = codes_store(ct_format)
+        codes = store.read(prefix, tensors, spec, what)
         out_f, in_f = codes.shape
         sshape = scale_shape(spec, out_f, in_f, prefix)
         sk = f"{prefix}.weight_scale"
-        raw = need(tensors, sk, what)
-        if spec.scale_format is FormatName.UE4M3:
-            scale = check_tensor(tensors, sk, raw, shape=sshape, dtypes=[torch.float8_e4m3fn], what=what).to(torch.float32)
-            if bool((scale < 0).any()):
-                raise FormatError(f"tensor {where(tensors, sk)} has negative block scales")
-        elif spec.scale_format is FormatName.E8M0:
-            scale = E8M0.decode(check_tensor(tensors, sk, raw, shape=sshape, dtypes=[torch.uint8], what=what))
-        else:
-            raw = _as_shape(tensors, sk, raw, sshape)
-            scale = model_scale(check_tensor(tensors, sk, raw, shape=sshape, dtypes=FLOAT_DTYPES, what=what)
-                                .to(torch.float32), spec, out_f)
-        zp = None
-        if not spec.symmetric and ct_format is CTFormat.PACK_QUANTIZED:  # int32 [ceil(out*bits/32), G]
-            zk = f"{prefix}.weight_zero_point"
-            per = 32 // spec.bits
-            zraw = check_tensor(tensors, zk, need(tensors, zk, what), shape=(-(-sshape[0] // per), sshape[1]),
-                                dtypes=[torch.int32], what=what)
-            zp = unpack_int32(zraw.t().contiguous(), spec.bits, sshape[0]).t().to(torch.int8).contiguous()
-        elif not spec.symmetric:
-            zk = f"{prefix}.weight_zero_point"
-            zraw = _as_shape(tensors, zk, need(tensors, zk, what), sshape)
-            zp = check_tensor(tensors, zk, zraw, shape=sshape, dtypes=[torch.int8], what=what)
+        scale = scale_store(spec).read(tensors, sk, need(tensors, sk, what), spec, sshape, out_f, what)
+        zp = None if spec.symmetric else store.read_zero_point(prefix, tensors, spec, sshape, what)
         gs = None
         if spec.global_scale:
             gk = f"{prefix}.weight_global_scale"
-            graw = _as_shape(tensors, gk, need(tensors, gk, what), (1,))
+            graw = as_shape(tensors, gk, need(tensors, gk, what), (1,))
             gs = check_tensor(tensors, gk, graw, shape=(1,), dtypes=[torch.float32], what=what)
         a = scheme.input_activations
         isc = igs = None
         if a is not None and a.dynamic is Dynamic.STATIC:
             ik = f"{prefix}.input_scale"
-            iraw = _as_shape(tensors, ik, need(tensors, ik, f"{what} static input"), (1,))
+            iraw = as_shape(tensors, ik, need(tensors, ik, f"{what} static input"), (1,))
             isc = check_tensor(tensors, ik, iraw, shape=(1,), dtypes=FLOAT_DTYPES, what=what).to(torch.float32)
         if a is not None and a.global_scale:
             ik = f"{prefix}.input_global_scale"
-            iraw = _as_shape(tensors, ik, need(tensors, ik, f"{what} NVFP4 input"), (1,))
+            iraw = as_shape(tensors, ik, need(tensors, ik, f"{what} NVFP4 input"), (1,))
             igs = check_tensor(tensors, ik, iraw, shape=(1,), dtypes=[torch.float32], what=what)
         bias = read_bias(prefix, tensors, out_f)
         return LinearRead(QuantizedTensor(codes, scale, spec, zp, gs), bias, isc, igs)
 
-
-def _as_shape(tensors, name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """Accept the equivalent shapes writers use for a scale ([] or [1] for per-tensor, [out] for
-    per-channel [out, 1]); anything else is left for check_tensor to report."""
-    if tuple(t.shape) != tuple(shape) and t.numel() == torch.Size(shape).numel() and t.dim() <= len(shape):
-        return t.reshape(shape)
-    return t

@@ -75,6 +75,21 @@ class FakeLayout(Layout):
         cfg["static_scales"] = {k: dict(v) for k, v in sorted((static_scales or {}).items())}
         return cfg
 
+    def kv_tensors(self, scales, dtype):
+        return {}  # the KV scales live in the config (kv_cache.scales): plain transformers reads the folder
+
+    def add_kv_config(self, qcfg, kv_cache, scales):
+        from lowbit.formats.kv_layout import lowbit_kv_entry
+
+        if kv_cache is not None:
+            qcfg["kv_cache"] = lowbit_kv_entry(kv_cache, scales)
+        return qcfg
+
+    def read_kv_scales(self, parsed, tensors, modules):
+        from lowbit.formats.kv_layout import config_kv_scales
+
+        return config_kv_scales(parsed, modules)
+
     def reads(self, qcfg: Mapping[str, Any]) -> bool:
         return qcfg.get("quant_method") == "lowbit" and qcfg.get("format") == self.format.value
 
@@ -97,7 +112,7 @@ class FakeLayout(Layout):
                     raise FormatError(f"{w}: static_scales[{layer!r}][{k!r}] must be a positive number, got {v!r}")
         from lowbit.formats.kv_layout import parse_lowbit_kv
 
-        kv_cache, kv_scales = parse_lowbit_kv(qcfg.get("kv_cache"), Format.FAKE, w)
+        kv_cache, kv_scales = parse_lowbit_kv(qcfg.get("kv_cache"), w, scales=True)
         return ParsedConfig(Format.FAKE, scheme_groups(qcfg, w), list(qcfg["ignore"]), static_scales=scales,
                             source="lowbit", kv_cache=kv_cache, kv_scales=kv_scales)
 

@@ -159,6 +159,12 @@ class GptqLayout(Layout):
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
         raise FormatError(f"lowbit does not write {PACKING} checkpoints")
 
+    def kv_tensors(self, scales, dtype):
+        raise FormatError(f"lowbit does not write {PACKING} checkpoints")
+
+    def add_kv_config(self, qcfg, kv_cache, scales):
+        raise FormatError(f"lowbit does not write {PACKING} checkpoints")
+
     def reads(self, qcfg):
         return False  # read through an auto-round quantization_config (lowbit.formats.autoround)
 

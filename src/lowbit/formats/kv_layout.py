@@ -10,7 +10,8 @@ Per attention module ``A`` (``model.layers.{i}.self_attn``), the names vLLM load
 
 Reading accepts only the FP8 per-tensor static symmetric scheme (anything else is a FormatError
 naming ``kv_cache_scheme``/``kv_cache``) and scales of shape [1] or [] in a float dtype, returned
-as float32 [1]. Pure functions: no model.
+as float32 [1]. Pure functions: no model. Which row a format writes is its layout's choice
+(``Layout.kv_tensors``, ``Layout.add_kv_config``); the helpers here build the rows.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Mapping
 import torch
 
 from lowbit.errors import FormatError, SchemeError
-from lowbit.formats.base import FLOAT_DTYPES, Format, ParsedConfig, check_tensor, need, where
+from lowbit.formats.base import FLOAT_DTYPES, ParsedConfig, check_tensor, need, where
 from lowbit.kvcache import KV_FP8
 from lowbit.kvcache.spec import KV_SPEC
 from lowbit.schemes import QuantSpec, Scheme
@@ -28,38 +29,31 @@ from lowbit.schemes import QuantSpec, Scheme
 KV_TENSORS = ("k_scale", "v_scale")
 
 
-def _ct_args() -> dict[str, Any]:
+KVScales = Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def ct_kv_cache_scheme() -> dict[str, Any]:
+    """compressed-tensors' ``kv_cache_scheme``: the QuantizationArgs of ``KV_SPEC``."""
     from lowbit.formats.ct_args import spec_to_args
 
     return spec_to_args(KV_SPEC, Scheme("kv-cache-fp8", KV_SPEC), False)
 
 
-def kv_tensors(checkpoint_format: Format, scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-               dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """{``A.k_scale``: ..., ``A.v_scale``: ...} for ``scales`` {A: (k, v)} in format ``checkpoint_format``
-    (the model ``dtype`` for compressed-tensors, float32 for lowbit, nothing for fake)."""
-    if checkpoint_format is Format.FAKE:
-        return {}
-    out_dtype = dtype if checkpoint_format is Format.COMPRESSED_TENSORS else torch.float32
-    return {f"{a}.{n}": t.detach().to(torch.float32).to(out_dtype).reshape(1).clone().cpu()
+def kv_scale_tensors(scales: KVScales, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """{``A.k_scale``: ..., ``A.v_scale``: ...} [1] in ``dtype`` (through float32) for ``scales``
+    {A: (k, v)}: what formats that store the KV scales as tensors write (``Layout.kv_tensors``)."""
+    return {f"{a}.{n}": t.detach().to(torch.float32).to(dtype).reshape(1).clone().cpu()
             for a, pair in scales.items() for n, t in zip(KV_TENSORS, pair)}
 
 
-def add_kv_config(checkpoint_format: Format, qcfg: dict[str, Any], kv_cache: str | None,
-                  scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
-    """``qcfg`` with the KV-cache entry of ``checkpoint_format`` (nothing added for ``kv_cache=None``, except
-    that compressed-tensors' ``kv_cache_scheme`` stays null)."""
-    if kv_cache is None:
-        return qcfg
-    if checkpoint_format is Format.COMPRESSED_TENSORS:
-        qcfg["kv_cache_scheme"] = _ct_args()
-        return qcfg
+def lowbit_kv_entry(kv_cache: str, scales: KVScales | None = None) -> dict[str, Any]:
+    """The ``kv_cache`` config entry of lowbit's own formats; with ``scales`` (the ``fake`` format)
+    the scales too, as exact float32 values."""
     entry: dict[str, Any] = {"name": kv_cache, "spec": KV_SPEC.to_dict()}
-    if checkpoint_format is Format.FAKE:
+    if scales is not None:
         entry["scales"] = {a: {n: float(t.to(torch.float32).reshape(-1)[0]) for n, t in zip(KV_TENSORS, pair)}
                            for a, pair in sorted(scales.items())}
-    qcfg["kv_cache"] = entry
-    return qcfg
+    return entry
 
 
 def parse_ct_kv(args: Any, w: str) -> str | None:
@@ -78,11 +72,12 @@ def parse_ct_kv(args: Any, w: str) -> str | None:
     return KV_FP8
 
 
-def parse_lowbit_kv(entry: Any, checkpoint_format: Format, w: str) -> tuple[str | None, dict[str, dict[str, float]]]:
-    """lowbit/fake ``kv_cache`` entry: (None or "fp8", fake's per-module scales)."""
+def parse_lowbit_kv(entry: Any, w: str, *, scales: bool = False) -> tuple[str | None, dict[str, dict[str, float]]]:
+    """lowbit/fake ``kv_cache`` entry: (None or "fp8", its per-module scales); ``scales``: whether
+    the entry holds them (the ``fake`` format), else it must not."""
     if entry is None:
         return None, {}
-    keys = {"name", "spec"} | ({"scales"} if checkpoint_format is Format.FAKE else set())
+    keys = {"name", "spec"} | ({"scales"} if scales else set())
     if not isinstance(entry, dict) or set(entry) != keys:
         raise FormatError(f"{w}: 'kv_cache' must have exactly {sorted(keys)}")
     try:
@@ -92,31 +87,40 @@ def parse_lowbit_kv(entry: Any, checkpoint_format: Format, w: str) -> tuple[str 
     if entry["name"] != KV_FP8 or spec != KV_SPEC:
         raise FormatError(f"{w}: kv_cache {entry['name']!r} ({spec.describe()}) is not supported; lowbit reads only "
                           f"{KV_FP8!r} ({KV_SPEC.describe()})")
-    scales = entry.get("scales", {})
-    if not isinstance(scales, dict):
+    per_module = entry.get("scales", {})
+    if not isinstance(per_module, dict):
         raise FormatError(f"{w}: kv_cache 'scales' must map attention modules to their scales")
-    for a, e in scales.items():
+    for a, e in per_module.items():
         if not isinstance(e, dict) or set(e) != set(KV_TENSORS) or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in e.values()):
             raise FormatError(f"{w}: kv_cache scales[{a!r}] must have exactly positive 'k_scale' and 'v_scale'")
-    return KV_FP8, scales
+    return KV_FP8, per_module
 
 
-def read_kv_scales(parsed: ParsedConfig, tensors: Mapping[str, torch.Tensor],
-                   modules: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{A: (k_scale, v_scale)} float32 [1] for every attention module name in ``modules`` of a
-    folder whose config has a KV cache (``parsed.kv_cache``); {} otherwise. A missing scale is a
-    FormatError naming it."""
+def config_kv_scales(parsed: ParsedConfig, modules: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{A: (k_scale, v_scale)} float32 [1] from the config's scales (``parsed.kv_scales``, the
+    ``fake`` format) for every attention module in ``modules``; {} without a KV cache. A module
+    without scales is a FormatError naming it."""
     if parsed.kv_cache is None:
         return {}
     out = {}
     for a in modules:
-        if parsed.format is Format.FAKE:
-            e = parsed.kv_scales.get(a)
-            if e is None:
-                raise FormatError(f"config.json quantization_config kv_cache: no scales for attention module {a!r}")
-            out[a] = tuple(torch.tensor([e[n]], dtype=torch.float32) for n in KV_TENSORS)
-            continue
+        e = parsed.kv_scales.get(a)
+        if e is None:
+            raise FormatError(f"config.json quantization_config kv_cache: no scales for attention module {a!r}")
+        out[a] = tuple(torch.tensor([e[n]], dtype=torch.float32) for n in KV_TENSORS)
+    return out
+
+
+def tensor_kv_scales(parsed: ParsedConfig, tensors: Mapping[str, torch.Tensor],
+                     modules: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{A: (k_scale, v_scale)} float32 [1] from the tensors ``A.k_scale`` / ``A.v_scale`` (any
+    float dtype, shape [1] or []) for every attention module in ``modules``; {} without a KV
+    cache (``parsed.kv_cache``). A missing or non-positive scale is a FormatError naming it."""
+    if parsed.kv_cache is None:
+        return {}
+    out = {}
+    for a in modules:
         pair = []
         for n in KV_TENSORS:
             k = f"{a}.{n}"

@@ -205,6 +205,18 @@ class LowbitLayout(Layout):
     def quantization_config_groups(self, groups, ignore=(), *, static_scales=None):
         return lowbit_quantization_config(Format.LOWBIT, groups, ignore)
 
+    def kv_tensors(self, scales, dtype):
+        from lowbit.formats.kv_layout import kv_scale_tensors
+
+        return kv_scale_tensors(scales, torch.float32)  # exact
+
+    def add_kv_config(self, qcfg, kv_cache, scales):
+        from lowbit.formats.kv_layout import lowbit_kv_entry
+
+        if kv_cache is not None:
+            qcfg["kv_cache"] = lowbit_kv_entry(kv_cache)
+        return qcfg
+
     # ------------------------------------------------------------------ read
     def reads(self, qcfg: Mapping[str, Any]) -> bool:
         return qcfg.get("quant_method") == "lowbit" and qcfg.get("format") == self.format.value
@@ -221,7 +233,7 @@ class LowbitLayout(Layout):
             raise FormatError(f"{w}: 'ignore' must be a list of layer names")
         from lowbit.formats.kv_layout import parse_lowbit_kv
 
-        kv_cache, _ = parse_lowbit_kv(qcfg.get("kv_cache"), Format.LOWBIT, w)
+        kv_cache, _ = parse_lowbit_kv(qcfg.get("kv_cache"), w)
         return ParsedConfig(Format.LOWBIT, scheme_groups(qcfg, w), list(ignore), source="lowbit",
                             extra={"format_version": version}, kv_cache=kv_cache)
 
