@@ -17,14 +17,13 @@ it replaces.
 from __future__ import annotations
 
 import copy
-import inspect
 
 import torch
 import torch.nn as nn
 
 from lowbit.errors import QuantizationError
 from lowbit.moe.experts import ExpertList, ExpertMLP, Gate, GateKind
-from lowbit.moe.slices import FusedLayout, Proj, expert_part
+from lowbit.moe.slices import FusedLayout, Proj, expert_part, linear_of, positional_arity
 
 
 class BatchedExperts(ExpertList):
@@ -50,23 +49,15 @@ def is_batched_experts(module: nn.Module) -> bool:
         return False
     if isinstance(getattr(module, "is_transposed", None), bool):  # transformers' flagged kind: split.py
         return False
-    params = [p for p in inspect.signature(module.forward).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(params) == 1
-
-
-def _linear(w: torch.Tensor) -> nn.Linear:
-    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
-    lin.weight = nn.Parameter(w, requires_grad=False)
-    return lin
+    return positional_arity(module) == 1
 
 
 def _build(module: nn.Module, layout: FusedLayout) -> BatchedExperts:
     gate = Gate(GateKind.ACT_MUL, act=module.act_fn)
     up_all, down_all = module.gate_up_proj.detach(), module.down_proj.detach()
-    return BatchedExperts([ExpertMLP(_linear(expert_part(up_all, e, Proj.GATE, layout)),
-                                     _linear(expert_part(up_all, e, Proj.UP, layout)),
-                                     _linear(expert_part(down_all, e, Proj.DOWN, layout)), gate)
+    return BatchedExperts([ExpertMLP(linear_of(expert_part(up_all, e, Proj.GATE, layout)),
+                                     linear_of(expert_part(up_all, e, Proj.UP, layout)),
+                                     linear_of(expert_part(down_all, e, Proj.DOWN, layout)), gate)
                            for e in range(module.num_experts)], layout)
 
 

@@ -21,12 +21,12 @@ routed to is called on no rows, as in the fused module.
 from __future__ import annotations
 
 import copy
-import inspect
 
 import torch
 import torch.nn as nn
 
 from lowbit.errors import QuantizationError
+from lowbit.moe.slices import linear_of, positional_arity
 
 
 class GroupedLinears(nn.Module):
@@ -67,19 +67,11 @@ def is_grouped_linears(module: nn.Module) -> bool:
     """Whether ``module`` is a grouped per-expert linear (module docstring)."""
     if isinstance(module, GroupedLinears) or _weight(module) is None:
         return False
-    params = [p for p in inspect.signature(module.forward).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(params) == 2
-
-
-def _linear(w: torch.Tensor) -> nn.Linear:
-    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
-    lin.weight = nn.Parameter(w, requires_grad=False)
-    return lin
+    return positional_arity(module) == 2
 
 
 def _build(w: torch.Tensor, transposed: bool, leaf: str = "weight") -> GroupedLinears:
-    return GroupedLinears([_linear(w[e].t().contiguous() if transposed else w[e].clone())
+    return GroupedLinears([linear_of(w[e].t().contiguous() if transposed else w[e].clone())
                            for e in range(w.shape[0])], transposed, leaf)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 import torch
+import torch.nn as nn
 
 
 class Proj(str, Enum):
@@ -63,3 +64,19 @@ def part_shape(shape: tuple[int, ...], proj: Proj, layout: FusedLayout) -> tuple
     n = inner[0]
     rows = len(range(n)[_rows(proj, layout, n)])
     return (rows,) + inner[1:]
+
+
+def linear_of(w: torch.Tensor) -> nn.Linear:
+    """An ``nn.Linear`` (no bias) holding ``w`` [out, in] as its weight, built without allocating."""
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+    lin.weight = nn.Parameter(w, requires_grad=False)
+    return lin
+
+
+def positional_arity(module: nn.Module) -> int:
+    """How many positional parameters ``module.forward`` takes (the fused-expert kinds tell
+    themselves apart by it: batched experts take the tokens, grouped linears tokens and counts)."""
+    import inspect
+
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in inspect.signature(module.forward).parameters.values())
