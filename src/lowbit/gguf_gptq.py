@@ -74,9 +74,9 @@ def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tens
            options: GPTQOptions, name: str) -> torch.Tensor | None:
     """Weight ``name``'s rows encoded in ``kind``: the importance-weighted search's scales, GPTQ's
     codes (None for a weight that is not a matrix: stacked experts keep the writer's encoding)."""
-    from lowbit.formats.gguf.writer import _float
+    from lowbit.formats.gguf.writer import float_weight
 
-    W = _float(weights(name), name)
+    W = float_weight(weights(name), name)
     if W.dim() != 2:
         return None
     data = encode(W, kind, name, importance=importance)

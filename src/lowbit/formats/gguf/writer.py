@@ -151,7 +151,7 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
                     report.from_encoded.append(t.name)
                 continue
             if isinstance(t, RowMap):  # rows of HF weights
-                values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: _float(get(n), n))))
+                values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: float_weight(get(n), n))))
             else:
                 values = torch.from_numpy(np.ascontiguousarray(t.array))
             if kind == F16:
@@ -190,7 +190,7 @@ def _encode_all(plan, types, get, importance, encoded) -> dict[str, np.ndarray]:
         if _all_encoded(t, kind, encoded):
             return t.gather(lambda n: encoded[n][1]).numpy()
         if isinstance(t, RowMap):
-            values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: _float(get(n), n))))
+            values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: float_weight(get(n), n))))
             groups = _rows_importance(t, importance) if importance else None
         else:
             values, groups = torch.from_numpy(np.ascontiguousarray(t.array)), None
@@ -209,7 +209,7 @@ def _all_encoded(t, kind: GgmlType, encoded) -> bool:
             and all(n in encoded and encoded[n][0] is kind for n in t.sources))
 
 
-def _float(t: Any, name: str) -> torch.Tensor:
+def float_weight(t: Any, name: str) -> torch.Tensor:
     """A source weight as float32 (a FormatError naming it when it holds NaN or infinities)."""
     x = torch.as_tensor(t).detach().to(torch.float32)
     if not bool(torch.isfinite(x).all()):
