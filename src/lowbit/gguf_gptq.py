@@ -102,11 +102,10 @@ def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str]
             for w in names[n]:
                 importance[w] = imp[n]
         jobs = [(w, n) for n in want for w in names[n] if w in kinds]
-        full = {id(h): h for h in hess.values()}
-        full = {k: h.value() for k, h in full.items()}  # linears reading one input share it
         workers = max(1, torch.get_num_threads())
         with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [(w, pool.submit(_round, weights, kinds[w], imp[n], full[id(hess[n])], options, w))
+            # HessianSum.upper(): the sum as kept, GPTQ reads only its upper triangle (no mirrored copy)
+            futures = [(w, pool.submit(_round, weights, kinds[w], imp[n], hess[n].upper(), options, w))
                        for w, n in jobs]
             for w, f in futures:
                 if progress is not None:
@@ -114,5 +113,5 @@ def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str]
                 got = f.result()  # in order: the first error is raised
                 if got is not None:
                     encoded[w] = (kinds[w], got)
-        del hess, full
+        del hess
     return importance, encoded

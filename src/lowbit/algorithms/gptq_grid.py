@@ -48,8 +48,7 @@ def gptq_on_grid(W: torch.Tensor, H: torch.Tensor, grid: GgmlGrid, options: GPTQ
         for i in range(i2 - i1):
             j = i1 + i
             w = W1[i]
-            c = torch.round((w + offset[j]) / div[j]).add_(grid.zero).clamp_(lo, hi)
-            c = torch.where(zero_step[j], torch.full_like(c, fill), c)
+            c = torch.round((w + offset[j]) / div[j]).add_(grid.zero).clamp_(lo, hi).masked_fill_(zero_step[j], fill)
             codes[j] = c
             q = step[j] * (c - grid.zero) - offset[j]
             torch.sub(w, q, out=E1[i])

@@ -61,8 +61,7 @@ def gguf_plan(o, plan_cls):
     weights = parse_calib_weights(o.calib, o.calib_weights)
     data = calib_data_options(o.calib_pack, o.chat_template, o.calib_column, o.calib_split)
     sizes = {k: v for k, v in (("num_samples", o.calib_samples), ("seq_len", o.calib_seq_len)) if v is not None}
-    rounding = parse_weight_rounding(o.weight_rounding)
-    config = CalibrationConfig(**sizes, **data, **({"weight_rounding": rounding} if rounding else {}))
+    config = CalibrationConfig(**sizes, **data, weight_rounding=parse_weight_rounding(o.weight_rounding))
     calibration = None if o.model_free else (calibration_arg(o.calib, weights) or "builtin")
     return plan_cls(source=folder, output=out, assignment=SchemePlan(label=label), checkpoint_format="gguf",
                     path=RunPath.GGUF, calibration=calibration, config=config, smoothquant=None, method=None,

@@ -150,10 +150,7 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
                 if _all_encoded(t, kind, encoded):
                     report.from_encoded.append(t.name)
                 continue
-            if isinstance(t, RowMap):  # rows of HF weights
-                values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: float_weight(get(n), n))))
-            else:
-                values = torch.from_numpy(np.ascontiguousarray(t.array))
+            values = _values(t, get)
             if kind == F16:
                 writer.add_tensor(t.name, values.to(torch.float16).numpy())
                 report.types[t.name] = "F16"
@@ -189,18 +186,22 @@ def _encode_all(plan, types, get, importance, encoded) -> dict[str, np.ndarray]:
     def job(t, kind):
         if _all_encoded(t, kind, encoded):
             return t.gather(lambda n: encoded[n][1]).numpy()
-        if isinstance(t, RowMap):
-            values = torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: float_weight(get(n), n))))
-            groups = _rows_importance(t, importance) if importance else None
-        else:
-            values, groups = torch.from_numpy(np.ascontiguousarray(t.array)), None
-        return encode_rows(values.to(torch.float32), kind, t.name, groups)
+        groups = _rows_importance(t, importance) if importance and isinstance(t, RowMap) else None
+        return encode_rows(_values(t, get).to(torch.float32), kind, t.name, groups)
 
     jobs = [(t, types[t.name]) for t in plan.tensors if isinstance(types.get(t.name), GgmlType)]
     workers = max(1, torch.get_num_threads())
     with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [(t.name, pool.submit(job, t, kind)) for t, kind in jobs]
         return {name: f.result() for name, f in futures}  # in order: the first error is raised
+
+
+def _values(t, get) -> torch.Tensor:
+    """A plan tensor's values: a RowMap's rows gathered from the HF weights (float32, checked
+    finite), or the converter's own array."""
+    if isinstance(t, RowMap):
+        return torch.as_tensor(np.ascontiguousarray(t.gather(lambda n: float_weight(get(n), n))))
+    return torch.from_numpy(np.ascontiguousarray(t.array))
 
 
 def _all_encoded(t, kind: GgmlType, encoded) -> bool:
