@@ -51,9 +51,7 @@ def test_an_argument_that_cannot_be_cut_is_named():
 def _gemma3n():
     from helpers.families import tiny_model
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return tiny_model("gemma3n_text")
+    return tiny_model("gemma3n_text")
 
 
 def test_gemma3n_windows_are_cut_along_the_batch_axis_of_its_stream():

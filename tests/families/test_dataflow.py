@@ -4,8 +4,6 @@ routers found by their top-k."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -16,12 +14,6 @@ from lowbit.linearize import linearize
 from lowbit.modules.qlinear import QuantLinear
 from lowbit.param_uses import ParamKind
 from lowbit.targets import quantizable_linears, survey_weights
-
-
-def _model(t):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return tiny_model(t)
 
 
 def _replayed(model, tokens):
@@ -38,7 +30,7 @@ def _replayed(model, tokens):
 
 
 def test_gemma4_layers_get_their_own_rope_and_replay_equals_the_forward():
-    model = _model("gemma4_text")
+    model = tiny_model("gemma4_text")
     tokens = torch.randint(3, 256, (4, 16), generator=torch.Generator().manual_seed(0))
     calls, last = _replayed(model, tokens)
     assert calls.kinds == 2 and "position_embeddings" in calls.keys  # sliding and full attention
@@ -51,23 +43,23 @@ def test_gemma4_layers_get_their_own_rope_and_replay_equals_the_forward():
 
 
 def test_a_uniform_model_replays_the_first_call_unchanged():
-    calls, _ = _replayed(_model("llama"), torch.randint(3, 256, (2, 8)))
+    calls, _ = _replayed(tiny_model("llama"), torch.randint(3, 256, (2, 8)))
     assert calls.keys == () and calls.kinds == 1
 
 
 def test_mamba_weights_by_what_the_forward_does():
-    s = survey_weights(_model("mamba"))
+    s = survey_weights(tiny_model("mamba"))
     assert s.kinds["backbone.layers.0.mixer.A_log"] is ParamKind.ELEMENTWISE
     assert s.kinds["backbone.layers.0.mixer.conv1d.weight"] is ParamKind.DEPTHWISE_CONV
     assert s.read_directly == ["backbone.layers.0.mixer.dt_proj", "backbone.layers.1.mixer.dt_proj"]
 
 
 def test_score_correction_bias_is_not_a_target_and_routers_are_found_by_topk():
-    ernie = _model("ernie4_5_moe")
+    ernie = tiny_model("ernie4_5_moe")
     linearize(ernie)
     s = survey_weights(ernie)
     assert s.kinds == {"model.layers.1.mlp.gate.moe_statics.e_score_correction_bias": ParamKind.ELEMENTWISE}
-    hy = _model("hunyuan_v1_moe")
+    hy = tiny_model("hunyuan_v1_moe")
     linearize(hy)
     assert survey_weights(hy).routers == ["model.layers.0.mlp.gate.wg", "model.layers.1.mlp.gate.wg"]
 
@@ -78,11 +70,11 @@ def test_an_indexer_scoring_tokens_for_top_k_is_a_router_and_stays_float():
     # weights_proj.weight.dtype, which a quantized module would not have
     import lowbit
 
-    model = _model("axk2")
+    model = tiny_model("axk2")
     linearize(model)
     assert survey_weights(model).routers == ["model.layers.0.self_attn.indexer.weights_proj",
                                              "model.layers.1.self_attn.indexer.weights_proj"]
-    model = _model("axk2")
+    model = tiny_model("axk2")
     tokens = torch.randint(3, 256, (4, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = model(input_ids=tokens, use_cache=False).logits
@@ -113,7 +105,7 @@ def test_a_matmul_weight_in_a_plain_parameter_is_a_target():
 def test_llama4_batched_experts_are_split_and_compute_the_same():
     from lowbit.moe.batched import BatchedExperts
 
-    model = _model("llama4_text")
+    model = tiny_model("llama4_text")
     tokens = torch.randint(3, 256, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = model(input_ids=tokens, use_cache=False).logits
@@ -132,7 +124,7 @@ def _flow_maps(model_type):
     from lowbit.algorithms.smoothquant.mappings import expand_for_layer, mappings_for
     from lowbit.moe import all_tokens
 
-    model = _model(model_type)
+    model = tiny_model(model_type)
     linearize(model)
     names = quantizable_linears(model)
     path, layers = find_decoder_layers(model, names)

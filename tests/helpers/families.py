@@ -14,6 +14,7 @@ divides the input width of every attention and MLP linear. Random weights, seed 
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 
@@ -72,8 +73,11 @@ def tiny_config(model_type: str):
 
 
 def tiny_model(model_type: str, seed: int = 0) -> torch.nn.Module:
-    """The family's causal LM from ``tiny_config``, float32, eval mode, seed ``seed``."""
+    """The family's causal LM from ``tiny_config``, float32, eval mode, seed ``seed``; built with
+    warnings silenced (transformers' remarks on the tiny sizes are not what the tests check)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(tiny_config(model_type), dtype=torch.float32).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_config(tiny_config(model_type), dtype=torch.float32).eval()

@@ -49,9 +49,7 @@ def test_a_grouped_module_is_split_in_the_layout_its_forward_computes():
 def _jetmoe():
     from helpers.families import tiny_model
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return tiny_model("jetmoe")
+    return tiny_model("jetmoe")
 
 
 def test_jetmoe_experts_are_split_and_compute_the_same():

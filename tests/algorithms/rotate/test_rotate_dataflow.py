@@ -5,7 +5,6 @@ what a rotation cannot follow refused by the module that does it."""
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 import torch
@@ -19,12 +18,6 @@ from lowbit.errors import QuantizationError
 from lowbit.moe import split_experts
 
 IDS = torch.randint(3, 256, (2, 16), generator=torch.Generator().manual_seed(5))
-
-
-def _family(t):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return tiny_model(t)
 
 
 def _split_moe(family):
@@ -72,12 +65,12 @@ def _rotated(model):
 # families the table lacked; R2 pairs: attention layers whose v -> o the flow found (Phi-3's fused
 # qkv_proj, MLA's kv_b_proj and Qwen3-Next's gated attention output have none; Mamba has no attention)
 @pytest.mark.parametrize("build, pairs, layers", [
-    (lambda: _family("granite"), 2, 2),          # residual and embedding multipliers (scalars)
-    (lambda: _family("phi3"), 0, 2),
-    (lambda: _family("hunyuan_v1_moe"), 2, 2),   # a router called as a linear, shared MLP
-    (lambda: _family("qwen3_next"), 0, 2),       # Gated DeltaNet + gated attention, Gemma-style (1 + w) norms
-    (lambda: _family("nemotron_h"), 1, 4),       # hybrid: Mamba, attention and MLP layers
-    (lambda: _family("mamba"), 0, 2),
+    (lambda: tiny_model("granite"), 2, 2),          # residual and embedding multipliers (scalars)
+    (lambda: tiny_model("phi3"), 0, 2),
+    (lambda: tiny_model("hunyuan_v1_moe"), 2, 2),   # a router called as a linear, shared MLP
+    (lambda: tiny_model("qwen3_next"), 0, 2),       # Gated DeltaNet + gated attention, Gemma-style (1 + w) norms
+    (lambda: tiny_model("nemotron_h"), 1, 4),       # hybrid: Mamba, attention and MLP layers
+    (lambda: tiny_model("mamba"), 0, 2),
     (lambda: _split_moe("gpt_oss"), 2, 2),       # clamped SwiGLU experts with biases, attention sinks
     (lambda: _split_moe("deepseek_v3"), 0, 2),   # MLA, shared experts, a router read by F.linear
 ])
@@ -90,7 +83,7 @@ def test_families_the_table_lacked_rotate_exactly(build, pairs, layers):
 
 
 def test_hybrid_report_says_where_r2_applies():
-    _, report = _rotated(_family("nemotron_h"))
+    _, report = _rotated(tiny_model("nemotron_h"))
     assert report.describe() == "rotated (hadamard): residual stream R1 128, per-head R2 32 on 1 attention layer, " \
                                 "4 layers"
 
@@ -102,7 +95,7 @@ def test_hybrid_report_says_where_r2_applies():
     ("olmo2", ["Olmo2ForCausalLM", "model.layers.0.post_attention_layernorm", "cannot be rotated by fusion"]),
 ])
 def test_what_touches_the_stream_otherwise_is_refused_naming_the_module(family, names):
-    model = _family(family)
+    model = tiny_model(family)
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(QuantizationError) as e:
         rotate_model(model, "hadamard")
