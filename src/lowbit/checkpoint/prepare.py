@@ -34,13 +34,11 @@ def prepares_in_forward(config) -> bool:
     """Whether the model ``config`` describes writes any of its parameters in place during its
     first forward in evaluation mode (module docstring)."""
     try:
-        from accelerate import init_empty_weights
-        from transformers import AutoModelForCausalLM
+        from lowbit.meta_model import meta_model
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with init_empty_weights(include_buffers=True):
-                meta = AutoModelForCausalLM.from_config(config).eval()
+            meta = meta_model(config)
             before = {n: p._version for n, p in meta.named_parameters(remove_duplicate=False)}
             with torch.no_grad():
                 meta(input_ids=_two_tokens("meta"), use_cache=False)

@@ -37,16 +37,15 @@ def _set_apart(folder: str, _config_digest: str) -> tuple[str, ...] | None:
     from lowbit.param_uses import trace_call
 
     try:
-        from accelerate import init_empty_weights
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         from lowbit.linearize import linearize
+        from lowbit.meta_model import meta_model
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cfg = AutoConfig.from_pretrained(folder)
-            with init_empty_weights(include_buffers=True):
-                model = AutoModelForCausalLM.from_config(cfg).eval()
+            model = meta_model(cfg)
             linearize(model)
     except Exception:  # noqa: BLE001 - a config transformers cannot build: nothing is known
         return None

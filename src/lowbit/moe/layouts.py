@@ -31,12 +31,11 @@ def fused_layouts(folder: str | Path) -> dict[str, FusedLayout]:
 @lru_cache(maxsize=8)
 def _layouts(folder: str, _config_digest: str) -> tuple:
     try:
-        from accelerate import init_empty_weights
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(folder)
-        with init_empty_weights(include_buffers=True):
-            model = AutoModelForCausalLM.from_config(cfg)
+        from lowbit.meta_model import meta_model
+
+        model = meta_model(AutoConfig.from_pretrained(folder))
     except Exception:  # noqa: BLE001 - a config transformers cannot build: no layout is known
         return ()
     return tuple((n, FusedLayout(transposed=m.is_transposed, concatenated=m.is_concatenated,
