@@ -168,15 +168,7 @@ def compare_cmd(
     quiet_progress(progress)
     calib_options: dict = {} if sink_positions is None else {"sink_positions": sink_positions}
     calib_options.update(calib_data_options(calib_pack, chat_template, calib_column, calib_split))
-    preset = parse_calib_preset(calib_preset)
-    if preset is not None:
-        from lowbit.calibration import CALIBRATION_PRESETS
-
-        fields = dict(CALIBRATION_PRESETS[preset])
-        n, sl = fields.pop("num_samples", None), fields.pop("seq_len", None)
-        calib_samples = n if calib_samples is None else calib_samples
-        calib_seq_len = sl if calib_seq_len is None else calib_seq_len
-        calib_options.update(fields)
+    preset = parse_calib_preset(calib_preset)  # expanded by CompareOptions / resolve_method, as quantize's
     wr = parse_weight_rounding(weight_rounding)
     if wr is not None:
         calib_options["weight_rounding"] = wr.value
@@ -200,7 +192,7 @@ def compare_cmd(
     opts = CompareOptions(schemes=rows, recipes=list(recipe or ()), target_bits=budgets,
                           candidates=[c.name for c in cands], limit=limit, window=window, stride=stride,
                           lastword=lastword, lastword_context=lastword_context, text_file=text,
-                          calib=calibration_arg(calib, weights),
+                          calib=calibration_arg(calib, weights), calib_preset=preset,
                           calib_samples=calib_samples, calib_seq_len=calib_seq_len,
                           calib_options=calib_options, smoothquant=parse_smoothquant(smoothquant),
                           backend=backend, save_format=save_format, progress=progress, kv_cache=kv,

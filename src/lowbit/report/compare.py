@@ -62,8 +62,10 @@ class CompareOptions:
     text_file: str | None = None    # evaluation text (default: built-in)
     calib: object = None            # lowbit.quantize's calibration= (a path, "builtin", CalibrationSources...;
     #                                  default None: lowbit's built-in calibration text)
-    calib_samples: int | None = None    # None: CalibrationConfig's default (as lowbit.quantize)
-    calib_seq_len: int | None = None    # None: CalibrationConfig's default
+    calib_preset: str | None = None     # a name of CALIBRATION_PRESETS: its fields under calib_options and the
+    #                                      calib_samples / calib_seq_len given (as lowbit.quantize's preset=)
+    calib_samples: int | None = None    # None: the preset's, else CalibrationConfig's default (as lowbit.quantize)
+    calib_seq_len: int | None = None    # None: the preset's, else CalibrationConfig's default
     # SmoothQuant, as lowbit.quantize takes it (scheme_alphas, for every row and every group of a recipe):
     # DEFAULT (the per-format alpha of lowbit.algorithms.smoothquant.defaults: 0.8 static INT8 inputs,
     # 0.5 static FP8 ones, none for the others), an alpha in [0, 1] or "auto" (every scheme), "none" / None (off)
@@ -82,11 +84,12 @@ class CompareOptions:
     candidates: list[str] = field(default_factory=list)     # ... choosing among these schemes
 
     def __post_init__(self) -> None:
-        # one calibration budget default: lowbit.quantize's (CalibrationConfig's)
+        # one calibration budget default: lowbit.quantize's (the preset's, else CalibrationConfig's)
+        budget = CalibrationConfig.preset(self.calib_preset) if self.calib_preset is not None else CalibrationConfig
         if self.calib_samples is None:
-            self.calib_samples = CalibrationConfig.num_samples
+            self.calib_samples = budget.num_samples
         if self.calib_seq_len is None:
-            self.calib_seq_len = CalibrationConfig.seq_len
+            self.calib_seq_len = budget.seq_len
         check_kv_cache(self.kv_cache)
 
     def to_dict(self) -> dict:
@@ -164,10 +167,12 @@ def quantize_with_options(model, scheme_name: "str | RowSpec", tokenizer, opts: 
     auto = None
     if spec.target_bits is not None:
         # on the windows the row calibrates on below (the same options)
-        auto = lowbit.auto_recipe(model, opts.candidates, spec.target_bits, calib, tokenizer=tokenizer, **options)
+        auto = lowbit.auto_recipe(model, opts.candidates, spec.target_bits, calib, tokenizer=tokenizer,
+                                  preset=opts.calib_preset, **options)
     given = get_scheme(spec.scheme) if spec.scheme is not None else spec.recipe if spec.recipe is not None \
         else auto.recipe
-    method = resolve_method(given, CalibrationChoice(calib, tokenizer, opts.smoothquant, options=options))
+    method = resolve_method(given, CalibrationChoice(calib, tokenizer, opts.smoothquant, preset=opts.calib_preset,
+                                                     options=options))
     calibrated = method.calibrates(method.schemes) or opts.kv_cache is not None
     q = run_in_memory(model, InMemoryPlan(method, kv_cache=opts.kv_cache), progress=opts.progress,
                       float_states=float_states)
