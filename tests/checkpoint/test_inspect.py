@@ -81,3 +81,15 @@ def test_inspect_flags_lowbit_format_under_standard_names(tmp_path):
     assert "model.safetensors" in r["inconsistencies"][0] and "lowbit-model" in r["inconsistencies"][0]
     assert "uninitialised" in r["inconsistencies"][0]
     assert r["groups"][0]["layers"] == 14  # the layers were still read
+
+
+def test_inspect_names_what_stock_loaders_do_with_misnamed_weight_files(tmp_path):
+    """A lowbit-format folder whose weights sit in model.safetensors: transformers would load
+    uninitialised layers; the layout says so (its own rule), nothing is said of a good folder."""
+    out = tmp_path / "lb"
+    lowbit.save(quantized_model("w8a16"), out, format="lowbit")
+    assert inspect_checkpoint(out)["inconsistencies"] == []
+    (out / "lowbit-model.safetensors").rename(out / "model.safetensors")
+    text = "\n".join(inspect_checkpoint(out)["inconsistencies"])
+    assert "'lowbit' format weights belong in lowbit-model*.safetensors" in text
+    assert "would load uninitialised weights for its layers" in text

@@ -83,7 +83,7 @@ def test_bf16_model_lowbit_format_is_exact(tmp_path):
 
 def test_bf16_compressed_tensors_warns_about_rounded_scales(tmp_path):
     model = quantized_model("w8a8-fp8", dtype=torch.bfloat16)
-    with pytest.warns(UserWarning, match="not exactly representable in bfloat16"):
+    with pytest.warns(UserWarning, match="not exactly representable in bfloat16, the dtype the .compressed-tensors. format"):
         lowbit.save(model, tmp_path / "ct", format="compressed-tensors")
     f = SafetensorsFolder(tmp_path / "ct")
     assert f["model.layers.0.self_attn.q_proj.weight_scale"].dtype == torch.bfloat16

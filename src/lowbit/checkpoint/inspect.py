@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.errors import FormatError, LowbitError
-from lowbit.formats.base import Format, parse_dtype
+from lowbit.formats.base import parse_dtype
 from lowbit.formats.detect import parse_quantization_config
 from lowbit.files.folder import FLOAT_DTYPE_CODES, SafetensorsFolder, read_config
 from lowbit.fusion import fused_groups
@@ -71,13 +71,12 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     except FormatError as e:
         problems.append(str(e))
         folder = None
-    native = config["quantization_config"].get("quant_method") == "lowbit"  # written by lowbit, not auto-round
-    if folder is not None and folder.files is not None and native and \
-            folder.files.stem != get_layout(checkpoint_format).weights_stem:
+    layout = get_layout(checkpoint_format)
+    native = layout.reads(config["quantization_config"])  # written by lowbit, not auto-round
+    if folder is not None and folder.files is not None and native and folder.files.stem != layout.weights_stem:
         problems.append(f"{folder.files.single if folder.index_path is None else folder.index_path.name}: "
-                        f"'{checkpoint_format.value}' format weights belong in {get_layout(checkpoint_format).weights_stem}*.safetensors "
-                        f"files; under these names stock loaders (transformers) would "
-                        f"{'load uninitialised weights for its layers' if checkpoint_format is Format.LOWBIT else 'find no weights'}"
+                        f"'{checkpoint_format.value}' format weights belong in {layout.weights_stem}*.safetensors "
+                        f"files; under these names stock loaders (transformers) would {layout.misnamed_weights}"
                         f" (re-save it with lowbit.save)")
     try:
         model = _meta_model(path)

@@ -34,7 +34,7 @@ from lowbit.errors import FormatError, OptionRef
 from lowbit.formats import Format, get_layout, static_scale_entry
 from lowbit.formats.base import SHARED_SCALES
 from lowbit.files.writer import CheckpointWriter
-from lowbit.formats.base import dtype_name
+from lowbit.formats.base import Layout, dtype_name
 from lowbit.formats.lowbit_layout import file_scale
 from lowbit.kvcache.attention import kv_scales
 from lowbit.files.outguard import check_not_source
@@ -150,7 +150,7 @@ def collect_tensors(model: nn.Module, checkpoint_format: Format | str, dtype: to
     untie = tied and any(m is out_emb for m in layers.values())
 
     tensors, static, lossy = quantized_tensors(layers, layout, dtype)
-    warn_rounded("scales", lossy, dtype)
+    warn_rounded("scales", lossy, dtype, layout)
 
     seen: dict[tuple[int, int, tuple], str] = {}
     for k, v in model.state_dict().items():
@@ -170,7 +170,8 @@ def collect_tensors(model: nn.Module, checkpoint_format: Format | str, dtype: to
     kv = kv_scales(model) if kv_cache is not None else {}
     kv_t = layout.kv_tensors(kv, dtype)
     warn_rounded("KV-cache scales", [k for k, t in kv_t.items()
-                                      if _rounded(t, kv[k.rpartition(".")[0]][k.endswith("v_scale")].cpu())], dtype)
+                                      if _rounded(t, kv[k.rpartition(".")[0]][k.endswith("v_scale")].cpu())], dtype,
+                 layout)
     tensors.update(kv_t)
 
     # the family's checkpoint names (Mixtral: block_sparse_moe.experts.{e}.w1 ...; most: unchanged)
@@ -192,11 +193,12 @@ def _rounded(stored: torch.Tensor, exact: torch.Tensor) -> bool:
         not torch.equal(stored.to(torch.float32).reshape(exact.shape), exact.to(torch.float32))
 
 
-def warn_rounded(what: str, names: list[str], dtype: torch.dtype) -> None:
+def warn_rounded(what: str, names: list[str], dtype: torch.dtype, layout: Layout) -> None:
+    """One warning for the scales ``layout`` stores in ``dtype`` that lost bits (``names``)."""
     if names:
         warnings.warn(f"{len(names)} {what} (e.g. {names[0]!r}) are not exactly representable in {dtype_name(dtype)}, "
-                      f"the dtype compressed-tensors stores them in; the file holds them rounded. Use the 'lowbit' "
-                      f"format for a bit-exact checkpoint.", stacklevel=4)
+                      f"the dtype the '{layout.format.value}' format stores them in; the file holds them rounded. "
+                      f"Use the 'lowbit' format for a bit-exact checkpoint.", stacklevel=4)
 
 
 def _param_name(model: nn.Module, module: nn.Module) -> str | None:

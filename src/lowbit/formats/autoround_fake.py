@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats.base import FLOAT_DTYPES, LinearRead, ParsedConfig, check_tensor, where
+from lowbit.formats.base import FLOAT_DTYPES, ParsedConfig, check_tensor, where
 from lowbit.formats.fake_layout import FakeLayout
 from lowbit.numerics import E4M3, FormatName
 from lowbit.schemes import Dynamic, Granularity, Scheme

@@ -253,6 +253,9 @@ class Layout(ABC):
     quant_suffixes: tuple[str, ...] = QUANT_SUFFIXES
     #: whether the format holds dequantized weights (a model loaded from it can be saved only in it)
     holds_dequantized: bool = False
+    #: what stock loaders (transformers) do with this format's folder whose weight files are not
+    #: named ``weights_stem``* (``lowbit inspect`` says it)
+    misnamed_weights: str = "find no weights"
 
     def serving_verdicts(self, folder, scheme: Scheme) -> list:
         """What inference engines do with a folder of this format written under ``scheme``

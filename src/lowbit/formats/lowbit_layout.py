@@ -162,6 +162,7 @@ def scheme_groups(qcfg: Mapping[str, Any], where_: str) -> list[tuple[Scheme, li
 class LowbitLayout(Layout):
     format = Format.LOWBIT
     weights_stem = LOWBIT_STEM  # stock loaders find no weights: they fail instead of misreading
+    misnamed_weights = "load uninitialised weights for its layers"
 
     def check_scheme(self, scheme: Scheme) -> None:
         return None  # every lowbit scheme is representable exactly

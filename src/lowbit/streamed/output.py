@@ -161,7 +161,7 @@ class StreamOutput:
         ``lowbit.save`` writes (``lowbit.recipes.groups``)."""
         dtype = model_dtype(model)
         mt = getattr(model.config, "model_type", None)
-        warn_rounded("scales", self.progress["lossy"], dtype)
+        warn_rounded("scales", self.progress["lossy"], dtype, self.layout)
         # linears outside the decoder layers quantized before them (calibration.outside), as write_layer writes
         quantized = {n: m for n, m in quantized_modules(model).items() if not n.startswith(layers_path + ".")}
         self.layout.check_layers(layer_scales(quantized))
@@ -179,7 +179,7 @@ class StreamOutput:
             if not n.startswith(layers_path + ".") and id(p) not in seen:
                 seen.add(id(p))
                 outside += p.numel()
-        warn_rounded("scales", self.progress["lossy"] + lossy, dtype)
+        warn_rounded("scales", self.progress["lossy"] + lossy, dtype, self.layout)
         disk = checkpoint_names(mt, list(tensors) + ignore_linears + list(schemes))
         groups = config_groups({disk[n]: s for n, s in schemes.items()})
         summaries = self.progress["summaries"]
