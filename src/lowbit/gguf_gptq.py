@@ -8,20 +8,25 @@ column by column, spreading each column's error over the later ones through the 
 Hessian. The file keeps llama.cpp's layout, scales and types: only codes differ.
 
 Hessians come from the float model on the calibration windows (every linear sees float inputs,
-not the outputs of quantized layers before it). They are gathered for a slice of the linears per
+not the outputs of quantized layers before it). MoE experts are split into linears first
+(``lowbit.linearize``): each expert's importance vector and Hessian come from the tokens routed to
+it, as llama-imatrix counts per expert, and an expert no token reached gets llama-imatrix's vector
+of ones and keeps the search's codes. They are gathered for a slice of the linears per
 forward pass, at most ``max_hessian_bytes`` of float64 sums at a time (one pass for a small
 model, several for a large one), and freed once the slice's weights are encoded.
 
 Not rounded by GPTQ (encoded by the writer with their importance vectors, listed in the report):
-weights of a type without affine codes (MXFP4, NVFP4), stacked experts [E, out, in] (one
-Hessian per expert is not gathered), weights whose rows go to tensors of two types, and tensors
-the mix leaves in float.
+weights of a type without affine codes (MXFP4, NVFP4), experts the checkpoint stores fused
+[E, out, in] (gpt-oss, Llama 4: their per-expert linears have no checkpoint tensor of their own;
+they get no importance either), weights whose rows go to tensors of two types, and tensors the
+mix leaves in float. Parameters are matched to the checkpoint's tensors by the names the family's
+checkpoints use (``lowbit.moe.naming.checkpoint_names``, ``lowbit.renames.checkpoint_renames``).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.nn as nn
@@ -47,12 +52,33 @@ def source_types(plan, types: Mapping[str, Any]) -> dict[str, GgmlType]:
     return {s: next(iter(k)) for s, k in seen.items() if len(k) == 1 and next(iter(k)) in AFFINE}
 
 
-def weight_names(model: nn.Module) -> dict[str, list[str]]:
-    """linear name -> the parameter names of its weight (a tied weight has several)."""
+def weight_names(model: nn.Module, disk: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """linear name -> the parameter names of its weight (a tied weight has several), each as
+    ``disk`` names it (parameter name -> checkpoint tensor name; default: unchanged)."""
     names: dict[int, list[str]] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(n)
+        names.setdefault(id(p), []).append(n if disk is None else disk.get(n, n))
     return {n: names.get(id(m.weight), [f"{n}.weight"]) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def checkpoint_keys(model: nn.Module, keys: Iterable[str]) -> dict[str, str]:
+    """parameter name -> the checkpoint tensor (of ``keys``) it was loaded from, for the
+    parameters whose name differs: split experts under the family's checkpoint names (Mixtral's
+    ``block_sparse_moe.experts.{e}.w1``), and keys transformers renames on load (Nemotron-H's
+    ``backbone.``)."""
+    from lowbit.moe.naming import checkpoint_names
+    from lowbit.renames import checkpoint_renames
+
+    keys = set(keys)
+    params = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    family = checkpoint_names(getattr(model.config, "model_type", None), params)
+    renamed = checkpoint_renames(model, keys)
+    out = {}
+    for n in params:
+        disk = family[n] if family[n] in keys else renamed.get(n, n)
+        if disk != n:
+            out[n] = disk
+    return out
 
 
 def slices(model: nn.Module, linears: list[str], max_bytes: int) -> list[list[str]]:
@@ -70,34 +96,40 @@ def slices(model: nn.Module, linears: list[str], max_bytes: int) -> list[list[st
     return [s for s in out if s]
 
 
-def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tensor, hessian: torch.Tensor,
+def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tensor, hessian: torch.Tensor | None,
            options: GPTQOptions, name: str) -> torch.Tensor | None:
     """Weight ``name``'s rows encoded in ``kind``: the importance-weighted search's scales, GPTQ's
-    codes (None for a weight that is not a matrix: stacked experts keep the writer's encoding)."""
+    codes (the search's own without a Hessian: a linear no token reached; None for a weight that
+    is not a matrix: experts stored fused keep the writer's encoding)."""
     from lowbit.formats.gguf.writer import float_weight
 
     W = float_weight(weights(name), name)
     if W.dim() != 2:
         return None
     data = encode(W, kind, name, importance=importance)
+    if hessian is None:
+        return data
     codes = gptq_on_grid(W, hessian, grid_of(data, kind), options, name)
     return with_codes(data, kind, codes)
 
 
 def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str], Any],
                  kinds: Mapping[str, GgmlType], *, options: GPTQOptions, batch_size: int,
-                 max_hessian_bytes: int = 4 << 30,
+                 max_hessian_bytes: int = 4 << 30, disk: Mapping[str, str] | None = None,
                  progress: Callable[[str], None] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
     """(importance: HF weight name -> llama-imatrix's vector, for every linear; encoded: HF weight
     name -> (GGML type, uint8 rows) for the weights of ``kinds`` GPTQ rounded). ``weights``: HF
-    name -> float tensor (the checkpoint's values the writer would encode)."""
-    names = weight_names(model)
+    name -> float tensor (the checkpoint's values the writer would encode); ``disk``: parameter
+    name -> HF weight name where they differ (``checkpoint_keys``). A linear no token reached
+    (an MoE expert) gets a vector of ones and is left to the writer's encoding."""
+    names = weight_names(model, disk)
     importance: dict[str, torch.Tensor] = {}
     encoded: dict[str, tuple] = {}
     linears = list(names)
     for part in slices(model, linears, max_hessian_bytes):
         want = [n for n in part if any(w in kinds for w in names[n])]
-        imp, hess = input_statistics(model, tokens, batch_size=batch_size, names=part, hessians=bool(want))
+        imp, hess = input_statistics(model, tokens, batch_size=batch_size, names=part, hessians=bool(want),
+                                     unseen=1.0)
         for n in part:
             for w in names[n]:
                 importance[w] = imp[n]
@@ -105,8 +137,8 @@ def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str]
         workers = max(1, torch.get_num_threads())
         with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
             # HessianSum.upper(): the sum as kept, GPTQ reads only its upper triangle (no mirrored copy)
-            futures = [(w, pool.submit(_round, weights, kinds[w], imp[n], hess[n].upper(), options, w))
-                       for w, n in jobs]
+            futures = [(w, pool.submit(_round, weights, kinds[w], imp[n], hess[n].upper() if n in hess else None,
+                                       options, w)) for w, n in jobs]
             for w, f in futures:
                 if progress is not None:
                     progress(w)

@@ -102,7 +102,8 @@ def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, G
     from lowbit.algorithms.gptq import GPTQOptions
     from lowbit.calibration import calibration_set
     from lowbit.files.folder import SafetensorsFolder
-    from lowbit.gguf_gptq import gptq_sources
+    from lowbit.gguf_gptq import checkpoint_keys, gptq_sources
+    from lowbit.linearize import linearize
     from lowbit.models import load_model
 
     if isinstance(calibration, torch.Tensor) or tokenizer is not None:  # no tokenizer needed from the folder
@@ -116,9 +117,11 @@ def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, G
         model, tok = load_model(src)
     data = calibration_set(calibration, tok, **config.data_options())
     model.eval()
+    linearize(model)  # MoE experts as linears: an importance vector and a Hessian per expert
     options = GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
     folder = SafetensorsFolder(src)
-    return gptq_sources(model, data.ids, folder.__getitem__, kinds, options=options, batch_size=config.batch_size)
+    return gptq_sources(model, data.ids, folder.__getitem__, kinds, options=options, batch_size=config.batch_size,
+                        disk=checkpoint_keys(model, folder))
 
 
 def gguf_rounding(config) -> WeightRounding:

@@ -56,3 +56,13 @@ def test_unknown_names_and_unreached_linears_are_errors():
     model.unused = torch.nn.Linear(4, 4)
     with pytest.raises(QuantizationError, match="'unused' saw no calibration token"):
         importance_matrix(model, _tokens())
+
+
+def test_an_unreached_linear_gets_llama_imatrix_ones_and_no_hessian_when_asked():
+    from lowbit.calibration.importance import input_statistics
+
+    model = tiny_llama()
+    model.unused = torch.nn.Linear(4, 4)
+    imp, hess = input_statistics(model, _tokens(), hessians=True, unseen=1.0)
+    assert torch.equal(imp["unused"], torch.ones(4)) and "unused" not in hess
+    assert "model.layers.0.mlp.up_proj" in hess and not torch.equal(imp["lm_head"], torch.ones(64))

@@ -32,10 +32,14 @@ def importance_matrix(model: nn.Module, tokens: torch.Tensor, *, batch_size: int
 
 @torch.no_grad()
 def input_statistics(model: nn.Module, tokens: torch.Tensor, *, batch_size: int = 4, names: list[str] | None = None,
-                     hessians: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, HessianSum]]:
+                     hessians: bool = False, unseen: float | None = None
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, HessianSum]]:
     """``importance_matrix``'s vectors and, with ``hessians``, GPTQ's input Hessian sum of every
     linear (``HessianSum``; linears that read the same input tensor, e.g. q/k/v, share one object).
-    The Hessians of all linears are held at once: sum of in_features^2 float64 values."""
+    The Hessians of all linears are held at once: sum of in_features^2 float64 values.
+    ``unseen``: None, a linear no token reached is a QuantizationError naming it; a value, its
+    vector holds that value in every column and it has no Hessian (llama-imatrix stores 1 for an
+    MoE expert the text never routed to)."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and (names is None or n in names)}
     if names is not None and set(names) - set(linears):
         raise QuantizationError(f"no nn.Linear named {sorted(set(names) - set(linears))[0]!r} in the model")
@@ -69,8 +73,9 @@ def input_statistics(model: nn.Module, tokens: torch.Tensor, *, batch_size: int 
     finally:
         for h in handles:
             h.remove()
-    unseen = [n for n, c in counts.items() if c == 0]
-    if unseen:
-        raise QuantizationError(f"linear {unseen[0]!r} saw no calibration token ({len(unseen)} in all): its "
+    missed = [n for n, c in counts.items() if c == 0]
+    if missed and unseen is None:
+        raise QuantizationError(f"linear {missed[0]!r} saw no calibration token ({len(missed)} in all): its "
                                 f"importance is undefined")
-    return {n: (sums[n] / counts[n]).to(torch.float32) for n in linears}, owner
+    return {n: (sums[n] / counts[n]).to(torch.float32) if counts[n] else
+            torch.full((linears[n].in_features,), float(unseen), dtype=torch.float32) for n in linears}, owner
