@@ -1,0 +1,116 @@
+"""llama.cpp itself (llama-cpp-python) runs lowbit's GGUF files: a tiny Llama written by
+``lowbit.quantize_gguf`` at three mixes, calibrated (GPTQ within the grid) and not, loads in
+llama.cpp and its logits are those of the model whose weights are the file's decoded weights
+(gguf-py's dequantization, through transformers), up to the activation rounding llama.cpp's CPU
+matmuls add - much closer than the float model those weights came from. Slow: llama-cpp-python compiles llama.cpp when installed
+(``pip install llama-cpp-python``); skipped where it is not installed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.gguf_folders import save_gguf_folder, skip_without_converter
+from helpers.models import tiny_llama
+
+skip_without_converter()
+llama_cpp = pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (compiles llama.cpp)")
+
+from lowbit.gguf_quantize import quantize_gguf  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    # hidden 256: every k-quant fits the attention and MLP rows (blocks of 256)
+    model = tiny_llama(vocab_size=300, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                       num_key_value_heads=2, tie_word_embeddings=False)
+    return save_gguf_folder(model, tmp_path_factory.mktemp("llama"))
+
+
+def _ids() -> list[int]:
+    return torch.randint(3, 300, (48,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+def _llama_cpp_logits(path, ids: list[int]) -> np.ndarray:
+    """llama.cpp's logits for every position of ``ids`` (its C API through llama-cpp-python, one
+    thread). Weight repacking into extra buffer types is off: its AMX kernels crash on hosts that
+    do not grant AMX state (measured here: a segmentation fault in ``ggml_backend_amx_mul_mat``)."""
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = False
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    assert model, f"llama.cpp cannot load {path}"
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = 64
+    cparams.n_threads = cparams.n_threads_batch = 1
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    batch = llama_cpp.llama_batch_init(len(ids), 0, 1)
+    try:
+        for i, t in enumerate(ids):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, i, 1, True
+            batch.seq_id[i][0] = 0
+        batch.n_tokens = len(ids)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        n = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        return np.array([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n,))
+                         for i in range(len(ids))], dtype=np.float64)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)
+
+
+def _hf_logits(model_or_folder, ids: list[int], gguf_file=None) -> np.ndarray:
+    from transformers import AutoModelForCausalLM
+
+    if gguf_file is not None:  # transformers' dequantization of the file: gguf-py's, the values llama.cpp holds
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
+                                                     dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_or_folder), dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].double().numpy()
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("mix", ["Q8_0", "Q4_K_M", "Q2_K"])
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_llama_cpp_runs_lowbits_file_as_its_decoded_weights(folder, tmp_path, mix, calibrated):
+    out = tmp_path / f"{mix}.gguf"
+    calib = torch.randint(3, 300, (4, 64), generator=torch.Generator().manual_seed(1)) if calibrated else None
+    report = quantize_gguf(folder, out, mix, calibration=calib, progress=False)
+    assert out.is_file() and report.types
+    ids = _ids()
+    got = _llama_cpp_logits(out, ids)
+    decoded = _hf_logits(None, ids, gguf_file=out)
+    floats = _hf_logits(folder, ids)
+    assert np.isfinite(got).all()
+    # llama.cpp computes with the file's weights: its logits are the decoded model's up to its own
+    # rounding of the activations (Q8_0 / Q8_K before each quantized matmul, an F16 KV cache),
+    # measured 0.01-0.03 here, and far from the float model's (0.13-0.46 at Q4_K_M / Q2_K)
+    err, drift = _rel(got, decoded), _rel(decoded, floats)
+    assert err < 0.05, (err, drift)
+    if mix != "Q8_0":
+        assert err < drift / 2, (err, drift)
+    assert (got.argmax(-1) == decoded.argmax(-1)).mean() >= 0.85  # random weights: small margins (0.90-1.0 here)
+
+
+def test_llama_cpp_runs_an_moe_file_with_experts_rounded_per_expert(tmp_path):
+    """Mixtral (experts stored one by one, stacked by the converter into ffn_*_exps) at Q8_0 with
+    GPTQ per expert: llama.cpp's logits are the float model's to within the rounding."""
+    from helpers.moe_models import tiny_moe
+
+    folder = save_gguf_folder(tiny_moe("mixtral"), tmp_path / "mixtral")
+    calib = torch.randint(3, 250, (4, 64), generator=torch.Generator().manual_seed(1))
+    report = quantize_gguf(folder, tmp_path / "m.gguf", "Q8_0", calibration=calib, progress=False)
+    assert "blk.0.ffn_gate_exps.weight" in report.from_encoded
+    ids = [i % 250 + 3 for i in _ids()]
+    got, floats = _llama_cpp_logits(tmp_path / "m.gguf", ids), _hf_logits(folder, ids)
+    assert _rel(got, floats) < 0.05, _rel(got, floats)
+    assert (got.argmax(-1) == floats.argmax(-1)).mean() >= 0.85
