@@ -46,22 +46,25 @@ def input_statistics(model: nn.Module, tokens: torch.Tensor, *, batch_size: int 
     sums = {n: torch.zeros(m.in_features, dtype=torch.float64) for n, m in linears.items()}
     counts = dict.fromkeys(linears, 0)
     owner: dict[str, HessianSum] = {}
-    seen: dict[int, tuple] = {}  # this batch's inputs: id -> (weak reference to the tensor, its sum)
+    seen: dict[int, tuple] = {}  # this batch's inputs: id -> (weak reference, its squares' sum, its Hessian)
 
     def hook(name):
         def observe(module, args):
             x = args[0].detach().reshape(-1, module.in_features)
-            xd = x.to(torch.float64)
-            sums[name] += (xd * xd).sum(dim=0).cpu()
-            counts[name] += x.shape[0]
-            if hessians:
-                ref, h = seen.get(id(args[0]), (None, None))
-                if ref is None or ref() is not args[0]:  # the same tensor object, not a reused address
-                    h = owner.setdefault(name, HessianSum())
+            ref, first, h = seen.get(id(args[0]), (None, None, None))
+            if ref is None or ref() is not args[0]:  # the same tensor object, not a reused address
+                xd = x.to(torch.float64)
+                square = (xd * xd).sum(dim=0).cpu()  # once per input tensor: q/k/v, gate/up read one
+                h = owner.setdefault(name, HessianSum()) if hessians else None
+                if h is not None:
                     h.add(x)
-                    seen[id(args[0])] = (weakref.ref(args[0]), h)
-                else:
+                seen[id(args[0])] = (weakref.ref(args[0]), square, h)
+            else:
+                square = first
+                if h is not None:
                     owner.setdefault(name, h)
+            sums[name] += square
+            counts[name] += x.shape[0]
         return observe
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
