@@ -27,7 +27,10 @@ MoE router's weights mix the experts' outputs) is a *coefficient* linear: like a
 how much of each hidden vector passes, not what the vector holds, and stays in float. Linears whose
 outputs are the hidden vectors' values (q/k/v, gates of the same width, MLP, experts) are not.
 
-Only ``MATMUL`` weights are targets; the others stay in float and are listed by kind. When the
+A matmul weight outside a linear whose products are such coefficients (DeepSeek-V4's and
+Hunyuan-V4's hyper-connection ``fn``: the pre/post/comb weights that mix the residual streams) is
+``ParamKind.COEFFICIENT``. Only ``MATMUL`` weights are targets; the others stay in float and are
+listed by kind. When the
 forward cannot run (a model on the meta device, a forward that needs more than token ids),
 ``structural_kind`` decides from types and shapes alone: a grouped ``nn.Conv*`` with one input
 channel per group is a depthwise convolution, a tensor with a dimension of size 1 is a vector
@@ -49,6 +52,7 @@ from lowbit.tensor_tags import Tags, tensors
 
 class ParamKind(str, Enum):
     MATMUL = "matmul weight"
+    COEFFICIENT = "matmul weight whose outputs weight hidden vectors (mixing coefficients)"
     DEPTHWISE_CONV = "depthwise convolution"
     LOOKUP = "lookup table"
     ELEMENTWISE = "elementwise parameter"
@@ -110,6 +114,10 @@ class _Follow(TorchFunctionMode):
                 if id(t) in skip and n in self.uses:  # an added term (a bias), not a matrix operand
                     self.uses[n].add(ParamKind.ELEMENTWISE)
             tracked = [(t, n) for t, n in tracked if id(t) not in skip]
+            for _, n in tracked:  # a weight's product is followed as a linear's output is
+                if n in self.uses:
+                    for o in tensors(out):
+                        self.tags.tag(o, f"out:{n}")
             if not any(isinstance(t, nn.Parameter) or n in self.uses for t, n in tracked) \
                     and not any(isinstance(t, nn.Parameter) for t in tensors((args, kwargs))):
                 for _, n in tracked:  # scores times scores (an indexer's head weights x its q.k scores):
@@ -155,7 +163,9 @@ class _Follow(TorchFunctionMode):
                 self.coefficients.add(n)
 
 
-def _verdict(uses: set[ParamKind]) -> ParamKind:
+def _verdict(uses: set[ParamKind], coefficient: bool = False) -> ParamKind:
+    if ParamKind.MATMUL in uses and coefficient:
+        return ParamKind.COEFFICIENT
     for kind in (ParamKind.MATMUL, ParamKind.DEPTHWISE_CONV, ParamKind.LOOKUP, ParamKind.ELEMENTWISE):
         if kind in uses:
             return kind
@@ -238,4 +248,5 @@ def trace_call(root: nn.Module, params: dict[str, torch.Tensor], run, hidden: in
     direct = [n for n in linears if n not in called and follow.uses[f"{n}.weight"]]
     routers = [n for n in linears if f"out:{n}" in follow.selected]
     coefficients = [n for n in linears if f"out:{n}" in follow.coefficients and n not in routers and n not in direct]
-    return Trace({n: _verdict(follow.uses[n]) for n in params}, direct, routers, coefficients=coefficients)
+    return Trace({n: _verdict(follow.uses[n], f"out:{n}" in follow.coefficients) for n in params}, direct, routers,
+                 coefficients=coefficients)

@@ -8,10 +8,13 @@ pattern (an exact name, or a regular expression that must match the whole name).
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Iterable
 
+import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from lowbit.param_uses import ParamKind, Trace, structural_kind, trace_model
 
@@ -46,13 +49,40 @@ def output_embedding_names(model: nn.Module) -> set[str]:
     return {n for n, m in model.named_modules() if m is out}
 
 
+@torch.no_grad()
+def is_plain_linear(module: nn.Module) -> bool:
+    """Whether ``module`` is an ``nn.Linear`` that computes x W^T + b on its last axis: its class
+    keeps ``nn.Linear.forward``, or its own forward, run on a copy with seeded random weights
+    (weights on the meta device do too), returns ``F.linear``'s values (or a tuple holding them:
+    a router that also returns its scores). A subclass with another computation (DeepSeek-V4's
+    grouped ``o_a_proj``: one block of rows per head group, through ``bmm``) is not a linear to
+    lowbit: its weight is surveyed like any parameter (a matmul weight outside a linear: refused,
+    naming it)."""
+    if not isinstance(module, nn.Linear):
+        return False
+    if type(module).forward is nn.Linear.forward:
+        return True
+    gen = torch.Generator().manual_seed(0)
+    probe = copy.deepcopy(module).to_empty(device="cpu").float()
+    for p in probe.parameters(recurse=False):
+        p.copy_(torch.randn(p.shape, generator=gen))
+    x = torch.randn(3, module.in_features, generator=gen)
+    try:
+        y = probe(x)
+    except Exception:  # noqa: BLE001 - a forward that cannot take [rows, in] is not a plain linear
+        return False
+    want = F.linear(x, probe.weight, probe.bias)
+    return any(isinstance(t, torch.Tensor) and t.shape == want.shape and torch.allclose(t, want, rtol=1e-4, atol=1e-5)
+               for t in (y if isinstance(y, (tuple, list)) else (y,)))
+
+
 def quantizable_linears(model: nn.Module, ignore: Iterable[str] = (), include_lm_head: bool = False) -> list[str]:
-    """Names of the nn.Linear modules to quantize, in model order."""
+    """Names of the linears (``is_plain_linear``) to quantize, in model order."""
     ignore = list(ignore)
     heads = set() if include_lm_head else output_embedding_names(model)
     names = []
     for name, mod in model.named_modules():
-        if type(mod) is not nn.Linear and not isinstance(mod, nn.Linear):
+        if not is_plain_linear(mod):
             continue
         if name in heads or is_excluded_name(name, ignore):
             continue
@@ -61,13 +91,13 @@ def quantizable_linears(model: nn.Module, ignore: Iterable[str] = (), include_lm
 
 
 def _weight_candidates(model: nn.Module, ignore: list[str], include_lm_head: bool) -> dict[str, tuple[nn.Module, nn.Parameter]]:
-    """Floating-point parameters of two or more dimensions outside ``nn.Linear`` and
-    ``nn.Embedding`` modules, the output embedding (unless ``include_lm_head``) and the modules
+    """Floating-point parameters of two or more dimensions outside linears (``is_plain_linear``)
+    and ``nn.Embedding`` modules, the output embedding (unless ``include_lm_head``) and the modules
     excluded by name: parameter name -> (its module, it)."""
     heads = set() if include_lm_head else output_embedding_names(model)
     out = {}
     for mod_name, mod in model.named_modules():
-        if isinstance(mod, (nn.Linear, nn.Embedding)) or mod_name in heads or is_excluded_name(mod_name, ignore):
+        if isinstance(mod, nn.Embedding) or is_plain_linear(mod) or mod_name in heads or is_excluded_name(mod_name, ignore):
             continue
         for p_name, p in mod.named_parameters(recurse=False):
             if p.dim() >= 2 and p.is_floating_point():

@@ -177,3 +177,99 @@ def test_a_window_cut_of_a_call_cuts_alibi_rows_by_window():
     rope = torch.randn(8, 4)  # [T, D]: shared, whatever its first dimension
     args, kw = slice_call(((h,), {"alibi": alibi, "rope": rope}), 4, 1, 3)
     assert torch.equal(args[0], h[1:3]) and torch.equal(kw["alibi"], alibi[2:6]) and kw["rope"] is rope
+
+
+def test_a_weight_mixing_residual_streams_is_a_coefficient_not_a_target():
+    """DeepSeek-V4's hyper-connections: ``sigmoid(F.linear(streams, fn))`` weights each stream:
+    ``fn`` decides how much of each hidden vector passes, as a router does, and stays in float."""
+    import torch.nn.functional as F
+
+    class Streams(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 8)
+            self.proj = torch.nn.Linear(8, 8)
+            self.fn = torch.nn.Parameter(torch.randn(2, 16))
+            self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+        def get_input_embeddings(self):
+            return self.emb
+
+        def forward(self, input_ids, use_cache=False):
+            h = self.emb(input_ids)
+            streams = torch.stack([h, self.proj(h)], dim=2)                    # [B, T, 2, H]
+            coef = torch.sigmoid(F.linear(streams.flatten(2), self.fn))        # [B, T, 2]
+            return (coef.unsqueeze(-1) * streams).sum(2) @ self.w             # w: an ordinary matmul weight
+
+    s = survey_weights(Streams())
+    assert s.kinds == {"fn": ParamKind.COEFFICIENT, "w": ParamKind.MATMUL}
+
+
+def test_a_linear_subclass_with_another_forward_is_not_taken_for_a_linear():
+    """A ``nn.Linear`` whose forward multiplies each head group by its own block of rows
+    (DeepSeek-V4's ``o_a_proj``) is not x W^T: quantizing it as one would compute something else.
+    Its weight is a matmul weight outside a linear, refused by name; a subclass that keeps the
+    linear's computation stays a linear."""
+    from lowbit.targets import is_plain_linear, unquantizable_targets
+
+    class Grouped(torch.nn.Linear):
+        def forward(self, x):  # x [..., 2, 4] -> [..., 2, 4]: group g through rows 4g..4g+3
+            return torch.einsum("...gi,goi->...go", x, self.weight.view(2, 4, 4))
+
+    class Logged(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 8)
+            self.grouped = Grouped(4, 8, bias=False)
+            self.logged = Logged(8, 8)
+
+        def forward(self, input_ids, use_cache=False):
+            h = self.emb(input_ids)
+            return self.logged(self.grouped(h.unflatten(-1, (2, 4))).flatten(-2))
+
+    m = Model()
+    assert not is_plain_linear(m.grouped) and is_plain_linear(m.logged)
+    assert quantizable_linears(m) == ["logged"]
+    assert unquantizable_targets(m) == [("grouped.weight", (8, 4))]
+
+
+def test_a_loop_that_takes_more_than_hidden_states_from_a_layer_gets_the_real_outputs():
+    """Hunyuan-V4's loop is ``h, prev = layer(h, prev=prev)``: a stand-in's tensor would be
+    unpacked along its batch axis (a batch of two passes, wrongly). The capture runs the real
+    layers instead, and each layer's ``prev`` is the one the model gives it."""
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, h, prev=None):
+            out = self.lin(h) if prev is None else self.lin(h) + prev.unsqueeze(-1)
+            return out, out.sum(-1)
+
+    class Loop(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 8)
+            self.layers = torch.nn.ModuleList(Layer() for _ in range(3))
+
+        def forward(self, input_ids, use_cache=False):
+            h, prev = self.emb(input_ids), None
+            for layer in self.layers:
+                h, prev = layer(h, prev=prev)
+            return h
+
+    torch.manual_seed(0)
+    m = Loop().eval()
+    tokens = torch.randint(0, 16, (4, 6), generator=torch.Generator().manual_seed(1))
+    calls = capture_calls(m, m.layers, tokens, 2)
+    assert calls.keys == ("prev",)
+    with torch.no_grad():
+        h0, p0 = m.layers[0](m.emb(tokens[:2]))
+        _, p1 = m.layers[1](h0, prev=p0)
+    assert calls.own[0][0]["prev"] is None
+    assert torch.equal(calls.own[1][0]["prev"], p0) and torch.equal(calls.own[2][0]["prev"], p1)

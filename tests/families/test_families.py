@@ -57,7 +57,7 @@ def test_family_quantizes_and_reloads_exactly(model_type, scheme, tmp_path):
 
 
 # refused or failing on 2026-12-05 (transformers 5.25), with the reason in docs/families.md's table
-KNOWN = {"axk2", "deepseek_v4", "dots3_note_text", "ergo", "glm_moe_dsa", "hy_v4",
+KNOWN = {"axk2", "deepseek_v4", "dots3_note_text", "ergo", "glm_moe_dsa",
          "inkling2_loop_text", "inkling2_text", "inkling_text", "recurrent_gemma", "trocr",
          "xlnet", "youtu"}
 

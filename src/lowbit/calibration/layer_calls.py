@@ -16,6 +16,13 @@ the memory is that of one set per layer kind), and ``LayerCalls.for_layer`` puts
 a carried call. When no layer differs, ``keys`` is empty and the calls are the first layer's, as
 before.
 
+A stand-in returns the hidden states it got: as a tensor, or as a 1-tuple for loops that index
+the layer's output. A loop that takes more from a layer's output (Hunyuan-V4's
+``hidden_states, topk_indices = layer(...)``, the next layer's ``prev_topk_indices``) runs the real
+layers instead (the last one excepted): each layer then gets what the model gives it, computed by
+the float layers before it. A capture counts only where every layer's hidden input has the shape
+of the first layer's (a tensor unpacked along its batch axis by such a loop does not).
+
 Each layer's ``CallLayout`` (``lowbit.call_layout``: along which axis each tensor of its call
 holds the windows of a batch) is read from two more captures, of the same loop on the first
 window alone and on a batch of two copies of it, whose calls are compared (``LayerCalls.layout``).
@@ -25,6 +32,7 @@ Nothing runs in a layer; they cost two embedding forwards of one and two windows
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
@@ -38,16 +46,23 @@ Call = tuple[tuple, dict]
 _ABSENT = object()  # an argument a layer's call does not have
 
 
-class _Recorder(nn.Module):
-    """Stands in for one decoder layer during the capture: records each call, returns its hidden
-    states unchanged (a tensor, or a 1-tuple for loops that index the layer's output), and stops
-    the forward at the last layer. Other attributes are the real layer's (loops that read
-    ``layer.attention_type`` and the like see the real values)."""
+class StandIn(Enum):
+    """What a ``_Recorder`` returns (module docstring), in the order they are tried."""
 
-    def __init__(self, layer: nn.Module, calls: list[Call], last: bool, as_tuple: bool) -> None:
+    TENSOR = "the hidden states it got"
+    TUPLE = "a 1-tuple of the hidden states it got"
+    REAL = "the real layer's output"
+
+
+class _Recorder(nn.Module):
+    """Stands in for one decoder layer during the capture: records each call, returns ``mode``'s
+    output (``StandIn``), and stops the forward at the last layer. Other attributes are the real
+    layer's (loops that read ``layer.attention_type`` and the like see the real values)."""
+
+    def __init__(self, layer: nn.Module, calls: list[Call], last: bool, mode: StandIn) -> None:
         super().__init__()
         object.__setattr__(self, "_real", layer)  # not a child: its parameters stay out of this module
-        self.calls, self.last, self.as_tuple = calls, last, as_tuple
+        self.calls, self.last, self.mode = calls, last, mode
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -59,8 +74,15 @@ class _Recorder(nn.Module):
         self.calls.append((tuple(args), dict(kwargs)))
         if self.last:
             raise Stop
-        h = args[0] if args else kwargs["hidden_states"]
-        return (h,) if self.as_tuple else h
+        if self.mode is StandIn.REAL:
+            return object.__getattribute__(self, "_real")(*args, **kwargs)
+        h = _hidden((args, kwargs))
+        return (h,) if self.mode is StandIn.TUPLE else h
+
+
+def _hidden(call: Call) -> Any:
+    args, kwargs = call
+    return args[0] if args else kwargs.get("hidden_states")
 
 
 def _keys(call: Call) -> set:
@@ -137,13 +159,13 @@ def _differing(per_layer: list[list[Call]]) -> tuple:
 
 @torch.no_grad()
 def _record(model: nn.Module, layers: nn.ModuleList, tokens: torch.Tensor, batch_size: int,
-            device: torch.device, as_tuple: bool) -> list[list[Call]]:
+            device: torch.device, mode: StandIn) -> list[list[Call]]:
     n = len(layers)
     per_layer: list[list[Call]] = [[] for _ in range(n)]
     real = list(layers)
     try:
         for i in range(n):
-            layers[i] = _Recorder(real[i], per_layer[i], i == n - 1, as_tuple)
+            layers[i] = _Recorder(real[i], per_layer[i], i == n - 1, mode)
         run_batches(model, tokens, batch_size, device)
     finally:
         for i in range(n):
@@ -189,13 +211,22 @@ def _per_layer(model: nn.Module, layers: nn.ModuleList, tokens: torch.Tensor, ba
                device: torch.device) -> list[list[Call]] | None:
     """Every layer's calls (``_record``), or None where the loop cannot run on the stand-ins or
     the first layer is not called once per batch."""
-    for as_tuple in (False, True):  # loops that take the layer's output whole, then those that index it
+    for mode in StandIn:  # loops that take the layer's output whole, that index it, that take more
         try:
-            per_layer = _record(model, layers, tokens, batch_size, device, as_tuple)
+            per_layer = _record(model, layers, tokens, batch_size, device, mode)
         except (TypeError, IndexError, AttributeError, RuntimeError, ValueError):
+            continue
+        if not _passed_on(per_layer):
             continue
         return per_layer if len(per_layer[0]) == -(-tokens.shape[0] // batch_size) else None
     return None
+
+
+def _passed_on(per_layer: list[list[Call]]) -> bool:
+    """Whether every layer's hidden input, batch by batch, has the shape of the first layer's."""
+    first = [getattr(_hidden(c), "shape", None) for c in per_layer[0]]
+    return all(getattr(_hidden(c), "shape", None) == first[b]
+               for calls in per_layer[1:] for b, c in enumerate(calls) if b < len(first))
 
 
 def _layouts(one: list[list[Call]], two: list[list[Call]]) -> list[CallLayout]:
