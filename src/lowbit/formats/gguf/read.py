@@ -1,6 +1,6 @@
 """Reading a GGUF file with its quantized weights kept as GGML blocks: ``load_gguf``.
 
-    model = lowbit.load("model-Q4_K_M.gguf")       # lowbit's, llama-quantize's or auto-round's file
+    model = lowbit.load("model-Q4_K_M.gguf")       # lowbit's or llama-quantize's file
     model = lowbit.load("model-Q4_K_M.gguf", numerics=ServingNumerics.LLAMA_CPP_CPU)
 
 transformers reads the file as it does for any GGUF (``from_pretrained(gguf_file=...)``: the
