@@ -103,7 +103,9 @@ def _say_if_another_host(numerics: ServingNumerics) -> None:
 
 def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None = None,
          numerics: ServingNumerics = ServingNumerics.LOWBIT) -> nn.Module:
-    """Load a quantized checkpoint folder as a model with lowbit modules, backend set.
+    """Load a quantized checkpoint folder as a model with lowbit modules, backend set; or a GGUF
+    file with its GGML blocks kept (``lowbit.formats.gguf.read.load_gguf``: numerics LOWBIT or
+    LLAMA_CPP_CPU, which only GGUF files take).
 
     ``numerics``: LOWBIT computes what the folder means (``backend``, in ``dtype`` or the config's);
     an engine's (``ServingNumerics.VLLM_CPU``) runs the model in that engine's dtype with the backend
@@ -116,6 +118,18 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
     if not isinstance(numerics, ServingNumerics):
         raise LowbitError(f"numerics must be a ServingNumerics ({', '.join(n.value for n in ServingNumerics)}), "
                           f"got {numerics!r}")
+    if path.is_file():
+        from lowbit.formats.gguf.read import is_gguf_file, load_gguf
+
+        if not is_gguf_file(path):
+            raise FormatError(f"{str(path)!r} is a file but not a GGUF file; lowbit.load reads GGUF files and "
+                              f"checkpoint folders")
+        if backend != "auto" or dtype not in (None, torch.float32):
+            raise LowbitError(f"a GGUF file runs its GGML blocks in float32: backend {backend!r} and dtype {dtype} "
+                              f"do not apply")
+        return load_gguf(path, numerics)
+    if numerics is ServingNumerics.LLAMA_CPP_CPU:
+        raise LowbitError(f"numerics {numerics.value!r} are llama.cpp's on a GGUF file; {str(path)!r} is a folder")
     if numerics is not ServingNumerics.LOWBIT:
         if backend != "auto":
             raise LowbitError(f"numerics {numerics.value!r} chooses the backend itself; backend {backend!r} "

@@ -17,18 +17,23 @@ from lowbit.cli.common import OptionError, check_model_path, model_arg, parse_li
 from lowbit.cli.figures import accuracy_cell, bracket, plus_minus
 
 
-def _evaluate(path, settings, lastword, label, numerics=None, reference=None, keep_reference=False):
+def _evaluate(path, settings, lastword, label, numerics=None, reference=None, keep_reference=False,
+              gguf_weights="codes"):
     """Report fields of the model at ``path`` (lowbit.report.measures, against ``reference`` when
     given), its scores or (``keep_reference``) its FloatReference, the model and its tokenizer."""
     from lowbit.eval import lastword_examples, read_paragraphs
     from lowbit.models import load_model
     from lowbit.report.measures import measure
 
-    model, tok = load_model(model_arg(path), numerics=numerics)
+    model, tok = load_model(model_arg(path), numerics=numerics, gguf_weights=gguf_weights)
     examples = lastword_examples(read_paragraphs(settings.text_file), limit=lastword) if lastword > 0 else []
     fields, scores = measure(model, tok, settings, examples, label, reference=reference,
                              keep_reference=keep_reference)
     out = {"path": path, **fields}
+    if getattr(model, "lowbit_format", None) == "gguf":  # read with its codes: which GGML type each linear holds
+        from collections import Counter
+
+        out["gguf_types"] = dict(Counter(model.lowbit_gguf_types.values()))
     if numerics is not None:
         out["numerics"] = numerics.value
     if examples:
@@ -92,7 +97,13 @@ def eval_cmd(
         "lowbit", "--numerics",
         help="Whose arithmetic: 'lowbit' (what the folder means), 'vllm-cpu' (what vLLM's CPU build computes "
              "serving it on an AVX2 host: bf16 model, its int8 rounding and scale order; w8a8-int8, "
-             "w8a8-fp8-dynamic and float folders) or 'vllm-cpu-avx512' (the same on an AVX-512 + VNNI host)."),
+             "w8a8-fp8-dynamic and float folders), 'vllm-cpu-avx512' (the same on an AVX-512 + VNNI host) or "
+             "'llama-cpp-cpu' (a .gguf file as llama.cpp's CPU backend computes it: activations rounded to each "
+             "weight type's vec_dot type, F16 KV cache)."),
+    gguf_weights: str = typer.Option(
+        "codes", "--gguf-weights",
+        help="A .gguf PATH or --baseline: 'codes' keeps its GGML blocks (lowbit.load, decoded per forward), "
+             "'float' runs its float32 expansion by transformers (the same logits with --numerics lowbit)."),
     engine: str = typer.Option(
         "lowbit", "--engine",
         help="Who computes the log-probabilities: 'lowbit' or 'vllm' (vLLM serving the folder in bf16, run by "
@@ -126,6 +137,10 @@ def eval_cmd(
         raise OptionError(f"--numerics must be one of {', '.join(n.value for n in ServingNumerics)}, "
                           f"got {numerics!r}") from None
     serving = None if chosen is ServingNumerics.LOWBIT else chosen
+    if gguf_weights not in ("codes", "float"):
+        raise OptionError(f"--gguf-weights must be 'codes' or 'float', got {gguf_weights!r}")
+    if chosen is ServingNumerics.LLAMA_CPP_CPU and (gguf_weights == "float" or not str(path).lower().endswith(".gguf")):
+        raise OptionError("--numerics llama-cpp-cpu computes a .gguf PATH read with --gguf-weights codes")
     if engine not in ("lowbit", "vllm"):
         raise OptionError(f"--engine must be 'lowbit' or 'vllm', got {engine!r}")
     if engine == "vllm":
@@ -164,12 +179,16 @@ def eval_cmd(
             reference.check_plan(read_text(text), window, stride, limit, baseline)
             base = {"path": baseline, **reference.fields}
         else:
-            base, reference, _, _ = _evaluate(baseline, settings, lastword, "baseline", serving, keep_reference=True)
-        result, _, model, tok = _evaluate(path, settings, lastword, "model", serving, reference=reference)
+            base_numerics = serving if str(baseline).lower().endswith(".gguf") or chosen is not \
+                ServingNumerics.LLAMA_CPP_CPU else None  # a float baseline runs as lowbit's
+            base, reference, _, _ = _evaluate(baseline, settings, lastword, "baseline", base_numerics,
+                                              keep_reference=True, gguf_weights=gguf_weights)
+        result, _, model, tok = _evaluate(path, settings, lastword, "model", serving, reference=reference,
+                                          gguf_weights=gguf_weights)
         del reference
     else:
         result, reference, model, tok = _evaluate(path, settings, lastword, "model", serving,
-                                                  keep_reference=save_reference is not None)
+                                                  keep_reference=save_reference is not None, gguf_weights=gguf_weights)
         if save_reference is not None:
             report["reference"] = str(reference.save(save_reference))
     report["model"] = result

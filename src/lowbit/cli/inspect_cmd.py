@@ -21,7 +21,13 @@ def inspect_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     strict: bool = typer.Option(False, "--strict", help="Exit with status 1 when an inconsistency is found."),
 ) -> None:
-    """Show a quantized checkpoint's format, schemes, ignored layers, size and problems."""
+    """Show a quantized checkpoint's format, schemes, ignored layers, size and problems (a .gguf
+    file: the GGML type of every tensor, from its header)."""
+    from pathlib import Path
+
+    if Path(path).is_file() and path.lower().endswith(".gguf"):
+        _inspect_gguf(path, as_json)
+        return
     check_folder(path)
     from lowbit.checkpoint.inspect import inspect_checkpoint
 
@@ -67,3 +73,23 @@ def inspect_cmd(
             console.print("[green]no inconsistencies found[/green]")
     if strict and r["inconsistencies"]:
         raise typer.Exit(1)
+
+
+def _inspect_gguf(path: str, as_json: bool) -> None:
+    """The GGML type of every tensor of a GGUF file (header only) and a count per type."""
+    from collections import Counter
+
+    from lowbit.formats.gguf.read import tensor_types
+
+    types = tensor_types(path)
+    counts = dict(Counter(types.values()))
+    if as_json:
+        print(json.dumps({"path": path, "format": "gguf", "types": counts, "tensors": types}, indent=2))
+        return
+    t = Table(title=f"{path}: GGUF tensors by GGML type")
+    t.add_column("type")
+    t.add_column("tensors", justify="right")
+    t.add_column("e.g.")
+    for kind, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        t.add_row(kind, str(n), next(k for k, v in types.items() if v == kind))
+    console.print(t)

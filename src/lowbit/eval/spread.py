@@ -27,8 +27,10 @@ DEFAULT_SPREAD_SEEDS = 2
 
 
 def has_quantized_activations(model: nn.Module) -> bool:
-    """Whether any lowbit layer of ``model`` quantizes its input."""
-    return any(getattr(getattr(m, "scheme", None), "input_activations", None) is not None for m in model.modules())
+    """Whether any lowbit layer of ``model`` quantizes its input (a scheme's input activations, or a
+    GgmlLinear rounding its input to a quantized type as llama.cpp does: ``quantizes_inputs``)."""
+    return any(getattr(getattr(m, "scheme", None), "input_activations", None) is not None
+               or getattr(m, "quantizes_inputs", False) for m in model.modules())
 
 
 @contextmanager

@@ -158,11 +158,16 @@ def resolve_model_path(path: str | os.PathLike | None, cache_dir: str | os.PathL
 
 
 def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-               numerics=None):
+               numerics=None, gguf_weights: str = "codes"):
     """Load ``(model, tokenizer)`` in float32, eval mode. ``None`` means the built-in model.
 
     ``numerics`` (a lowbit.quant.serving.ServingNumerics; None is LOWBIT): an engine's numerics run
     a float model in that engine's dtype, and a quantized one through ``lowbit.load(numerics=...)``.
+
+    A ``.gguf`` file: ``gguf_weights="codes"`` (default) loads it with ``lowbit.load`` (its GGML
+    blocks kept, ``lowbit.formats.gguf.read``; numerics LOWBIT or LLAMA_CPP_CPU), ``"float"`` runs
+    its float32 expansion (``gguf_model_dir``; the same logits under LOWBIT numerics). The
+    tokenizer is transformers' reading of the file's.
 
     A quantized lowbit/compressed-tensors folder is loaded with ``lowbit.load`` when available; a
     float folder is checked first (lowbit.models.float_check: FormatError naming the file or
@@ -172,6 +177,16 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from lowbit.quant.serving import ServingNumerics
+
+    if gguf_weights not in ("codes", "float"):
+        raise LowbitError(f"gguf_weights must be 'codes' or 'float', got {gguf_weights!r}")
+    p = None if path is None else Path(path)
+    if p is not None and p.is_file() and p.suffix.lower() == ".gguf" and gguf_weights == "codes":
+        return _load_gguf_codes(p, numerics)
+    if numerics is ServingNumerics.LLAMA_CPP_CPU:
+        raise LowbitError(f"numerics {numerics.value!r} are llama.cpp's on a GGUF file read with its codes; "
+                          f"{str(path)!r} is not one")
     folder = resolve_model_path(path, cache_dir)
     if is_quantized_folder(folder):
         from lowbit import load as lowbit_load
@@ -190,6 +205,20 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
         raise FormatError(f"{str(folder)!r} has no tokenizer transformers can load ({first})") from None
     model.eval()
     return model, tok
+
+
+def _load_gguf_codes(path: Path, numerics):
+    from transformers import AutoTokenizer
+
+    from lowbit import load as lowbit_load
+
+    model = lowbit_load(path) if numerics is None else lowbit_load(path, numerics=numerics)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FormatError(f"{str(path)!r}: transformers cannot read its tokenizer ({first})") from None
+    return model.eval(), tok
 
 
 def is_quantized_folder(folder: str | os.PathLike) -> bool:

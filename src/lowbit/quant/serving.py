@@ -100,6 +100,7 @@ class ServingNumerics(str, Enum):
     LOWBIT = "lowbit"      # the format's meaning (lowbit.quant.qdq), the model in its own dtype
     VLLM_CPU = "vllm-cpu"  # vLLM's CPU int8 and fp8-dynamic paths in bfloat16 on an AVX2 host (module docstring)
     VLLM_CPU_AVX512 = "vllm-cpu-avx512"  # the same on an AVX-512 + VNNI host (module docstring)
+    LLAMA_CPP_CPU = "llama-cpp-cpu"  # llama.cpp's CPU backend on a GGUF file (lowbit.formats.gguf.read)
 
     def __str__(self) -> str:
         return self.value
@@ -107,7 +108,9 @@ class ServingNumerics(str, Enum):
     @property
     def model_dtype(self) -> torch.dtype | None:
         """The float dtype the engine runs the model in (None: the checkpoint's)."""
-        return None if self is ServingNumerics.LOWBIT else torch.bfloat16
+        if self is ServingNumerics.LOWBIT:
+            return None
+        return torch.float32 if self is ServingNumerics.LLAMA_CPP_CPU else torch.bfloat16
 
     @property
     def isa(self) -> CpuIsa | None:

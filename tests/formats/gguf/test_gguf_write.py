@@ -109,7 +109,8 @@ def test_a_gguf_file_loads_back_as_llama_cpp_dequantizes_it(folder, tmp_path):
     from lowbit.models.builtin import resolve_model_path
 
     r = quantize_gguf(folder, tmp_path / "q.gguf", "Q8_0", progress=False)
-    model, _ = load_model(tmp_path / "q.gguf", cache_dir=tmp_path / "cache")
+    model, _ = load_model(tmp_path / "q.gguf", cache_dir=tmp_path / "cache", gguf_weights="float")
+    codes, _ = load_model(tmp_path / "q.gguf", cache_dir=tmp_path / "cache")   # default: the blocks kept
     plan = plan_gguf(folder)
     st = SafetensorsFolder(folder)
     rm = plan.rowmaps()["blk.0.ffn_down.weight"]
@@ -117,6 +118,7 @@ def test_a_gguf_file_loads_back_as_llama_cpp_dequantizes_it(folder, tmp_path):
     w = st[rm.sources[0]].float()
     expect = decode(encode(w, GgmlType.Q8_0), GgmlType.Q8_0)
     assert torch.equal(model.model.layers[0].mlp.down_proj.weight, expect)
+    assert torch.equal(codes.model.layers[0].mlp.down_proj.decoded_weight(), expect)
     again = resolve_model_path(tmp_path / "q.gguf", cache_dir=tmp_path / "cache")  # cached: no second expansion
     assert again == resolve_model_path(tmp_path / "q.gguf", cache_dir=tmp_path / "cache")
 
