@@ -40,14 +40,15 @@ _ABSENT = object()  # an argument a layer's call does not have
 
 class _Recorder(nn.Module):
     """Stands in for one decoder layer during the capture: records each call, returns its hidden
-    states unchanged (a tensor, or a 1-tuple for loops that index the layer's output), and stops
-    the forward at the last layer. Other attributes are the real layer's (loops that read
+    states unchanged (a tensor for ``arity`` 0, else an ``arity``-tuple ``(h, None, ...)`` for loops
+    that index or unpack the layer's output, as Bamba's ``hidden_states, attn_weights = layer(...)``),
+    and stops the forward at the last layer. Other attributes are the real layer's (loops that read
     ``layer.attention_type`` and the like see the real values)."""
 
-    def __init__(self, layer: nn.Module, calls: list[Call], last: bool, as_tuple: bool) -> None:
+    def __init__(self, layer: nn.Module, calls: list[Call], last: bool, arity: int) -> None:
         super().__init__()
         object.__setattr__(self, "_real", layer)  # not a child: its parameters stay out of this module
-        self.calls, self.last, self.as_tuple = calls, last, as_tuple
+        self.calls, self.last, self.arity = calls, last, arity
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -60,7 +61,7 @@ class _Recorder(nn.Module):
         if self.last:
             raise Stop
         h = args[0] if args else kwargs["hidden_states"]
-        return (h,) if self.as_tuple else h
+        return (h,) + (None,) * (self.arity - 1) if self.arity else h
 
 
 def _keys(call: Call) -> set:
@@ -137,13 +138,13 @@ def _differing(per_layer: list[list[Call]]) -> tuple:
 
 @torch.no_grad()
 def _record(model: nn.Module, layers: nn.ModuleList, tokens: torch.Tensor, batch_size: int,
-            device: torch.device, as_tuple: bool) -> list[list[Call]]:
+            device: torch.device, arity: int) -> list[list[Call]]:
     n = len(layers)
     per_layer: list[list[Call]] = [[] for _ in range(n)]
     real = list(layers)
     try:
         for i in range(n):
-            layers[i] = _Recorder(real[i], per_layer[i], i == n - 1, as_tuple)
+            layers[i] = _Recorder(real[i], per_layer[i], i == n - 1, arity)
         run_batches(model, tokens, batch_size, device)
     finally:
         for i in range(n):
@@ -188,14 +189,28 @@ def _probes(tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def _per_layer(model: nn.Module, layers: nn.ModuleList, tokens: torch.Tensor, batch_size: int,
                device: torch.device) -> list[list[Call]] | None:
     """Every layer's calls (``_record``), or None where the loop cannot run on the stand-ins or
-    the first layer is not called once per batch."""
-    for as_tuple in (False, True):  # loops that take the layer's output whole, then those that index it
+    the first layer is not called once per batch. The stand-ins' output is tried as the tensor,
+    a 1-tuple and a 2-tuple; a form whose hidden states reach a later layer in another shape than
+    the first layer's is wrong too (a batch of two windows unpacked as ``h, _ = layer(...)``)."""
+    for arity in (0, 1, 2):  # the layer's output taken whole, indexed, unpacked in two
         try:
-            per_layer = _record(model, layers, tokens, batch_size, device, as_tuple)
+            per_layer = _record(model, layers, tokens, batch_size, device, arity)
         except (TypeError, IndexError, AttributeError, RuntimeError, ValueError):
+            continue
+        if not _same_shapes(per_layer):
             continue
         return per_layer if len(per_layer[0]) == -(-tokens.shape[0] // batch_size) else None
     return None
+
+
+def _same_shapes(per_layer: list[list[Call]]) -> bool:
+    """Whether every recorded layer got hidden states of the first layer's shape, batch by batch."""
+    def shape(call: Call):
+        h = call[0][0] if call[0] else call[1].get("hidden_states")
+        return tuple(h.shape) if isinstance(h, torch.Tensor) else None
+
+    first = [shape(c) for c in per_layer[0]]
+    return all(shape(c) == first[b] for calls in per_layer[1:] for b, c in enumerate(calls) if b < len(first))
 
 
 def _layouts(one: list[list[Call]], two: list[list[Call]]) -> list[CallLayout]:
