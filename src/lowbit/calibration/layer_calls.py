@@ -20,8 +20,10 @@ A stand-in returns the hidden states it got: as a tensor, or as a 1-tuple for lo
 the layer's output. A loop that takes more from a layer's output (Hunyuan-V4's
 ``hidden_states, topk_indices = layer(...)``, the next layer's ``prev_topk_indices``) runs the real
 layers instead (the last one excepted): each layer then gets what the model gives it, computed by
-the float layers before it. A capture counts only where every layer's hidden input has the shape
-of the first layer's (a tensor unpacked along its batch axis by such a loop does not).
+the float layers before it (Bamba's ``hidden_states, attn_weights = layer(...)`` too: a stand-in
+2-tuple ``(h, None)`` would pass there, but would hand Hunyuan-V4's layers ``None`` indices). A
+capture counts only where every layer's hidden input has the shape of the first layer's (a tensor
+unpacked along its batch axis by such a loop does not).
 
 Each layer's ``CallLayout`` (``lowbit.call_layout``: along which axis each tensor of its call
 holds the windows of a batch) is read from two more captures, of the same loop on the first
