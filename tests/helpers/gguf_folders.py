@@ -38,6 +38,17 @@ def save_gguf_folder(model: torch.nn.Module, folder: Path) -> Path:
     return folder
 
 
+def tiny_llama_folder(folder: Path) -> Path:
+    """A tiny Llama (hidden 256: every k-quant fits the attention and MLP rows, blocks of 256;
+    4 query and 2 KV heads: the converter permutes q and k rows; untied output) saved at
+    ``folder`` with a tokenizer the converter reads."""
+    from helpers.models import tiny_llama
+
+    model = tiny_llama(vocab_size=300, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                       num_key_value_heads=2, tie_word_embeddings=False)
+    return save_gguf_folder(model, folder)
+
+
 def tiny_gemma3(seed: int = 0):
     """A 2-layer random Gemma 3 text model (hidden 64, head size 32), norms away from 0."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig

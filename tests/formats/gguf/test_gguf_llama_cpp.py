@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.gguf_folders import save_gguf_folder, skip_without_converter
-from helpers.models import tiny_llama
+from helpers.gguf_folders import save_gguf_folder, skip_without_converter, tiny_llama_folder
 
 skip_without_converter()
 llama_cpp = pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (compiles llama.cpp)")
@@ -24,10 +23,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    # hidden 256: every k-quant fits the attention and MLP rows (blocks of 256)
-    model = tiny_llama(vocab_size=300, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                       num_key_value_heads=2, tie_word_embeddings=False)
-    return save_gguf_folder(model, tmp_path_factory.mktemp("llama"))
+    return tiny_llama_folder(tmp_path_factory.mktemp("llama"))
 
 
 def _ids() -> list[int]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.gguf_folders import save_gguf_folder, skip_without_converter
+from helpers.gguf_folders import save_gguf_folder, skip_without_converter, tiny_llama_folder
 from helpers.models import tiny_llama
 from lowbit.errors import FormatError
 
@@ -24,10 +24,7 @@ from lowbit.numerics.ggml import GgmlType, decode, encode  # noqa: E402
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    # hidden 256: the k-quants fit the attention rows; intermediate 512 for ffn_down
-    model = tiny_llama(vocab_size=300, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                       num_key_value_heads=2, tie_word_embeddings=False)
-    return save_gguf_folder(model, tmp_path_factory.mktemp("llama"))
+    return tiny_llama_folder(tmp_path_factory.mktemp("llama"))
 
 
 def _read(path):
