@@ -61,22 +61,20 @@ def weight_names(model: nn.Module, disk: Mapping[str, str] | None = None) -> dic
     return {n: names.get(id(m.weight), [f"{n}.weight"]) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
-def checkpoint_keys(model: nn.Module, keys: Iterable[str]) -> dict[str, str]:
+def checkpoint_keys(model: nn.Module, keys: Iterable[str], renames: Mapping[str, str]) -> dict[str, str]:
     """parameter name -> the checkpoint tensor (of ``keys``) it was loaded from, for the
-    parameters whose name differs: split experts under the family's checkpoint names (Mixtral's
-    ``block_sparse_moe.experts.{e}.w1``), and keys transformers renames on load (Nemotron-H's
-    ``backbone.``)."""
-    from lowbit.moe.naming import checkpoint_names
-    from lowbit.renames import checkpoint_renames
+    parameters whose name differs (``lowbit.moe.naming.stored_key``: split experts under the
+    family's checkpoint names, Mixtral's ``block_sparse_moe.experts.{e}.w1``; keys transformers
+    renames on load, Nemotron-H's ``backbone.``, from ``renames``: ``checkpoint_renames`` of the
+    model before its experts were split)."""
+    from lowbit.moe.naming import stored_key
 
     keys = set(keys)
-    params = [n for n, _ in model.named_parameters(remove_duplicate=False)]
-    family = checkpoint_names(getattr(model.config, "model_type", None), params)
-    renamed = checkpoint_renames(model, keys)
+    model_type = getattr(model.config, "model_type", None)
     out = {}
-    for n in params:
-        disk = family[n] if family[n] in keys else renamed.get(n, n)
-        if disk != n:
+    for n, _ in model.named_parameters(remove_duplicate=False):
+        disk = stored_key(model_type, n, keys, renames)
+        if disk is not None and disk != n:
             out[n] = disk
     return out
 

@@ -105,6 +105,7 @@ def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, G
     from lowbit.gguf_gptq import checkpoint_keys, gptq_sources
     from lowbit.linearize import linearize
     from lowbit.models import load_model
+    from lowbit.renames import checkpoint_renames
 
     if isinstance(calibration, torch.Tensor) or tokenizer is not None:  # no tokenizer needed from the folder
         from transformers import AutoModelForCausalLM
@@ -117,11 +118,12 @@ def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, G
         model, tok = load_model(src)
     data = calibration_set(calibration, tok, **config.data_options())
     model.eval()
+    folder = SafetensorsFolder(src)
+    renames = checkpoint_renames(model, folder)  # before the split: transformers' own model
     linearize(model)  # MoE experts as linears: an importance vector and a Hessian per expert
     options = GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
-    folder = SafetensorsFolder(src)
     return gptq_sources(model, data.ids, folder.__getitem__, kinds, options=options, batch_size=config.batch_size,
-                        disk=checkpoint_keys(model, folder))
+                        disk=checkpoint_keys(model, folder, renames))
 
 
 def gguf_rounding(config) -> WeightRounding:

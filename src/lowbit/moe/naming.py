@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Mapping
 
 from lowbit.moe.slices import FusedLayout
 
@@ -102,6 +103,18 @@ def checkpoint_names(model_type: str | None, keys: list[str]) -> dict[str, str]:
             disk, _ = r.rename_source_key(disk)
         out[k] = disk
     return out
+
+
+def stored_key(model_type: str | None, key: str, stored, renames: Mapping[str, str]) -> str | None:
+    """The checkpoint key of the model tensor ``key`` if the checkpoint (``stored``: its keys)
+    holds it whole: its name in the family's checkpoints (``checkpoint_names``), else the key
+    transformers renames to it on load (``renames``: ``lowbit.renames.checkpoint_renames`` of the
+    model before its experts were split); None when neither is stored (an expert of a fused tensor)."""
+    disk = checkpoint_names(model_type, [key])[key]
+    if disk in stored:
+        return disk
+    disk = renames.get(key)
+    return disk if disk in stored else None
 
 
 def model_names(model_type: str | None, keys: list[str]) -> dict[str, str]:

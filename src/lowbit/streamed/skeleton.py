@@ -36,7 +36,7 @@ from lowbit.linearize import conv1d_as_linears
 from lowbit.renames import checkpoint_renames
 from lowbit.moe import split_experts
 from lowbit.moe.grouped import GroupedLinears
-from lowbit.moe.naming import FUSED_ON_DISK, checkpoint_names
+from lowbit.moe.naming import FUSED_ON_DISK, checkpoint_names, stored_key
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
 
 DTYPE = torch.float32  # what lowbit.load_model loads (and calibrates) in
@@ -89,11 +89,7 @@ class Skeleton:
     # ------------------------------------------------------------------ names
     def _stored(self, key: str) -> str | None:
         """The checkpoint key of the model tensor ``key`` stored whole, or None."""
-        disk = checkpoint_names(self.model_type, [key])[key]
-        if disk in self.ckpt.tensors:
-            return disk
-        disk = self.renames.get(key)
-        return disk if disk in self.ckpt.tensors else None
+        return stored_key(self.model_type, key, self.ckpt.tensors, self.renames)
 
     def _disk_name(self, key: str) -> str | _Fused:
         """Where the checkpoint keeps the model tensor ``key``."""
