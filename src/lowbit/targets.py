@@ -49,23 +49,41 @@ def output_embedding_names(model: nn.Module) -> set[str]:
     return {n for n, m in model.named_modules() if m is out}
 
 
-@torch.no_grad()
+#: memo of ``is_plain_linear``'s probe: (class, in, out, bias, plain attributes) -> verdict. The probe
+#: is a pure function of these (its weights are seeded random), so a model's many linears of one
+#: class and shape (FalconLinear: every projection) are probed once.
+_PLAIN: dict[tuple, bool] = {}
+
+
 def is_plain_linear(module: nn.Module) -> bool:
     """Whether ``module`` is an ``nn.Linear`` that computes x W^T + b on its last axis: its class
-    keeps ``nn.Linear.forward``, or its own forward, run on a copy with seeded random weights
-    (weights on the meta device do too), returns ``F.linear``'s values (or a tuple holding them:
-    a router that also returns its scores). A subclass with another computation (DeepSeek-V4's
-    grouped ``o_a_proj``: one block of rows per head group, through ``bmm``) is not a linear to
-    lowbit: its weight is surveyed like any parameter (a matmul weight outside a linear: refused,
-    naming it)."""
+    keeps ``nn.Linear.forward``, or its own forward, run on a stand-in with seeded random weights
+    (weights on the meta device do too; the module's own are not copied), returns ``F.linear``'s
+    values (or a tuple holding them: a router that also returns its scores). A subclass with
+    another computation (DeepSeek-V4's grouped ``o_a_proj``: one block of rows per head group,
+    through ``bmm``) is not a linear to lowbit: its weight is surveyed like any parameter (a
+    matmul weight outside a linear: refused, naming it)."""
     if not isinstance(module, nn.Linear):
         return False
     if type(module).forward is nn.Linear.forward:
         return True
+    attrs = tuple(sorted((k, v) for k, v in vars(module).items()
+                         if not k.startswith("_") and isinstance(v, (int, float, str, bool, type(None)))))
+    key = (type(module), module.in_features, module.out_features, module.bias is None, attrs)
+    if key not in _PLAIN:
+        _PLAIN[key] = _probe_plain(module)
+    return _PLAIN[key]
+
+
+@torch.no_grad()
+def _probe_plain(module: nn.Linear) -> bool:
     gen = torch.Generator().manual_seed(0)
-    probe = copy.deepcopy(module).to_empty(device="cpu").float()
-    for p in probe.parameters(recurse=False):
-        p.copy_(torch.randn(p.shape, generator=gen))
+    probe = copy.copy(module)  # shallow: new parameter and buffer tables, the module's tensors untouched
+    probe._parameters = {k: None if p is None else nn.Parameter(torch.randn(p.shape, generator=gen),
+                                                                 requires_grad=False)
+                         for k, p in module._parameters.items()}
+    probe._buffers = {k: None if b is None else torch.zeros(b.shape, dtype=b.dtype)
+                      for k, b in module._buffers.items()}
     x = torch.randn(3, module.in_features, generator=gen)
     try:
         y = probe(x)
