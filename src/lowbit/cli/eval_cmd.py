@@ -18,7 +18,7 @@ from lowbit.cli.figures import accuracy_cell, bracket, plus_minus
 
 
 def _evaluate(path, settings, lastword, label, numerics=None, reference=None, keep_reference=False,
-              gguf_weights="codes"):
+              gguf_weights=None):
     """Report fields of the model at ``path`` (lowbit.report.measures, against ``reference`` when
     given), its scores or (``keep_reference``) its FloatReference, the model and its tokenizer."""
     from lowbit.eval import lastword_examples, read_paragraphs
@@ -100,10 +100,11 @@ def eval_cmd(
              "w8a8-fp8-dynamic and float folders), 'vllm-cpu-avx512' (the same on an AVX-512 + VNNI host) or "
              "'llama-cpp-cpu' (a .gguf file as llama.cpp's CPU backend computes it: activations rounded to each "
              "weight type's vec_dot type, F16 KV cache)."),
-    gguf_weights: str = typer.Option(
-        "codes", "--gguf-weights",
-        help="A .gguf PATH or --baseline: 'codes' keeps its GGML blocks (lowbit.load, decoded per forward), "
-             "'float' runs its float32 expansion by transformers (the same logits with --numerics lowbit)."),
+    gguf_weights: Optional[str] = typer.Option(
+        None, "--gguf-weights",
+        help="A .gguf PATH or --baseline: 'codes' (default: lowbit.formats.gguf.read.DEFAULT_GGUF_WEIGHTS) keeps "
+             "its GGML blocks (lowbit.load, decoded per forward), 'float' runs its float32 expansion by "
+             "transformers (the same logits with --numerics lowbit)."),
     engine: str = typer.Option(
         "lowbit", "--engine",
         help="Who computes the log-probabilities: 'lowbit' or 'vllm' (vLLM serving the folder in bf16, run by "
@@ -137,9 +138,15 @@ def eval_cmd(
         raise OptionError(f"--numerics must be one of {', '.join(n.value for n in ServingNumerics)}, "
                           f"got {numerics!r}") from None
     serving = None if chosen is ServingNumerics.LOWBIT else chosen
-    if gguf_weights not in ("codes", "float"):
-        raise OptionError(f"--gguf-weights must be 'codes' or 'float', got {gguf_weights!r}")
-    if chosen is ServingNumerics.LLAMA_CPP_CPU and (gguf_weights == "float" or not str(path).lower().endswith(".gguf")):
+    from lowbit.formats.gguf.read import DEFAULT_GGUF_WEIGHTS, GgufWeights
+
+    try:
+        gguf_weights = DEFAULT_GGUF_WEIGHTS if gguf_weights is None else GgufWeights(gguf_weights)
+    except ValueError:
+        raise OptionError(f"--gguf-weights must be one of {', '.join(w.value for w in GgufWeights)}, "
+                          f"got {gguf_weights!r}") from None
+    if chosen is ServingNumerics.LLAMA_CPP_CPU and (gguf_weights is GgufWeights.FLOAT
+                                                     or not str(path).lower().endswith(".gguf")):
         raise OptionError("--numerics llama-cpp-cpu computes a .gguf PATH read with --gguf-weights codes")
     if engine not in ("lowbit", "vllm"):
         raise OptionError(f"--engine must be 'lowbit' or 'vllm', got {engine!r}")

@@ -79,9 +79,9 @@ def _inspect_gguf(path: str, as_json: bool) -> None:
     """The GGML type of every tensor of a GGUF file (header only) and a count per type."""
     from collections import Counter
 
-    from lowbit.formats.gguf.read import tensor_types
+    from lowbit.formats.gguf.read import file_tensor_types
 
-    types = tensor_types(path)
+    types = file_tensor_types(path)
     counts = dict(Counter(types.values()))
     if as_json:
         print(json.dumps({"path": path, "format": "gguf", "types": counts, "tensors": types}, indent=2))

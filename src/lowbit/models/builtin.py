@@ -158,15 +158,15 @@ def resolve_model_path(path: str | os.PathLike | None, cache_dir: str | os.PathL
 
 
 def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None = None,
-               numerics=None, gguf_weights: str = "codes"):
+               numerics=None, gguf_weights=None):
     """Load ``(model, tokenizer)`` in float32, eval mode. ``None`` means the built-in model.
 
     ``numerics`` (a lowbit.quant.serving.ServingNumerics; None is LOWBIT): an engine's numerics run
     a float model in that engine's dtype, and a quantized one through ``lowbit.load(numerics=...)``.
 
-    A ``.gguf`` file: ``gguf_weights="codes"`` (default) loads it with ``lowbit.load`` (its GGML
-    blocks kept, ``lowbit.formats.gguf.read``; numerics LOWBIT or LLAMA_CPP_CPU), ``"float"`` runs
-    its float32 expansion (``gguf_model_dir``; the same logits under LOWBIT numerics). The
+    A ``.gguf`` file: ``gguf_weights`` (a ``lowbit.formats.gguf.read.GgufWeights`` or its value;
+    None: ``DEFAULT_GGUF_WEIGHTS``) CODES loads it with ``lowbit.load`` (its GGML blocks kept;
+    numerics LOWBIT or LLAMA_CPP_CPU), FLOAT runs its float32 expansion (``gguf_model_dir``; the same logits under LOWBIT numerics). The
     tokenizer is transformers' reading of the file's.
 
     A quantized lowbit/compressed-tensors folder is loaded with ``lowbit.load`` when available; a
@@ -179,10 +179,15 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
 
     from lowbit.quant.serving import ServingNumerics
 
-    if gguf_weights not in ("codes", "float"):
-        raise LowbitError(f"gguf_weights must be 'codes' or 'float', got {gguf_weights!r}")
+    from lowbit.formats.gguf.read import DEFAULT_GGUF_WEIGHTS, GgufWeights
+
+    try:
+        gguf_weights = DEFAULT_GGUF_WEIGHTS if gguf_weights is None else GgufWeights(gguf_weights)
+    except ValueError:
+        raise LowbitError(f"gguf_weights must be one of {', '.join(w.value for w in GgufWeights)}, "
+                          f"got {gguf_weights!r}") from None
     p = None if path is None else Path(path)
-    if p is not None and p.is_file() and p.suffix.lower() == ".gguf" and gguf_weights == "codes":
+    if p is not None and p.is_file() and p.suffix.lower() == ".gguf" and gguf_weights is GgufWeights.CODES:
         return _load_gguf_codes(p, numerics)
     if numerics is ServingNumerics.LLAMA_CPP_CPU:
         raise LowbitError(f"numerics {numerics.value!r} are llama.cpp's on a GGUF file read with its codes; "

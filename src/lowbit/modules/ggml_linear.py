@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from lowbit.errors import FormatError
 from lowbit.numerics.ggml import GEOMETRY, GgmlType, decode
-from lowbit.numerics.ggml_act import VEC_DOT, DotInput, dot_input_values
+from lowbit.numerics.ggml_act import BLOCK, VEC_DOT, DotInput, dot_input_values
 from lowbit.numerics.ggml_codes import grid_of
 
 #: GGML types whose blocks add a min (offset) term taken with Q8_1's stored sums
@@ -60,7 +60,7 @@ class GgmlLinear(nn.Module):
     def quantizes_inputs(self) -> bool:
         """Whether the forward rounds its input to an 8-bit type (a step function of x: its
         perplexity has a float-rounding spread, lowbit.eval.spread)."""
-        return self.dot_input in (DotInput.Q8_0, DotInput.Q8_1, DotInput.Q8_K)
+        return self.dot_input in BLOCK  # Q8_0, Q8_1, Q8_K
 
     def decoded_weight(self) -> torch.Tensor:
         """float32 [out, in]: the weight as llama.cpp dequantizes it (made anew on every call)."""

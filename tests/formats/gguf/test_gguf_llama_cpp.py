@@ -59,14 +59,13 @@ def _llama_cpp_logits(path, ids: list[int]) -> np.ndarray:
         llama_cpp.llama_model_free(model)
 
 
-def _hf_logits(model_or_folder, ids: list[int], gguf_file=None) -> np.ndarray:
+def _hf_logits(path, ids: list[int]) -> np.ndarray:
+    """transformers' logits of a float folder, or of a .gguf file as gguf-py dequantizes it (the
+    values llama.cpp holds)."""
     from transformers import AutoModelForCausalLM
 
-    if gguf_file is not None:  # transformers' dequantization of the file: gguf-py's, the values llama.cpp holds
-        model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
-                                                     dtype=torch.float32)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(model_or_folder), dtype=torch.float32)
+    gguf = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent if gguf else path), dtype=torch.float32, **gguf)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].double().numpy()
 
@@ -84,7 +83,7 @@ def test_llama_cpp_runs_lowbits_file_as_its_decoded_weights(folder, tmp_path, mi
     assert out.is_file() and report.types
     ids = _ids()
     got = _llama_cpp_logits(out, ids)
-    decoded = _hf_logits(None, ids, gguf_file=out)
+    decoded = _hf_logits(out, ids)
     floats = _hf_logits(folder, ids)
     assert np.isfinite(got).all()
     # llama.cpp computes with the file's weights: its logits are the decoded model's up to its own

@@ -28,6 +28,7 @@ backend does (``lowbit.numerics.ggml_act``: activations rounded to each weight t
 
 from __future__ import annotations
 
+import enum
 import functools
 import warnings
 from pathlib import Path
@@ -38,6 +39,17 @@ import torch.nn as nn
 
 from lowbit.errors import FormatError, LowbitError
 from lowbit.numerics.ggml import GgmlType, decode
+
+
+class GgufWeights(str, enum.Enum):
+    """How ``lowbit.models.load_model`` / ``lowbit eval`` read a GGUF file's quantized weights."""
+
+    CODES = "codes"   # its GGML blocks kept (``load_gguf``), decoded per forward
+    FLOAT = "float"   # transformers' float32 expansion (the same logits under LOWBIT numerics)
+
+
+DEFAULT_GGUF_WEIGHTS = GgufWeights.CODES
+
 
 @functools.cache
 def _gguf_types() -> dict:
@@ -69,7 +81,7 @@ def is_gguf_file(path: str | Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def tensor_types(path: str | Path) -> dict[str, str]:
+def file_tensor_types(path: str | Path) -> dict[str, str]:
     """GGUF tensor name -> its GGML type name (gguf-py's, e.g. "Q4_K", "F32"), from the header only."""
     return {t.name: t.tensor_type.name for t in _reader(Path(path)).tensors}
 
