@@ -2,6 +2,8 @@
 
 - Fused MoE experts (transformers' 3-D ``gate_up_proj`` / ``down_proj``): split per expert
   (``lowbit.moe.split_experts``).
+- A linear applied per input group (DeepSeek-V4's ``o_a_proj``: row block g times head group g):
+  one linear per group (``lowbit.moe.row_groups``, run by ``split_experts``).
 - transformers' ``Conv1D`` (GPT-2, GPT-BigCode's kin, OpenAI GPT): a linear whose weight is stored
   [in, out] and applied as ``addmm(bias, x, W)``; it becomes ``nn.Linear`` with the weight
   transposed ([out, in], a contiguous copy) and the same bias, so ``F.linear(x, W^T, b)`` computes

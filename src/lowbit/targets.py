@@ -61,8 +61,9 @@ def is_plain_linear(module: nn.Module) -> bool:
     (weights on the meta device do too; the module's own are not copied), returns ``F.linear``'s
     values (or a tuple holding them: a router that also returns its scores). A subclass with
     another computation (DeepSeek-V4's grouped ``o_a_proj``: one block of rows per head group,
-    through ``bmm``) is not a linear to lowbit: its weight is surveyed like any parameter (a
-    matmul weight outside a linear: refused, naming it)."""
+    through ``bmm``) is not a linear to lowbit: ``lowbit.linearize`` splits it into one linear per
+    group when its forward is that block-diagonal product (``lowbit.moe.row_groups``); otherwise
+    its weight is surveyed like any parameter (a matmul weight outside a linear: refused, naming it)."""
     if not isinstance(module, nn.Linear):
         return False
     if type(module).forward is nn.Linear.forward:
@@ -149,8 +150,8 @@ def unquantizable_targets(model: nn.Module, ignore: Iterable[str] = (), include_
     """Weight matrices a scheme targets that lowbit cannot quantize: (parameter name, shape).
 
     A target is a matmul weight (``survey_weights``: ``ParamKind.MATMUL``) that is not an
-    ``nn.Linear`` weight (those are quantized; transformers' ``Conv1D`` and fused experts become
-    linears first, ``lowbit.linearize``). Depthwise convolutions, Mamba's ``A_log``, router
+    ``nn.Linear`` weight (those are quantized; transformers' ``Conv1D``, fused experts and linears
+    applied per input group become linears first, ``lowbit.linearize``). Depthwise convolutions, Mamba's ``A_log``, router
     score-correction biases and other parameters the forward does not multiply as a matrix are
     not targets (they stay in float, ``float_weights``)."""
     return matmul_targets(model, survey_weights(model, ignore, include_lm_head).kinds)

@@ -208,33 +208,53 @@ def test_a_weight_mixing_residual_streams_is_a_coefficient_not_a_target():
 def test_a_linear_subclass_with_another_forward_is_not_taken_for_a_linear():
     """A ``nn.Linear`` whose forward multiplies each head group by its own block of rows
     (DeepSeek-V4's ``o_a_proj``) is not x W^T: quantizing it as one would compute something else.
-    Its weight is a matmul weight outside a linear, refused by name; a subclass that keeps the
-    linear's computation stays a linear."""
+    ``linearize`` splits it into one linear per group (found from its forward, not its name) that
+    computes the same; a subclass with a computation of another kind stays a matmul weight outside
+    a linear, refused by name; a subclass that keeps the linear's computation stays a linear."""
+    from lowbit.linearize import linearize
+    from lowbit.moe.row_groups import RowGroupLinears, row_groups
     from lowbit.targets import is_plain_linear, unquantizable_targets
 
     class Grouped(torch.nn.Linear):
         def forward(self, x):  # x [..., 2, 4] -> [..., 2, 4]: group g through rows 4g..4g+3
             return torch.einsum("...gi,goi->...go", x, self.weight.view(2, 4, 4))
 
+    class Crossed(torch.nn.Linear):
+        def forward(self, x):  # x [..., 2, 4]: group g through the rows of the other group
+            return torch.einsum("...gi,goi->...go", x, self.weight.view(2, 4, 4).flip(0))
+
     class Logged(torch.nn.Linear):
         def forward(self, x):
             return super().forward(x)
 
     class Model(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, kind):
             super().__init__()
             self.emb = torch.nn.Embedding(16, 8)
-            self.grouped = Grouped(4, 8, bias=False)
+            self.grouped = kind(4, 8, bias=False)
             self.logged = Logged(8, 8)
 
         def forward(self, input_ids, use_cache=False):
             h = self.emb(input_ids)
             return self.logged(self.grouped(h.unflatten(-1, (2, 4))).flatten(-2))
 
-    m = Model()
+    m = Model(Grouped)
     assert not is_plain_linear(m.grouped) and is_plain_linear(m.logged)
     assert quantizable_linears(m) == ["logged"]
     assert unquantizable_targets(m) == [("grouped.weight", (8, 4))]
+    ids = torch.arange(10).reshape(2, 5)
+    with torch.no_grad():
+        ref = m(ids)
+    w = m.grouped.weight.detach().clone()
+    assert linearize(m) == ["grouped"]
+    assert isinstance(m.grouped, RowGroupLinears) and len(m.grouped) == 2
+    assert torch.equal(m.grouped[1].weight, w[4:])
+    assert quantizable_linears(m) == ["grouped.0", "grouped.1", "logged"] and unquantizable_targets(m) == []
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids), ref, rtol=1e-5, atol=1e-6)
+    crossed = Model(Crossed)
+    assert row_groups(crossed.grouped) == 0 and linearize(crossed) == []
+    assert unquantizable_targets(crossed) == [("grouped.weight", (8, 4))]
 
 
 def test_a_loop_that_takes_more_than_hidden_states_from_a_layer_gets_the_real_outputs():

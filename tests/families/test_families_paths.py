@@ -63,6 +63,33 @@ def test_model_free_keeps_the_linears_the_forward_sets_apart_in_float(tmp_path):
     assert type(back.get_submodule("backbone.layers.1.mixer.x_proj")).__name__ == "QuantLinear"
 
 
+def test_model_free_splits_a_linear_applied_per_head_group_as_in_memory(tmp_path):
+    """DeepSeek-V4's ``o_a_proj`` (stored ``attn.wo_a.weight``: row block g applied to head group g)
+    is quantized per group, ``attn.wo_a.{g}``, from row blocks of the stored weight: the tensors
+    the in-memory save writes, and the folder loads to the in-memory model's logits. Its head is
+    stored as ``head.weight`` (transformers loads it as ``lm_head``): a head, kept in float and
+    listed, not taken for an embedding. (The tiny config says bfloat16 over float32 tensors: the
+    model-free folder is loaded in float32, as the in-memory model is.)"""
+    from helpers.folders import folder_tensors
+
+    src = _src("deepseek_v4", tmp_path / "src")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, _ = lowbit.load_model(src)
+        q = lowbit.quantize(model, "w8a16")
+        mem = folder_tensors(lowbit.save(q, tmp_path / "mem"))
+        out = mf(src, tmp_path / "mf", "w8a16")
+        back = lowbit.load(out, dtype=torch.float32)
+        with torch.no_grad():
+            ref, got = q(input_ids=IDS, use_cache=False).logits, back(input_ids=IDS, use_cache=False).logits
+    free = folder_tensors(out)
+    groups = sorted(k for k in free if ".wo_a." in k)
+    assert len(groups) == 2 * 8 * 2  # 2 layers x 8 groups x (codes, scale)
+    assert "model.layers.1.attn.wo_a.7.weight_codes" in groups and "model.layers.1.attn.wo_a.weight" not in free
+    assert all(torch.equal(free[k], mem[k]) for k in groups)
+    assert torch.equal(got, ref)
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_moe_text", "gemma4_text"])

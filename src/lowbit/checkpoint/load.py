@@ -79,6 +79,9 @@ def model_view(model: nn.Module, folder: SafetensorsFolder | None, parsed: Parse
     modules: dict[str, str] = {}  # folder module -> model module, where transformers renames (lowbit.renames)
     if folder is not None:
         names = model_names(mt, list(folder))
+        held = {n for n, _ in model.named_modules()}  # as transformers: a key renamed to no module keeps its name
+        names = {k: k if n.rpartition(".")[0] not in held and k.rpartition(".")[0] in held else n
+                 for k, n in names.items()}  # (DeepSeek-V4's ".norm." -> ".kv_norm." would take model.norm)
         renames = folder_renames(model, names.values())
         modules = {k.rpartition(".")[0]: v.rpartition(".")[0] for k, v in renames.items()}
         folder = folder.with_names({k: renames.get(n, n) for k, n in names.items()})

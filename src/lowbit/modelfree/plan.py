@@ -202,12 +202,16 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
     ignored: list[str] = []
 
     def expand(module: str, info: TensorInfo, leaf: str, layout: FusedLayout, bias: bool) -> list:
-        """The per-expert parts of a fused tensor: (kind, output name or linear, part) each."""
+        """The per-expert parts of a fused tensor: (kind, output name or linear, part) each; of a
+        linear applied per input group (``layout.row_groups``): its group linears ``<module>.<g>``."""
         out = []
-        projs = (Proj.DOWN,) if leaf.startswith("down") else (Proj.GATE, Proj.UP) if layout.has_gate else (Proj.UP,)
-        for e in range(info.shape[0]):
+        projs = (Proj.DOWN,) if leaf.startswith("down") or layout.row_groups else \
+            (Proj.GATE, Proj.UP) if layout.has_gate else (Proj.UP,)
+        count = layout.row_groups or info.shape[0]
+        for e in range(count):
             for pr in projs:
-                lin, part = f"{module}.{e}.{pr.value}", ExpertPart(e, pr, layout, info.shape[0])
+                lin = f"{module}.{e}" if layout.row_groups else f"{module}.{e}.{pr.value}"
+                part = ExpertPart(e, pr, layout, count)
                 if bias:
                     out.append((Kind.COPY, f"{lin}.bias", part))
                 elif is_excluded_name(lin, ignore):
@@ -266,6 +270,11 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
             continue
         loaded = renamed.get(name, name).rpartition(".")  # GraniteMoE's input_linear: transformers' experts
         layout = layouts.get(loaded[0])  # stored as the model holds it: split by the model's own layout
+        if layout is not None and layout.row_groups and loaded[2] in ("weight", "bias") \
+                and len(info.shape) == (2 if loaded[2] == "weight" else 1):
+            kinds[name] = Kind.COPY  # stands for its groups' linears (expanded), never written as it is
+            expanded[name] = expand(module, info, loaded[2], layout, bias=loaded[2] == "bias")
+            continue
         if layout is not None and loaded[2] in FUSED_EXPERT_LEAVES | set(FUSED_BIASES) \
                 and len(info.shape) == (2 if loaded[2].endswith("_bias") else 3):
             kinds[name] = Kind.COPY  # stands for its parts (expanded), never written as it is
@@ -280,7 +289,7 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
         if leaf != "weight" or len(info.shape) != 2:
             kinds[name] = Kind.COPY
             continue
-        role = classify_weight(module, info.shape, vocab)
+        role = classify_weight(loaded[0], info.shape, vocab)  # as transformers loads it (DeepSeek-V4: head -> lm_head)
         if role == "embedding":
             embeddings.append(name)
             kinds[name] = Kind.COPY

@@ -9,7 +9,8 @@ loaded as ``block_sparse_moe.experts.gate_up_proj``, ``lowbit.renames.load_names
 such a tensor is then the one transformers' experts module declares (``is_transposed``,
 ``is_concatenated``, ``has_gate``: the flags ``lowbit.moe.split`` splits the module by in memory),
 read here from the model transformers builds from ``config.json`` on the meta device (no memory,
-no weights). A config transformers cannot build gives no layout, and fused experts stay refused.
+no weights). A linear applied per input group (DeepSeek-V4's ``o_a_proj``, ``lowbit.moe.row_groups``)
+has the layout ``FusedLayout(row_groups=G)``: its one stored weight holds group g as row block g. A config transformers cannot build gives no layout, and fused experts stay refused.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
+from lowbit.moe.row_groups import row_groups
 from lowbit.moe.slices import FusedLayout
 from lowbit.moe.split import is_fused_experts
 
 
 def fused_layouts(folder: str | Path) -> dict[str, FusedLayout]:
-    """{name of each fused experts module of the model ``folder``'s config.json describes: its layout}."""
+    """{name of each fused experts module (and linear applied per input group) of the model
+    ``folder``'s config.json describes: its layout}."""
     text = (Path(folder) / "config.json").read_bytes()
     return dict(_layouts(str(folder), hashlib.sha256(text).hexdigest()))
 
@@ -39,5 +42,6 @@ def _layouts(folder: str, _config_digest: str) -> tuple:
     except Exception:  # noqa: BLE001 - a config transformers cannot build: no layout is known
         return ()
     return tuple((n, FusedLayout(transposed=m.is_transposed, concatenated=m.is_concatenated,
-                                 has_gate=bool(getattr(m, "has_gate", True))))
-                 for n, m in model.named_modules() if is_fused_experts(m))
+                                 has_gate=bool(getattr(m, "has_gate", True))) if is_fused_experts(m)
+                  else FusedLayout(row_groups=row_groups(m)))
+                 for n, m in model.named_modules() if is_fused_experts(m) or row_groups(m))

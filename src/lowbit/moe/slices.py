@@ -33,9 +33,14 @@ class Proj(str, Enum):
 
 @dataclass(frozen=True)
 class FusedLayout:
+    """How a fused tensor holds its parts. ``row_groups`` > 0: a 2-D [G * out, in] weight (or
+    [G * out] bias) of a linear applied per input group (``lowbit.moe.row_groups``), part g its
+    row block g; the other fields are then unused."""
+
     transposed: bool = False
     concatenated: bool = True
     has_gate: bool = True
+    row_groups: int = 0
 
 
 def _rows(proj: Proj, layout: FusedLayout, n: int) -> slice:
@@ -50,6 +55,8 @@ def _rows(proj: Proj, layout: FusedLayout, n: int) -> slice:
 def expert_part(t: torch.Tensor, e: int, proj: Proj, layout: FusedLayout) -> torch.Tensor:
     """Expert ``e``'s ``proj`` out of the fused tensor ``t`` (3-D weight or 2-D bias): [out, in]
     or [out], contiguous, a copy."""
+    if layout.row_groups:
+        return t.reshape(layout.row_groups, -1, *t.shape[1:])[e].clone(memory_format=torch.contiguous_format)
     x = t[e]
     if x.dim() == 2 and layout.transposed:
         x = x.t()
@@ -58,6 +65,8 @@ def expert_part(t: torch.Tensor, e: int, proj: Proj, layout: FusedLayout) -> tor
 
 def part_shape(shape: tuple[int, ...], proj: Proj, layout: FusedLayout) -> tuple[int, ...]:
     """The shape ``expert_part`` returns for a fused tensor of ``shape``."""
+    if layout.row_groups:
+        return (shape[0] // layout.row_groups,) + tuple(shape[1:])
     inner = tuple(shape[1:])
     if len(inner) == 2 and layout.transposed:
         inner = inner[::-1]

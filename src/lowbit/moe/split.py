@@ -10,7 +10,8 @@ rows; False: interleaved g0, u0, g1, u1, ...) and ``has_bias`` (``gate_up_proj_b
 one does. A module without the flags that is called on rows laid out per expert (Llama 4's
 experts) is split by ``lowbit.moe.batched``, one holding a single [E, out, in] weight called on
 rows grouped by expert with their counts (JetMoE's ``input_linear`` / ``output_linear``) by
-``lowbit.moe.grouped``, each layout checked against the module's own forward; any
+``lowbit.moe.grouped``, a linear applying its row blocks to input groups (DeepSeek-V4's
+``o_a_proj``) by ``lowbit.moe.row_groups``, each layout checked against the module's own forward; any
 other stays a weight lowbit cannot quantize (``lowbit.targets.unquantizable_targets``: an
 error, or a listed warning). The gating is transformers' default (``act_fn(gate) * up``) unless the class
 defines its own ``_apply_gate``; the one known own gating is gpt-oss's clamped SwiGLU (``alpha``
@@ -30,6 +31,7 @@ from lowbit.errors import QuantizationError
 from lowbit.moe.batched import is_batched_experts, probe_experts, split_batched
 from lowbit.moe.experts import ExpertMLP, Gate, GateKind, SplitExperts
 from lowbit.moe.grouped import is_grouped_linears, split_grouped
+from lowbit.moe.row_groups import row_groups, split_row_groups
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
 from lowbit.targets import ROUTER_COMPONENTS
 
@@ -141,7 +143,7 @@ def split_experts(model: nn.Module) -> list[str]:
     Memory: one block's experts are copied at a time (the fused tensors are released as soon as
     their block is replaced, unless the caller holds them)."""
     names = [n for n, m in model.named_modules() if is_fused_experts(m) or is_batched_experts(m)
-             or is_grouped_linears(m)]
+             or is_grouped_linears(m) or row_groups(m)]
     for name in names:  # one block at a time: its fused tensors are freed before the next is split
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -150,6 +152,8 @@ def split_experts(model: nn.Module) -> list[str]:
             new = _split_one(name, old)
         elif is_batched_experts(old):
             new = split_batched(name, old)
+        elif row_groups(old):
+            new = split_row_groups(old)
         else:
             new = split_grouped(name, old)
         setattr(parent, child, new)

@@ -14,7 +14,9 @@ The values equal what ``lowbit.load_model`` (``from_pretrained(dtype=float32)`` 
 ``split_experts``) holds, tensor for tensor: every checkpoint tensor is converted with ``.to``
 exactly as transformers converts it, and MoE experts are read by the rules lowbit writes them
 with: per-expert names (most families; Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2`` through
-``moe.naming``) or the experts fused on disk (gpt-oss, GraniteMoE: sliced by ``moe.slices``). Keys
+``moe.naming``) or the experts fused on disk (gpt-oss, GraniteMoE: sliced by ``moe.slices``); a
+linear applied per input group (DeepSeek-V4's ``o_a_proj``, ``moe.row_groups``) from row blocks
+of its one stored weight. Keys
 transformers renames when it loads the folder (Nemotron-H's ``backbone.``) are found by its own
 conversion mapping (``lowbit.renames``). A parameter that the checkpoint does not hold is a
 FormatError naming it, except a tied output embedding.
@@ -107,6 +109,12 @@ class Skeleton:
                 fused = self._stored(".".join(parts[:-3] + [leaf]))
                 if fused is not None:
                     return _Fused(fused, int(parts[-3]), proj, layout)
+        # <module>.<g>.<weight|bias> of a linear applied per input group (moe.row_groups): row block g of <module>.<leaf>
+        split = self._split_layout(".".join(parts[:-2])) if len(parts) >= 3 and parts[-2].isdigit() else None
+        if split is not None and split.row_groups:
+            whole = self._stored(".".join(parts[:-2] + [parts[-1]]))
+            if whole is not None:
+                return _Fused(whole, int(parts[-2]), Proj.DOWN, split)
         # <module>.<e>.weight of per-expert matrices grouped by expert (moe.grouped) from <module>.<leaf>[e]
         grouped = self._grouped(".".join(parts[:-2])) if len(parts) >= 3 and parts[-2].isdigit() else None
         if grouped is not None and parts[-1] == "weight":
