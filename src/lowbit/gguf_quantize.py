@@ -17,83 +17,17 @@ chose (``lowbit.gguf_gptq``; ``CalibrationConfig(weight_rounding="rtn")``: the s
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 import torch
 
-from lowbit.errors import FormatError, OptionRef
-from lowbit.formats.gguf.mixes import Mix, choose_types
+from lowbit.formats import Format, get_format
 from lowbit.numerics.ggml import GgmlType
 
 if TYPE_CHECKING:
     from lowbit.algorithms.gptq import WeightRounding
-
-
-def parse_target(value: str) -> Mix | GgmlType:
-    """A mix name (``Q4_K_M``) or one GGML type for every tensor (``q4_k``: llama-quantize
-    ``--pure``); FormatError naming both lists otherwise."""
-    v = str(value).strip()
-    try:
-        return Mix(v.upper())
-    except ValueError:
-        pass
-    try:
-        return GgmlType(v.lower())
-    except ValueError:
-        raise FormatError(f"unknown GGUF scheme {value!r}: a llama.cpp mix ({', '.join(m.value for m in Mix)}) or "
-                          f"one GGML type ({', '.join(t.value for t in GgmlType)})") from None
-
-
-def parse_overrides(overrides: Mapping[str, str] | None) -> list[tuple[re.Pattern, GgmlType]]:
-    """llama-quantize's ``--tensor-type PATTERN=TYPE``: (regex searched in the GGUF name, type)."""
-    out = []
-    for pattern, kind in (overrides or {}).items():
-        try:
-            out.append((re.compile(pattern), GgmlType(str(kind).lower())))
-        except re.error as e:
-            raise FormatError(f"GGUF tensor-type override {pattern!r}: not a regular expression ({e})") from None
-        except ValueError:
-            raise FormatError(f"GGUF tensor-type override {pattern!r}: unknown GGML type {kind!r}") from None
-    return out
-
-
-def check_output(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool) -> None:
-    """Before any work, for the API and ``lowbit quantize --format gguf`` alike: FormatError when
-    ``out`` is a folder, exists (without ``overwrite``), or lies inside the source folder."""
-    src, out = Path(src).resolve(), Path(out)
-    if out.is_dir():
-        raise FormatError(f"GGUF output {str(out)!r} is a folder: a GGUF output is one file (e.g. model-Q4_K_M.gguf)")
-    if out.exists() and not overwrite:
-        raise FormatError(f"GGUF output {str(out)!r} exists (pass {{overwrite}} to replace it)",
-                          overwrite=OptionRef("overwrite"))
-    if out.resolve() == src or src in out.resolve().parents:
-        raise FormatError(f"GGUF output {str(out)!r} lies inside the source folder {str(src)!r}")
-
-
-def tensor_types(plan, target: Mix | GgmlType, has_importance: bool = False,
-                 overrides: Mapping[str, str] | None = None) -> dict:
-    """Every tensor's type for ``target`` (a mix, or one type for all: ``--pure``), overrides first
-    (the first matching pattern wins, as in llama-quantize), then the shape fallbacks."""
-    from lowbit.formats.gguf.mixes import fallback, quantizable
-    from lowbit.formats.gguf.writer import facts_of, plan_shapes
-
-    shapes = plan_shapes(plan)
-    rules = parse_overrides(overrides)
-    if isinstance(target, Mix):
-        types = choose_types(target, shapes, facts_of(plan, has_importance))
-    else:
-        types = {n: (fallback(target, s[-1]) if quantizable(n, s) else None) for n, s in shapes}
-    for name, shape in shapes:
-        if types.get(name) is None:
-            continue
-        for pattern, kind in rules:
-            if pattern.search(name):
-                types[name] = fallback(kind, shape[-1])
-                break
-    return types
 
 
 def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, GgmlType]) -> tuple[dict, dict]:
@@ -152,17 +86,17 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     FormatError naming the file, tensor or option; nothing is left at ``out`` on an error."""
     from lowbit.calibration.config import CalibrationConfig
     from lowbit.formats.gguf.convert import plan_gguf
-    from lowbit.formats.gguf.writer import write_gguf
     from lowbit.files.folder import SafetensorsFolder
 
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
-    target = parse_target(scheme)
-    parse_overrides(overrides)  # a bad pattern before any work
-    check_output(src, out, overwrite)
+    fmt = get_format(Format.GGUF)  # the format's rules: types, fallbacks, output, writing
+    target = fmt.target(scheme)
+    fmt.overrides(overrides)  # a bad pattern before any work
+    fmt.check_output(src, out, overwrite)
     plan = plan_gguf(src, tokenizer_from=tokenizer_from)
     importance, encoded = None, {}
-    types = tensor_types(plan, target, calibration is not None, overrides)
+    types = fmt.tensor_types(plan, target, calibration is not None, overrides)
     if calibration is not None:
         from lowbit.algorithms.gptq import WeightRounding
         from lowbit.gguf_gptq import source_types
@@ -173,8 +107,7 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     folder = SafetensorsFolder(src)
     show = _progress(len(plan.tensors), progress)
     try:
-        report = write_gguf(plan, out, folder, types, file_type=target if isinstance(target, Mix) else None,
-                            importance=importance, encoded=encoded, progress=show)
+        report = fmt.write(plan, out, folder, target, types, importance=importance, encoded=encoded, progress=show)
     finally:
         show.close()
     report.seconds = time.perf_counter() - t0

@@ -183,6 +183,18 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     keeps any of them RTN. The calibration report
     is left on ``model.lowbit_calibration``.
     """
+    from lowbit.gguf_memory import ggml_target
+
+    target = ggml_target(scheme)
+    if target is not None:  # a GGML type or llama-quantize mix: lowbit.gguf_memory
+        _refuse_for_ggml(target, calibration=calibration is not None, smoothquant=smoothquant is not DEFAULT,
+                         ignore=bool(tuple(ignore)), include_lm_head=include_lm_head, config=config is not None,
+                         preset=preset is not None, allow_unquantized=allow_unquantized,
+                         kv_cache=kv_cache is not None, float_states=float_states is not None,
+                         **{k: True for k in calibration_options})
+        from lowbit.gguf_memory import quantize_ggml
+
+        return quantize_ggml(model, target)
     kv_cache = check_kv_cache(kv_cache)
     _check_float_states(float_states)
     choice = CalibrationChoice(calibration, tokenizer, smoothquant, config, preset, calibration_options)
@@ -191,6 +203,16 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
     plan = InMemoryPlan(resolve_method(scheme, choice), TargetChoice(tuple(ignore), include_lm_head, allow_unquantized),
                         kv_cache)
     return run_in_memory(model, plan, progress=progress, float_states=float_states)
+
+
+def _refuse_for_ggml(target, **given: bool) -> None:
+    """A GGML target in memory is llama.cpp's reference rounding under llama-quantize's own rules
+    of which tensors get which type: QuantizationError naming the first option given with it."""
+    for option, on in given.items():
+        if on:
+            raise QuantizationError(f"scheme {target.value!r} (llama.cpp's GGML types) takes no {option!r} in memory: "
+                                    f"llama-quantize's rules choose every tensor's type, and the importance matrix "
+                                    f"and GPTQ are lowbit.quantize_gguf's (lowbit quantize --format gguf)")
 
 
 def run_in_memory(model: nn.Module, plan: InMemoryPlan, progress: bool | None = None,

@@ -12,13 +12,13 @@ import lowbit
 from helpers.models import tiny_llama
 from lowbit.modules import FakeQuantLinear
 from lowbit.errors import FormatError
-from lowbit.formats import Format
+from lowbit.formats import LAYOUTS, Format
 from lowbit.files.folder import SafetensorsFolder
 from lowbit.quant import dequantize
 from lowbit.schemes import PRESETS
 from helpers.formats_support import assert_same_layers, logits, quant_layers, quantized_model
 
-FORMATS = [f.value for f in Format]
+FORMATS = [layout.format.value for layout in LAYOUTS]  # the folder formats (GGUF: tests/formats/gguf)
 
 
 def _ids():

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from lowbit.errors import FormatError, LowbitError
 from lowbit.files.folder import SafetensorsFolder, read_header
 from lowbit.files.writer import CheckpointWriter
-from lowbit.formats import Format, get_layout, parse_quantization_config
+from lowbit.formats import LAYOUTS, Format, get_layout, parse_quantization_config
 from lowbit.numerics import E2M1, INT4
 from lowbit.quant import dequantize, quantize
 from lowbit.schemes import PRESETS, Dynamic
@@ -39,7 +39,7 @@ def _layer(name, dtype=torch.float32):
     return s, qw, bias, isc, igs
 
 
-@pytest.mark.parametrize("fmt", list(Format))
+@pytest.mark.parametrize("fmt", [layout.format for layout in LAYOUTS])
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_layout_roundtrip_is_bit_exact(name, fmt):
     s, qw, bias, isc, igs = _layer(name)
@@ -178,8 +178,10 @@ def test_ct_refuses_ragged_groups_and_e5m3_clearly():
 
 
 def test_unknown_format_and_quant_method():
-    with pytest.raises(FormatError, match="unknown checkpoint format 'gguf'"):
-        get_layout("gguf")
+    with pytest.raises(FormatError, match="unknown checkpoint format 'ggml'"):
+        get_layout("ggml")
+    with pytest.raises(FormatError, match="'gguf' is one file written whole, not a folder"):
+        get_layout("gguf")  # a registered format, but no per-linear layout (tests/formats/gguf/test_gguf_format.py)
     with pytest.raises(FormatError, match="unknown quant_method 'awq'"):
         parse_quantization_config({"quantization_config": {"quant_method": "awq"}})
     with pytest.raises(FormatError, match="no quantization_config"):

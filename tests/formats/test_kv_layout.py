@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lowbit.errors import FormatError
-from lowbit.formats import Format, ParsedConfig, get_layout
+from lowbit.formats import LAYOUTS, Format, ParsedConfig, get_layout
 
 SCALES = {"m.self_attn": (torch.tensor(0.5), torch.tensor([0.25]))}
 
@@ -40,6 +40,6 @@ def test_the_fake_format_keeps_kv_scales_in_its_config():
 def test_config_entries_differ_by_format_and_none_without_a_kv_cache():
     assert "kv_cache_scheme" in get_layout(Format.COMPRESSED_TENSORS).add_kv_config({}, "fp8", SCALES)
     assert "scales" not in get_layout(Format.LOWBIT).add_kv_config({}, "fp8", SCALES)["kv_cache"]
-    for fmt in Format:
+    for fmt in (layout.format for layout in LAYOUTS):  # the folder formats
         assert get_layout(fmt).add_kv_config({"x": 1}, None, {}) == {"x": 1}
         assert get_layout(fmt).read_kv_scales(ParsedConfig(fmt, []), {}, ["m.self_attn"]) == {}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lowbit.errors import FormatError, LowbitError
-from lowbit.formats import Format, get_layout
+from lowbit.formats import LAYOUTS, get_layout
 from lowbit.quant import global_scale_from_amax, quantize
 from lowbit.schemes import PRESETS
 
@@ -27,7 +27,7 @@ def _written(layout, scheme, out_f, in_f, dtype, extras):
     return layout.linear_tensors("layer", qt, scheme, dtype=dtype, **kwargs)
 
 
-@pytest.mark.parametrize("fmt", [f for f in Format])
+@pytest.mark.parametrize("fmt", [layout.format for layout in LAYOUTS])
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_declared_tensors_are_the_written_ones(fmt, name):
     layout, scheme = get_layout(fmt), PRESETS[name]

@@ -227,7 +227,7 @@ def test_output_entries_are_predicted_exactly(scheme, fmt):
     tensors the quantizer and layout write for the real weight, for every width and dtype."""
     from lowbit.formats import get_layout
     from lowbit.modelfree.outshape import OutputShapes
-    from lowbit.modelfree.plan import Item, Source
+    from lowbit.modelfree.plan_types import Item, Source
     from lowbit.files.folder import DTYPE_NAMES
     from lowbit.files.tensors import TensorInfo
     from lowbit.modelfree.bands import quantize_rows

@@ -102,3 +102,62 @@ def test_the_recipe_is_in_the_fingerprint_and_the_agreed_arguments(sharded, tmp_
     mf(sharded, out, ATTN8)
     ref = mf(sharded, tmp_path / "ref", ATTN8, resume=False)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in ref.iterdir()}
+
+
+
+def _two_surveys(ckpt, r):
+    """The plan as plan_recipe made it before it surveyed once: the names from one survey, then
+    a second with the modules the recipe leaves in float ignored by exact name."""
+    import re
+
+    from lowbit.modelfree.plan import make_plan
+    from lowbit.moe.naming import model_names
+    from lowbit.recipes import Assignment
+    from lowbit.recipes.plan import plan as resolve
+
+    found = make_plan(ckpt, None).quantized
+    as_model = model_names(ckpt.get("model_type"), found)
+    chosen = resolve(r, [as_model[n] for n in found])
+    disk = {as_model[n]: n for n in found}
+    if chosen.uniform is not None:
+        return make_plan(ckpt, Assignment.for_all(chosen.uniform, r))
+    one = chosen.distinct[0] if len(chosen.distinct) == 1 else None
+    assign = Assignment.for_all(one, r) if one is not None else Assignment({disk[n]: s for n, s in chosen.items()},
+                                                                           (), r)
+    return make_plan(ckpt, assign, [re.escape(disk[n]) for n in chosen.left])
+
+
+def _surveyed_once(folder, recipe, monkeypatch):
+    """plan_recipe's plan, checking that it surveyed the checkpoint once (set_apart is asked once
+    per survey) and that the plan equals the two surveys'."""
+    from lowbit.modelfree import plan as plan_mod
+    from lowbit.modelfree.mixed import plan_recipe
+    from lowbit.modelfree.source import Checkpoint
+
+    ckpt, r = Checkpoint(folder), Recipe.of(recipe)
+    calls = []
+    real = plan_mod.set_apart
+    monkeypatch.setattr(plan_mod, "set_apart", lambda root: calls.append(root) or real(root))
+    got = plan_recipe(ckpt, r)
+    assert len(calls) == 1
+    monkeypatch.setattr(plan_mod, "set_apart", real)
+    assert got == _two_surveys(ckpt, r)
+    return got
+
+
+@pytest.mark.parametrize("recipe", [ATTN8, LAYER0_FLOAT, {"Linear": "w4a16"}], ids=["attn8", "layer0-float", "plain"])
+def test_a_recipe_surveys_the_checkpoint_once(sharded, recipe, monkeypatch):
+    got = _surveyed_once(sharded, recipe, monkeypatch)
+    assert (recipe is LAYER0_FLOAT) == ("model.layers.0.mlp.down_proj" in got.ignored)
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "mixtral"])
+def test_experts_left_in_float_by_a_recipe_survey_once(family, tmp_path, monkeypatch):
+    from helpers.moe_models import tiny_moe
+
+    tiny_moe(family).save_pretrained(tmp_path / "m")
+    recipe = {r"re:.*self_attn": "w8a8-int8-dynamic", "default": "w4a16", "ignore": [r"re:.*layers\.0\.mlp\.experts\."]}
+    got = _surveyed_once(tmp_path / "m", recipe, monkeypatch)
+    experts = "model.layers.0.block_sparse_moe.experts." if family == "mixtral" else "model.layers.0.mlp.experts."
+    assert len([m for m in got.ignored if m.startswith(experts)]) == 8 * 3  # gpt-oss: parts of its fused tensors
+    assert len(got.quantized) == 32 and not any(m.startswith(experts) for m in got.quantized)

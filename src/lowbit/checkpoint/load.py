@@ -122,9 +122,10 @@ def load(path: str | Path, backend: str = "auto", *, dtype: torch.dtype | None =
         raise LowbitError(f"numerics must be a ServingNumerics ({', '.join(n.value for n in ServingNumerics)}), "
                           f"got {numerics!r}")
     if path.is_file():
-        from lowbit.formats.gguf.read import is_gguf_file, load_gguf
+        from lowbit.formats.gguf import is_gguf_file
+        from lowbit.formats.gguf.read import load_gguf
 
-        if not is_gguf_file(path):
+        if not is_gguf_file(path):  # a *.gguf file that is not GGUF: its own FormatError
             raise FormatError(f"{str(path)!r} is a file but not a GGUF file; lowbit.load reads GGUF files and "
                               f"checkpoint folders")
         if backend != "auto" or dtype not in (None, torch.float32):

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.modules.fake_linear import FakeQuantLinear
+from lowbit.modules.ggml_linear import GgmlLinear
 from lowbit.errors import FormatError, OptionRef
 from lowbit.formats import Format, get_layout, static_scale_entry
 from lowbit.formats.base import SHARED_SCALES
@@ -131,6 +132,10 @@ def collect_tensors(model: nn.Module, checkpoint_format: Format | str, dtype: to
     layout = get_layout(checkpoint_format)
     dtype = dtype or model_dtype(model)
     layers = quantized_modules(model)
+    ggml = next((n for n, m in model.named_modules() if isinstance(m, GgmlLinear)), None)
+    if ggml is not None:
+        raise FormatError(f"layer {ggml!r} holds llama.cpp's GGML blocks: only {{gguf}} holds them",
+                          gguf=OptionRef("format", "gguf"))
     if not layers:
         if getattr(model, "lowbit_kv_cache", None) is not None:
             raise FormatError("the model has a KV cache but no quantized layers: saving a KV cache without a weight "
@@ -210,8 +215,14 @@ def _param_name(model: nn.Module, module: nn.Module) -> str | None:
 
 def save(model: nn.Module, out_dir: str | Path, format: Format | str = Format.LOWBIT, *, tokenizer=None,
          source_dir: str | Path | None = None, overwrite: bool = False, max_shard_size: int = 2 * 2**30) -> Path:
-    """Write ``model`` (quantized with lowbit) as a complete Hugging Face folder; returns its path."""
+    """Write ``model`` (quantized with lowbit) as a complete Hugging Face folder; returns its path.
+    ``format="gguf"``: one GGUF file at ``out_dir`` for a model quantized in memory to a GGML type or
+    mix (``lowbit.gguf_memory.save_gguf``; ``max_shard_size`` does not apply)."""
     checkpoint_format = Format.parse(format)
+    if checkpoint_format is Format.GGUF:
+        from lowbit.gguf_memory import save_gguf
+
+        return save_gguf(model, out_dir, tokenizer=tokenizer, source_dir=source_dir, overwrite=overwrite)
     dtype = model_dtype(model)
     tensors, qcfg, untie = collect_tensors(model, checkpoint_format, dtype)
     config = config_dict(model, dtype, qcfg, untie)

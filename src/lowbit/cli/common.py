@@ -31,10 +31,10 @@ def check_model_path(value: str | None) -> None:
     (torch) is imported, so a wrong path fails at once. The built-in model is not checked here."""
     from pathlib import Path
 
-    from lowbit.models.builtin import resolve_model_path
+    from lowbit.models.builtin import is_gguf_path, resolve_model_path
 
     if model_arg(value) is not None:
-        if Path(value).suffix.lower() == ".gguf" and Path(value).is_file():
+        if is_gguf_path(Path(value)):
             return  # expanded (heavy, cached) when the model is loaded
         resolve_model_path(value)
 

@@ -17,6 +17,13 @@ from lowbit.cli.common import OptionError, check_model_path, model_arg, parse_li
 from lowbit.cli.figures import accuracy_cell, bracket, plus_minus
 
 
+def _is_gguf(path: str | None) -> bool:
+    """Whether a MODEL argument is a GGUF file (``lowbit.formats.gguf.is_gguf_file``: its magic bytes)."""
+    from lowbit.models.builtin import is_gguf_path
+
+    return model_arg(path) is not None and is_gguf_path(Path(path))
+
+
 def _evaluate(path, settings, lastword, label, numerics=None, reference=None, keep_reference=False,
               gguf_weights=None):
     """Report fields of the model at ``path`` (lowbit.report.measures, against ``reference`` when
@@ -145,8 +152,7 @@ def eval_cmd(
     except ValueError:
         raise OptionError(f"--gguf-weights must be one of {', '.join(w.value for w in GgufWeights)}, "
                           f"got {gguf_weights!r}") from None
-    if chosen is ServingNumerics.LLAMA_CPP_CPU and (gguf_weights is GgufWeights.FLOAT
-                                                     or not str(path).lower().endswith(".gguf")):
+    if chosen is ServingNumerics.LLAMA_CPP_CPU and (gguf_weights is GgufWeights.FLOAT or not _is_gguf(path)):
         raise OptionError("--numerics llama-cpp-cpu computes a .gguf PATH read with --gguf-weights codes")
     if engine not in ("lowbit", "vllm"):
         raise OptionError(f"--engine must be 'lowbit' or 'vllm', got {engine!r}")
@@ -186,7 +192,7 @@ def eval_cmd(
             reference.check_plan(read_text(text), window, stride, limit, baseline)
             base = {"path": baseline, **reference.fields}
         else:
-            base_numerics = serving if str(baseline).lower().endswith(".gguf") or chosen is not \
+            base_numerics = serving if _is_gguf(baseline) or chosen is not \
                 ServingNumerics.LLAMA_CPP_CPU else None  # a float baseline runs as lowbit's
             base, reference, _, _ = _evaluate(baseline, settings, lastword, "baseline", base_numerics,
                                               keep_reference=True, gguf_weights=gguf_weights)

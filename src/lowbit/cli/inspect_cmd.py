@@ -25,7 +25,9 @@ def inspect_cmd(
     file: the GGML type of every tensor, from its header)."""
     from pathlib import Path
 
-    if Path(path).is_file() and path.lower().endswith(".gguf"):
+    from lowbit.models.builtin import is_gguf_path
+
+    if is_gguf_path(Path(path)):  # by its magic bytes, whatever its name
         _inspect_gguf(path, as_json)
         return
     check_folder(path)

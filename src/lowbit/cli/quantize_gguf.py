@@ -45,11 +45,12 @@ def gguf_plan(o, plan_cls):
     from lowbit.calibration import CalibrationConfig
     from lowbit.cli.common import calib_data_options
     from lowbit.errors import FormatError
-    from lowbit.gguf_quantize import check_output, parse_target
+    from lowbit.formats import Format, get_format
     from lowbit.models import resolve_model_path
 
+    fmt = get_format(Format.GGUF)
     try:
-        target = parse_target(o.scheme)
+        target = fmt.target(o.scheme)
     except FormatError as e:
         raise OptionError(f"--scheme {o.scheme}: {e}") from None
     label = target.value  # a mix in capitals (Q4_K_M), a GGML type in lower case (q4_k)
@@ -57,7 +58,7 @@ def gguf_plan(o, plan_cls):
     folder = resolve_model_path(src)
     stem = Path(src).resolve().name if src else "SmolLM2-135M-Instruct"
     out = Path(o.output) if o.output else Path(f"{stem}-{label}.gguf")
-    check_output(folder, out, o.overwrite)  # the API's own check, before any work
+    fmt.check_output(folder, out, o.overwrite)  # the API's own check, before any work
     weights = parse_calib_weights(o.calib, o.calib_weights)
     data = calib_data_options(o.calib_pack, o.chat_template, o.calib_column, o.calib_split)
     sizes = {k: v for k, v in (("num_samples", o.calib_samples), ("seq_len", o.calib_seq_len)) if v is not None}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable, Mapping
@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from lowbit.errors import FormatError
+from lowbit.formats.checkpoint_format import CheckpointFormat, Container
 from lowbit.quant import QuantizedTensor
 from lowbit.schemes import Scheme
 
@@ -55,6 +56,7 @@ class Format(str, Enum):
     LOWBIT = "lowbit"
     FAKE = "fake"
     COMPRESSED_TENSORS = "compressed-tensors"
+    GGUF = "gguf"  # one file for llama.cpp (lowbit.formats.gguf.format.GgufFormat), not a folder layout
 
     def __str__(self) -> str:
         return self.value
@@ -238,8 +240,8 @@ def parse_dtype(name: str, option: str = "dtype") -> torch.dtype:
     return table[key]
 
 
-class Layout(ABC):
-    """Per-layer tensor layout and config of one checkpoint format (pure functions, no model).
+class Layout(CheckpointFormat):
+    """Per-layer tensor layout and config of one folder checkpoint format (pure functions, no model).
 
     weights_stem: the stem of the folder's weight file names (lowbit.files.folder.WeightFiles),
         given to CheckpointWriter: ``"model"`` for formats stock loaders read correctly,
@@ -247,6 +249,7 @@ class Layout(ABC):
         uninitialised weights for its layers and only warn)."""
 
     format: Format
+    container = Container.FOLDER
     weights_stem: str
     #: tensor suffixes that mark a layer as quantized in this format (a layer the config leaves in
     #: float must carry none); the fake format stores quantized layers as plain ``weight``: none

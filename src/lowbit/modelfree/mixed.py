@@ -11,10 +11,10 @@ ones (copied, listed in the config's ``ignore``); the others get their scheme pe
 
 from __future__ import annotations
 
-import re
 from typing import Iterable
 
-from lowbit.modelfree.plan import Plan, make_plan
+from lowbit.modelfree.plan import plan_of, survey
+from lowbit.modelfree.plan_types import Plan
 from lowbit.modelfree.source import Checkpoint
 from lowbit.moe.naming import model_names
 from lowbit.recipes import Assignment, Recipe
@@ -22,22 +22,22 @@ from lowbit.recipes.plan import is_plain, plan
 
 
 def plan_recipe(ckpt: Checkpoint, recipe: Recipe, ignore: Iterable[str] = (), include_lm_head: bool = False) -> Plan:
-    """The plan of ``ckpt`` under ``recipe``: ``make_plan`` with one scheme for all
+    """The plan of ``ckpt`` under ``recipe``: the checkpoint surveyed once (``survey``: which
+    modules are quantized), the recipe resolved on them, then ``plan_of`` with one scheme for all
     (``Assignment.for_all``: a plain recipe, or one that gives every linear the same scheme), or
-    with a scheme per module. RecipeError / QuantizationError as ``lowbit.recipes.plan`` raises
-    them, before anything is written."""
-    ignore = list(ignore)
+    with a scheme per module and the modules it leaves in float kept so (``Survey.keep_float``,
+    what ignoring them by exact name did). RecipeError / QuantizationError as
+    ``lowbit.recipes.plan`` raises them, before anything is written."""
+    found = survey(ckpt, ignore, include_lm_head)
     if is_plain(recipe):
-        return make_plan(ckpt, Assignment.for_all(recipe.default, recipe), ignore, include_lm_head)
-    found = make_plan(ckpt, None, ignore, include_lm_head).quantized  # checkpoint names
-    as_model = model_names(ckpt.get("model_type"), found)
-    disk = {as_model[n]: n for n in found}
-    chosen = plan(recipe, [as_model[n] for n in found])
+        return plan_of(found, Assignment.for_all(recipe.default, recipe))
+    names = found.quantized  # checkpoint names
+    as_model = model_names(ckpt.get("model_type"), names)
+    disk = {as_model[n]: n for n in names}
+    chosen = plan(recipe, [as_model[n] for n in names])
     if chosen.uniform is not None:
-        return make_plan(ckpt, Assignment.for_all(chosen.uniform, recipe), ignore, include_lm_head)
-    # exact names as ignore patterns (matched whole: lowbit.targets.matches_ignore)
-    keep_float = ignore + [re.escape(disk[n]) for n in chosen.left]
+        return plan_of(found, Assignment.for_all(chosen.uniform, recipe))
     one = chosen.distinct[0] if len(chosen.distinct) == 1 else None
     by_disk = Assignment.for_all(one, recipe) if one is not None else \
         Assignment({disk[n]: s for n, s in chosen.items()}, (), recipe)
-    return make_plan(ckpt, by_disk, keep_float, include_lm_head)
+    return plan_of(found.keep_float(disk[n] for n in chosen.left), by_disk)

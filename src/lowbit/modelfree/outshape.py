@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lowbit.modelfree.plan import Item, Kind
+from lowbit.modelfree.plan_types import Item, Kind
 from lowbit.files.folder import DTYPE_NAMES, DTYPES
 from lowbit.modelfree.source import FP8_SOURCES
 from lowbit.files.regions import header_block

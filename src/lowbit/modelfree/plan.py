@@ -33,24 +33,19 @@ Exact rules, never substring matches:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Iterable
-
-import torch
 
 from lowbit.errors import FormatError, QuantizationError
 from lowbit.fusion import fused_groups
-from lowbit.files.folder import DTYPES
 from lowbit.files.tensors import TensorInfo
 from lowbit.modelfree.meta_survey import set_apart
-from lowbit.modelfree.mxfp4_source import BLOCKS, SCALES, dequantized_shape
+from lowbit.modelfree.mxfp4_source import BLOCKS, SCALES
+from lowbit.modelfree.plan_types import ExpertPart, Item, Kind, Plan, Source, Survey
 from lowbit.modelfree.source_config import check_fp8_scale, source_fp8_block, source_mxfp4_experts
 from lowbit.modelfree.source import FLOAT_SOURCES, FP8_SOURCES, Checkpoint
 from lowbit.renames import load_names
 from lowbit.moe.layouts import fused_layouts
-from lowbit.moe import FUSED_ON_DISK, FusedLayout, Proj, part_shape
+from lowbit.moe import FUSED_ON_DISK, FusedLayout, Proj
 from lowbit.moe.naming import FUSED_BIASES, FUSED_WEIGHTS
 from lowbit.quant import num_groups
 from lowbit.recipes.resolve import Assignment
@@ -68,76 +63,6 @@ OUTPUT_EMBEDDING_NAMES = frozenset({"output"})  # InternLM2's top-level head; ne
 CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer"})
 SCALE_INV = "weight_scale_inv"
 FP8_DROPPED = ("input_scale", "activation_scale")  # static FP8 activation scales of the source
-
-
-class Kind(str, Enum):
-    QUANTIZE = "quantize"  # a linear weight, written as the layout's tensors
-    COPY = "copy"          # written unchanged (dequantized to the model dtype if FP8)
-    DROP = "drop"          # not written (tied duplicate, consumed source scale)
-
-
-@dataclass(frozen=True)
-class ExpertPart:
-    """One expert's projection (or its bias) inside a fused experts tensor (``lowbit.moe.slices``)."""
-
-    expert: int
-    proj: Proj
-    layout: FusedLayout
-    num_experts: int
-
-
-@dataclass(frozen=True)
-class Source:
-    """A float tensor as stored: plain, or FP8 with its block scale (anywhere in the checkpoint),
-    or one expert's part of a fused experts tensor (``part``)."""
-
-    info: TensorInfo
-    scale_inv: TensorInfo | None = None
-    part: ExpertPart | None = None
-    mx_scales: TensorInfo | None = None  # info is gpt-oss MXFP4 blocks, dequantized with these scales
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tensor's shape as quantized or written (an expert part's own shape)."""
-        full = self.info.shape if self.mx_scales is None else dequantized_shape(self.info.shape)
-        if self.part is None:
-            return full
-        return part_shape(full, self.part.proj, self.part.layout)
-
-    @property
-    def nbytes(self) -> int:
-        """Source bytes this tensor stands for (an expert part: its share of the fused tensor)."""
-        if self.part is None:
-            return self.info.nbytes
-        full = self.info.shape if self.mx_scales is None else dequantized_shape(self.info.shape)
-        return self.info.nbytes * math.prod(self.shape) // math.prod(full)
-
-    @property
-    def key(self) -> str:
-        """A name that tells parts of one fused tensor apart."""
-        p = self.part
-        return self.info.name if p is None else f"{self.info.name}[{p.expert}].{p.proj.value}"
-
-
-@dataclass(frozen=True)
-class Item:
-    kind: Kind
-    name: str                      # output tensor name (COPY) or the linear's module (QUANTIZE)
-    src: Source
-    group: tuple[Source, ...] = ()  # QUANTIZE: weights sharing the NVFP4 global scale (self included)
-    scheme: Scheme | None = None   # QUANTIZE: its scheme (make_plan sets it; None: the run's one scheme)
-
-
-@dataclass
-class Plan:
-    scheme: Scheme | None                   # the one scheme (None: a scheme per linear, ``schemes``)
-    dtype: torch.dtype                      # the model's float dtype (FP8 sources dequantize to it)
-    fp8_block: tuple[int, int] | None       # the FP8 source's weight_block_size
-    shards: dict[str, list[Item]]           # source shard -> items in the shard's data order
-    quantized: list[str] = field(default_factory=list)  # linear modules quantized
-    ignored: list[str] = field(default_factory=list)    # linear-like modules kept in float
-    config_updates: dict[str, Any] = field(default_factory=dict)
-    schemes: dict[str, Scheme] = field(default_factory=dict)  # quantized module -> its scheme
 
 
 def _is_block_index(part: str) -> bool:
@@ -171,11 +96,15 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
               include_lm_head: bool = False) -> Plan:
     """The plan of every tensor (see the module's docstring). ``assign``: the scheme of every
     module the plan quantizes (``Assignment.scheme_for``: one scheme for all is
-    ``Assignment.for_all``; a recipe's gives each module its own, the caller keeping the others in
-    float through ``ignore``, lowbit.modelfree.mixed); or None: only which modules are quantized
-    (``quantized``, ``ignored``), with no check that depends on a scheme."""
+    ``Assignment.for_all``; a recipe's gives each module its own: lowbit.modelfree.mixed, which
+    surveys once and keeps the others in float with ``Survey.keep_float``); or None: only which
+    modules are quantized (``quantized``, ``ignored``), with no check that depends on a scheme."""
+    return plan_of(survey(ckpt, ignore, include_lm_head), assign)
+
+
+def survey(ckpt: Checkpoint, ignore: Iterable[str] = (), include_lm_head: bool = False) -> Survey:
+    """Every tensor's kind and the modules quantized, without a scheme (``make_plan``)."""
     ignore = list(ignore) + list(set_apart(ckpt.root) or ())  # what the model's forward sets apart (meta_survey)
-    scheme_of = _scheme_lookup(assign)
     model_type = ckpt.get("model_type")
     if model_type in CONV1D_MODEL_TYPES:
         raise FormatError(f"{ckpt.root}: model_type {model_type!r} stores its projections as Conv1D [in, out], "
@@ -183,11 +112,6 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
     is_fp8, block = source_fp8_block(ckpt)
     is_mx = source_mxfp4_experts(ckpt)
     mx_of: dict[str, TensorInfo] = {}  # MXFP4 blocks -> their scales
-    for s in assign.distinct if assign is not None else ():
-        if is_fp8 and s.weights.format is FormatName.E4M3 and s.weights.granularity is Granularity.BLOCK:
-            raise FormatError(f"{ckpt.root}: the source is already FP8 (quant_method 'fp8', weight_block_size "
-                              f"{list(block) if block else None}); quantizing it to {s.name} would round its FP8 "
-                              f"weights a second time. Serve the source as it is, or quantize a float checkpoint")
     vocab = ckpt.get("vocab_size")
     vocab = vocab if isinstance(vocab, int) else None
     tied_cfg = ckpt.get("tie_word_embeddings")
@@ -308,7 +232,6 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
     # tied embeddings: written once
     if not heads and not include_lm_head:
         ignored.append("lm_head")  # tied: the model's head has no tensor of its own, and stays float
-    config_updates: dict[str, Any] = {}
     extra: list[tuple[str, TensorInfo]] = []  # (head module, embedding tensor) quantized from the embedding
     if tied_cfg is True:
         emb_in = [e for e in embeddings if e.rpartition(".")[0].split(".")[-1] in INPUT_EMBEDDING_COMPONENTS
@@ -320,8 +243,24 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
             if not heads and emb_in and not is_excluded_name("lm_head", ignore):
                 extra.append(("lm_head", tensors[emb_in[0]]))
                 quantized.append("lm_head")
-            if any(kinds[h] is Kind.QUANTIZE for h in heads) or extra:
-                config_updates["tie_word_embeddings"] = False
+    return Survey(ckpt, is_fp8, block, kinds, module_of, scale_of, mx_of, expanded, parts_of, extra, heads,
+                  quantized, ignored, untie=tied_cfg is True and include_lm_head)
+
+
+def plan_of(found: Survey, assign: Assignment | None) -> Plan:
+    """The ``Plan`` of a survey under ``assign`` (``make_plan``): the checks that depend on the
+    schemes (FP8 sources, groups dividing rows), shared global scales, the items in shard order."""
+    ckpt, block, kinds, scale_of, mx_of = found.ckpt, found.block, found.kinds, found.scale_of, found.mx_of
+    module_of, parts_of, expanded, extra = found.module_of, found.parts_of, found.expanded, found.extra
+    scheme_of = _scheme_lookup(assign)
+    for s in assign.distinct if assign is not None else ():
+        if found.is_fp8 and s.weights.format is FormatName.E4M3 and s.weights.granularity is Granularity.BLOCK:
+            raise FormatError(f"{ckpt.root}: the source is already FP8 (quant_method 'fp8', weight_block_size "
+                              f"{list(block) if block else None}); quantizing it to {s.name} would round its FP8 "
+                              f"weights a second time. Serve the source as it is, or quantize a float checkpoint")
+    config_updates: dict[str, Any] = {}
+    if found.untie and (any(kinds[h] is Kind.QUANTIZE for h in found.heads) or extra):
+        config_updates["tie_word_embeddings"] = False
 
     # checks that need no tensor data, before anything is written
     def source(info: TensorInfo, part: ExpertPart | None = None) -> Source:
@@ -333,7 +272,7 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
                               f"reads bf16, fp16, fp32 or FP8 with block scales")
         return Source(info, s, part)
 
-    weights = {m: source(tensors[n]) for n, m in module_of.items()} | {m: source(e) for m, e in extra} | \
+    weights = {m: source(ckpt.tensors[n]) for n, m in module_of.items()} | {m: source(e) for m, e in extra} | \
         {m: source(i, p) for m, (i, p) in parts_of.items()}
     schemes = {m: scheme_of(m) for m in weights} if assign is not None else {}
     for m, src in weights.items() if assign is not None else ():
@@ -370,8 +309,9 @@ def make_plan(ckpt: Checkpoint, assign: Assignment | None, ignore: Iterable[str]
                 if e.name == info.name:
                     items.append(Item(Kind.QUANTIZE, m, source(e), group_of.get(m, ()), schemes.get(m)))
         shards[shard] = items
+    quantized = found.quantized
     return Plan(scheme=assign.uniform if assign is not None else None, dtype=ckpt.dtype, fp8_block=block,
-                shards=shards, quantized=quantized, ignored=sorted(set(ignored) - set(quantized)),
+                shards=shards, quantized=quantized, ignored=sorted(set(found.ignored) - set(quantized)),
                 config_updates=config_updates, schemes=schemes)
 
 
@@ -383,8 +323,3 @@ def _scheme_lookup(assign: Assignment | None):
             raise QuantizationError(f"internal error: the recipe gave no scheme to {module!r}")
         return s
     return of
-
-
-def source_dtype(src: Source, model_dtype: torch.dtype) -> torch.dtype:
-    """The float dtype a source tensor is read as (FP8 and MXFP4 dequantize to the model's dtype)."""
-    return model_dtype if src.scale_inv is not None or src.mx_scales is not None else DTYPES[src.info.dtype]

@@ -14,7 +14,7 @@ from lowbit.files.atomic import write_text_atomic
 from lowbit.files.regions import create_shard_file, shard_file_matches
 from lowbit.modelfree.markers import MARKER_DIR, marker_path, part_name, partial_path, read_marker
 from lowbit.modelfree.outshape import OutputShapes, ShardFile
-from lowbit.modelfree.plan import Item, Kind, Plan
+from lowbit.modelfree.plan_types import Item, Kind, Plan
 from lowbit.modelfree.source import Checkpoint
 from lowbit.modelfree.worker import ShardJob
 

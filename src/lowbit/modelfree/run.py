@@ -60,7 +60,7 @@ from lowbit.files.outguard import check_not_source
 from lowbit.files.outlock import output_lock
 from lowbit.files.refused import resumable_failure
 from lowbit.modelfree.mixed import plan_recipe
-from lowbit.modelfree.plan import Plan
+from lowbit.modelfree.plan_types import Plan
 from lowbit.modelfree.progress import ShardProgress
 from lowbit.modelfree.source import Checkpoint
 from lowbit.modelfree.device import resolve_device

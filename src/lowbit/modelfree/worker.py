@@ -28,7 +28,7 @@ from lowbit.modelfree.bands import BAND_ELEMS, DEVICE_BAND_ELEMS, quantize_rows
 from lowbit.modelfree.fp8 import dequantize_fp8_block
 from lowbit.modelfree.mxfp4_source import dequantize_expert
 from lowbit.modelfree.markers import part_name, partial_path, write_marker
-from lowbit.modelfree.plan import Item, Kind, Source
+from lowbit.modelfree.plan_types import Item, Kind, Source
 from lowbit.modelfree.outshape import Entry
 from lowbit.files.regions import RegionWriter
 from lowbit.files.tensors import TensorReader

@@ -142,15 +142,27 @@ def ensure_builtin(cache_dir: str | os.PathLike | None = None) -> Path:
     return convert_gguf(builtin_gguf_path(), folder)
 
 
+def is_gguf_path(p: Path) -> bool:
+    """``lowbit.formats.gguf.is_gguf_file`` (the one rule: magic bytes), imported only for a file:
+    a folder or a missing path is answered without importing lowbit.formats (it imports torch),
+    so the CLI asks this before anything heavy."""
+    if not p.is_file():
+        return False
+    from lowbit.formats.gguf import is_gguf_file
+
+    return is_gguf_file(p)
+
+
 def resolve_model_path(path: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A model folder: ``path`` itself, the built-in model when ``path`` is None, or for a ``.gguf``
-    file its float32 expansion (``gguf_model_dir``)."""
+    """A model folder: ``path`` itself, the built-in model when ``path`` is None, or for a GGUF
+    file (``lowbit.formats.gguf.is_gguf_file``: by its magic bytes) its float32 expansion
+    (``gguf_model_dir``)."""
     if path is None:
         return ensure_builtin(cache_dir)
     p = Path(path)
     if not p.exists():
         raise ModelNotFoundError(f"model path not found: {p}")
-    if p.is_file() and p.suffix.lower() == ".gguf":
+    if is_gguf_path(p):
         return gguf_model_dir(p, cache_dir)
     if not (p / "config.json").is_file():
         raise ModelNotFoundError(f"{p} is not a model folder (no config.json)")
@@ -164,8 +176,8 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
     ``numerics`` (a lowbit.quant.serving.ServingNumerics; None is LOWBIT): an engine's numerics run
     a float model in that engine's dtype, and a quantized one through ``lowbit.load(numerics=...)``.
 
-    A ``.gguf`` file: ``gguf_weights`` (a ``lowbit.formats.gguf.read.GgufWeights`` or its value;
-    None: ``DEFAULT_GGUF_WEIGHTS``) CODES loads it with ``lowbit.load`` (its GGML blocks kept;
+    A GGUF file (``lowbit.formats.gguf.is_gguf_file``: by its magic bytes): ``gguf_weights`` (a
+    ``lowbit.formats.gguf.read.GgufWeights`` or its value; None: ``DEFAULT_GGUF_WEIGHTS``) CODES loads it with ``lowbit.load`` (its GGML blocks kept;
     numerics LOWBIT or LLAMA_CPP_CPU), FLOAT runs its float32 expansion (``gguf_model_dir``; the same logits under LOWBIT numerics). The
     tokenizer is transformers' reading of the file's.
 
@@ -187,7 +199,7 @@ def load_model(path: str | os.PathLike | None = None, *, cache_dir: str | os.Pat
         raise LowbitError(f"gguf_weights must be one of {', '.join(w.value for w in GgufWeights)}, "
                           f"got {gguf_weights!r}") from None
     p = None if path is None else Path(path)
-    if p is not None and p.is_file() and p.suffix.lower() == ".gguf" and gguf_weights is GgufWeights.CODES:
+    if p is not None and is_gguf_path(p) and gguf_weights is GgufWeights.CODES:
         return _load_gguf_codes(p, numerics)
     if numerics is ServingNumerics.LLAMA_CPP_CPU:
         raise LowbitError(f"numerics {numerics.value!r} are llama.cpp's on a GGUF file read with its codes; "

@@ -63,3 +63,14 @@ def test_inspect_lists_the_ggml_type_of_every_tensor(gguf_file, capsys):
     assert r["format"] == "gguf" and r["tensors"]["blk.0.attn_q.weight"] == "Q5_0"
     assert r["tensors"]["blk.0.attn_norm.weight"] == "F32" and r["types"]["Q8_0"] == 3
     assert r["tensors"]["token_embd.weight"] == "Q8_0" and "output.weight" not in r["tensors"]
+
+
+def test_a_gguf_file_without_the_suffix_is_read_as_gguf(gguf_file, tmp_path):
+    import lowbit
+
+    _, out = gguf_file
+    bare = tmp_path / "model-q4km"  # the magic bytes decide (lowbit.formats.gguf.is_gguf_file), not the name
+    bare.write_bytes(out.read_bytes())
+    model, tok = lowbit.load_model(bare)
+    assert model.lowbit_format == "gguf" and model.lowbit_gguf_types == lowbit.load(out).lowbit_gguf_types
+    assert tok.vocab_size == 300

@@ -18,7 +18,8 @@ skip_without_converter()
 from lowbit.files.folder import SafetensorsFolder  # noqa: E402
 from lowbit.formats.gguf.convert import plan_gguf  # noqa: E402
 from lowbit.formats.gguf.mixes import Mix  # noqa: E402
-from lowbit.gguf_quantize import quantize_gguf, tensor_types  # noqa: E402
+from lowbit.formats import Format, get_format  # noqa: E402
+from lowbit.gguf_quantize import quantize_gguf  # noqa: E402
 from lowbit.numerics.ggml import GgmlType, decode, encode  # noqa: E402
 
 
@@ -40,7 +41,7 @@ def test_q4_k_m_file_holds_the_mix_types_and_lowbits_bytes(folder, tmp_path):
     report = quantize_gguf(folder, tmp_path / "m.gguf", "Q4_K_M", progress=False)
     reader, tensors = _read(tmp_path / "m.gguf")
     plan = plan_gguf(folder)
-    want = tensor_types(plan, Mix.Q4_K_M)
+    want = get_format(Format.GGUF).tensor_types(plan, Mix.Q4_K_M)
     st = SafetensorsFolder(folder)
     checked = 0
     for rm in plan.rowmaps().values():

@@ -72,15 +72,6 @@ def _ggml_type(t) -> GgmlType | None:
     return _gguf_types().get(t)
 
 
-def is_gguf_file(path: str | Path) -> bool:
-    """A file whose first four bytes are GGUF's magic."""
-    p = Path(path)
-    if not p.is_file():
-        return False
-    with open(p, "rb") as f:
-        return f.read(4) == b"GGUF"
-
-
 def file_tensor_types(path: str | Path) -> dict[str, str]:
     """GGUF tensor name -> its GGML type name (gguf-py's, e.g. "Q4_K", "F32"), from the header only."""
     return {t.name: t.tensor_type.name for t in _reader(Path(path)).tensors}
