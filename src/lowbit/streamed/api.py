@@ -26,6 +26,7 @@ from typing import Iterable
 import torch
 
 from lowbit.algorithms.smoothquant.defaults import DEFAULT
+from lowbit.errors import QuantizationError
 from lowbit.recipes import Recipe
 from lowbit.schemes import Scheme
 
@@ -72,6 +73,9 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
         when it runs (for activations larger than the device's memory).
     group: the ranks to split the work over (``lowbit.dist.Group``; default: ``Group.join``).
     resume: continue a killed run from its last finished layer (the same arguments only).
+    format "gguf": one GGUF file for llama.cpp (``scheme`` a llama-quantize mix such as Q4_K_M, or
+        one GGML type), ``lowbit.quantize_gguf``'s run (importance matrix and GPTQ from
+        ``calibration``; without it llama.cpp's reference rounding); the other options are refused.
     Errors: QuantizationError / FormatError / SchemeError naming the option, file or tensor; an
     interrupted run leaves only its temporary folder (resumable), never a half-written output.
     """
@@ -79,11 +83,29 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
         CalibrationChoice, RunSettings, TargetChoice, plan_checkpoint, run_checkpoint,
     )
 
+    if _is_gguf(format):  # one GGUF file: the format's own run (lowbit.gguf_quantize), as ``--format gguf``
+        given = {"smoothquant": smoothquant is not DEFAULT, "preset": preset is not None, "ignore": bool(tuple(ignore)),
+                 "include_lm_head": include_lm_head, "allow_unquantized": allow_unquantized, "device": device is not None,
+                 "offload": offload, "run_options": run_options is not None, "group": group is not None,
+                 **{k: True for k in calibration_options}}
+        if any(given.values()):
+            raise QuantizationError(f"format 'gguf' takes a llama.cpp mix or GGML type, calibration, tokenizer, "
+                                    f"config, overwrite and progress; drop {', '.join(k for k, v in given.items() if v)}")
+        from lowbit.gguf_quantize import quantize_gguf
+
+        return quantize_gguf(src, out, str(scheme), calibration=calibration, tokenizer=tokenizer, config=config,
+                             progress=progress, overwrite=overwrite).path
     plan = plan_checkpoint(src, out, scheme, format,
                            CalibrationChoice(calibration, tokenizer, smoothquant, config, preset, calibration_options),
                            TargetChoice(tuple(ignore), include_lm_head, allow_unquantized),
                            RunSettings(resume, overwrite, progress, device, offload, workers, run_options, group))
     return run_checkpoint(plan).path
+
+
+def _is_gguf(checkpoint_format) -> bool:
+    from lowbit.formats import Format
+
+    return Format.parse(checkpoint_format) is Format.GGUF
 
 
 def fingerprint(plan, ckpt, tokens: torch.Tensor, valid: torch.Tensor | None, world: int, device) -> str:

@@ -137,3 +137,15 @@ def test_a_model_without_a_source_folder_quantizes_but_needs_one_to_save(tmp_pat
         lowbit.save(model, tmp_path / "m.gguf", format="gguf")
     with pytest.raises(FormatError, match="source_dir"):
         lowbit.quantize(tiny_llama(vocab_size=300), "Q4_K_M")  # a mix needs the metadata
+
+
+def test_quantize_checkpoint_with_format_gguf_is_quantize_gguf(untied, tmp_path):
+    """``lowbit.quantize_checkpoint(src, out, mix, "gguf")`` is the GGUF format's run (the API's
+    one entry for every checkpoint format, as ``lowbit quantize --format gguf``); the options that
+    do not apply to a GGUF file are refused by name before any work."""
+    ref = quantize_gguf(untied, tmp_path / "ref.gguf", "Q4_K_M", progress=False)
+    out = lowbit.quantize_checkpoint(untied, tmp_path / "api.gguf", "Q4_K_M", "gguf", progress=False)
+    assert out == tmp_path / "api.gguf" and _sha(out) == _sha(ref.path)
+    with pytest.raises(QuantizationError, match="drop ignore, device"):
+        lowbit.quantize_checkpoint(untied, tmp_path / "x.gguf", "Q4_K_M", "gguf", ignore=["lm_head"], device="cpu")
+    assert not (tmp_path / "x.gguf").exists()
