@@ -13,7 +13,9 @@ Exact rules, never substring matches:
   ``<block>.experts.{e}.gate_proj`` ..., their biases written as ``...bias``; so are fused experts
   stored as the model holds them (under its name, or one transformers only renames: Granite's
   ``input_linear``, ``lowbit.renames.load_names``), by the layout of the experts module of the model
-  built from config.json on the meta device (``lowbit.moe.layouts``). Other fused 3-D expert
+  built from config.json on the meta device (``lowbit.moe.layouts``), and weighted shared experts
+  stored one 3-D tensor per projection (Inkling's ``shared_experts.gate_proj`` ...,
+  ``lowbit.moe.weighted_shared``) as ``<module>.{e}.<proj>``. Other fused 3-D expert
   tensors are refused, never copied in float silently. gpt-oss's own MXFP4
   experts (``quant_method: "mxfp4"``: ``*_blocks`` / ``*_scales``, lowbit.modelfree.mxfp4_source)
   are dequantized one expert at a time and quantized the same way.
@@ -129,8 +131,8 @@ def survey(ckpt: Checkpoint, ignore: Iterable[str] = (), include_lm_head: bool =
         """The per-expert parts of a fused tensor: (kind, output name or linear, part) each; of a
         linear applied per input group (``layout.row_groups``): its group linears ``<module>.<g>``."""
         out = []
-        projs = (Proj.DOWN,) if leaf.startswith("down") or layout.row_groups else \
-            (Proj.GATE, Proj.UP) if layout.has_gate else (Proj.UP,)
+        projs = (Proj(leaf),) if layout.separate else (Proj.DOWN,) if leaf.startswith("down") or layout.row_groups \
+            else (Proj.GATE, Proj.UP) if layout.has_gate else (Proj.UP,)
         count = layout.row_groups or info.shape[0]
         for e in range(count):
             for pr in projs:
@@ -198,6 +200,10 @@ def survey(ckpt: Checkpoint, ignore: Iterable[str] = (), include_lm_head: bool =
                 and len(info.shape) == (2 if loaded[2] == "weight" else 1):
             kinds[name] = Kind.COPY  # stands for its groups' linears (expanded), never written as it is
             expanded[name] = expand(module, info, loaded[2], layout, bias=loaded[2] == "bias")
+            continue
+        if layout is not None and layout.separate and loaded[2] in {p.value for p in Proj} and len(info.shape) == 3:
+            kinds[name] = Kind.COPY  # one projection of every expert (moe.weighted_shared): its parts (expanded)
+            expanded[name] = expand(loaded[0], info, loaded[2], layout, bias=False)
             continue
         if layout is not None and loaded[2] in FUSED_EXPERT_LEAVES | set(FUSED_BIASES) \
                 and len(info.shape) == (2 if loaded[2].endswith("_bias") else 3):

@@ -10,7 +10,10 @@ such a tensor is then the one transformers' experts module declares (``is_transp
 ``is_concatenated``, ``has_gate``: the flags ``lowbit.moe.split`` splits the module by in memory),
 read here from the model transformers builds from ``config.json`` on the meta device (no memory,
 no weights). A linear applied per input group (DeepSeek-V4's ``o_a_proj``, ``lowbit.moe.row_groups``)
-has the layout ``FusedLayout(row_groups=G)``: its one stored weight holds group g as row block g. A config transformers cannot build gives no layout, and fused experts stay refused.
+has the layout ``FusedLayout(row_groups=G)``: its one stored weight holds group g as row block g;
+weighted shared experts (Inkling's ``shared_experts``, ``lowbit.moe.weighted_shared``) the layout
+``FusedLayout(separate=True)`` their split found: ``<module>.<proj>[e]`` is expert e's linear. A
+config transformers cannot build gives no layout, and fused experts stay refused.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from lowbit.moe.row_groups import row_groups
 from lowbit.moe.slices import FusedLayout
 from lowbit.moe.split import is_fused_experts
+from lowbit.moe.weighted_shared import weighted_layout
 
 
 def fused_layouts(folder: str | Path) -> dict[str, FusedLayout]:
@@ -41,7 +45,13 @@ def _layouts(folder: str, _config_digest: str) -> tuple:
         model = meta_model(AutoConfig.from_pretrained(folder))
     except Exception:  # noqa: BLE001 - a config transformers cannot build: no layout is known
         return ()
-    return tuple((n, FusedLayout(transposed=m.is_transposed, concatenated=m.is_concatenated,
-                                 has_gate=bool(getattr(m, "has_gate", True))) if is_fused_experts(m)
-                  else FusedLayout(row_groups=row_groups(m)))
-                 for n, m in model.named_modules() if is_fused_experts(m) or row_groups(m))
+    out = []
+    for n, m in model.named_modules():
+        if is_fused_experts(m):
+            out.append((n, FusedLayout(transposed=m.is_transposed, concatenated=m.is_concatenated,
+                                       has_gate=bool(getattr(m, "has_gate", True)))))
+        elif row_groups(m):
+            out.append((n, FusedLayout(row_groups=row_groups(m))))
+        elif weighted_layout(m) is not None:
+            out.append((n, weighted_layout(m)))
+    return tuple(out)

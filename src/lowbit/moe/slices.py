@@ -7,7 +7,10 @@ Fused layouts, as transformers 5 defines them:
   gate rows then the up rows (``concatenated``) or interleaved g0, u0, g1, u1, ... (gpt-oss);
   without a gate (``has_gate`` False) the tensor is ``up_proj`` and holds the up rows only;
 - ``down_proj`` [E, H, I] (``transposed``: [E, I, H]);
-- biases (``has_bias``): ``gate_up_proj_bias`` [E, 2I] (split like the rows), ``down_proj_bias`` [E, H].
+- biases (``has_bias``): ``gate_up_proj_bias`` [E, 2I] (split like the rows), ``down_proj_bias`` [E, H];
+- ``separate``: each projection fused on its own, ``gate_proj`` / ``up_proj`` [E, I, H] and
+  ``down_proj`` [E, H, I] (``transposed``: [E, in, out]), expert e's weight the tensor's [e]
+  (Inkling's weighted shared experts, ``lowbit.moe.weighted_shared``).
 
 ``expert_part(t, e, proj, layout)`` returns expert e's ``proj`` weight [out, in] (or bias [out])
 as a new contiguous tensor; ``part_shape`` its shape without reading data.
@@ -41,11 +44,12 @@ class FusedLayout:
     concatenated: bool = True
     has_gate: bool = True
     row_groups: int = 0
+    separate: bool = False  # one fused tensor per projection, named after it (module docstring)
 
 
 def _rows(proj: Proj, layout: FusedLayout, n: int) -> slice:
     """Which rows of a gate_up tensor (n rows) belong to ``proj``."""
-    if proj is Proj.DOWN or not layout.has_gate:
+    if proj is Proj.DOWN or not layout.has_gate or layout.separate:
         return slice(None)
     if layout.concatenated:
         return slice(0, n // 2) if proj is Proj.GATE else slice(n // 2, n)

@@ -11,8 +11,9 @@ one does. A module without the flags that is called on rows laid out per expert 
 experts) is split by ``lowbit.moe.batched``, one holding a single [E, out, in] weight called on
 rows grouped by expert with their counts (JetMoE's ``input_linear`` / ``output_linear``) by
 ``lowbit.moe.grouped``, a linear applying its row blocks to input groups (DeepSeek-V4's
-``o_a_proj``) by ``lowbit.moe.row_groups``, each layout checked against the module's own forward; any
-other stays a weight lowbit cannot quantize (``lowbit.targets.unquantizable_targets``: an
+``o_a_proj``) by ``lowbit.moe.row_groups``, shared experts held as three 3-D parameters and
+weighted per token (Inkling's ``shared_experts``) by ``lowbit.moe.weighted_shared``, each layout
+checked against the module's own forward; any other stays a weight lowbit cannot quantize (``lowbit.targets.unquantizable_targets``: an
 error, or a listed warning). The gating is transformers' default (``act_fn(gate) * up``) unless the class
 defines its own ``_apply_gate``; the one known own gating is gpt-oss's clamped SwiGLU (``alpha``
 and ``limit`` attributes). Anything else is refused, naming the module.
@@ -33,6 +34,7 @@ from lowbit.moe.experts import ExpertMLP, Gate, GateKind, SplitExperts
 from lowbit.moe.grouped import is_grouped_linears, split_grouped
 from lowbit.moe.row_groups import row_groups, split_row_groups
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
+from lowbit.moe.weighted_shared import is_weighted_shared, split_weighted_shared
 from lowbit.targets import ROUTER_COMPONENTS
 
 
@@ -143,7 +145,7 @@ def split_experts(model: nn.Module) -> list[str]:
     Memory: one block's experts are copied at a time (the fused tensors are released as soon as
     their block is replaced, unless the caller holds them)."""
     names = [n for n, m in model.named_modules() if is_fused_experts(m) or is_batched_experts(m)
-             or is_grouped_linears(m) or row_groups(m)]
+             or is_grouped_linears(m) or row_groups(m) or is_weighted_shared(m)]
     for name in names:  # one block at a time: its fused tensors are freed before the next is split
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -154,6 +156,8 @@ def split_experts(model: nn.Module) -> list[str]:
             new = split_batched(name, old)
         elif row_groups(old):
             new = split_row_groups(old)
+        elif is_weighted_shared(old):
+            new = split_weighted_shared(name, old)
         else:
             new = split_grouped(name, old)
         setattr(parent, child, new)

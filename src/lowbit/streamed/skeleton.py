@@ -14,7 +14,8 @@ The values equal what ``lowbit.load_model`` (``from_pretrained(dtype=float32)`` 
 ``split_experts``) holds, tensor for tensor: every checkpoint tensor is converted with ``.to``
 exactly as transformers converts it, and MoE experts are read by the rules lowbit writes them
 with: per-expert names (most families; Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2`` through
-``moe.naming``) or the experts fused on disk (gpt-oss, GraniteMoE: sliced by ``moe.slices``); a
+``moe.naming``) or the experts fused on disk (gpt-oss, GraniteMoE: sliced by ``moe.slices``; Inkling's weighted
+shared experts, one fused tensor per projection, ``moe.weighted_shared``); a
 linear applied per input group (DeepSeek-V4's ``o_a_proj``, ``moe.row_groups``) from row blocks
 of its one stored weight. Keys
 transformers renames when it loads the folder (Nemotron-H's ``backbone.``) are found by its own
@@ -99,6 +100,12 @@ class Skeleton:
         if disk is not None:
             return disk
         parts = key.split(".")
+        # <module>.<e>.<proj>.weight of experts fused per projection (moe.weighted_shared): <module>.<proj>[e]
+        split = self._split_layout(".".join(parts[:-3])) if len(parts) >= 4 and parts[-3].isdigit() else None
+        if getattr(split, "separate", False) and parts[-1] == "weight" and parts[-2] in {p.value for p in Proj}:
+            fused = self._stored(".".join(parts[:-3] + [parts[-2]]))
+            if fused is not None:
+                return _Fused(fused, int(parts[-3]), Proj(parts[-2]), split)
         layout = FUSED_ON_DISK.get(self.model_type or "") or self._split_layout(".".join(parts[:-3]))
         # <block>.experts.<e>.<proj>.<weight|bias> from <block>.experts.<gate_up_proj|down_proj>[_bias]
         if layout is not None and len(parts) >= 4 and parts[-4] == "experts" and parts[-3].isdigit():
@@ -134,7 +141,8 @@ class Skeleton:
         return m if isinstance(m, GroupedLinears) else None
 
     def _split_layout(self, container: str):
-        """The fused layout the split module recorded (``moe.split``, ``moe.batched``), or None."""
+        """The fused layout the split module recorded (``moe.split``, ``moe.batched``,
+        ``moe.weighted_shared``), or None."""
         try:
             return getattr(self.model.get_submodule(container), "layout", None) if container else None
         except AttributeError:
