@@ -146,11 +146,14 @@ def main() -> None:
         _, t_qi = run([str(tools / "llama-quantize"), "--imatrix", str(imatrix), str(f32), str(theirs_i), mix, "2"],
                       out / f"quantize-{mix}-imatrix.log")
         score(theirs_i, f"llama-imatrix + llama-quantize {mix}", t_imatrix + t_qi)
-        for rounding, label in (("rtn", "importance-weighted search, its own codes"),
-                                ("gptq", "importance-weighted search, then GPTQ codes (default)")):
-            ours_i = out / f"lowbit-{mix}-{rounding}.gguf"
+        for search, rounding, label in (
+                ("llama-cpp", "rtn", "llama.cpp's importance search, its own codes"),
+                ("llama-cpp", "gptq", "llama.cpp's importance search, then GPTQ codes"),
+                ("direct", "rtn", "direct importance search, its own codes"),
+                ("direct", "gptq", "direct importance search, then GPTQ codes (default)")):
+            ours_i = out / f"lowbit-{mix}-{search}-{rounding}.gguf"
             r = quantize_gguf(src, ours_i, mix, calibration=str(calib), overwrite=True, progress=False,
-                              tokenizer_from=a.tokenizer_from,
+                              tokenizer_from=a.tokenizer_from, importance_search=search,
                               config=CalibrationConfig(num_samples=a.calib_chunks, seq_len=a.ctx,
                                                        weight_rounding=rounding))
             score(ours_i, f"lowbit {mix} ({label})", r.seconds)

@@ -53,7 +53,8 @@ def main() -> None:
     from lowbit.formats.gguf.convert import plan_gguf
     from lowbit.formats.gguf.mixes import Mix
     from lowbit.formats.gguf.writer import write_gguf
-    from lowbit.gguf_quantize import tensor_types
+    from lowbit.formats import Format, get_format
+    from lowbit.numerics.ggml import ImportanceSearch
     from lowbit.models import resolve_model_path
 
     out = Path(a.out)
@@ -67,8 +68,9 @@ def main() -> None:
             subprocess.run([str(Path(a.llama) / "llama-quantize"), "--imatrix", str(out / "imatrix.gguf"),
                             str(out / "model-f32.gguf"), str(theirs), mix, "2"], check=True, capture_output=True)
         ours = out / f"lowbit-{mix}-llama-imatrix.gguf"
-        write_gguf(plan, ours, SafetensorsFolder(src), tensor_types(plan, Mix(mix), True), file_type=Mix(mix),
-                   importance=imp)
+        types = get_format(Format.GGUF).tensor_types(plan, Mix(mix), True)
+        write_gguf(plan, ours, SafetensorsFolder(src), types, file_type=Mix(mix), importance=imp,
+                   search=ImportanceSearch.LLAMA_CPP)  # llama-quantize --imatrix's search, its bytes
         results[mix] = compare_files(ours, theirs)
         print(mix, results[mix])
     (out / "imatrix_bytes.json").write_text(json.dumps(results, indent=2))

@@ -54,7 +54,8 @@ def best(f, repeat: int):
 
 def profile_native(scheme_name: str, w: torch.Tensor, gs, repeat: int) -> dict[str, float]:
     """CPU ms of the native stages on ``w`` (bands of the worker's size), and the whole path."""
-    from lowbit.numerics import get_format, native
+    from lowbit.kernels import native
+    from lowbit.numerics import get_format
     from lowbit.modelfree.bands import BAND_ELEMS, quantize_rows
     from lowbit.quant.scale_rules import effective_scale, scales_from_amax
 

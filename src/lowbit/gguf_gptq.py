@@ -35,7 +35,7 @@ from lowbit.algorithms.gptq import GPTQOptions
 from lowbit.algorithms.gptq_grid import gptq_on_grid
 from lowbit.calibration.importance import input_statistics
 from lowbit.formats.gguf.rowmap import RowMap
-from lowbit.numerics.ggml import GgmlType, encode
+from lowbit.numerics.ggml import GgmlType, ImportanceSearch, encode
 from lowbit.numerics.ggml_codes import AFFINE, grid_of, with_codes
 from lowbit.threads import one_thread
 
@@ -95,7 +95,7 @@ def slices(model: nn.Module, linears: list[str], max_bytes: int) -> list[list[st
 
 
 def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tensor, hessian: torch.Tensor | None,
-           options: GPTQOptions, name: str) -> torch.Tensor | None:
+           options: GPTQOptions, name: str, search: ImportanceSearch) -> torch.Tensor | None:
     """Weight ``name``'s rows encoded in ``kind``: the importance-weighted search's scales, GPTQ's
     codes (the search's own without a Hessian: a linear no token reached; None for a weight that
     is not a matrix: experts stored fused keep the writer's encoding)."""
@@ -104,7 +104,7 @@ def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tens
     W = float_weight(weights(name), name)
     if W.dim() != 2:
         return None
-    data = encode(W, kind, name, importance=importance)
+    data = encode(W, kind, name, importance=importance, search=search)
     if hessian is None:
         return data
     codes = gptq_on_grid(W, hessian, grid_of(data, kind), options, name)
@@ -114,12 +114,14 @@ def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tens
 def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str], Any],
                  kinds: Mapping[str, GgmlType], *, options: GPTQOptions, batch_size: int,
                  max_hessian_bytes: int = 4 << 30, disk: Mapping[str, str] | None = None,
-                 progress: Callable[[str], None] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
+                 progress: Callable[[str], None] | None = None, search: ImportanceSearch
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
     """(importance: HF weight name -> llama-imatrix's vector, for every linear; encoded: HF weight
     name -> (GGML type, uint8 rows) for the weights of ``kinds`` GPTQ rounded). ``weights``: HF
     name -> float tensor (the checkpoint's values the writer would encode); ``disk``: parameter
-    name -> HF weight name where they differ (``checkpoint_keys``). A linear no token reached
-    (an MoE expert) gets a vector of ones and is left to the writer's encoding."""
+    name -> HF weight name where they differ (``checkpoint_keys``); ``search``: how the importance
+    chooses the scales GPTQ rounds under. A linear no token reached (an MoE expert) gets a vector
+    of ones and is left to the writer's encoding."""
     names = weight_names(model, disk)
     importance: dict[str, torch.Tensor] = {}
     encoded: dict[str, tuple] = {}
@@ -136,7 +138,7 @@ def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str]
         with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
             # HessianSum.upper(): the sum as kept, GPTQ reads only its upper triangle (no mirrored copy)
             futures = [(w, pool.submit(_round, weights, kinds[w], imp[n], hess[n].upper() if n in hess else None,
-                                       options, w)) for w, n in jobs]
+                                       options, w, search)) for w, n in jobs]
             for w, f in futures:
                 if progress is not None:
                     progress(w)

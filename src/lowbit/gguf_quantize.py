@@ -8,10 +8,11 @@ importance matrix from calibration text when given.
 
 Without calibration every weight is llama.cpp's reference rounding (``llama-quantize`` without
 ``--imatrix``, byte for byte); with it, each linear's mean squared input per column
-(``lowbit.calibration.importance``, llama-imatrix's statistic) weights the scale search, as
-``llama-quantize --imatrix`` does, and then GPTQ picks the codes under the scales that search
-chose (``lowbit.gguf_gptq``; ``CalibrationConfig(weight_rounding="rtn")``: the search's own codes,
-``llama-quantize --imatrix``'s bytes given its vectors).
+(``lowbit.calibration.importance``, llama-imatrix's statistic) weights the scale search
+(``importance_search``: lowbit's ``direct`` search for Q4_0 / Q5_0 by default, or llama-quantize
+``--imatrix``'s), and then GPTQ picks the codes under the scales that search chose
+(``lowbit.gguf_gptq``; ``CalibrationConfig(weight_rounding="rtn")``: the search's own codes, with
+``importance_search="llama-cpp"`` ``llama-quantize --imatrix``'s bytes given its vectors).
 """
 
 from __future__ import annotations
@@ -23,14 +24,28 @@ from typing import TYPE_CHECKING, Mapping
 
 import torch
 
+from lowbit.errors import FormatError
 from lowbit.formats import Format, get_format
-from lowbit.numerics.ggml import GgmlType
+from lowbit.numerics.ggml import GgmlType, ImportanceSearch
+
+#: how a calibrated GGUF file's importance matrix chooses the scales (bench/gguf/RESULTS-gguf.md,
+#: "The importance search": KLD at the same bytes against llama.cpp's own search)
+DEFAULT_IMPORTANCE_SEARCH = ImportanceSearch.DIRECT
+
+
+def parse_importance_search(value: ImportanceSearch | str) -> ImportanceSearch:
+    """``value`` as an ``ImportanceSearch``; FormatError naming the choices otherwise."""
+    try:
+        return ImportanceSearch(value)
+    except ValueError:
+        raise FormatError(f"unknown importance search {value!r}: one of "
+                          f"{', '.join(s.value for s in ImportanceSearch)}") from None
 
 if TYPE_CHECKING:
     from lowbit.algorithms.gptq import WeightRounding
 
 
-def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, GgmlType]) -> tuple[dict, dict]:
+def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, GgmlType], search) -> tuple[dict, dict]:
     """(HF weight name -> llama-imatrix's statistic [in] of every linear, HF weight name -> (type,
     GPTQ-rounded rows) for the weights of ``kinds``), from ``calibration`` (``lowbit.gguf_gptq``)."""
     from lowbit.algorithms.gptq import GPTQOptions
@@ -57,7 +72,7 @@ def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, G
     linearize(model)  # MoE experts as linears: an importance vector and a Hessian per expert
     options = GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
     return gptq_sources(model, data.ids, folder.__getitem__, kinds, options=options, batch_size=config.batch_size,
-                        disk=checkpoint_keys(model, folder, renames))
+                        disk=checkpoint_keys(model, folder, renames), search=search)
 
 
 def gguf_rounding(config) -> WeightRounding:
@@ -71,7 +86,8 @@ def gguf_rounding(config) -> WeightRounding:
 def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = "Q4_K_M", *, calibration=None,
                   tokenizer=None, config=None, overrides: Mapping[str, str] | None = None,
                   progress: bool | None = None, overwrite: bool = False,
-                  tokenizer_from: str | os.PathLike | None = None):
+                  tokenizer_from: str | os.PathLike | None = None,
+                  importance_search: ImportanceSearch | str = DEFAULT_IMPORTANCE_SEARCH):
     """Quantize the float checkpoint folder ``src`` into the GGUF file ``out``; returns the
     ``WriteReport`` (path, size, every tensor's type, seconds).
 
@@ -83,6 +99,10 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     overrides: {regex on GGUF tensor names: GGML type}, llama-quantize's ``--tensor-type``.
     tokenizer_from: a GGUF file whose ``tokenizer.*`` keys the file takes (for a tokenizer the
         converter cannot read from the folder, e.g. one expanded from a published GGUF).
+    importance_search: how the importance matrix chooses each block's scale (with calibration):
+        ``direct`` (default, ``DEFAULT_IMPORTANCE_SEARCH``: the importance alone weighs the squared
+        error, a wider grid for Q4_0 / Q5_0, ``lowbit.numerics.ggml_direct``) or ``llama-cpp``
+        (llama-quantize ``--imatrix``'s search, its bytes given the same vectors).
     FormatError naming the file, tensor or option; nothing is left at ``out`` on an error."""
     from lowbit.calibration.config import CalibrationConfig
     from lowbit.formats.gguf.convert import plan_gguf
@@ -93,6 +113,7 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     fmt = get_format(Format.GGUF)  # the format's rules: types, fallbacks, output, writing
     target = fmt.target(scheme)
     fmt.overrides(overrides)  # a bad pattern before any work
+    search = parse_importance_search(importance_search)
     fmt.check_output(src, out, overwrite)
     plan = plan_gguf(src, tokenizer_from=tokenizer_from)
     importance, encoded = None, {}
@@ -103,11 +124,12 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
 
         config = config or CalibrationConfig()
         kinds = source_types(plan, types) if gguf_rounding(config) is WeightRounding.GPTQ else {}
-        importance, encoded = _calibrated(src, calibration, tokenizer, config, kinds)
+        importance, encoded = _calibrated(src, calibration, tokenizer, config, kinds, search)
     folder = SafetensorsFolder(src)
     show = _progress(len(plan.tensors), progress)
     try:
-        report = fmt.write(plan, out, folder, target, types, importance=importance, encoded=encoded, progress=show)
+        report = fmt.write(plan, out, folder, target, types, importance=importance, encoded=encoded, progress=show,
+                           search=search)
     finally:
         show.close()
     report.seconds = time.perf_counter() - t0

@@ -45,6 +45,11 @@ def quantize_cmd(
     weight_rounding: Optional[str] = typer.Option(
         None, "--weight-rounding",
         help=WEIGHT_ROUNDING_HELP),
+    importance_search: Optional[str] = typer.Option(
+        None, "--importance-search",
+        help="--format gguf with calibration: how the importance matrix chooses each block's scale: 'direct' "
+             "(default: the importance alone weighs the squared error, a wider grid) or 'llama-cpp' "
+             "(llama-quantize --imatrix's search, its bytes given the same importance matrix)."),
     layer_inputs: Optional[str] = typer.Option(
         None, "--layer-inputs",
         help="What each layer is calibrated on: 'quantized' (the quantized layers' outputs; default with GPTQ) or "

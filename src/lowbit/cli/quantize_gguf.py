@@ -17,7 +17,7 @@ from lowbit.run_path import RunPath
 
 #: the calibration options an importance matrix and GPTQ use; every other calibration option is refused
 _ALLOWED = ("calib", "calib_weights", "calib_column", "calib_split", "chat_template", "calib_pack", "calib_samples",
-            "calib_seq_len", "weight_rounding")
+            "calib_seq_len", "weight_rounding", "importance_search")
 _REFUSED = {"recipe": "--recipe", "target_bits": "--target-bits", "candidates": "--candidates",
             "layer_inputs": "--layer-inputs", "calib_preset": "--calib-preset",
             "reconstruct_iters": "--reconstruct-iters", "reconstruct_batch_size": "--reconstruct-batch-size",
@@ -64,10 +64,16 @@ def gguf_plan(o, plan_cls):
     sizes = {k: v for k, v in (("num_samples", o.calib_samples), ("seq_len", o.calib_seq_len)) if v is not None}
     config = CalibrationConfig(**sizes, **data, weight_rounding=parse_weight_rounding(o.weight_rounding))
     calibration = None if o.model_free else (calibration_arg(o.calib, weights) or "builtin")
+    from lowbit.gguf_quantize import DEFAULT_IMPORTANCE_SEARCH, parse_importance_search
+
+    try:
+        search = parse_importance_search(o.importance_search or DEFAULT_IMPORTANCE_SEARCH)
+    except FormatError as e:
+        raise OptionError(f"--importance-search: {e}") from None
     return plan_cls(source=folder, output=out, assignment=SchemePlan(label=label), checkpoint_format="gguf",
                     path=RunPath.GGUF, calibration=calibration, config=config, smoothquant=None, method=None,
                     kv_cache=None, ignore=(), allow_unquantized=False, overwrite=o.overwrite, workers=o.workers,
-                    device=None, offload_activations=False, as_json=o.as_json)
+                    device=None, offload_activations=False, as_json=o.as_json, importance_search=search)
 
 
 def run_gguf(plan) -> dict:
@@ -80,9 +86,10 @@ def run_gguf(plan) -> dict:
         from lowbit.gguf_quantize import gguf_rounding
 
         text = plan.calibration if plan.calibration != "builtin" else "the built-in text"
-        err_console.print(f"[dim]importance matrix and {gguf_rounding(plan.config).value} rounding from {text}[/dim]",
+        err_console.print(f"[dim]importance matrix ({plan.importance_search.value} search) and "
+                          f"{gguf_rounding(plan.config).value} rounding from {text}[/dim]",
                           highlight=False)
     report = quantize_gguf(plan.source, plan.output, plan.assignment.label, calibration=plan.calibration,
-                           config=plan.config, overwrite=plan.overwrite)
+                           config=plan.config, overwrite=plan.overwrite, importance_search=plan.importance_search)
     return {"gguf": {"types": report.types, "counts": report.counts(),
                      "importance": plan.calibration is not None, "gptq": report.from_encoded}}

@@ -43,6 +43,7 @@ class QuantizeOptions:
     calib_seq_len: int | None = None
     smoothquant: str = "default"
     weight_rounding: str | None = None
+    importance_search: str | None = None
     layer_inputs: str | None = None
     calib_preset: str | None = None
     reconstruct_iters: int | None = None
@@ -83,6 +84,7 @@ class QuantizePlan:
     device: str | None
     offload_activations: bool
     as_json: bool
+    importance_search: object = None  # --format gguf: the ImportanceSearch (lowbit.gguf_quantize)
 
     @property
     def calibration_options_given(self) -> bool:
@@ -182,6 +184,8 @@ def resolve_plan(o: QuantizeOptions) -> QuantizePlan:
         from lowbit.cli.quantize_gguf import gguf_plan
 
         return gguf_plan(o, QuantizePlan)
+    if o.importance_search is not None:
+        raise OptionError("--importance-search applies to --format gguf (an importance matrix for llama.cpp's types)")
     kv = parse_kv_cache(o.kv_cache)
     weights = parse_calib_weights(o.calib, o.calib_weights)
     data_opts = calib_data_options(o.calib_pack, o.chat_template, o.calib_column, o.calib_split)

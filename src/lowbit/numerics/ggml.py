@@ -36,6 +36,16 @@ class GgmlType(str, enum.Enum):
     NVFP4 = "nvfp4"
 
 
+class ImportanceSearch(str, enum.Enum):
+    """How an importance matrix chooses each block's scale (``encode``'s ``search``)."""
+
+    LLAMA_CPP = "llama-cpp"  # llama-quantize --imatrix's search, its bytes
+    DIRECT = "direct"        # the importance alone weighs the squared error, over a wider grid (ggml_direct)
+
+
+#: the types whose search ``ImportanceSearch.DIRECT`` changes (the others: llama.cpp's search)
+DIRECT_TYPES = frozenset({GgmlType.Q4_0, GgmlType.Q5_0})
+
 #: (weights per block, bytes per block)
 GEOMETRY = {GgmlType.Q8_0: (32, 34), GgmlType.Q4_0: (32, 18), GgmlType.Q4_1: (32, 20), GgmlType.Q5_0: (32, 22),
             GgmlType.Q5_1: (32, 24), GgmlType.Q2_K: (256, 84), GgmlType.Q3_K: (256, 110),
@@ -80,14 +90,20 @@ def bits_per_weight(kind: GgmlType) -> float:
     return 8 * b / n
 
 
-def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor", importance: torch.Tensor | None = None
-           ) -> torch.Tensor:
+def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor", importance: torch.Tensor | None = None,
+           search: ImportanceSearch = ImportanceSearch.LLAMA_CPP) -> torch.Tensor:
     """``x`` [..., K] as GGML ``kind`` blocks, uint8 [..., K / n * B] (llama.cpp's reference bytes);
     with ``importance`` [K] (one weight per input column: an importance matrix), llama.cpp's
-    weighted encoding (``quantize_<type>`` given quant_weights; MXFP4 and Q8_0 ignore them there)."""
+    weighted encoding (``quantize_<type>`` given quant_weights; MXFP4 and Q8_0 ignore them there),
+    or with ``search`` DIRECT, lowbit's search for the ``DIRECT_TYPES`` (``ggml_direct``; the
+    stored layout is the type's either way)."""
     from lowbit.numerics import ggml_blocks, ggml_fp4, ggml_kquant_search as ks
 
     kind = GgmlType(kind)
+    if importance is not None and ImportanceSearch(search) is ImportanceSearch.DIRECT and kind in DIRECT_TYPES:
+        from lowbit.numerics.ggml_direct import encode_blocks_direct
+
+        return encode_blocks_direct(x, kind, importance, name)
     if kind in ggml_blocks.BLOCK_BYTES:
         if importance is not None:
             from lowbit.numerics.ggml_kquant_imatrix import encode_blocks_weighted

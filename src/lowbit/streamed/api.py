@@ -84,17 +84,19 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     )
 
     if _is_gguf(format):  # one GGUF file: the format's own run (lowbit.gguf_quantize), as ``--format gguf``
+        from lowbit.gguf_quantize import DEFAULT_IMPORTANCE_SEARCH, quantize_gguf
+
+        search = calibration_options.pop("importance_search", DEFAULT_IMPORTANCE_SEARCH)
         given = {"smoothquant": smoothquant is not DEFAULT, "preset": preset is not None, "ignore": bool(tuple(ignore)),
                  "include_lm_head": include_lm_head, "allow_unquantized": allow_unquantized, "device": device is not None,
                  "offload": offload, "run_options": run_options is not None, "group": group is not None,
                  **{k: True for k in calibration_options}}
         if any(given.values()):
             raise QuantizationError(f"format 'gguf' takes a llama.cpp mix or GGML type, calibration, tokenizer, "
-                                    f"config, overwrite and progress; drop {', '.join(k for k, v in given.items() if v)}")
-        from lowbit.gguf_quantize import quantize_gguf
-
+                                    f"config, importance_search, overwrite and progress; drop "
+                                    f"{', '.join(k for k, v in given.items() if v)}")
         return quantize_gguf(src, out, str(scheme), calibration=calibration, tokenizer=tokenizer, config=config,
-                             progress=progress, overwrite=overwrite).path
+                             progress=progress, overwrite=overwrite, importance_search=search).path
     plan = plan_checkpoint(src, out, scheme, format,
                            CalibrationChoice(calibration, tokenizer, smoothquant, config, preset, calibration_options),
                            TargetChoice(tuple(ignore), include_lm_head, allow_unquantized),

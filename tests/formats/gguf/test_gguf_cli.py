@@ -43,7 +43,15 @@ def test_gguf_refuses_what_it_does_not_take(folder, tmp_path, capsys):
                         (["--recipe", "r.yaml"], ("--recipe",)),
                         (["--scheme", "Q4_K_M", "--model-free", "--calib-samples", "4"], ("--model-free",)),
                         (["--scheme", "Q4_K_M", "--model-free", "--weight-rounding", "gptq"], ("--model-free",)),
-                        (["--scheme", "Q4_K_M", "--weight-rounding", "best"], ("--weight-rounding",))):
+                        (["--scheme", "Q4_K_M", "--weight-rounding", "best"], ("--weight-rounding",)),
+                        (["--scheme", "Q4_K_M", "--importance-search", "best"], ("--importance-search", "llama-cpp, direct")),
+                        (["--scheme", "Q4_K_M", "--model-free", "--importance-search", "direct"], ("--model-free",))):
         code, _, err = run(capsys, "quantize", folder, "--format", "gguf", *args, "-o", out)
         assert_one_error(code, err, *names)
         assert leftovers(out) == []
+
+
+def test_importance_search_is_a_gguf_option(folder, tmp_path, capsys):
+    code, _, err = run(capsys, "quantize", folder, "--scheme", "w4a16", "--importance-search", "direct",
+                       "-o", tmp_path / "q")
+    assert_one_error(code, err, "--importance-search", "--format gguf")

@@ -183,3 +183,45 @@ def test_gptq_keeps_the_searched_scales_and_lowers_the_output_error(folder, tmp_
         data = torch.from_numpy(np.asarray(t["blk.0.ffn_down.weight"].data).copy()).reshape(W.shape[0], -1)
         err[label] = float(((X @ (W - decode(data, kind)).T) ** 2).sum())
     assert err["gptq"] < 0.9 * err["rtn"], err
+
+
+def test_the_importance_search_changes_only_the_symmetric_32_blocks(folder, tmp_path):
+    """``importance_search``: 'direct' (the default) and 'llama-cpp' choose other scales for Q4_0 /
+    Q5_0 tensors only (the other types take llama.cpp's search either way); the same types, and with
+    the search's own codes (rtn) the direct file's Q4_0 / Q5_0 tensors have the lower error weighted
+    by their importance vectors; an unknown search is one FormatError naming the choices."""
+    from lowbit.calibration import CalibrationConfig
+    from transformers import AutoModelForCausalLM
+
+    from lowbit.calibration.importance import input_statistics
+
+    ids = torch.randint(3, 300, (8, 64), generator=torch.Generator().manual_seed(1))
+    cfg = CalibrationConfig(num_samples=8, seq_len=64, batch_size=4, weight_rounding="rtn")
+    got = {s: quantize_gguf(folder, tmp_path / f"{s}.gguf", "Q4_0", calibration=ids, progress=False, config=cfg,
+                            importance_search=s) for s in ("direct", "llama-cpp")}
+    assert got["direct"].types == got["llama-cpp"].types
+    _, a = _read(tmp_path / "direct.gguf")
+    _, b = _read(tmp_path / "llama-cpp.gguf")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    imp, _ = input_statistics(model, ids, batch_size=4)
+    sym = [n for n, k in got["direct"].types.items() if k in ("Q4_0", "Q5_0")]
+    assert len(sym) >= 4
+    for n, k in got["direct"].types.items():
+        same = np.array_equal(np.asarray(a[n].data), np.asarray(b[n].data))
+        assert same == (n not in sym or n == "token_embd.weight"), n  # the embedding has no importance
+    hf = {"attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj",
+          "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # rows as stored (q / k: rope-permuted)
+    errs = {"direct": 0.0, "llama-cpp": 0.0}
+    for n in sym:
+        _, layer, part, _ = n.split(".") if n.count(".") == 3 else (None, None, None, None)
+        if part not in hf:
+            continue
+        name = f"model.layers.{layer}.{hf[part]}"
+        W = model.get_submodule(name).weight.detach()
+        kind = GgmlType(got["direct"].types[n].lower())
+        for label, t in (("direct", a), ("llama-cpp", b)):
+            q = decode(torch.from_numpy(np.asarray(t[n].data).copy()).reshape(W.shape[0], -1), kind)
+            errs[label] += float((imp[name] * (W - q) ** 2).sum())
+    assert errs["direct"] < 0.98 * errs["llama-cpp"], errs  # 0.952: random weights, near-even importance
+    with pytest.raises(FormatError, match="importance search .best.: one of llama-cpp, direct"):
+        quantize_gguf(folder, tmp_path / "x.gguf", "Q4_K_M", calibration=ids, importance_search="best")

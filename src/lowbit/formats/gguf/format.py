@@ -159,10 +159,14 @@ class GgufFormat(CheckpointFormat):
     def write(self, plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callable[[str], Any], target: GgufTarget,
               types: Mapping[str, GgmlType | str | None], *, importance: Mapping[str, Any] | None = None,
               encoded: Mapping[str, tuple[GgmlType, Any]] | None = None,
-              progress: Callable[[str], None] | None = None):
+              progress: Callable[[str], None] | None = None, search=None):
         """Write the file (``lowbit.formats.gguf.writer.write_gguf``: ``weights`` HF name -> float
-        tensor, ``encoded`` HF name -> (type, rows already encoded)); its ``WriteReport``."""
+        tensor, ``encoded`` HF name -> (type, rows already encoded); ``search``: how ``importance``
+        chooses the scales, ``ImportanceSearch``, required with it); its ``WriteReport``."""
         from lowbit.formats.gguf.writer import write_gguf
 
+        if importance and search is None:
+            raise ValueError("an importance matrix needs its search (lowbit.numerics.ggml.ImportanceSearch)")
+        extra = {} if search is None else {"search": search}
         return write_gguf(plan, out, weights, types, file_type=self.file_type(target), importance=importance,
-                          encoded=encoded, progress=progress)
+                          encoded=encoded, progress=progress, **extra)

@@ -24,7 +24,7 @@ import torch
 from lowbit.errors import FormatError
 from lowbit.formats.gguf.mixes import F16, ModelFacts, Mix
 from lowbit.formats.gguf.rowmap import RowMap
-from lowbit.numerics.ggml import GgmlType, encode
+from lowbit.numerics.ggml import GgmlType, ImportanceSearch, encode
 
 
 def plan_shapes(plan) -> list[tuple[str, tuple[int, ...]]]:
@@ -96,9 +96,11 @@ def _rows_importance(rowmap, importance: Mapping[str, torch.Tensor]) -> list[tup
     return groups
 
 
-def encode_rows(values: torch.Tensor, kind: GgmlType, name: str, groups=None) -> np.ndarray:
+def encode_rows(values: torch.Tensor, kind: GgmlType, name: str, groups=None,
+                search: ImportanceSearch = ImportanceSearch.LLAMA_CPP) -> np.ndarray:
     """float32 ``values`` [..., in] as GGML ``kind`` bytes [..., row bytes]; ``groups``: (row
-    indices, importance [in]) pairs covering every row (``_rows_importance``), else unweighted."""
+    indices, importance [in]) pairs covering every row (``_rows_importance``), each group's
+    scales chosen by ``search``; else unweighted."""
     lead = values.shape[:-1]
     flat = values.reshape(-1, values.shape[-1])
     if groups is None:
@@ -108,7 +110,7 @@ def encode_rows(values: torch.Tensor, kind: GgmlType, name: str, groups=None) ->
         out = torch.empty((flat.shape[0], first.shape[-1]), dtype=torch.uint8)
         for rows, imp in groups:
             idx = torch.from_numpy(rows)
-            out[idx] = encode(flat[idx], kind, name=name, importance=imp)
+            out[idx] = encode(flat[idx], kind, name=name, importance=imp, search=search)
     return out.reshape(*lead, out.shape[-1]).numpy()
 
 
@@ -116,13 +118,15 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
                types: Mapping[str, GgmlType | str | None], *, file_type: Mix | None = None,
                importance: Mapping[str, torch.Tensor] | None = None,
                encoded: Mapping[str, tuple[GgmlType, torch.Tensor]] | None = None,
-               progress: Callable[[str], None] | None = None) -> WriteReport:
+               progress: Callable[[str], None] | None = None,
+               search: ImportanceSearch = ImportanceSearch.LLAMA_CPP) -> WriteReport:
     """Write ``plan`` to the file ``out``. ``weights``: HF name -> float tensor of every source
     of a RowMap; ``types``: GGUF name -> GgmlType, ``F16`` or None (kept as the converter
     wrote it) for every tensor; ``importance``: HF weight name -> float32 [in] (or [E, in] for
     stacked experts), llama-imatrix's statistic; ``encoded``: HF weight name -> (GGML type, its
     rows already encoded, uint8 [..., row bytes]): a tensor whose every source is there in its
-    type is assembled from those rows (e.g. GPTQ's codes on the type's grid), not encoded again.
+    type is assembled from those rows (e.g. GPTQ's codes on the type's grid), not encoded again;
+    ``search``: how ``importance`` chooses the scales (``lowbit.numerics.ggml.ImportanceSearch``).
     Nothing is left at ``out`` on an error."""
     import gguf
 
@@ -139,7 +143,7 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
             writer.add_file_type(int(getattr(gguf.LlamaFileType, f"MOSTLY_{Mix.parse(file_type).value}")))
         if "general.quantization_version" not in plan.metadata:
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        coded = _encode_all(plan, types, get, importance, encoded)
+        coded = _encode_all(plan, types, get, importance, encoded, search)
         for t in plan.tensors:
             kind = types.get(t.name)
             if progress is not None:
@@ -174,7 +178,7 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
     return report
 
 
-def _encode_all(plan, types, get, importance, encoded) -> dict[str, np.ndarray]:
+def _encode_all(plan, types, get, importance, encoded, search) -> dict[str, np.ndarray]:
     """GGUF name -> bytes of every tensor of a GGML type: rows given in ``encoded`` gathered, the
     others encoded, tensors in parallel on one intra-op thread each (the encoders are many small
     operations: a second thread per operation costs more than it saves; several tensors at once use
@@ -187,7 +191,7 @@ def _encode_all(plan, types, get, importance, encoded) -> dict[str, np.ndarray]:
         if _all_encoded(t, kind, encoded):
             return t.gather(lambda n: encoded[n][1]).numpy()
         groups = _rows_importance(t, importance) if importance and isinstance(t, RowMap) else None
-        return encode_rows(_values(t, get).to(torch.float32), kind, t.name, groups)
+        return encode_rows(_values(t, get).to(torch.float32), kind, t.name, groups, search)
 
     jobs = [(t, types[t.name]) for t in plan.tensors if isinstance(types.get(t.name), GgmlType)]
     workers = max(1, torch.get_num_threads())
