@@ -27,7 +27,7 @@ SIZES = {
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
     "num_experts_per_tok": 2, "top_k_experts": 2, "moe_k": 2, "moe_topk": 2,
     "max_position_embeddings": 128, "n_positions": 128, "seq_length": 128, "sliding_window": 16,
-    "first_k_dense_replace": 1, "global_head_dim": 64, "num_kv_shared_layers": 0,
+    "first_k_dense_replace": 1, "first_dense_intermediate_size": 256, "global_head_dim": 64, "num_kv_shared_layers": 0,
     "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 256,
     "kv_lora_rank": 32, "q_lora_rank": 64, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
