@@ -82,13 +82,20 @@ def test_routers_are_found_and_the_blocks_listed():
     assert list(expert_blocks(model)) == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
 
 
-def test_unknown_gating_is_refused_naming_the_module():
+def test_unknown_gating_is_left_fused_naming_the_module():
     model = tiny_moe("qwen3_moe")
     cls = type(model.model.layers[0].mlp.experts)
     custom = type("CustomGateExperts", (cls,), {"_apply_gate": lambda self, x: x})
     model.model.layers[0].mlp.experts.__class__ = custom
-    with pytest.raises(QuantizationError, match=r"model.layers.0.mlp.experts.*CustomGateExperts.*_apply_gate"):
-        split_experts(model)
+    with pytest.warns(UserWarning, match=r"model.layers.0.mlp.experts.*CustomGateExperts.*_apply_gate"):
+        done = split_experts(model)
+    # left fused (its weights: matmul weights lowbit cannot quantize, refused by name by quantize)
+    assert "model.layers.0.mlp.experts" not in done and "model.layers.1.mlp.experts" in done
+    assert type(model.model.layers[0].mlp.experts) is custom
+    from lowbit.targets import unquantizable_targets
+
+    assert [n for n, _ in unquantizable_targets(model)] == ["model.layers.0.mlp.experts.gate_up_proj",
+                                                            "model.layers.0.mlp.experts.down_proj"]
 
 
 def test_a_class_own_gating_is_kept_per_expert_and_checked():

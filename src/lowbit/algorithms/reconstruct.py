@@ -138,6 +138,11 @@ class _SoftLinear(nn.Module):
         self.q, self.off, self.shared = q, off, shared
         self.w: torch.Tensor | None = None  # the rounded weight of this step or evaluation (None: round now)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight this step computes with (what a model's forward reading ``.weight`` sees)."""
+        return (self.off.weight() if self.w is None else self.w).detach().to(self.q.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.q
         if q.scheme.input_activations is not None:
@@ -157,6 +162,10 @@ class _FixedLinear(nn.Module):
         super().__init__()
         self.q, self.shared = q, shared
         self.w = q.dequantized_weight(torch.float32)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.w.to(self.q.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.q

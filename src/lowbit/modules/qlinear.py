@@ -95,6 +95,13 @@ class QuantLinear(nn.Module):
         padded; F.linear on the padded view is slower and every backend must see one layout)."""
         return dequantize(self.weight_qtensor(), dtype).contiguous()
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """What a model's own forward reads as ``linear.weight`` (ERGO's layers read
+        ``o_proj.weight.dtype``): the dequantized weight in the model's dtype, computed at each
+        access and never stored. lowbit's own code reads ``weight_qtensor`` / ``dequantized_weight``."""
+        return self.dequantized_weight(self.dtype)
+
     def check_ready(self) -> None:
         """Static activation scales must be present before running."""
         a = self.scheme.input_activations
