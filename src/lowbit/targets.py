@@ -49,6 +49,16 @@ def output_embedding_names(model: nn.Module) -> set[str]:
     return {n for n, m in model.named_modules() if m is out}
 
 
+def probe_key(module: nn.Module, *shapes) -> tuple:
+    """What a probe of ``module`` on seeded random values depends on: its class, ``shapes`` (its
+    tensors' sizes, as the caller names them) and its plain attributes (ints, floats, strings,
+    flags: its constants). The memo key of every such probe (``is_plain_linear``,
+    ``lowbit.moe.row_groups``, ``lowbit.moe.weighted_shared``, ``lowbit.moe.split``)."""
+    attrs = tuple(sorted((k, v) for k, v in vars(module).items()
+                         if not k.startswith("_") and isinstance(v, (int, float, str, bool, type(None)))))
+    return (type(module), shapes, attrs)
+
+
 #: memo of ``is_plain_linear``'s probe: (class, in, out, bias, plain attributes) -> verdict. The probe
 #: is a pure function of these (its weights are seeded random), so a model's many linears of one
 #: class and shape (FalconLinear: every projection) are probed once.
@@ -68,9 +78,7 @@ def is_plain_linear(module: nn.Module) -> bool:
         return False
     if type(module).forward is nn.Linear.forward:
         return True
-    attrs = tuple(sorted((k, v) for k, v in vars(module).items()
-                         if not k.startswith("_") and isinstance(v, (int, float, str, bool, type(None)))))
-    key = (type(module), module.in_features, module.out_features, module.bias is None, attrs)
+    key = probe_key(module, module.in_features, module.out_features, module.bias is None)
     if key not in _PLAIN:
         _PLAIN[key] = _probe_plain(module)
     return _PLAIN[key]

@@ -50,8 +50,8 @@ def _layouts(folder: str, _config_digest: str) -> tuple:
         if is_fused_experts(m):
             out.append((n, FusedLayout(transposed=m.is_transposed, concatenated=m.is_concatenated,
                                        has_gate=bool(getattr(m, "has_gate", True)))))
-        elif row_groups(m):
-            out.append((n, FusedLayout(row_groups=row_groups(m))))
-        elif weighted_layout(m) is not None:
-            out.append((n, weighted_layout(m)))
+        elif groups := row_groups(m):
+            out.append((n, FusedLayout(row_groups=groups)))
+        elif (weighted := weighted_layout(m)) is not None:
+            out.append((n, weighted))
     return tuple(out)

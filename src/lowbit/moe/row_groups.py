@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
-from lowbit.targets import is_plain_linear
+from lowbit.targets import is_plain_linear, probe_key
 
 #: largest group count tried beyond the module's own integer attributes
 MAX_GROUPS = 64
@@ -67,11 +67,9 @@ def row_groups(module: nn.Module) -> int:
     else 0."""
     if not isinstance(module, nn.Linear) or is_plain_linear(module):
         return 0
-    attrs = tuple(sorted((k, v) for k, v in vars(module).items()
-                         if not k.startswith("_") and isinstance(v, (int, float, str, bool, type(None)))))
-    key = (type(module), module.in_features, module.out_features, module.bias is None, attrs)
+    key = probe_key(module, module.in_features, module.out_features, module.bias is None)
     if key not in _GROUPS:
-        _GROUPS[key] = _find_groups(module, attrs)
+        _GROUPS[key] = _find_groups(module, key[2])
     return _GROUPS[key]
 
 

@@ -36,7 +36,7 @@ from lowbit.moe.grouped import is_grouped_linears, split_grouped
 from lowbit.moe.row_groups import row_groups, split_row_groups
 from lowbit.moe.slices import FusedLayout, Proj, expert_part
 from lowbit.moe.weighted_shared import is_weighted_shared, split_weighted_shared
-from lowbit.targets import ROUTER_COMPONENTS
+from lowbit.targets import ROUTER_COMPONENTS, probe_key
 
 
 def is_fused_experts(module: nn.Module) -> bool:
@@ -117,13 +117,28 @@ def _split_one(name: str, module: nn.Module) -> SplitExperts:
     return SplitExperts(experts, layout)
 
 
-@torch.no_grad()
+#: memo of ``_split_matches``: the probe's key (class, shapes, submodules' classes, layout, gating,
+#: whether its tensors are on the meta device, plain attributes) -> verdict; a model's many
+#: blocks of one kind are probed once
+_MATCHES: dict[tuple, bool] = {}
+
+
 def _split_matches(module: nn.Module, layout: FusedLayout, gate: Gate, bias: bool) -> bool:
     """Whether one expert split with ``gate`` computes what the fused module's own forward computes
     for tokens all routed to it, on one expert of seeded random values (``probe_experts``: the
     module's own weights may not be loaded yet). Checked for every module, whatever its gating:
     the layout flags do not say everything a forward does (ERGO's experts normalize each expert's
     output with a norm of their own)."""
+    key = probe_key(module, tuple((k, tuple(p.shape)) for k, p in module._parameters.items() if p is not None),
+                    tuple((k, type(m)) for k, m in module._modules.items()), layout, gate.kind, bias,
+                    any(p.is_meta for p in module.parameters()))
+    if key not in _MATCHES:
+        _MATCHES[key] = _probe_split(module, layout, gate, bias)
+    return _MATCHES[key]
+
+
+@torch.no_grad()
+def _probe_split(module: nn.Module, layout: FusedLayout, gate: Gate, bias: bool) -> bool:
     probe = probe_experts(module)
     up = "gate_up_proj" if layout.has_gate else "up_proj"
     up_all = getattr(probe, up)

@@ -34,6 +34,7 @@ import torch.nn as nn
 from lowbit.errors import QuantizationError
 from lowbit.moe.experts import ExpertList, ExpertMLP, Gate, GateKind
 from lowbit.moe.slices import FusedLayout, Proj, expert_part, linear_of, positional_arity
+from lowbit.targets import probe_key
 
 LEAVES = tuple(p.value for p in Proj)  # gate_proj, up_proj, down_proj: transformers' names of the three
 
@@ -138,9 +139,7 @@ _LAYOUTS: dict[tuple, tuple[bool, Site] | None] = {}
 
 
 def _layout(module: nn.Module) -> tuple[bool, Site] | None:
-    attrs = tuple(sorted((k, v) for k, v in vars(module).items()
-                         if not k.startswith("_") and isinstance(v, (int, float, str, bool, type(None)))))
-    key = (type(module), tuple(tuple(p.shape) for p in _fused(module)), attrs)
+    key = probe_key(module, tuple(tuple(p.shape) for p in _fused(module)))
     if key not in _LAYOUTS:
         _LAYOUTS[key] = next(((t, s) for t in (False, True) for s in Site if _matches(module, t, s)), None)
     return _LAYOUTS[key]

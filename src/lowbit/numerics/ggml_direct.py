@@ -57,11 +57,11 @@ def encode_blocks_direct(x: torch.Tensor, kind, importance: torch.Tensor, name: 
     ``importance`` [K] alone; llama.cpp's bytes layout (the scale as fp16, the codes of the
     search). Other types: ``ValueError`` (the caller dispatches, ``lowbit.numerics.ggml.encode``)."""
     from lowbit.numerics import ggml_blocks as gb
-    from lowbit.numerics.ggml import GgmlType, fp16_bytes
+    from lowbit.numerics.ggml import DIRECT_TYPES, GgmlType, fp16_bytes
     from lowbit.numerics.ggml_kquant_imatrix import check_importance
 
     kind = GgmlType(kind)
-    if kind not in (GgmlType.Q4_0, GgmlType.Q5_0):
+    if kind not in DIRECT_TYPES:
         raise ValueError(f"the direct importance search encodes Q4_0 and Q5_0, not {kind.name}")
     k = x.shape[-1]
     gb.weights_in_rows(x, 32, name)                                    # whole blocks, finite weights

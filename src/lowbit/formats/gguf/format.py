@@ -29,7 +29,7 @@ from lowbit.errors import FormatError, OptionRef
 from lowbit.formats.base import Format
 from lowbit.formats.checkpoint_format import CheckpointFormat, Container
 from lowbit.formats.gguf.mixes import F16, Mix, choose_types, fallback, quantizable
-from lowbit.numerics.ggml import GgmlType
+from lowbit.numerics.ggml import GgmlType, ImportanceSearch
 
 #: what a GGUF file is quantized to: a llama-quantize mix, or one GGML type for every tensor
 GgufTarget = Mix | GgmlType
@@ -167,6 +167,5 @@ class GgufFormat(CheckpointFormat):
 
         if importance and search is None:
             raise ValueError("an importance matrix needs its search (lowbit.numerics.ggml.ImportanceSearch)")
-        extra = {} if search is None else {"search": search}
         return write_gguf(plan, out, weights, types, file_type=self.file_type(target), importance=importance,
-                          encoded=encoded, progress=progress, **extra)
+                          encoded=encoded, progress=progress, search=search or ImportanceSearch.LLAMA_CPP)
