@@ -12,6 +12,10 @@ does for a folder) and replaces every ``nn.Linear`` whose weight becomes a GGML 
 quantizer). What is not a linear (the token embedding, experts stored fused) stays float in memory
 and is encoded when the file is written, as llama-quantize does; so are rows that fall back to F16.
 
+With calibration data (``lowbit.quantize(model, "Q4_K_M", ids_or_text, tokenizer=...)``) the
+blocks are ``quantize_gguf``'s calibrated ones: importance-weighted scales and GPTQ's codes
+(``lowbit.gguf_calibrate``), and the file is that function's with the same windows, byte for byte.
+
 Saving plans again (metadata and tokenizer from the source folder), hands the linears' blocks to
 the writer as they are (``encoded``) and encodes the rest: for a float model quantized without
 calibration the file equals ``lowbit.quantize_gguf(folder, out, target)`` byte for byte.
@@ -152,10 +156,13 @@ def linear_types(model: nn.Module, plan, types) -> dict[str, GgmlType | str]:
 
 
 @torch.no_grad()
-def quantize_ggml(model: nn.Module, target: GgufTarget, *, source_dir: str | os.PathLike | None = None) -> nn.Module:
+def quantize_ggml(model: nn.Module, target: GgufTarget, *, source_dir: str | os.PathLike | None = None,
+                  calibration=None) -> nn.Module:
     """Quantize ``model`` in place to the GGUF ``target`` (module docstring); returns it. Sets
     ``model.lowbit_gguf_target`` and ``model.lowbit_gguf_types`` (linear -> GGML type name, as
-    ``lowbit.load`` of a GGUF file does)."""
+    ``lowbit.load`` of a GGUF file does). ``calibration``: a ``lowbit.gguf_calibrate.GgmlCalibration``
+    (the importance matrix and GPTQ of ``quantize_gguf``; what the file's other tensors get is
+    left on ``model.lowbit_gguf_calibrated`` for ``save_gguf``), or None: llama.cpp's reference rounding."""
     from lowbit.targets import set_submodule
 
     fmt = get_format(Format.GGUF)
@@ -167,13 +174,19 @@ def quantize_ggml(model: nn.Module, target: GgufTarget, *, source_dir: str | os.
     plan = _plan(model, source_folder(model, source_dir), metadata=isinstance(target, Mix))
     types = fmt.tensor_types(plan, target)
     kinds = linear_types(model, plan, types)
+    held, calibrated = {}, None
+    if calibration is not None:
+        from lowbit.gguf_calibrate import calibrate
+
+        held, calibrated = calibrate(model, plan, types, kinds, calibration)  # the float model's forward, first
     for name, kind in kinds.items():
         if not isinstance(kind, GgmlType):
             continue  # F16: no GGML block fits the row; the file rounds it to half precision
         lin = model.get_submodule(name)
-        data = _encode(lin.weight, kind, name)
+        data = held[f"{name}.weight"][1] if calibration is not None else _encode(lin.weight, kind, name)
         set_submodule(model, name, GgmlLinear(data, kind, lin.bias, name=name))
     setattr(model, TARGET_ATTR, target)
+    model.lowbit_gguf_calibrated = calibrated
     model.lowbit_gguf_types = {n: (k.name if isinstance(k, GgmlType) else "F16") for n, k in kinds.items()}
     return model
 
@@ -212,5 +225,10 @@ def save_gguf(model: nn.Module, out: str | os.PathLike, *, tokenizer=None, sourc
             raise FormatError(f"GGUF: {name!r} holds {m.kind.value} blocks, but format 'gguf' gives its tensor "
                               f"{kind if isinstance(kind, str) else kind.value} under {target.value}")
     encoded = {f"{n}.weight": (m.kind, m.weight_data) for n, m in held.items()}
-    fmt.write(plan, out, model_tensors(model), target, types, encoded=encoded)
+    cal = getattr(model, "lowbit_gguf_calibrated", None)  # lowbit.gguf_calibrate.GgmlCalibrated
+    if cal is None:
+        fmt.write(plan, out, model_tensors(model), target, types, encoded=encoded)
+    else:
+        fmt.write(plan, out, model_tensors(model), target, types, encoded={**cal.encoded, **encoded},
+                  importance=cal.importance, search=cal.search)
     return Path(out)

@@ -20,30 +20,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import torch
 
-from lowbit.errors import FormatError
 from lowbit.formats import Format, get_format
+from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, check_gguf_config, gguf_rounding, parse_importance_search
 from lowbit.numerics.ggml import GgmlType, ImportanceSearch
-
-#: how a calibrated GGUF file's importance matrix chooses the scales (bench/gguf/RESULTS-gguf.md,
-#: "The importance search": KLD at the same bytes against llama.cpp's own search)
-DEFAULT_IMPORTANCE_SEARCH = ImportanceSearch.DIRECT
-
-
-def parse_importance_search(value: ImportanceSearch | str) -> ImportanceSearch:
-    """``value`` as an ``ImportanceSearch``; FormatError naming the choices otherwise."""
-    try:
-        return ImportanceSearch(value)
-    except ValueError:
-        raise FormatError(f"unknown importance search {value!r}: one of "
-                          f"{', '.join(s.value for s in ImportanceSearch)}") from None
-
-if TYPE_CHECKING:
-    from lowbit.algorithms.gptq import WeightRounding
-
 
 def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, GgmlType], search) -> tuple[dict, dict]:
     """(HF weight name -> llama-imatrix's statistic [in] of every linear, HF weight name -> (type,
@@ -73,14 +56,6 @@ def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, G
     options = GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
     return gptq_sources(model, data.ids, folder.__getitem__, kinds, options=options, batch_size=config.batch_size,
                         disk=checkpoint_keys(model, folder, renames), search=search)
-
-
-def gguf_rounding(config) -> WeightRounding:
-    """The weight rounding of a calibrated GGUF file: ``config.weight_rounding``, GPTQ when not
-    given (bench/gguf/RESULTS-gguf.md: KLD at the same bytes, every mix measured)."""
-    from lowbit.algorithms.gptq import WeightRounding
-
-    return config.weight_rounding or WeightRounding.GPTQ
 
 
 def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = "Q4_K_M", *, calibration=None,
@@ -114,6 +89,8 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     target = fmt.target(scheme)
     fmt.overrides(overrides)  # a bad pattern before any work
     search = parse_importance_search(importance_search)
+    if calibration is not None and config is not None:
+        check_gguf_config(target.value, config)  # options it would not read: refused by name
     fmt.check_output(src, out, overwrite)
     plan = plan_gguf(src, tokenizer_from=tokenizer_from)
     importance, encoded = None, {}

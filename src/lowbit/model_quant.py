@@ -134,7 +134,10 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
         "default": "nvfp4"}``, a Recipe, or a ``.json`` / ``.yaml`` recipe file. The recipe is
         resolved on the quantizable linears (``lowbit.recipes.resolve``: a pattern matching
         nothing, conflicting claims and split fused groups are errors); the Assignment it gave is
-        left on ``model.lowbit_recipe`` (None for one scheme). A model that already holds lowbit layers is
+        left on ``model.lowbit_recipe`` (None for one scheme). A llama.cpp GGML type or mix ("q4_k",
+        "Q4_K_M") quantizes under llama-quantize's rules for ``lowbit.save(..., format="gguf")``
+        (``lowbit.gguf_memory``; with ``calibration``, its importance matrix and GPTQ,
+        ``lowbit.gguf_calibrate``, which also reads ``importance_search``). A model that already holds lowbit layers is
     refused (QuantizationError): quantize a fresh float model, or a ``copy.deepcopy`` of one.
     Mixture-of-experts blocks are split first (``lowbit.moe.split_experts``): every expert's
     projections become linears ``experts.{e}.gate_proj`` ... and are quantized per expert; the
@@ -187,14 +190,20 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
 
     target = ggml_target(scheme)
     if target is not None:  # a GGML type or llama-quantize mix: lowbit.gguf_memory
-        _refuse_for_ggml(target, calibration=calibration is not None, smoothquant=smoothquant is not DEFAULT,
-                         ignore=bool(tuple(ignore)), include_lm_head=include_lm_head, config=config is not None,
-                         preset=preset is not None, allow_unquantized=allow_unquantized,
-                         kv_cache=kv_cache is not None, float_states=float_states is not None,
-                         **{k: True for k in calibration_options})
+        _refuse_for_ggml(target, smoothquant=smoothquant is not DEFAULT, ignore=bool(tuple(ignore)),
+                         include_lm_head=include_lm_head, allow_unquantized=allow_unquantized,
+                         kv_cache=kv_cache is not None, float_states=float_states is not None)
         from lowbit.gguf_memory import quantize_ggml
 
-        return quantize_ggml(model, target)
+        cal = None
+        if calibration is not None:
+            from lowbit.gguf_calibrate import ggml_calibration
+
+            cal = ggml_calibration(target, calibration, tokenizer, config, preset, calibration_options)
+        else:
+            _refuse_for_ggml(target, config=config is not None, preset=preset is not None,
+                             tokenizer=tokenizer is not None, **{k: True for k in calibration_options})
+        return quantize_ggml(model, target, calibration=cal)
     kv_cache = check_kv_cache(kv_cache)
     _check_float_states(float_states)
     choice = CalibrationChoice(calibration, tokenizer, smoothquant, config, preset, calibration_options)
@@ -206,13 +215,14 @@ def quantize(model: nn.Module, scheme: Scheme | str | None, calibration=None, *,
 
 
 def _refuse_for_ggml(target, **given: bool) -> None:
-    """A GGML target in memory is llama.cpp's reference rounding under llama-quantize's own rules
-    of which tensors get which type: QuantizationError naming the first option given with it."""
+    """A GGML target is quantized under llama-quantize's own rules of which tensors get which type,
+    calibrated by its importance matrix and GPTQ only (``lowbit.gguf_calibrate``; options without
+    calibration data have nothing to act on): QuantizationError naming the first option given."""
     for option, on in given.items():
         if on:
-            raise QuantizationError(f"scheme {target.value!r} (llama.cpp's GGML types) takes no {option!r} in memory: "
-                                    f"llama-quantize's rules choose every tensor's type, and the importance matrix "
-                                    f"and GPTQ are lowbit.quantize_gguf's (lowbit quantize --format gguf)")
+            raise QuantizationError(f"scheme {target.value!r} (llama.cpp's GGML types) takes no {option!r} here: "
+                                    f"llama-quantize's rules choose every tensor's type, and calibration (with "
+                                    f"calibration=...) is its importance matrix and GPTQ (lowbit.gguf_calibrate)")
 
 
 def run_in_memory(model: nn.Module, plan: InMemoryPlan, progress: bool | None = None,

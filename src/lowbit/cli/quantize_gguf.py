@@ -64,7 +64,7 @@ def gguf_plan(o, plan_cls):
     sizes = {k: v for k, v in (("num_samples", o.calib_samples), ("seq_len", o.calib_seq_len)) if v is not None}
     config = CalibrationConfig(**sizes, **data, weight_rounding=parse_weight_rounding(o.weight_rounding))
     calibration = None if o.model_free else (calibration_arg(o.calib, weights) or "builtin")
-    from lowbit.gguf_quantize import DEFAULT_IMPORTANCE_SEARCH, parse_importance_search
+    from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, parse_importance_search
 
     try:
         search = parse_importance_search(o.importance_search or DEFAULT_IMPORTANCE_SEARCH)
@@ -83,7 +83,7 @@ def run_gguf(plan) -> dict:
     from lowbit.gguf_quantize import quantize_gguf
 
     if plan.calibration is not None:
-        from lowbit.gguf_quantize import gguf_rounding
+        from lowbit.gguf_options import gguf_rounding
 
         text = plan.calibration if plan.calibration != "builtin" else "the built-in text"
         err_console.print(f"[dim]importance matrix ({plan.importance_search.value} search) and "

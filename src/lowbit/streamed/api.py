@@ -84,19 +84,24 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     )
 
     if _is_gguf(format):  # one GGUF file: the format's own run (lowbit.gguf_quantize), as ``--format gguf``
-        from lowbit.gguf_quantize import DEFAULT_IMPORTANCE_SEARCH, quantize_gguf
+        from lowbit.gguf_options import gguf_calibration_config
+        from lowbit.gguf_quantize import quantize_gguf
 
-        search = calibration_options.pop("importance_search", DEFAULT_IMPORTANCE_SEARCH)
-        given = {"smoothquant": smoothquant is not DEFAULT, "preset": preset is not None, "ignore": bool(tuple(ignore)),
-                 "include_lm_head": include_lm_head, "allow_unquantized": allow_unquantized, "device": device is not None,
-                 "offload": offload, "run_options": run_options is not None, "group": group is not None,
-                 **{k: True for k in calibration_options}}
+        given = {"smoothquant": smoothquant is not DEFAULT, "ignore": bool(tuple(ignore)),
+                 "include_lm_head": include_lm_head, "allow_unquantized": allow_unquantized,
+                 "device": device is not None, "offload": offload, "run_options": run_options is not None, "group": group is not None}
+        if calibration is None:
+            given.update({"config": config is not None, "preset": preset is not None,
+                          **{k: True for k in calibration_options}})
         if any(given.values()):
-            raise QuantizationError(f"format 'gguf' takes a llama.cpp mix or GGML type, calibration, tokenizer, "
-                                    f"config, importance_search, overwrite and progress; drop "
+            raise QuantizationError(f"format 'gguf' takes a llama.cpp mix or GGML type, calibration and its options "
+                                    f"(with calibration data), tokenizer, overwrite and progress; drop "
                                     f"{', '.join(k for k, v in given.items() if v)}")
-        return quantize_gguf(src, out, str(scheme), calibration=calibration, tokenizer=tokenizer, config=config,
-                             progress=progress, overwrite=overwrite, importance_search=search).path
+        cfg, search = (gguf_calibration_config(str(scheme), config, preset, calibration_options)
+                       if calibration is not None else (None, None))
+        searched = {"importance_search": search} if search is not None else {}
+        return quantize_gguf(src, out, str(scheme), calibration=calibration, tokenizer=tokenizer, config=cfg,
+                             progress=progress, overwrite=overwrite, **searched).path
     plan = plan_checkpoint(src, out, scheme, format,
                            CalibrationChoice(calibration, tokenizer, smoothquant, config, preset, calibration_options),
                            TargetChoice(tuple(ignore), include_lm_head, allow_unquantized),

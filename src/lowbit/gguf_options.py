@@ -1,0 +1,76 @@
+"""The options of a calibrated GGUF file that every entry point shares (``quantize_gguf``, the
+CLI's ``--format gguf``, ``lowbit.quantize`` with a GGML target): one default each."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lowbit.errors import FormatError
+from lowbit.numerics.ggml import ImportanceSearch
+
+if TYPE_CHECKING:
+    from lowbit.algorithms.gptq import WeightRounding
+
+#: how a calibrated GGUF file's importance matrix chooses the scales (bench/gguf/RESULTS-gguf.md,
+#: "The importance search": KLD at the same bytes against llama.cpp's own search)
+DEFAULT_IMPORTANCE_SEARCH = ImportanceSearch.DIRECT
+
+
+def parse_importance_search(value: ImportanceSearch | str) -> ImportanceSearch:
+    """``value`` as an ``ImportanceSearch``; FormatError naming the choices otherwise."""
+    try:
+        return ImportanceSearch(value)
+    except ValueError:
+        raise FormatError(f"unknown importance search {value!r}: one of "
+                          f"{', '.join(s.value for s in ImportanceSearch)}") from None
+
+
+def gguf_rounding(config) -> WeightRounding:
+    """The weight rounding of a calibrated GGUF file: ``config.weight_rounding``, GPTQ when not
+    given (bench/gguf/RESULTS-gguf.md: KLD at the same bytes, every mix measured)."""
+    from lowbit.algorithms.gptq import WeightRounding
+
+    return config.weight_rounding or WeightRounding.GPTQ
+
+
+#: the CalibrationConfig fields a GGUF file's calibration reads, besides its data part's (the windows)
+READ_FIELDS = ("weight_rounding", "gptq_damping", "gptq_block_size")
+
+
+def check_gguf_config(label: str, cfg) -> None:
+    """QuantizationError naming the first field of the CalibrationConfig ``cfg`` a GGUF file's
+    calibration does not read (its importance matrix and GPTQ: the windows, ``READ_FIELDS``) that
+    is set away from its default; ``label`` names the mix or GGML type in the message."""
+    import dataclasses
+
+    from lowbit.calibration import CalibrationConfig
+    from lowbit.errors import QuantizationError
+
+    base = CalibrationConfig()
+    read = set(READ_FIELDS) | {f.name for f in dataclasses.fields(type(cfg.data))}
+    names = ["layer_inputs", "rotation"]
+    for part in ("observing", "smoothing", "gptq", "reconstruction"):
+        names += [f.name for f in dataclasses.fields(type(getattr(cfg, part)))]
+    for name in names:
+        if name not in read and getattr(cfg, name) != getattr(base, name):
+            raise QuantizationError(f"{label!r} (llama.cpp's GGML types) takes no calibration option {name!r}: a GGUF "
+                                    f"file's calibration is its importance matrix and GPTQ's codes (options "
+                                    f"{', '.join(READ_FIELDS)}, importance_search and the windows')")
+
+
+def gguf_calibration_config(label: str, config, preset: str | None, options: dict):
+    """(CalibrationConfig, ImportanceSearch) of the calibration arguments an API entry point got for
+    a GGUF target (``lowbit.quantize``, ``quantize_checkpoint``): ``importance_search`` taken out of
+    ``options`` (default ``DEFAULT_IMPORTANCE_SEARCH``), the rest read as ``lowbit.quantize`` reads
+    them and checked by ``check_gguf_config``. QuantizationError naming the option."""
+    from lowbit.calibration.config import calibration_config
+    from lowbit.errors import QuantizationError
+
+    options = dict(options)
+    try:
+        search = parse_importance_search(options.pop("importance_search", DEFAULT_IMPORTANCE_SEARCH))
+    except FormatError as e:
+        raise QuantizationError(f"importance_search: {e}") from None
+    cfg = calibration_config(config, preset, options)
+    check_gguf_config(label, cfg)
+    return cfg, search
