@@ -1,7 +1,8 @@
 """GPTQ within GGML's grids for a GGUF file: the calibrated rounding of ``quantize_gguf``.
 
 For every weight that goes whole into tensors of one affine GGML type (``lowbit.numerics.ggml_codes``:
-Q8_0, Q4_0 ... Q5_1, Q2_K ... Q6_K), the type's importance-weighted scale search (llama.cpp's,
+Q8_0, Q4_0 ... Q5_1, Q2_K ... Q6_K) or of an FP4 one (MXFP4, NVFP4: codes into a value table,
+``lowbit.algorithms.gptq_table``), the type's importance-weighted scale search (llama.cpp's,
 ``quantize_<type>`` with the importance matrix) chooses the stored scales and mins, exactly as
 without GPTQ; then GPTQ (``lowbit.algorithms.gptq_grid``) picks the codes under those scales,
 column by column, spreading each column's error over the later ones through the layer's input
@@ -16,7 +17,7 @@ forward pass, at most ``max_hessian_bytes`` of float64 sums at a time (one pass 
 model, several for a large one), and freed once the slice's weights are encoded.
 
 Not rounded by GPTQ (encoded by the writer with their importance vectors, listed in the report):
-weights of a type without affine codes (MXFP4, NVFP4), experts the checkpoint stores fused
+experts the checkpoint stores fused
 [E, out, in] (gpt-oss, Llama 4: their per-expert linears have no checkpoint tensor of their own;
 they get no importance either), weights whose rows go to tensors of two types, and tensors the
 mix leaves in float. Parameters are matched to the checkpoint's tensors by the names the family's
@@ -40,16 +41,20 @@ from lowbit.numerics.ggml_codes import AFFINE, grid_of, with_codes
 from lowbit.threads import one_thread
 
 
+#: the GGML types GPTQ rounds: the affine ones (``gptq_on_grid``) and the FP4 ones (``gptq_on_table``)
+GPTQ_TYPES = AFFINE + (GgmlType.MXFP4, GgmlType.NVFP4)
+
+
 def source_types(plan, types: Mapping[str, Any]) -> dict[str, GgmlType]:
-    """HF weight name -> the affine GGML type of the GGUF tensors its rows go to (weights whose rows
-    go to tensors of two types, or of a type without affine codes, are left out)."""
+    """HF weight name -> the GGML type (of ``GPTQ_TYPES``) of the GGUF tensors its rows go to
+    (weights whose rows go to tensors of two types, or of another type, are left out)."""
     seen: dict[str, set] = {}
     for t in plan.tensors:
         kind = types.get(t.name)
         if isinstance(t, RowMap) and isinstance(kind, GgmlType):
             for s in t.sources:
                 seen.setdefault(s, set()).add(kind)
-    return {s: next(iter(k)) for s, k in seen.items() if len(k) == 1 and next(iter(k)) in AFFINE}
+    return {s: next(iter(k)) for s, k in seen.items() if len(k) == 1 and next(iter(k)) in GPTQ_TYPES}
 
 
 def weight_names(model: nn.Module, disk: Mapping[str, str] | None = None) -> dict[str, list[str]]:
@@ -107,6 +112,13 @@ def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tens
     data = encode(W, kind, name, importance=importance, search=search)
     if hessian is None:
         return data
+    if kind in (GgmlType.MXFP4, GgmlType.NVFP4):  # codes index a value table, not an affine grid
+        from lowbit.algorithms.gptq_table import gptq_on_table
+        from lowbit.numerics.ggml_fp4 import DOUBLED_E2M1, FP4_GROUP, fp4_scales, with_fp4_codes
+
+        codes = gptq_on_table(W, hessian, fp4_scales(data, kind), FP4_GROUP[kind], torch.tensor(DOUBLED_E2M1,
+                              dtype=torch.float32), options, name)
+        return with_fp4_codes(data, kind, codes)
     codes = gptq_on_grid(W, hessian, grid_of(data, kind), options, name)
     return with_codes(data, kind, codes)
 

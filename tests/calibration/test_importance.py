@@ -66,3 +66,16 @@ def test_an_unreached_linear_gets_llama_imatrix_ones_and_no_hessian_when_asked()
     imp, hess = input_statistics(model, _tokens(), hessians=True, unseen=1.0)
     assert torch.equal(imp["unused"], torch.ones(4)) and "unused" not in hess
     assert "model.layers.0.mlp.up_proj" in hess and not torch.equal(imp["lm_head"], torch.ones(64))
+
+
+def test_the_pass_stops_at_the_head_after_measuring_its_input():
+    model = tiny_llama()
+    tokens = _tokens()
+    calls = []
+    model.lm_head.register_forward_hook(lambda m, a, out: calls.append(out.shape))  # runs only if the head computes
+    imp = importance_matrix(model, tokens, batch_size=2)
+    assert calls == []
+    with torch.no_grad():
+        h = model.model(input_ids=tokens).last_hidden_state.reshape(-1, 64).double()
+    torch.testing.assert_close(imp["lm_head"], (h * h).mean(dim=0).float(), rtol=1e-5, atol=0)
+    assert len(imp) == len([m for m in model.modules() if isinstance(m, torch.nn.Linear)])

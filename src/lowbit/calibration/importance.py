@@ -20,6 +20,14 @@ from lowbit.calibration.hessian import HessianSum
 from lowbit.errors import QuantizationError
 
 
+class _Reached(Exception):
+    """The forward reached the output head (``_stop``): everything measured has been seen."""
+
+
+def _stop(module, args):
+    raise _Reached
+
+
 @torch.no_grad()
 def importance_matrix(model: nn.Module, tokens: torch.Tensor, *, batch_size: int = 4,
                       names: list[str] | None = None) -> dict[str, torch.Tensor]:
@@ -39,7 +47,9 @@ def input_statistics(model: nn.Module, tokens: torch.Tensor, *, batch_size: int 
     The Hessians of all linears are held at once: sum of in_features^2 float64 values.
     ``unseen``: None, a linear no token reached is a QuantizationError naming it; a value, its
     vector holds that value in every column and it has no Hessian (llama-imatrix stores 1 for an
-    MoE expert the text never routed to)."""
+    MoE expert the text never routed to). The forward stops at the model's output head (its
+    ``get_output_embeddings()``), after the head's own input is measured: the logits, the largest
+    product of a small model (SmolLM2-135M: 28 of 134 MFLOP per token), are never computed."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and (names is None or n in names)}
     if names is not None and set(names) - set(linears):
         raise QuantizationError(f"no nn.Linear named {sorted(set(names) - set(linears))[0]!r} in the model")
@@ -68,11 +78,17 @@ def input_statistics(model: nn.Module, tokens: torch.Tensor, *, batch_size: int 
         return observe
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    if isinstance(head, nn.Module):  # its logits are not needed: the pass stops once its input is seen
+        handles.append(head.register_forward_pre_hook(_stop))
     dev = next(model.parameters()).device
     try:
         for s in range(0, tokens.shape[0], batch_size):
             seen.clear()
-            model(input_ids=tokens[s:s + batch_size].to(dev), use_cache=False)
+            try:
+                model(input_ids=tokens[s:s + batch_size].to(dev), use_cache=False)
+            except _Reached:
+                pass
     finally:
         for h in handles:
             h.remove()

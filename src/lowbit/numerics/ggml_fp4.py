@@ -121,3 +121,48 @@ def decode_nvfp4(data: torch.Tensor) -> torch.Tensor:
     qs = blk[:, 4:].reshape(-1, 4, 8)
     q = torch.cat([qs & 0x0F, qs >> 4], dim=2)                   # [N, 4, 16]
     return (d * _values(q)).reshape(*data.shape[:-1], -1)
+
+
+#: group of weights per stored scale
+FP4_GROUP = {GgmlType.MXFP4: MXFP4_BLOCK, GgmlType.NVFP4: 16}
+
+
+def fp4_scales(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
+    """The halved scales (float32 [R, K / group], ``FP4_GROUP``) of encoded rows ``data`` uint8 [R,
+    row bytes]: weight k of row r is ``scale[r, k // group] * DOUBLED_E2M1[code]``."""
+    kind = GgmlType(kind)
+    blk = bytes_in_blocks(data, kind)
+    d = _half_scale(blk[:, 0]) if kind is GgmlType.MXFP4 else _ue4m3_half(blk[:, :4])
+    return d.reshape(data.shape[0], -1)
+
+
+def fp4_codes(data: torch.Tensor, kind: GgmlType) -> torch.Tensor:
+    """The codes (int64 [R, K], 0..15) of encoded rows ``data`` uint8 [R, row bytes] of MXFP4 / NVFP4."""
+    kind = GgmlType(kind)
+    blk = bytes_in_blocks(data, kind)
+    if kind is GgmlType.MXFP4:
+        qs = blk[:, 1:]
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=1)
+    else:
+        qs = blk[:, 4:].reshape(-1, 4, 8)
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=2)
+    return q.reshape(data.shape[0], -1).to(torch.int64)
+
+
+def with_fp4_codes(data: torch.Tensor, kind: GgmlType, codes: torch.Tensor) -> torch.Tensor:
+    """``data`` (uint8 [R, row bytes] of MXFP4 / NVFP4) with its codes replaced by ``codes`` [R, K]
+    (0..15, else ValueError); the scale bytes are kept."""
+    kind = GgmlType(kind)
+    n, nb = GEOMETRY[kind]
+    if codes.shape != (data.shape[0], data.shape[1] // nb * n):
+        raise ValueError(f"{kind.value}: codes {list(codes.shape)} do not match rows {list(data.shape)}")
+    if bool((codes < 0).any()) or bool((codes > 15).any()):
+        raise ValueError(f"{kind.value}: codes must lie in [0, 15]")
+    blk = bytes_in_blocks(data, kind).clone()
+    c = codes.to(torch.uint8).reshape(-1, n)
+    if kind is GgmlType.MXFP4:
+        blk[:, 1:] = c[:, :16] | (c[:, 16:] << 4)
+    else:
+        c = c.reshape(-1, 4, 16)
+        blk[:, 4:] = (c[:, :, :8] | (c[:, :, 8:] << 4)).reshape(-1, 32)
+    return blk.reshape(data.shape)
