@@ -32,7 +32,8 @@ def gptq_on_grid(W: torch.Tensor, H: torch.Tensor, grid: GgmlGrid, options: GPTQ
         raise QuantizationError(f"{name!r}: a {grid.kind.value} grid of {list(grid.step.shape)} groups does not fit "
                                 f"the weight {list(W.shape)}")
     W, u, _ = prepare_part(W.detach().to(torch.float32), H, GPTQOptions(damping=options.damping), name)
-    Wt = W.t().contiguous()                                            # [in, out]: a column is a row
+    Wt = W.t().clone(memory_format=torch.contiguous_format)           # [in, out]: a column is a row (a copy:
+    # for one row, W.t() is already contiguous and .contiguous() would hand back the caller's weight)
     step = grid.step.t().repeat_interleave(grid.group, dim=0).contiguous()     # [in, out]
     offset = grid.offset.t().repeat_interleave(grid.group, dim=0).contiguous()
     zero_step = step == 0
