@@ -71,7 +71,7 @@ def calibrate(model: nn.Module, plan, types: Mapping[str, Any], linears: Mapping
     from lowbit.formats.gguf.writer import float_weight
     from lowbit.gguf_gptq import gptq_sources, source_types, weight_names
     from lowbit.gguf_options import gguf_rounding
-    from lowbit.numerics.ggml import encode
+    from lowbit.kernels.ggml import encode  # the direct search in C where the kernel setting allows
 
     cfg = cal.config
     kinds = source_types(plan, types) if gguf_rounding(cfg) is WeightRounding.GPTQ else {}

@@ -36,7 +36,8 @@ from lowbit.algorithms.gptq import GPTQOptions
 from lowbit.algorithms.gptq_grid import gptq_on_grid
 from lowbit.calibration.importance import input_statistics
 from lowbit.formats.gguf.rowmap import RowMap
-from lowbit.numerics.ggml import GgmlType, ImportanceSearch, encode
+from lowbit.kernels.ggml import encode  # the direct search in C where the kernel setting allows
+from lowbit.numerics.ggml import GgmlType, ImportanceSearch
 from lowbit.numerics.ggml_codes import AFFINE, grid_of, with_codes
 from lowbit.threads import one_thread
 

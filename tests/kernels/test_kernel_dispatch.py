@@ -23,7 +23,7 @@ TRITON_USERS = {"lowbit.kernels.gpu", "lowbit.kernels.ptx_audit"}
 ENTRY_POINTS = {
     "lowbit.kernels.torch_ops": {"lowbit.kernels.codes", "lowbit.kernels.rounding"},
     "lowbit.kernels.native": {"lowbit.kernels.codes", "lowbit.kernels.rounding", "lowbit.quant.native_quant",
-                              "lowbit.kernels.offsets"},
+                              "lowbit.kernels.offsets", "lowbit.kernels.ggml"},
     "lowbit.kernels.native.build": {"lowbit.kernels.select"},
     "lowbit.quant.fast_qdq": {"lowbit.quant.qdq"},
     "lowbit.kernels.triton_ops": {"lowbit.quant.qdq"},

@@ -17,6 +17,9 @@ quantize groups    lowbit.quant.quantize (and .quantize_into)  reference: lowbit
 QDQ of a spec      lowbit.quant.fake_quantize (.int_values)    reference: lowbit.quant.qdq;
                                                                torch: lowbit.quant.fast_qdq;
                                                                triton: lowbit.kernels.triton_ops
+GGML searches      lowbit.kernels.ggml.direct_search, .encode, reference: lowbit.numerics.ggml_direct,
+                   .grid_block                                 lowbit.algorithms.gptq_grid (torch);
+                                                               native: ggml_native.c
 =================  ==========================================  =====================================
 
 The Triton kernels are also run by the Triton backends (lowbit.backends: quantize groups of

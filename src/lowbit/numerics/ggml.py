@@ -91,19 +91,21 @@ def bits_per_weight(kind: GgmlType) -> float:
 
 
 def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor", importance: torch.Tensor | None = None,
-           search: ImportanceSearch = ImportanceSearch.LLAMA_CPP) -> torch.Tensor:
+           search: ImportanceSearch = ImportanceSearch.LLAMA_CPP, direct_search=None) -> torch.Tensor:
     """``x`` [..., K] as GGML ``kind`` blocks, uint8 [..., K / n * B] (llama.cpp's reference bytes);
     with ``importance`` [K] (one weight per input column: an importance matrix), llama.cpp's
     weighted encoding (``quantize_<type>`` given quant_weights; MXFP4 and Q8_0 ignore them there),
     or with ``search`` DIRECT, lowbit's search for the ``DIRECT_TYPES`` (``ggml_direct``; the
-    stored layout is the type's either way)."""
+    stored layout is the type's either way). ``direct_search``: an implementation of
+    ``ggml_direct.direct_symmetric_search`` with its contract and bits (None: that function;
+    lowbit.kernels.ggml.encode passes its entry point, which may run C)."""
     from lowbit.numerics import ggml_blocks, ggml_fp4, ggml_kquant_search as ks
 
     kind = GgmlType(kind)
     if importance is not None and ImportanceSearch(search) is ImportanceSearch.DIRECT and kind in DIRECT_TYPES:
         from lowbit.numerics.ggml_direct import encode_blocks_direct
 
-        return encode_blocks_direct(x, kind, importance, name)
+        return encode_blocks_direct(x, kind, importance, name, direct_search)
     if kind in ggml_blocks.BLOCK_BYTES:
         if importance is not None:
             from lowbit.numerics.ggml_kquant_imatrix import encode_blocks_weighted

@@ -24,7 +24,8 @@ import torch
 from lowbit.errors import FormatError
 from lowbit.formats.gguf.mixes import F16, ModelFacts, Mix
 from lowbit.formats.gguf.rowmap import RowMap
-from lowbit.numerics.ggml import GgmlType, ImportanceSearch, encode
+from lowbit.kernels.ggml import encode  # the direct search in C where the kernel setting allows
+from lowbit.numerics.ggml import GgmlType, ImportanceSearch
 
 
 def plan_shapes(plan) -> list[tuple[str, tuple[int, ...]]]:

@@ -1,5 +1,7 @@
 """Native (C) kernels on CPU tensors: per-group extremes and fused divide + encode (+ nibble pack);
-GPTQ's sub-block column loop (``gptq_sub_fn``, raw pointers: lowbit.algorithms.gptq_solve). The C
+GPTQ's sub-block column loop (``gptq_sub_fn``, raw pointers: lowbit.algorithms.gptq_solve); GGML's
+direct search and GPTQ's block loop on a GGML grid (``direct_search``, ``grid_block_fn``:
+ggml_native.c, through lowbit.kernels.ggml). The C
 functions with many parameters take a parameter block (lowbit.kernels.native.abi), filled here.
 
 Each wrapper returns None when the library is not to be used (the kernel setting,
@@ -17,7 +19,7 @@ from functools import lru_cache
 
 import torch
 
-from lowbit.kernels.native.abi import Band, EncodeArgs, EncodingArgs, GptqArgs, QuantizeArgs
+from lowbit.kernels.native.abi import Band, EncodeArgs, EncodingArgs, GptqArgs, GridArgs, QuantizeArgs
 from lowbit.kernels.native.constants import STEPS
 from lowbit.kernels.select import native_library as library
 
@@ -292,3 +294,80 @@ def offset_step(V: torch.Tensor, g: torch.Tensor, e: torch.Tensor, step: torch.T
     lib.lb_offset_step(_ptr(V), _ptr(g), _ptr(e), _ptr(step), _ptr(zero), V.numel(), float(lr),
                        int(exponent is not None), up, down)
     return True
+
+
+# ---------------------------------------------------------------- GGML (ggml_native.c)
+
+DIRECT_MAX_N = 64  # the C kernel's largest block (ggml_native.c)
+
+
+def _f32_cpu(*ts: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in ts)
+
+
+def direct_search(x: torch.Tensor, nmax: int, w: torch.Tensor, numerators: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``lb_direct_search``: (float32 scale [S], uint8 codes [S, n]) of blocks x, w [S, n] (contiguous
+    float32 CPU, n <= 64) over the candidates -(nmax + t_i) given as float32 ``numerators`` (in
+    the order tried); None when the library is unavailable, the tensors do not fit or x holds
+    NaN or Inf (the torch code then decides)."""
+    lib = library()
+    if lib is None or x.dim() != 2 or w.shape != x.shape or not _f32_cpu(x, w, numerators):
+        return None
+    S, n = x.shape
+    if not 1 <= n <= DIRECT_MAX_N:
+        return None
+    scale = torch.empty(S, dtype=torch.float32)
+    codes = torch.empty(S, n, dtype=torch.uint8)
+    status = lib.lb_direct_search(x.data_ptr(), w.data_ptr(), S, n, int(nmax), numerators.data_ptr(),
+                                  numerators.numel(), scale.data_ptr(), codes.data_ptr())
+    return (scale, codes) if status == 0 else None
+
+
+@lru_cache(maxsize=None)
+def addr_vector_width() -> int | None:
+    """The float vector width of torch's CPU ``addr_`` here, when it computes ``w + u e`` as one fused
+    multiply-add in its vector loop and with two roundings (product, then sum) in the scalar tail
+    of each contiguous run, the last ``len % width`` elements (what lb_grid_gptq reproduces); None
+    when its CPU capability has another width or a seeded check of those rules fails."""
+    width = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability())
+    if width is None:
+        return None
+    g = torch.Generator().manual_seed(0)
+    for K, R in ((3, 2 * width + 5), (2, width - 1), (4, width), (2 * width + 3, 1)):
+        W, u, e = (torch.randn(*s, generator=g) for s in ((K, R), (K,), (R,)))
+        got = W.clone().addr_(u, e)
+        exact = (W.double() + u.double()[:, None] * e.double()[None]).to(torch.float32)  # one rounding here
+        two = W + u[:, None] * e[None]
+        n = K * R if R == 1 else R
+        idx = torch.arange(n)
+        fused = (idx < n - n % width).reshape((K, 1) if R == 1 else (1, R)).expand(K, R)
+        if not torch.equal(got, torch.where(fused, exact, two)):
+            return None
+    return width
+
+
+def grid_block_fn():
+    """GPTQ's column loop inside one block on a GGML grid in C (``lb_grid_gptq``,
+    lowbit.algorithms.gptq_grid), or None when the library is unavailable or torch's ``addr_`` here
+    follows other rules (``addr_vector_width``): a function
+    ``f(W1, E1, C1, step, offset, div, zmask, u, j0, zero, lo, hi, fill)`` of the block's rows
+    [n, R] (contiguous float32 CPU views; zmask bool) and -Ub ``u`` [in, in] that fills E1, C1
+    and W1 as the torch loop does (``u`` float32 of any strides: they decide, for one-row weights,
+    which updates torch fuses)."""
+    width = addr_vector_width()
+    lib = library()
+    if width is None or lib is None:
+        return None
+    fn = lib.lb_grid_gptq
+
+    def block(W1, E1, C1, step, offset, div, zmask, u, j0, zero, lo, hi, fill) -> None:
+        n, R = W1.shape
+        assert u.dtype == torch.float32 and _f32_cpu(W1, E1, C1, step, offset, div) and zmask.is_contiguous()
+        args = GridArgs(W1.data_ptr(), E1.data_ptr(), C1.data_ptr(), step.data_ptr(), offset.data_ptr(),
+                        div.data_ptr(), zmask.data_ptr(), u.data_ptr(), u.stride(0), u.stride(1), j0, n, R, width,
+                        float(zero), float(lo), float(hi), float(fill))
+        if fn(ctypes.byref(args)) != 0:
+            raise MemoryError("lb_grid_gptq: no scratch memory")
+
+    return block

@@ -1,7 +1,8 @@
 """The C ABI of the native library: the ctypes mirrors of the parameter blocks declared in
 lowbit_native.h, the exported functions' signatures, and the check made once at load.
 
-The kernels with many parameters (``lb_encode``, ``lb_quantize``, ``lb_gptq_sub``) take one
+The kernels with many parameters (``lb_encode``, ``lb_quantize``, ``lb_gptq_sub``,
+``lb_grid_gptq``) take one
 parameter block by pointer; each ``ctypes.Structure`` below lists the fields of its C struct in the
 same order with the same types. The ABI version is stated once, ``constants.ABI_VERSION``, and
 reaches C through the generated header; ``open_checked`` refuses a library whose ``lb_version()`` is
@@ -52,7 +53,15 @@ class GptqArgs(ctypes.Structure):
                 ("mask", U32), ("lowest", U32), ("shift", U32)]
 
 
-BLOCKS = (EncodeArgs, QuantizeArgs, GptqArgs)  # lb_sizeof(i) is the size of BLOCKS[i] (LB_*_ARGS)
+class GridArgs(ctypes.Structure):
+    """lb_grid_args (GPTQ's column loop on a GGML grid, one block)."""
+
+    _fields_ = [("W", P), ("E", P), ("C", P), ("step", P), ("offset", P), ("div", P), ("zmask", P), ("u", P),
+                ("ld0", I64), ("ld1", I64), ("j0", I64), ("n", I64), ("R", I64), ("vec", I64), ("zero", F32),
+                ("lo", F32), ("hi", F32), ("fill", F32)]
+
+
+BLOCKS = (EncodeArgs, QuantizeArgs, GptqArgs, GridArgs)  # lb_sizeof(i) is the size of BLOCKS[i] (LB_*_ARGS)
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -66,6 +75,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lb_encode": ([ref(EncodeArgs)], I32),
         "lb_quantize": ([ref(QuantizeArgs)], I32),
         "lb_gptq_sub": ([ref(GptqArgs)], I32),
+        "lb_direct_search": ([P, P, I64, I64, I32, P, I32, P, P], I32),
+        "lb_grid_gptq": ([ref(GridArgs)], I32),
         "lb_pack_nibbles": ([P, I64, P], I32),
         "lb_step_codes": ([P, P, I64, I32, I32, P], None),
         "lb_decode": ([P, I64, P, P], None),

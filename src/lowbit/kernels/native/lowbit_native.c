@@ -571,13 +571,15 @@ void lb_step_codes(const uint16_t *steps, const uint16_t *k, int64_t n, int pack
 /* The ABI version the loader checks (LB_ABI_VERSION, generated from lowbit.kernels.native.constants). */
 int lb_version(void) { return LB_ABI_VERSION; }
 
-/* The size of a parameter block (LB_ENCODE_ARGS, LB_QUANTIZE_ARGS, LB_GPTQ_ARGS), -1 for another
+/* The size of a parameter block (LB_ENCODE_ARGS, LB_QUANTIZE_ARGS, LB_GPTQ_ARGS,
+ * LB_GRID_ARGS), -1 for another
  * value: the loader checks them against its ctypes mirrors. */
 int64_t lb_sizeof(int which) {
     switch (which) {
     case LB_ENCODE_ARGS: return (int64_t)sizeof(lb_encode_args);
     case LB_QUANTIZE_ARGS: return (int64_t)sizeof(lb_quantize_args);
     case LB_GPTQ_ARGS: return (int64_t)sizeof(lb_gptq_args);
+    case LB_GRID_ARGS: return (int64_t)sizeof(lb_grid_args);
     }
     return -1;
 }

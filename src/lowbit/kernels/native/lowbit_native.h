@@ -66,7 +66,18 @@ typedef struct {          /* lb_gptq_sub (gptq_native.c) */
     uint32_t mask, lowest, shift;
 } lb_gptq_args;
 
-enum { LB_ENCODE_ARGS = 0, LB_QUANTIZE_ARGS = 1, LB_GPTQ_ARGS = 2 }; /* lb_sizeof's argument */
+typedef struct {          /* lb_grid_gptq (ggml_native.c): one block of n columns, each a row of R floats */
+    float *W, *E, *C;     /* [n, R] working weights (left final, as torch leaves them), errors, codes */
+    const float *step, *offset, *div; /* [n, R] the grid per element; div: step, 1 where step is 0 */
+    const uint8_t *zmask; /* [n, R] step == 0 (bool) */
+    const float *u;       /* -Ub [in, in], element strides ld0 (row), ld1 (column); the block's is
+                             from row and column j0 */
+    int64_t ld0, ld1, j0, n, R;
+    int64_t vec;          /* torch's float vector width: addr_'s scalar tail (two roundings) */
+    float zero, lo, hi, fill;
+} lb_grid_args;
+
+enum { LB_ENCODE_ARGS = 0, LB_QUANTIZE_ARGS = 1, LB_GPTQ_ARGS = 2, LB_GRID_ARGS = 3 }; /* lb_sizeof's argument */
 
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
