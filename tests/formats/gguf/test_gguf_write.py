@@ -225,3 +225,41 @@ def test_the_importance_search_changes_only_the_symmetric_32_blocks(folder, tmp_
     assert errs["direct"] < 0.98 * errs["llama-cpp"], errs  # 0.952: random weights, near-even importance
     with pytest.raises(FormatError, match="importance search .best.: one of llama-cpp, direct"):
         quantize_gguf(folder, tmp_path / "x.gguf", "Q4_K_M", calibration=ids, importance_search="best")
+
+
+def test_the_writer_holds_a_few_tensors_not_the_file(folder, tmp_path):
+    """Tensors are encoded at most a few ahead of the one written (``writer._in_order``): when a
+    tensor is written, the weights read so far reach at most ``ahead`` GGML tensors past it; the
+    file is the same as with the whole file encoded ahead."""
+    from lowbit.formats.gguf import writer as w
+    from lowbit.formats.gguf.rowmap import RowMap
+
+    plan = plan_gguf(folder)
+    fmt = get_format(Format.GGUF)
+    types = fmt.tensor_types(plan, Mix.Q4_K_M)
+    src = SafetensorsFolder(folder)
+    order = [t.name for t in plan.tensors if isinstance(types.get(t.name), GgmlType)]
+    first_of = {s: t.name for t in reversed(plan.tensors) if isinstance(t, RowMap) for s in t.sources}
+    read: set[str] = set()
+
+    def weights(name):
+        read.add(first_of[name])
+        return src[name]
+
+    seen = []
+    ahead = 2
+
+    def progress(name):
+        if name in order:
+            done = {order.index(n) for n in read if n in order}
+            assert max(done) <= order.index(name) + ahead, (name, sorted(done))
+            seen.append(name)
+
+    got = list(w._in_order(plan, types, weights, None, None, w.ImportanceSearch.LLAMA_CPP, ahead=ahead))
+    assert [t.name for t, _, _ in got] == [t.name for t in plan.tensors] and len(order) > 2 * ahead
+    read.clear()
+    for t, kind, data in w._in_order(plan, types, weights, None, None, w.ImportanceSearch.LLAMA_CPP, ahead=ahead):
+        progress(t.name)
+    assert seen == order
+    one = fmt.write(plan, tmp_path / "a.gguf", src, Mix.Q4_K_M, types)
+    assert one.path.read_bytes() == quantize_gguf(folder, tmp_path / "b.gguf", "Q4_K_M", progress=False).path.read_bytes()

@@ -25,7 +25,7 @@ from lowbit.errors import FormatError
 from lowbit.formats.gguf.mixes import F16, ModelFacts, Mix
 from lowbit.formats.gguf.rowmap import RowMap
 from lowbit.kernels.ggml import encode  # the direct search in C where the kernel setting allows
-from lowbit.numerics.ggml import GgmlType, ImportanceSearch
+from lowbit.numerics.ggml import GEOMETRY, GgmlType, ImportanceSearch
 
 
 def plan_shapes(plan) -> list[tuple[str, tuple[int, ...]]]:
@@ -128,7 +128,9 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
     rows already encoded, uint8 [..., row bytes]): a tensor whose every source is there in its
     type is assembled from those rows (e.g. GPTQ's codes on the type's grid), not encoded again;
     ``search``: how ``importance`` chooses the scales (``lowbit.numerics.ggml.ImportanceSearch``).
-    Nothing is left at ``out`` on an error."""
+    Every tensor's info is declared from the plan's shapes first, then the data is written tensor
+    by tensor as it is encoded (``_in_order``): memory holds a few tensors, not the file. Nothing
+    is left at ``out`` on an error."""
     import gguf
 
     out = Path(out)
@@ -138,40 +140,44 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
     get = weights.__getitem__ if isinstance(weights, Mapping) else weights
     writer = gguf.GGUFWriter(path=None, arch=plan.arch)
     report = WriteReport(out, 0)
+    ordered = None
     try:
         plan.add_metadata(writer)
         if file_type is not None:
             writer.add_file_type(int(getattr(gguf.LlamaFileType, f"MOSTLY_{Mix.parse(file_type).value}")))
         if "general.quantization_version" not in plan.metadata:
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        coded = _encode_all(plan, types, get, importance, encoded, search)
-        for t in plan.tensors:
-            kind = types.get(t.name)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        for t, (name, shape) in zip(plan.tensors, plan_shapes(plan)):  # every tensor's info first: no data yet
+            _add_info(writer, t, shape, types.get(name))
+        writer.write_header_to_file(path=tmp)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        ordered = _in_order(plan, types, get, importance, encoded, search)
+        for t, kind, data in ordered:
             if progress is not None:
                 progress(t.name)
             if isinstance(kind, GgmlType):
-                writer.add_tensor(t.name, coded.pop(t.name), raw_dtype=gguf.GGMLQuantizationType[kind.name])
                 report.types[t.name] = kind.name
                 if _all_encoded(t, kind, encoded):
                     report.from_encoded.append(t.name)
-                continue
-            values = _values(t, get)
-            if kind == F16:
-                writer.add_tensor(t.name, values.to(torch.float16).numpy())
+            elif kind == F16:
+                data = _values(t, get).to(torch.float16).numpy()
                 report.types[t.name] = "F16"
             elif isinstance(t, RowMap):
-                writer.add_tensor(t.name, values.to(torch.float32).numpy())
+                data = _values(t, get).to(torch.float32).numpy()
                 report.types[t.name] = "F32"
             else:
-                writer.add_tensor(t.name, t.array, raw_dtype=t.type)
+                data = np.asarray(t.array)
                 report.types[t.name] = gguf.GGMLQuantizationType(t.type).name
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        writer.write_header_to_file(path=tmp)
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+            writer.write_tensor_data(data)
+            del data
+        ordered.close()
         writer.close()
         os.replace(tmp, out)
     except BaseException:
+        if ordered is not None:
+            ordered.close()  # the encoding pool stops before the error leaves
         writer.close()
         tmp.unlink(missing_ok=True)
         raise
@@ -179,11 +185,31 @@ def write_gguf(plan, out: str | os.PathLike, weights: Mapping[str, Any] | Callab
     return report
 
 
-def _encode_all(plan, types, get, importance, encoded, search) -> dict[str, np.ndarray]:
-    """GGUF name -> bytes of every tensor of a GGML type: rows given in ``encoded`` gathered, the
-    others encoded, tensors in parallel on one intra-op thread each (the encoders are many small
-    operations: a second thread per operation costs more than it saves; several tensors at once use
-    the cores)."""
+def _add_info(writer, t, shape: tuple[int, ...], kind) -> None:
+    """Declare tensor ``t`` (GGUF shape ``shape``, numpy order) as it will be written: its GGML
+    type's bytes, F16, F32 (a RowMap), or the converter's own array and type."""
+    import gguf
+
+    if isinstance(kind, GgmlType):
+        n, nb = GEOMETRY[kind]
+        byte_shape = (*shape[:-1], shape[-1] // n * nb)
+        writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                               raw_dtype=gguf.GGMLQuantizationType[kind.name])
+    elif kind == F16 or isinstance(t, RowMap):
+        dtype = np.dtype(np.float16 if kind == F16 else np.float32)
+        writer.add_tensor_info(t.name, shape, dtype, int(np.prod(shape)) * dtype.itemsize)
+    else:
+        arr = np.asarray(t.array)
+        writer.add_tensor_info(t.name, arr.shape, arr.dtype, arr.nbytes, raw_dtype=t.type)
+
+
+def _in_order(plan, types, get, importance, encoded, search, ahead: int | None = None):
+    """(plan tensor, its type, its bytes for a GGML type else None) in the plan's order. The GGML
+    tensors are encoded (rows given in ``encoded`` gathered, the others encoded) on a pool of one
+    intra-op thread per worker (the encoders are many small operations: several tensors at once use
+    the cores), at most ``ahead`` (default twice the workers) in flight or done ahead of the one
+    written: memory holds a few tensors, not the file."""
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     from lowbit.threads import one_thread
@@ -194,11 +220,28 @@ def _encode_all(plan, types, get, importance, encoded, search) -> dict[str, np.n
         groups = _rows_importance(t, importance) if importance and isinstance(t, RowMap) else None
         return encode_rows(_values(t, get).to(torch.float32), kind, t.name, groups, search)
 
-    jobs = [(t, types[t.name]) for t in plan.tensors if isinstance(types.get(t.name), GgmlType)]
     workers = max(1, torch.get_num_threads())
+    ahead = ahead or 2 * workers
+    tensors = [(t, types.get(t.name)) for t in plan.tensors]
+    pending: deque = deque()
+    nxt = 0
     with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [(t.name, pool.submit(job, t, kind)) for t, kind in jobs]
-        return {name: f.result() for name, f in futures}  # in order: the first error is raised
+        try:
+            for i, (t, kind) in enumerate(tensors):
+                while nxt < len(tensors) and len(pending) < ahead:
+                    u, k = tensors[nxt]
+                    if isinstance(k, GgmlType):
+                        pending.append((nxt, pool.submit(job, u, k)))
+                    nxt += 1
+                if isinstance(kind, GgmlType):
+                    j, fut = pending.popleft()
+                    assert j == i
+                    yield t, kind, fut.result()  # the first error is raised
+                else:
+                    yield t, kind, None
+        finally:
+            for _, fut in pending:
+                fut.cancel()
 
 
 def _values(t, get) -> torch.Tensor:
