@@ -45,6 +45,22 @@ def _values(q: torch.Tensor) -> torch.Tensor:
     return torch.tensor(DOUBLED_E2M1, dtype=torch.float32)[q.to(torch.int64)]
 
 
+#: groups compared against the 16 table values at once (memory: CHUNK * group * 16 floats)
+CHUNK = 1 << 15
+
+
+def _nearest_codes(b: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [G, n] of groups ``b`` [G, n] under halved scales ``d`` [G]: each weight's first
+    code of least ``|d * DOUBLED_E2M1[c] - x|``, in chunks of ``CHUNK`` groups (the comparison
+    is 16 times the input: a 262k-token embedding at once would need tens of GB)."""
+    table = torch.tensor(DOUBLED_E2M1, dtype=torch.float32)
+    q = torch.empty(b.shape, dtype=torch.uint8)
+    for s in range(0, b.shape[0], CHUNK):
+        err = (d[s:s + CHUNK, None, None] * table - b[s:s + CHUNK, :, None]).abs()
+        q[s:s + CHUNK] = err.argmin(dim=-1).to(torch.uint8)     # the first least error
+    return q
+
+
 def encode_mxfp4(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     """ggml's reference MXFP4 encoding of ``x`` [..., K] (K a multiple of 32) -> uint8 [..., K / 32 * 17]."""
     lead = x.shape[:-1]
@@ -54,10 +70,7 @@ def encode_mxfp4(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     log2 = torch.log2(torch.where(amax > 0, amax, torch.ones_like(amax)).double()).float()
     exp = torch.floor(log2) - 2 + 127
     e = torch.where(amax > 0, exp.clamp(0, 254), torch.zeros_like(exp)).to(torch.uint8)
-    d = _half_scale(e)
-    table = torch.tensor(DOUBLED_E2M1, dtype=torch.float32)
-    err = (d[:, None, None] * table - b[:, :, None]).abs()
-    q = err.argmin(dim=-1).to(torch.uint8)                      # the first least error
+    q = _nearest_codes(b, _half_scale(e))
     packed = q[:, :16] | (q[:, 16:] << 4)
     return torch.cat([e[:, None], packed], dim=1).reshape(*lead, -1)
 
@@ -107,9 +120,7 @@ def encode_nvfp4(x: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     lead = x.shape[:-1]
     b = weights_in_rows(x, NVFP4_BLOCK, name, "NVFP4 block").reshape(-1, 16)   # [N * 4, 16]
     ue = fp32_to_ue4m3(b.abs().amax(dim=1) / 6.0)
-    d = _ue4m3_half(ue)
-    table = torch.tensor(DOUBLED_E2M1, dtype=torch.float32)
-    q = (d[:, None, None] * table - b[:, :, None]).abs().argmin(dim=-1).to(torch.uint8)   # the first least error
+    q = _nearest_codes(b, _ue4m3_half(ue))
     packed = (q[:, :8] | (q[:, 8:] << 4)).reshape(-1, 32)
     return torch.cat([ue.reshape(-1, 4), packed], dim=1).reshape(*lead, -1)
 
