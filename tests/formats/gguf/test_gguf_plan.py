@@ -249,13 +249,14 @@ def test_a_float_tensor_made_from_a_quantized_weight_is_caught_by_the_check_run(
     assert plan.written[0].row.tolist() == [1, 0, 3, 2]
     floats = {t.name: t.array for t in plan.written if isinstance(t, FloatTensor)}
     check = replay(_Capture(folder=tmp_path, tensors=src, quantized=["q.weight"], shapes=[(4, 8)], expect=floats))
+    assert check.changed(plan.written) == [("blk.derived", "n.weight")]
     with pytest.raises(FormatError, match=r"changes the values .* a quantized tensor \(written as 'blk.derived'\)"):
-        check.refuse_changed(plan.written)
+        raise check.refusal(*check.changed(plan.written)[0])
     del floats["blk.derived"]
     plan.written.pop(1)
     check = replay(_Capture(folder=tmp_path, tensors=src, quantized=["q.weight"], shapes=[(4, 8)], expect=floats))
     check.seen = [s for s in check.seen if s[0] != "blk.derived"]
-    check.refuse_changed(plan.written)  # a tensor made from nothing stays
+    assert check.changed(plan.written) == []  # a tensor made from nothing stays
 
 
 def test_tokenizer_keys_from_a_gguf_file_replace_the_converters(llama_folder, tmp_path):
@@ -335,3 +336,27 @@ def test_mixtral_in_memory_through_transformers_revert_maps_rows_of_the_fused_pa
     assert gate.sources == up.sources == ("model.layers.0.mlp.experts.gate_up_proj",)
     assert (gate.row == np.arange(8)[:, None] * 256 + np.arange(128)).all()
     assert (up.row == np.arange(8)[:, None] * 256 + 128 + np.arange(128)).all()
+
+
+def test_a_source_the_converter_transposes_maps_its_columns_as_rows(tmp_path):
+    """Experts stored [E, in, out] (gpt-oss, Llama 4) are written [E, out, in]: served as the
+    transpose of a pattern, the written tensor decodes as rows of the transposed source, and the
+    row map gathers the HF weight transposed (rows given per row of the map: as they are)."""
+    from lowbit.formats.gguf.convert import _Capture
+    from lowbit.formats.gguf.rowmap import RowMap
+
+    W = torch.arange(2 * 8 * 4, dtype=torch.float32).reshape(2, 8, 4)   # [E, in, out]
+    src = {"e.weight": W}
+    cap = _Capture(folder=tmp_path, tensors=src, quantized=["e.weight"], shapes=[(2, 8, 4)],
+                   transposed=frozenset({"e.weight"}))
+    served = cap.load("e.weight").numpy()
+    assert served.shape == (2, 8, 4)
+    cap.add("blk.exps", np.swapaxes(served, -1, -2)[:, [3, 1, 0, 2]], None)  # transposed, rows moved
+    (t,) = cap.written
+    assert isinstance(t, RowMap) and t.transposed == (True,) and t.source_shapes == ((2, 4, 8),)
+    assert torch.equal(t.gather(src), W.transpose(-1, -2)[:, [3, 1, 0, 2]])
+    rows = {"e.weight": torch.arange(8).reshape(2, 4, 1)}          # e.g. one code per row of [E, out, in]
+    assert t.gather(rows, rows_given=True).reshape(2, 4).tolist() == [[3, 1, 0, 2], [7, 5, 4, 6]]
+    plain = _Capture(folder=tmp_path, tensors=src, quantized=["e.weight"], shapes=[(2, 8, 4)])
+    plain.add("blk.exps", np.swapaxes(plain.load("e.weight").numpy(), -1, -2), None)
+    assert not isinstance(plain.written[0], RowMap)  # without transposing, no row map: the plan retries

@@ -96,6 +96,10 @@ def gguf_keys(path: str | Path, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _swapped(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else shape
+
+
 def _shape(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
     from lowbit.files.folder import SafetensorsFolder
 
@@ -121,14 +125,20 @@ class _Capture:
     expect: dict[str, np.ndarray] | None = None  # the check run: the float tensors of the plan run
     seen: list[tuple[str, str | None, bool]] = field(default_factory=list)  # check run: (name, last, same)
     to_checkpoint: Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None
+    transposed: frozenset[str] = frozenset()  # served as the transpose of a pattern: rows are columns
 
     def __post_init__(self) -> None:
         self.sid = {n: i for i, n in enumerate(self.quantized)}
+        # the shapes the patterns are laid in (a transposed source's last two axes swapped)
+        self.laid = [_swapped(s) if n in self.transposed else s for n, s in zip(self.quantized, self.shapes)]
 
     def load(self, name: str) -> torch.Tensor:
         self.last = name
         if name in self.sid:
-            p = pattern(self.sid[name], self.shapes[self.sid[name]], name)
+            i = self.sid[name]
+            p = pattern(i, self.laid[i], name)
+            if name in self.transposed:
+                p = np.ascontiguousarray(np.swapaxes(p, -1, -2))
             return torch.from_numpy(p if self.expect is None else -p - 1)  # the check run: other values
         t = self.tensors[name]
         return t.detach() if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
@@ -169,28 +179,33 @@ class _Capture:
             self.seen.append((name, self.last, ref is None or np.array_equal(arr, ref)))
             return
         floaty = raw_dtype in (None, gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-        found = decode(arr, self.shapes) if floaty else None
+        found = decode(arr, self.laid) if floaty else None
         if found is None:
             self.written.append(FloatTensor(name=name, array=arr, type=raw_dtype or gguf.GGMLQuantizationType.F32))
             return
         sid, row = found
         used = np.unique(sid)
         self.used.update(int(s) for s in used)
-        self.written.append(RowMap(name=name, shape=tuple(arr.shape), sources=tuple(self.quantized[s] for s in used),
-                                   source_shapes=tuple(self.shapes[s] for s in used),
-                                   source=np.searchsorted(used, sid).astype(np.int32), row=row))
+        names = tuple(self.quantized[s] for s in used)
+        flags = tuple(n in self.transposed for n in names)
+        self.written.append(RowMap(name=name, shape=tuple(arr.shape), sources=names,
+                                   source_shapes=tuple(self.laid[s] for s in used),
+                                   source=np.searchsorted(used, sid).astype(np.int32), row=row,
+                                   transposed=flags if any(flags) else ()))
 
-    def refuse_changed(self, plan: list[RowMap | FloatTensor]) -> None:
-        """After the check run: FormatError naming a float tensor of the plan that changed with the
-        quantized weights' values (the converter made it from one of them), or a tensor list that did."""
+    def changed(self, plan: list[RowMap | FloatTensor]) -> list[tuple[str, str | None]]:
+        """After the check run: (GGUF name, the HF tensor the converter read last) of every float
+        tensor of the plan that changed with the quantized weights' values (the converter made it
+        from one of them); FormatError when the tensor list itself changed."""
         if [n for n, _, _ in self.seen] != [t.name for t in plan]:
             raise FormatError(f"GGUF: llama.cpp's converter writes other tensors for {str(self.folder)!r} when the "
                               f"weights' values change, so lowbit cannot map their rows")
-        for name, last, same in self.seen:
-            if not same:
-                src = repr(last) if last in self.sid else "a quantized tensor"
-                raise FormatError(f"GGUF: llama.cpp's converter changes the values or the input dimension of tensor "
-                                  f"{src} (written as {name!r}), so it cannot carry lowbit's codes; leave it unquantized")
+        return [(name, last) for name, last, same in self.seen if not same]
+
+    def refusal(self, name: str, last: str | None) -> FormatError:
+        src = repr(last) if last in self.sid else "a quantized tensor"
+        return FormatError(f"GGUF: llama.cpp's converter changes the values or the input dimension of tensor "
+                           f"{src} (written as {name!r}), so it cannot carry lowbit's codes; leave it unquantized")
 
 
 def _writer_class():
@@ -261,6 +276,41 @@ def _run(cls: type, capture: _Capture, hf_arch: str, metadata: bool):
     return model
 
 
+def _planned(cls, folder: Path, source, qnames: list[str], shapes: list, hf_arch: str, metadata: bool,
+             from_folder: bool, to_checkpoint, chosen: bool):
+    """(the converter's model, the plan run's capture): the converter run on the patterns, then
+    again with other values in them (a float tensor made from a quantized one changes: refused,
+    naming it). Before refusing, at most two more tries: the quantized tensors no row map used
+    are served transposed (the converter writes their columns as rows: experts stored [E, in,
+    out], gpt-oss's and Llama 4's; GPT-2's Conv1D [in, out]); and, when the caller did not choose the
+    quantized tensors (``chosen`` False: the default of every tensor of 2 or more axes), one the
+    converter changes and writes under a name llama-quantize never quantizes (not ``*.weight``:
+    gpt-oss's de-interleaved expert biases) is served as itself, float as the converter writes it."""
+    transposed: frozenset[str] = frozenset()
+    for attempt in range(3):
+        capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=from_folder,
+                           to_checkpoint=to_checkpoint, transposed=transposed)
+        model = _run(cls, capture, hf_arch, metadata=metadata)
+        floats = {t.name: t.array for t in capture.written if isinstance(t, FloatTensor)}
+        if not (qnames and floats):
+            return model, capture
+        check = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=False,
+                         expect=floats, to_checkpoint=to_checkpoint, transposed=transposed)
+        _run(cls, check, hf_arch, metadata=False)
+        bad = check.changed(capture.written)
+        if not bad:
+            return model, capture
+        unmapped = [n for n, i in capture.sid.items() if i not in capture.used]
+        flip = frozenset(n for n in unmapped if len(shapes[capture.sid[n]]) >= 2) - transposed
+        plain = {last for name, last in bad if not chosen and last in unmapped and not name.endswith(".weight")}
+        if attempt == 2 or not (flip or plain):
+            raise check.refusal(*bad[0])
+        transposed |= flip
+        keep = [i for i, n in enumerate(qnames) if n not in plain]
+        qnames, shapes = [qnames[i] for i in keep], [shapes[i] for i in keep]
+    raise AssertionError("unreachable")
+
+
 def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
               quantized: Callable[[str, tuple[int, ...]], bool] | Sequence[str] | None = None,
               metadata: bool = True, tokenizer_from: str | Path | None = None,
@@ -304,16 +354,9 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
             raise FormatError(f"GGUF: tensor {unknown[0]!r} asked to be quantized is not in {str(folder)!r}")
         qnames = [n for n in source if n in set(quantized)]
     shapes = [_shape(source, n) for n in qnames]
-    capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=tensors is None,
-                       to_checkpoint=to_checkpoint)
     try:
-        model = _run(cls, capture, hf_arch, metadata=metadata)
-        floats = {t.name: t.array for t in capture.written if isinstance(t, FloatTensor)}
-        if qnames and floats:  # again with other values in the patterns: a float tensor made from one changes
-            check = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=False,
-                             expect=floats, to_checkpoint=to_checkpoint)
-            _run(cls, check, hf_arch, metadata=False)
-            check.refuse_changed(capture.written)
+        model, capture = _planned(cls, folder, source, qnames, shapes, hf_arch, metadata, tensors is None,
+                                  to_checkpoint, chosen=not (callable(quantized) or quantized is None))
     finally:
         if tensors is None:
             source.close()

@@ -93,7 +93,10 @@ class RowMap:
     ``shape`` is the tensor as the converter produced it (numpy order, last axis = input
     dimension; GGUF's ne is this reversed). For every index ``i`` of ``shape[:-1]``, row ``i`` is
     row ``row[i]`` of HF tensor ``sources[source[i]]``, rows counted over every axis of that
-    tensor but the last (``source_shapes`` gives each source's HF shape)."""
+    tensor but the last (``source_shapes`` gives each source's HF shape). A source in
+    ``transposed`` is read with its last two axes swapped (its shape here is that swapped one):
+    the converter writes its columns as rows (gpt-oss's and Llama 4's experts, stored [E, in, out]
+    on disk), so its rows are those of the transposed tensor, the per-expert linear's weight."""
 
     name: str
     shape: tuple[int, ...]
@@ -101,6 +104,10 @@ class RowMap:
     source_shapes: tuple[tuple[int, ...], ...]
     source: np.ndarray
     row: np.ndarray
+    transposed: tuple[bool, ...] = ()
+
+    def is_transposed(self, k: int) -> bool:
+        return bool(self.transposed) and self.transposed[k]
 
     @property
     def identity(self) -> bool:
@@ -108,15 +115,19 @@ class RowMap:
         return (len(self.sources) == 1 and self.source_shapes[0] == self.shape
                 and np.array_equal(self.row.reshape(-1), np.arange(self.row.size)))
 
-    def gather(self, tensors: Mapping[str, Any] | Callable[[str], Any]):
+    def gather(self, tensors: Mapping[str, Any] | Callable[[str], Any], rows_given: bool = False):
         """This GGUF tensor assembled from per-source arrays (torch or numpy) whose leading axes
         are those of the HF source (``source_shapes[k][:-1]``) and whose trailing axes are
         anything row-wise: the float weight itself, or its codes and scales per row. The result
-        has leading axes ``shape[:-1]`` and the sources' trailing axes."""
+        has leading axes ``shape[:-1]`` and the sources' trailing axes. A transposed source's
+        float weight comes in its HF layout and is transposed here; with ``rows_given`` every
+        array is already per row of the map's sources (codes of a transposed source's rows)."""
         get = tensors.__getitem__ if isinstance(tensors, Mapping) else tensors
         parts = []
-        for name, shp in zip(self.sources, self.source_shapes):
+        for k, (name, shp) in enumerate(zip(self.sources, self.source_shapes)):
             t = get(name)
+            if self.is_transposed(k) and not rows_given:
+                t = t.transpose(-1, -2) if isinstance(t, torch.Tensor) else np.swapaxes(t, -1, -2)
             lead = len(shp) - 1
             if tuple(t.shape[:lead]) != tuple(shp[:-1]):
                 raise FormatError(f"GGUF: tensor {name!r} has shape {list(t.shape)}, expected leading axes "

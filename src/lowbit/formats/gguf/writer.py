@@ -216,7 +216,7 @@ def _in_order(plan, types, get, importance, encoded, search, ahead: int | None =
 
     def job(t, kind):
         if _all_encoded(t, kind, encoded):
-            return t.gather(lambda n: encoded[n][1]).numpy()
+            return t.gather(lambda n: encoded[n][1], rows_given=True).numpy()
         groups = _rows_importance(t, importance) if importance and isinstance(t, RowMap) else None
         return encode_rows(_values(t, get).to(torch.float32), kind, t.name, groups, search)
 
