@@ -59,3 +59,30 @@ def test_most_families_convert():
     if not CONVERTED:
         pytest.skip("run with the family tests")
     assert len(CONVERTED) >= MIN_CONVERTED, CONVERTED
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "llama4_text"])
+def test_experts_stored_transposed_are_written_as_the_converter_lays_them(family, tmp_path):
+    """gpt-oss's and Llama 4's experts ([E, in, out] on disk, written [E, out, in]): every GGML
+    tensor of a q8_0 file holds the bytes of the converter's own float tensor encoded in Q8_0."""
+    import gguf
+    import torch
+
+    from lowbit.formats import Format, get_format
+    from lowbit.numerics.ggml import GgmlType, encode
+
+    tiny_model(family).save_pretrained(tmp_path)
+    ref = converter_tensors(tmp_path)
+    plan = plan_gguf(tmp_path, metadata=False)
+    assert any(isinstance(t, RowMap) and t.transposed for t in plan.tensors)
+    fmt = get_format(Format.GGUF)
+    types = fmt.tensor_types(plan, GgmlType.Q8_0)
+    out = tmp_path / "q8.gguf"
+    fmt.write(plan, out, SafetensorsFolder(tmp_path), GgmlType.Q8_0, types)
+    checked = 0
+    for t in gguf.GGUFReader(out).tensors:
+        if t.tensor_type.name == "Q8_0":
+            want = encode(torch.from_numpy(np.ascontiguousarray(ref[t.name])).float(), GgmlType.Q8_0)
+            assert np.array_equal(np.asarray(t.data).reshape(-1), want.numpy().reshape(-1)), t.name
+            checked += "exps" in t.name
+    assert checked >= 3
