@@ -16,11 +16,10 @@ of ones and keeps the search's codes. They are gathered for a slice of the linea
 forward pass, at most ``max_hessian_bytes`` of float64 sums at a time (one pass for a small
 model, several for a large one), and freed once the slice's weights are encoded.
 
-Not rounded by GPTQ (encoded by the writer with their importance vectors, listed in the report):
-experts the checkpoint stores fused
-[E, out, in] (gpt-oss, Llama 4: their per-expert linears have no checkpoint tensor of their own;
-they get no importance either), weights whose rows go to tensors of two types, and tensors the
-mix leaves in float. Parameters are matched to the checkpoint's tensors by the names the family's
+Experts the checkpoint stores fused (gpt-oss, Llama 4, GraniteMoE) are rounded here under their
+split linears' names and stacked back onto the fused tensor by ``lowbit.gguf_fused``. Not rounded
+by GPTQ (encoded by the writer with their importance vectors, listed in the report): weights whose
+rows go to tensors of two types, and tensors the mix leaves in float. Parameters are matched to the checkpoint's tensors by the names the family's
 checkpoints use (``lowbit.moe.naming.checkpoint_names``, ``lowbit.renames.checkpoint_renames``).
 """
 

@@ -23,18 +23,23 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
+import torch.nn as nn
 
 from lowbit.formats import Format, get_format
 from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, check_gguf_config, gguf_rounding, parse_importance_search
 from lowbit.numerics.ggml import GgmlType, ImportanceSearch
 
-def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, GgmlType], search) -> tuple[dict, dict]:
+def _calibrated(src: Path, plan, calibration, tokenizer, config, kinds: Mapping[str, GgmlType], search
+                ) -> tuple[dict, dict]:
     """(HF weight name -> llama-imatrix's statistic [in] of every linear, HF weight name -> (type,
-    GPTQ-rounded rows) for the weights of ``kinds``), from ``calibration`` (``lowbit.gguf_gptq``)."""
+    GPTQ-rounded rows) for the weights of ``kinds``), from ``calibration`` (``lowbit.gguf_gptq``);
+    experts stored fused get theirs stacked per fused tensor (``lowbit.gguf_fused``)."""
     from lowbit.algorithms.gptq import GPTQOptions
     from lowbit.calibration import calibration_set
     from lowbit.files.folder import SafetensorsFolder
+    from lowbit.gguf_fused import fused_parts, stack
     from lowbit.gguf_gptq import checkpoint_keys, gptq_sources
+    from lowbit.moe.naming import stored_key
     from lowbit.linearize import linearize
     from lowbit.models import load_model
     from lowbit.renames import checkpoint_renames
@@ -54,8 +59,17 @@ def _calibrated(src: Path, calibration, tokenizer, config, kinds: Mapping[str, G
     renames = checkpoint_renames(model, folder)  # before the split: transformers' own model
     linearize(model)  # MoE experts as linears: an importance vector and a Hessian per expert
     options = GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
-    return gptq_sources(model, data.ids, folder.__getitem__, kinds, options=options, batch_size=config.batch_size,
-                        disk=checkpoint_keys(model, folder, renames), search=search)
+    keys, model_type = set(folder), getattr(model.config, "model_type", None)
+    # experts the checkpoint keeps fused: rounded as the split linears they are in memory, then stacked
+    parts = fused_parts(model, [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)],
+                        lambda k: stored_key(model_type, k, keys, renames))
+    part_kinds = {w: kinds[p.disk] for w, p in parts.items() if p.disk in kinds}
+    params = dict(model.named_parameters())
+    importance, encoded = gptq_sources(model, data.ids, lambda n: params[n] if n in parts else folder[n],
+                                       {**kinds, **part_kinds}, options=options, batch_size=config.batch_size,
+                                       disk=checkpoint_keys(model, folder, renames), search=search)
+    stack(plan, parts, importance, encoded)
+    return importance, encoded
 
 
 def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = "Q4_K_M", *, calibration=None,
@@ -101,7 +115,7 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
 
         config = config or CalibrationConfig()
         kinds = source_types(plan, types) if gguf_rounding(config) is WeightRounding.GPTQ else {}
-        importance, encoded = _calibrated(src, calibration, tokenizer, config, kinds, search)
+        importance, encoded = _calibrated(src, plan, calibration, tokenizer, config, kinds, search)
     folder = SafetensorsFolder(src)
     show = _progress(len(plan.tensors), progress)
     try:

@@ -56,6 +56,12 @@ def _rows(proj: Proj, layout: FusedLayout, n: int) -> slice:
     return slice(0, None, 2) if proj is Proj.GATE else slice(1, None, 2)
 
 
+def part_rows(proj: Proj, layout: FusedLayout, n: int) -> slice:
+    """Which rows of one expert's matrix (n rows, after transposing a ``transposed`` layout)
+    hold ``proj`` (gate and up halves or interleaved rows of a gate_up tensor; all otherwise)."""
+    return _rows(proj, layout, n)
+
+
 def expert_part(t: torch.Tensor, e: int, proj: Proj, layout: FusedLayout) -> torch.Tensor:
     """Expert ``e``'s ``proj`` out of the fused tensor ``t`` (3-D weight or 2-D bias): [out, in]
     or [out], contiguous, a copy."""

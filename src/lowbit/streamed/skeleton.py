@@ -26,7 +26,6 @@ FormatError naming it, except a tied output embedding.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,21 +37,11 @@ from lowbit.modelfree.source import Checkpoint
 from lowbit.linearize import conv1d_as_linears
 from lowbit.renames import checkpoint_renames
 from lowbit.moe import split_experts
-from lowbit.moe.grouped import GroupedLinears
-from lowbit.moe.naming import FUSED_ON_DISK, checkpoint_names, stored_key
-from lowbit.moe.slices import FusedLayout, Proj, expert_part
+from lowbit.moe.naming import checkpoint_names, stored_key
+from lowbit.moe.fused_source import FusedSource, fused_source
+from lowbit.moe.slices import expert_part
 
 DTYPE = torch.float32  # what lowbit.load_model loads (and calibrates) in
-
-
-@dataclass(frozen=True)
-class _Fused:
-    """A per-expert model tensor read out of an experts tensor fused on disk."""
-
-    disk: str
-    expert: int
-    proj: Proj
-    layout: FusedLayout
 
 
 class Skeleton:
@@ -94,64 +83,21 @@ class Skeleton:
         """The checkpoint key of the model tensor ``key`` stored whole, or None."""
         return stored_key(self.model_type, key, self.ckpt.tensors, self.renames)
 
-    def _disk_name(self, key: str) -> str | _Fused:
+    def _disk_name(self, key: str) -> str | FusedSource:
         """Where the checkpoint keeps the model tensor ``key``."""
         disk = self._stored(key)
         if disk is not None:
             return disk
-        parts = key.split(".")
-        # <module>.<e>.<proj>.weight of experts fused per projection (moe.weighted_shared): <module>.<proj>[e]
-        split = self._split_layout(".".join(parts[:-3])) if len(parts) >= 4 and parts[-3].isdigit() else None
-        if getattr(split, "separate", False) and parts[-1] == "weight" and parts[-2] in {p.value for p in Proj}:
-            fused = self._stored(".".join(parts[:-3] + [parts[-2]]))
-            if fused is not None:
-                return _Fused(fused, int(parts[-3]), Proj(parts[-2]), split)
-        layout = FUSED_ON_DISK.get(self.model_type or "") or self._split_layout(".".join(parts[:-3]))
-        # <block>.experts.<e>.<proj>.<weight|bias> from <block>.experts.<gate_up_proj|down_proj>[_bias]
-        if layout is not None and len(parts) >= 4 and parts[-4] == "experts" and parts[-3].isdigit():
-            proj = Proj(parts[-2]) if parts[-2] in {p.value for p in Proj} else None
-            if proj is not None:
-                leaf = "down_proj" if proj is Proj.DOWN else "gate_up_proj" if layout.has_gate else "up_proj"
-                leaf += "_bias" if parts[-1] == "bias" else ""
-                fused = self._stored(".".join(parts[:-3] + [leaf]))
-                if fused is not None:
-                    return _Fused(fused, int(parts[-3]), proj, layout)
-        # <module>.<g>.<weight|bias> of a linear applied per input group (moe.row_groups): row block g of <module>.<leaf>
-        split = self._split_layout(".".join(parts[:-2])) if len(parts) >= 3 and parts[-2].isdigit() else None
-        if split is not None and split.row_groups:
-            whole = self._stored(".".join(parts[:-2] + [parts[-1]]))
-            if whole is not None:
-                return _Fused(whole, int(parts[-2]), Proj.DOWN, split)
-        # <module>.<e>.weight of per-expert matrices grouped by expert (moe.grouped) from <module>.<leaf>[e]
-        grouped = self._grouped(".".join(parts[:-2])) if len(parts) >= 3 and parts[-2].isdigit() else None
-        if grouped is not None and parts[-1] == "weight":
-            fused = self._stored(".".join(parts[:-2] + [grouped.leaf]))
-            if fused is not None:
-                return _Fused(fused, int(parts[-2]), Proj.DOWN, FusedLayout(transposed=grouped.transposed))
+        fused = fused_source(self.model, key, self._stored)
+        if fused is not None:
+            return fused
         disk = checkpoint_names(self.model_type, [key])[key]
         raise FormatError(f"{self.folder}: the checkpoint holds no tensor {disk!r} (the model's {key!r})")
-
-    def _grouped(self, container: str):
-        """The ``GroupedLinears`` at ``container`` (``moe.grouped``: one row of its fused tensor an
-        expert, ``Proj.DOWN``'s rows), or None."""
-        try:
-            m = self.model.get_submodule(container) if container else None
-        except AttributeError:
-            return None
-        return m if isinstance(m, GroupedLinears) else None
-
-    def _split_layout(self, container: str):
-        """The fused layout the split module recorded (``moe.split``, ``moe.batched``,
-        ``moe.weighted_shared``), or None."""
-        try:
-            return getattr(self.model.get_submodule(container), "layout", None) if container else None
-        except AttributeError:
-            return None
 
     def _read(self, key: str) -> torch.Tensor:
         where = self._disk_name(key)
         with self._lock:
-            if isinstance(where, _Fused):
+            if isinstance(where, FusedSource):
                 t = self._reader.get(self.ckpt.tensors[where.disk])
                 return expert_part(t.to(DTYPE), where.expert, where.proj, where.layout)
             t = self._reader.get(self.ckpt.tensors[where])

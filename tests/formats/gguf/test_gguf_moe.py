@@ -62,3 +62,90 @@ def test_experts_are_rounded_per_expert_by_gptq(folder, tmp_path):
         err = [float(torch.einsum("oi,ij,oj->", w - q.double(), h, w - q.double())) for q in (g[e], r[e])]
         wins += err[0] < err[1]
     assert wins == g.shape[0], wins
+
+
+def test_experts_stored_fused_are_rounded_per_expert_and_stacked(tmp_path):
+    """GraniteMoE keeps each block's experts in one tensor (``block_sparse_moe.input_linear``
+    [E, 2I, H], gate rows then up rows): each expert is rounded by GPTQ on its own tokens' Hessian
+    as a split linear, and the rows are stacked back in the fused tensor's order
+    (``lowbit.gguf_fused``); every expert's output error is below the search's own codes'."""
+    from helpers.families import tiny_model
+
+    folder = save_gguf_folder(tiny_model("granitemoe"), tmp_path / "granite")
+    calib = _calib()
+    gptq = quantize_gguf(folder, tmp_path / "g.gguf", "Q4_0", calibration=calib, progress=False)
+    rtn = quantize_gguf(folder, tmp_path / "r.gguf", "Q4_0", calibration=calib, progress=False,
+                        config=CalibrationConfig(weight_rounding="rtn"))
+    assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight"} <= \
+        set(gptq.from_encoded)
+    assert not any("exps" in n for n in rtn.from_encoded)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    linearize(model)
+    _, hess = input_statistics(model, calib, hessians=True, unseen=1.0)
+    wins = total = 0
+    for proj, gguf_name in (("gate_proj", "blk.0.ffn_gate_exps.weight"), ("up_proj", "blk.0.ffn_up_exps.weight"),
+                            ("down_proj", "blk.0.ffn_down_exps.weight")):
+        g, r = _experts(tmp_path / "g.gguf", gguf_name), _experts(tmp_path / "r.gguf", gguf_name)
+        for e in range(g.shape[0]):
+            name = f"model.layers.0.block_sparse_moe.experts.{e}.{proj}"
+            if name not in hess:
+                continue  # an expert no token reached keeps the search's codes
+            w = model.get_submodule(name).weight.detach().double()
+            h = hess[name].upper().double()
+            h = torch.triu(h) + torch.triu(h, 1).T
+            err = [float(torch.einsum("oi,ij,oj->", w - q.double(), h, w - q.double())) for q in (g[e], r[e])]
+            wins += err[0] < err[1]
+            total += 1
+    assert total >= 6 and wins == total, (wins, total)
+
+
+def test_experts_stored_transposed_and_interleaved_are_stacked_in_the_files_order(tmp_path):
+    """gpt-oss keeps ``experts.gate_up_proj`` [E, H, 2I] (transposed, gate and up interleaved) and
+    ``down_proj`` [E, I, H]: the plan reads them transposed (``RowMap.transposed``), and the GPTQ
+    rows of each split expert land in the rows the converter writes (tensors only: the tiny
+    folder has no tokenizer llama.cpp's converter reads for gpt-oss)."""
+    from helpers.families import tiny_model
+    from lowbit.formats import Format, get_format
+    from lowbit.formats.gguf.convert import plan_gguf
+    from lowbit.gguf_gptq import source_types
+    from lowbit.gguf_quantize import _calibrated
+    from lowbit.files.folder import SafetensorsFolder
+    from lowbit.numerics.ggml import ImportanceSearch
+
+    tiny_model("gpt_oss").save_pretrained(tmp_path / "oss")
+    folder = tmp_path / "oss"
+    plan = plan_gguf(folder, metadata=False)
+    fmt = get_format(Format.GGUF)
+    types = fmt.tensor_types(plan, GgmlType.Q4_0, True)
+    calib = _calib()
+    files = {}
+    for rounding in ("gptq", "rtn"):
+        kinds = source_types(plan, types) if rounding == "gptq" else {}
+        cfg = CalibrationConfig(num_samples=4, seq_len=64, weight_rounding=rounding)
+        imp, enc = _calibrated(folder, plan, calib, None, cfg, kinds, ImportanceSearch.DIRECT)
+        assert imp["model.layers.0.mlp.experts.gate_up_proj"].dim() == 2  # [E, H]: one vector per expert
+        files[rounding] = fmt.write(plan, tmp_path / f"{rounding}.gguf", SafetensorsFolder(folder), GgmlType.Q4_0,
+                                    types, importance=imp, encoded=enc, search=ImportanceSearch.DIRECT)
+    assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"} <= \
+        set(files["gptq"].from_encoded)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    linearize(model)
+    _, hess = input_statistics(model, calib, hessians=True, unseen=1.0)
+    wins = total = 0
+    for proj, name in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+        g, r = (_experts(tmp_path / f"{k}.gguf", f"blk.0.{name}.weight") for k in ("gptq", "rtn"))
+        for e in range(g.shape[0]):
+            lin = f"model.layers.0.mlp.experts.{e}.{proj}"
+            if lin not in hess:
+                continue
+            w = model.get_submodule(lin).weight.detach().double()
+            h = hess[lin].upper().double()
+            h = torch.triu(h) + torch.triu(h, 1).T
+            err = [float(torch.einsum("oi,ij,oj->", w - q.double(), h, w - q.double())) for q in (g[e], r[e])]
+            wins += err[0] < err[1]
+            total += 1
+    assert total >= 6 and wins == total, (wins, total)
