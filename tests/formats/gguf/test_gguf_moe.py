@@ -39,6 +39,25 @@ def _experts(path, name):
     return decode(rows.reshape(-1, rows.shape[-1]), kind).reshape(rows.shape[0], rows.shape[1], -1)
 
 
+def _gptq_wins(model, hess, gptq_file, rtn_file, experts: str) -> tuple[int, int]:
+    """(experts of block 0 whose Hessian-weighted error is lower in ``gptq_file`` than in
+    ``rtn_file``, experts compared), over gate, up and down (experts no token reached skipped)."""
+    wins = total = 0
+    for proj, name in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+        g, r = _experts(gptq_file, f"blk.0.{name}.weight"), _experts(rtn_file, f"blk.0.{name}.weight")
+        for e in range(g.shape[0]):
+            lin = f"{experts}.{e}.{proj}"
+            if lin not in hess:
+                continue  # an expert no token reached keeps the search's codes
+            w = model.get_submodule(lin).weight.detach().double()
+            h = hess[lin].upper().double()
+            h = torch.triu(h) + torch.triu(h, 1).T
+            err = [float(torch.einsum("oi,ij,oj->", w - q.double(), h, w - q.double())) for q in (g[e], r[e])]
+            wins += err[0] < err[1]
+            total += 1
+    return wins, total
+
+
 def test_experts_are_rounded_per_expert_by_gptq(folder, tmp_path):
     calib = _calib()
     gptq = quantize_gguf(folder, tmp_path / "g.gguf", "Q4_0", calibration=calib, progress=False)
@@ -84,20 +103,8 @@ def test_experts_stored_fused_are_rounded_per_expert_and_stacked(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     linearize(model)
     _, hess = input_statistics(model, calib, hessians=True, unseen=1.0)
-    wins = total = 0
-    for proj, gguf_name in (("gate_proj", "blk.0.ffn_gate_exps.weight"), ("up_proj", "blk.0.ffn_up_exps.weight"),
-                            ("down_proj", "blk.0.ffn_down_exps.weight")):
-        g, r = _experts(tmp_path / "g.gguf", gguf_name), _experts(tmp_path / "r.gguf", gguf_name)
-        for e in range(g.shape[0]):
-            name = f"model.layers.0.block_sparse_moe.experts.{e}.{proj}"
-            if name not in hess:
-                continue  # an expert no token reached keeps the search's codes
-            w = model.get_submodule(name).weight.detach().double()
-            h = hess[name].upper().double()
-            h = torch.triu(h) + torch.triu(h, 1).T
-            err = [float(torch.einsum("oi,ij,oj->", w - q.double(), h, w - q.double())) for q in (g[e], r[e])]
-            wins += err[0] < err[1]
-            total += 1
+    wins, total = _gptq_wins(model, hess, tmp_path / "g.gguf", tmp_path / "r.gguf",
+                             "model.layers.0.block_sparse_moe.experts")
     assert total >= 6 and wins == total, (wins, total)
 
 
@@ -135,17 +142,5 @@ def test_experts_stored_transposed_and_interleaved_are_stacked_in_the_files_orde
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     linearize(model)
     _, hess = input_statistics(model, calib, hessians=True, unseen=1.0)
-    wins = total = 0
-    for proj, name in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
-        g, r = (_experts(tmp_path / f"{k}.gguf", f"blk.0.{name}.weight") for k in ("gptq", "rtn"))
-        for e in range(g.shape[0]):
-            lin = f"model.layers.0.mlp.experts.{e}.{proj}"
-            if lin not in hess:
-                continue
-            w = model.get_submodule(lin).weight.detach().double()
-            h = hess[lin].upper().double()
-            h = torch.triu(h) + torch.triu(h, 1).T
-            err = [float(torch.einsum("oi,ij,oj->", w - q.double(), h, w - q.double())) for q in (g[e], r[e])]
-            wins += err[0] < err[1]
-            total += 1
+    wins, total = _gptq_wins(model, hess, tmp_path / "gptq.gguf", tmp_path / "rtn.gguf", "model.layers.0.mlp.experts")
     assert total >= 6 and wins == total, (wins, total)
