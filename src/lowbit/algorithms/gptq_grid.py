@@ -21,6 +21,8 @@ block updates stay torch matrix products.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from lowbit.algorithms.gptq import GPTQOptions, prepare_part
@@ -45,9 +47,6 @@ def gptq_on_grid(W: torch.Tensor, H: torch.Tensor, grid: GgmlGrid, options: GPTQ
 
 def _solve(W: torch.Tensor, H: torch.Tensor, grid: GgmlGrid, options: GPTQOptions, name: str) -> torch.Tensor:
     rows, cols = W.shape
-    W, u, _ = prepare_part(W.detach().to(torch.float32), H, GPTQOptions(damping=options.damping), name)
-    Wt = W.t().clone(memory_format=torch.contiguous_format)           # [in, out]: a column is a row (a copy:
-    # for one row, W.t() is already contiguous and .contiguous() would hand back the caller's weight)
     step = grid.step.t().repeat_interleave(grid.group, dim=0).contiguous()     # [in, out]
     offset = grid.offset.t().repeat_interleave(grid.group, dim=0).contiguous()
     zero_step = step == 0
@@ -55,19 +54,36 @@ def _solve(W: torch.Tensor, H: torch.Tensor, grid: GgmlGrid, options: GPTQOption
     lo, hi = float(grid.cmin), float(grid.cmax)
     codes = torch.empty(cols, rows, dtype=torch.float32)
     fill = float(max(grid.cmin, 0))
+    fits = W.device == step.device == codes.device and step.dtype == torch.float32  # -Ub is float32 (prepare_part)
+    loop = (grid_block(W.device) if fits else None) or block_loop
+
+    def block(W1, E1, u, i1):
+        sl = slice(i1, i1 + W1.shape[0])
+        loop(W1, E1, codes[sl], step[sl], offset[sl], div[sl], zero_step[sl], u, i1, grid.zero, lo, hi, fill)
+
+    solve_in_blocks(W, H, options, name, block)
+    return codes.t().to(torch.int32).contiguous()
+
+
+def solve_in_blocks(W: torch.Tensor, H: torch.Tensor, options: GPTQOptions, name: str,
+                    block: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], None]) -> None:
+    """GPTQ's outer loop on a fixed grid (this module's and ``lowbit.algorithms.gptq_table``'s):
+    W [out, in] prepared with H (``prepare_part``: dead inputs zeroed, -Ub ``u``), transposed into
+    a copy whose rows are W's columns (for one row W.t() is already contiguous, and ``.contiguous()``
+    would hand back the caller's weight); per block of ``options.block_size`` columns,
+    ``block(W1, E1, u, i1)`` rounds the block's rows ``W1`` [n, out] in order (updating the later
+    ones in place) and writes their errors ``E1``, which then update the columns after the block."""
+    W, u, _ = prepare_part(W.detach().to(torch.float32), H, GPTQOptions(damping=options.damping), name)
+    Wt = W.t().clone(memory_format=torch.contiguous_format)           # [in, out]: a column is a row
+    cols = Wt.shape[0]
     bs = max(1, int(options.block_size))
-    fits = Wt.device == step.device == codes.device and step.dtype == u.dtype == torch.float32
-    native = grid_block(Wt.device) if fits else None
     for i1 in range(0, cols, bs):
         i2 = min(i1 + bs, cols)
         W1 = Wt[i1:i2]
         E1 = torch.empty_like(W1)
-        sl = slice(i1, i2)
-        (native or block_loop)(W1, E1, codes[sl], step[sl], offset[sl], div[sl], zero_step[sl], u, i1, grid.zero,
-                               lo, hi, fill)
+        block(W1, E1, u, i1)
         if i2 < cols:
             Wt[i2:].addmm_(u[i1:i2, i2:].t(), E1)
-    return codes.t().to(torch.int32).contiguous()
 
 
 def block_loop(W1: torch.Tensor, E1: torch.Tensor, C1: torch.Tensor, step: torch.Tensor, offset: torch.Tensor,
