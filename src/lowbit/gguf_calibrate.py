@@ -67,14 +67,13 @@ def calibrate(model: nn.Module, plan, types: Mapping[str, Any], linears: Mapping
     when written, ``GgmlCalibrated``). ``plan``, ``types``: the format's plan of the model's
     tensors and their types; ``linears``: linear name -> its weight's type
     (``gguf_memory.linear_types``). Runs the float model: call it before any linear is replaced."""
-    from lowbit.algorithms.gptq import GPTQOptions, WeightRounding
+    from lowbit.algorithms.gptq import GPTQOptions
     from lowbit.formats.gguf.writer import float_weight
-    from lowbit.gguf_gptq import gptq_sources, source_types, weight_names
-    from lowbit.gguf_options import gguf_rounding
+    from lowbit.gguf_gptq import gptq_sources, rounded_types
     from lowbit.kernels.ggml import encode  # the direct search in C where the kernel setting allows
 
     cfg = cal.config
-    kinds = source_types(plan, types) if gguf_rounding(cfg) is WeightRounding.GPTQ else {}
+    kinds = rounded_types(plan, types, cfg)
     params = dict(model.named_parameters(remove_duplicate=False))
     options = GPTQOptions(damping=cfg.gptq_damping, block_size=cfg.gptq_block_size)
     was = model.training
@@ -94,6 +93,5 @@ def calibrate(model: nn.Module, plan, types: Mapping[str, Any], linears: Mapping
             W = float_weight(model.get_submodule(name).weight, w)
             got = (kind, encode(W, kind, w, importance=importance.get(w), search=cal.search))
         held[w] = got
-    names = {w for ws in weight_names(model).values() for w in ws}
-    rest = {w: v for w, v in encoded.items() if w in names}  # e.g. a token embedding tied to the output
-    return held, GgmlCalibrated(importance=importance, encoded=rest, search=cal.search)
+    # what GPTQ rounded besides the linears held: e.g. a token embedding tied to the output
+    return held, GgmlCalibrated(importance=importance, encoded=encoded, search=cal.search)

@@ -57,6 +57,15 @@ def source_types(plan, types: Mapping[str, Any]) -> dict[str, GgmlType]:
     return {s: next(iter(k)) for s, k in seen.items() if len(k) == 1 and next(iter(k)) in GPTQ_TYPES}
 
 
+def rounded_types(plan, types: Mapping[str, Any], config) -> dict[str, GgmlType]:
+    """``source_types`` when a calibrated file's rounding (``gguf_options.gguf_rounding(config)``)
+    is GPTQ, else none: the weights GPTQ rounds."""
+    from lowbit.algorithms.gptq import WeightRounding
+    from lowbit.gguf_options import gguf_rounding
+
+    return source_types(plan, types) if gguf_rounding(config) is WeightRounding.GPTQ else {}
+
+
 def weight_names(model: nn.Module, disk: Mapping[str, str] | None = None) -> dict[str, list[str]]:
     """linear name -> the parameter names of its weight (a tied weight has several), each as
     ``disk`` names it (parameter name -> checkpoint tensor name; default: unchanged)."""

@@ -41,18 +41,14 @@ def check_gguf_config(label: str, cfg) -> None:
     """QuantizationError naming the first field of the CalibrationConfig ``cfg`` a GGUF file's
     calibration does not read (its importance matrix and GPTQ: the windows, ``READ_FIELDS``) that
     is set away from its default; ``label`` names the mix or GGML type in the message."""
-    import dataclasses
-
     from lowbit.calibration import CalibrationConfig
+    from lowbit.calibration.config_parts import PART_OF
     from lowbit.errors import QuantizationError
 
     base = CalibrationConfig()
-    read = set(READ_FIELDS) | {f.name for f in dataclasses.fields(type(cfg.data))}
-    names = ["layer_inputs", "rotation"]
-    for part in ("observing", "smoothing", "gptq", "reconstruction"):
-        names += [f.name for f in dataclasses.fields(type(getattr(cfg, part)))]
-    for name in names:
-        if name not in read and getattr(cfg, name) != getattr(base, name):
+    unread = [n for n, part in PART_OF.items() if part != "data" and n not in READ_FIELDS]
+    for name in unread + ["layer_inputs", "rotation"]:  # the parts' flat fields, then the config's own
+        if getattr(cfg, name) != getattr(base, name):
             raise QuantizationError(f"{label!r} (llama.cpp's GGML types) takes no calibration option {name!r}: a GGUF "
                                     f"file's calibration is its importance matrix and GPTQ's codes (options "
                                     f"{', '.join(READ_FIELDS)}, importance_search and the windows')")

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from lowbit.formats import Format, get_format
-from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, check_gguf_config, gguf_rounding, parse_importance_search
+from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, check_gguf_config, parse_importance_search
 from lowbit.numerics.ggml import GgmlType, ImportanceSearch
 
 def _calibrated(src: Path, plan, calibration, tokenizer, config, kinds: Mapping[str, GgmlType], search
@@ -84,7 +84,7 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
         Q2_K, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4_MOE) or one GGML type for every tensor (q4_k, nvfp4...).
     calibration: text for the importance matrix and GPTQ (as ``lowbit.quantize`` takes it; None:
         llama.cpp's reference rounding, no importance); ``config``: a ``CalibrationConfig`` for its
-        windows and ``weight_rounding`` (default GPTQ, ``gguf_rounding``).
+        windows and ``weight_rounding`` (default GPTQ, ``gguf_options.gguf_rounding``).
     overrides: {regex on GGUF tensor names: GGML type}, llama-quantize's ``--tensor-type``.
     tokenizer_from: a GGUF file whose ``tokenizer.*`` keys the file takes (for a tokenizer the
         converter cannot read from the folder, e.g. one expanded from a published GGUF).
@@ -110,11 +110,10 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     importance, encoded = None, {}
     types = fmt.tensor_types(plan, target, calibration is not None, overrides)
     if calibration is not None:
-        from lowbit.algorithms.gptq import WeightRounding
-        from lowbit.gguf_gptq import source_types
+        from lowbit.gguf_gptq import rounded_types
 
         config = config or CalibrationConfig()
-        kinds = source_types(plan, types) if gguf_rounding(config) is WeightRounding.GPTQ else {}
+        kinds = rounded_types(plan, types, config)
         importance, encoded = _calibrated(src, plan, calibration, tokenizer, config, kinds, search)
     folder = SafetensorsFolder(src)
     show = _progress(len(plan.tensors), progress)

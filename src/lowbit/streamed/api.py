@@ -84,12 +84,13 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     )
 
     if _is_gguf(format):  # one GGUF file: the format's own run (lowbit.gguf_quantize), as ``--format gguf``
-        from lowbit.gguf_options import gguf_calibration_config
+        from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, gguf_calibration_config
         from lowbit.gguf_quantize import quantize_gguf
 
         given = {"smoothquant": smoothquant is not DEFAULT, "ignore": bool(tuple(ignore)),
                  "include_lm_head": include_lm_head, "allow_unquantized": allow_unquantized,
-                 "device": device is not None, "offload": offload, "run_options": run_options is not None, "group": group is not None}
+                 "device": device is not None, "offload": offload, "run_options": run_options is not None,
+                 "group": group is not None}
         if calibration is None:
             given.update({"config": config is not None, "preset": preset is not None,
                           **{k: True for k in calibration_options}})
@@ -98,10 +99,9 @@ def quantize_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
                                     f"(with calibration data), tokenizer, overwrite and progress; drop "
                                     f"{', '.join(k for k, v in given.items() if v)}")
         cfg, search = (gguf_calibration_config(str(scheme), config, preset, calibration_options)
-                       if calibration is not None else (None, None))
-        searched = {"importance_search": search} if search is not None else {}
+                       if calibration is not None else (None, DEFAULT_IMPORTANCE_SEARCH))
         return quantize_gguf(src, out, str(scheme), calibration=calibration, tokenizer=tokenizer, config=cfg,
-                             progress=progress, overwrite=overwrite, **searched).path
+                             progress=progress, overwrite=overwrite, importance_search=search).path
     plan = plan_checkpoint(src, out, scheme, format,
                            CalibrationChoice(calibration, tokenizer, smoothquant, config, preset, calibration_options),
                            TargetChoice(tuple(ignore), include_lm_head, allow_unquantized),

@@ -221,26 +221,28 @@ def _in_order(plan, types, get, importance, encoded, search, ahead: int | None =
         return encode_rows(_values(t, get).to(torch.float32), kind, t.name, groups, search)
 
     workers = max(1, torch.get_num_threads())
-    ahead = ahead or 2 * workers
     tensors = [(t, types.get(t.name)) for t in plan.tensors]
+    queue = iter([(t, kind) for t, kind in tensors if isinstance(kind, GgmlType)])
     pending: deque = deque()
-    nxt = 0
     with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
+
+        def submit() -> None:
+            nxt = next(queue, None)
+            if nxt is not None:
+                pending.append(pool.submit(job, *nxt))
+
         try:
-            for i, (t, kind) in enumerate(tensors):
-                while nxt < len(tensors) and len(pending) < ahead:
-                    u, k = tensors[nxt]
-                    if isinstance(k, GgmlType):
-                        pending.append((nxt, pool.submit(job, u, k)))
-                    nxt += 1
+            for _ in range(ahead or 2 * workers):
+                submit()
+            for t, kind in tensors:
                 if isinstance(kind, GgmlType):
-                    j, fut = pending.popleft()
-                    assert j == i
-                    yield t, kind, fut.result()  # the first error is raised
+                    done = pending.popleft()  # the GGML tensors' futures in the plan's order
+                    submit()
+                    yield t, kind, done.result()  # the first error is raised
                 else:
                     yield t, kind, None
         finally:
-            for _, fut in pending:
+            for fut in pending:
                 fut.cancel()
 
 
