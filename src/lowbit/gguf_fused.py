@@ -14,7 +14,8 @@ encoded in one type, keeps the writer's encoding (with its importance when it ha
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping
 
 import torch
 import torch.nn as nn
@@ -35,6 +36,28 @@ def fused_parts(model: nn.Module, weights: list[str], stored: Callable[[str], st
             if src is not None and not src.layout.row_groups:
                 out[w] = src
     return out
+
+
+@contextmanager
+def experts_split(model: nn.Module) -> Iterator[dict[str, FusedSource]]:
+    """For the block: ``model``'s fused experts split into linears (``lowbit.moe.split_experts``,
+    a copy of each block's experts), yielding split weight name -> its fused source, a parameter of
+    the model as it was (``fused_parts``); afterwards the fused modules are put back as they were
+    (also on error). For a model in memory whose experts are fused (transformers 5 holds them so),
+    so that each expert gets its own importance vector and Hessian: memory holds the experts twice
+    meanwhile."""
+    from lowbit.moe import split_experts
+
+    keys = set(model.state_dict())
+    before = dict(model.named_modules())
+    replaced = split_experts(model)
+    try:
+        linears = [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        yield fused_parts(model, linears, lambda k: k if k in keys else None)
+    finally:
+        for name in replaced:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, before[name])
 
 
 def _orientation(plan, disk: str) -> bool | None:

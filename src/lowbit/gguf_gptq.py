@@ -41,6 +41,10 @@ from lowbit.numerics.ggml_codes import AFFINE, grid_of, with_codes
 from lowbit.threads import one_thread
 
 
+#: the float64 Hessian sums a calibrated GGUF run holds at once (``gptq_sources``' slices, the
+#: streamed run's queue, ``lowbit.gguf_streamed``)
+MAX_HESSIAN_BYTES = 4 << 30
+
 #: the GGML types GPTQ rounds: the affine ones (``gptq_on_grid``) and the FP4 ones (``gptq_on_table``)
 GPTQ_TYPES = AFFINE + (GgmlType.MXFP4, GgmlType.NVFP4)
 
@@ -93,6 +97,32 @@ def checkpoint_keys(model: nn.Module, keys: Iterable[str], renames: Mapping[str,
     return out
 
 
+def transposed_sources(plan) -> set[str]:
+    """The HF weights the plan reads transposed (``RowMap.transposed``: GPT-2's Conv1D [in, out],
+    experts stored [E, in, out]): their rows are those of the linear's weight, the transpose."""
+    return {s for t in plan.tensors if isinstance(t, RowMap) for k, s in enumerate(t.sources) if t.is_transposed(k)}
+
+
+def model_sources(plan, parts: Iterable[str]) -> set[str]:
+    """The HF weights ``source_weights`` reads from the model, not the checkpoint: the split experts
+    of ``parts`` and the sources the plan reads transposed."""
+    return set(parts) | transposed_sources(plan)
+
+
+def source_weights(model: nn.Module, folder: Mapping[str, Any], plan, parts: Iterable[str],
+                   disk: Mapping[str, str]) -> Callable[[str], Any]:
+    """HF weight name -> the float weight GPTQ rounds, in the linear's [out, in] orientation: the
+    checkpoint's tensor as the writer reads it (``folder``), or the model's parameter (as loaded:
+    the same values) for a split expert of ``parts`` and a source the plan reads transposed.
+    ``disk``: parameter name -> HF weight name where they differ (``checkpoint_keys``)."""
+    from_model = model_sources(plan, parts)
+    param_of = {d: p for p, d in disk.items()}
+
+    def weight(name: str):
+        return model.get_parameter(param_of.get(name, name)) if name in from_model else folder[name]
+    return weight
+
+
 def slices(model: nn.Module, linears: list[str], max_bytes: int) -> list[list[str]]:
     """``linears`` in model order, cut into slices whose float64 Hessians fit in ``max_bytes``
     (a linear larger than that is a slice of its own)."""
@@ -118,6 +148,20 @@ def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tens
     W = float_weight(weights(name), name)
     if W.dim() != 2:
         return None
+    if W.shape[0] > ROWS:  # rows are independent under one Hessian: a tall matrix in bands of rows
+        return torch.cat([_round_rows(W[s:s + ROWS], kind, importance, hessian, options, name, search)
+                          for s in range(0, W.shape[0], ROWS)])
+    return _round_rows(W, kind, importance, hessian, options, name, search)
+
+
+#: the rows ``_round`` rounds at once: GPTQ's working copies of a tall matrix (Gemma 3's tied
+#: 262144-row embedding: 5.6x its size, +3.6 GB) are bounded by a band's, with the same codes (tests)
+ROWS = 1 << 15
+
+
+def _round_rows(W: torch.Tensor, kind: GgmlType, importance: torch.Tensor, hessian: torch.Tensor | None,
+                options: GPTQOptions, name: str, search: ImportanceSearch) -> torch.Tensor:
+    """``_round`` of the float rows ``W``."""
     data = encode(W, kind, name, importance=importance, search=search)
     if hessian is None:
         return data
@@ -132,9 +176,33 @@ def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tens
     return with_codes(data, kind, codes)
 
 
+def round_weights(jobs: list[tuple[str, str]], weights: Callable[[str], Any], kinds: Mapping[str, GgmlType],
+                  importance: Mapping[str, torch.Tensor], hessians: Mapping[str, Any], *, options: GPTQOptions,
+                  search: ImportanceSearch, progress: Callable[[str], None] | None = None) -> dict[str, tuple]:
+    """HF weight name -> (GGML type, uint8 rows) for each job (HF weight name, the linear whose
+    statistics it takes: ``importance`` and ``hessians``, ``input_statistics``' results by linear
+    name; a linear without a Hessian keeps the search's codes), on a pool of one-thread workers (as
+    many as torch's threads), in job order (the first error is raised). Weights that are not a
+    matrix (experts stored fused) are left out."""
+    out: dict[str, tuple] = {}
+    workers = max(1, torch.get_num_threads())
+    with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
+        # HessianSum.upper(): the sum as kept, GPTQ reads only its upper triangle (no mirrored copy)
+        futures = [(w, pool.submit(_round, weights, kinds[w], importance[n],
+                                   hessians[n].upper() if n in hessians else None, options, w, search))
+                   for w, n in jobs]
+        for w, f in futures:
+            if progress is not None:
+                progress(w)
+            got = f.result()
+            if got is not None:
+                out[w] = (kinds[w], got)
+    return out
+
+
 def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str], Any],
                  kinds: Mapping[str, GgmlType], *, options: GPTQOptions, batch_size: int,
-                 max_hessian_bytes: int = 4 << 30, disk: Mapping[str, str] | None = None,
+                 max_hessian_bytes: int = MAX_HESSIAN_BYTES, disk: Mapping[str, str] | None = None,
                  progress: Callable[[str], None] | None = None, search: ImportanceSearch
                  ) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
     """(importance: HF weight name -> llama-imatrix's vector, for every linear; encoded: HF weight
@@ -154,17 +222,7 @@ def gptq_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[str]
         for n in part:
             for w in names[n]:
                 importance[w] = imp[n]
-        jobs = [(w, n) for n in want for w in names[n] if w in kinds]
-        workers = max(1, torch.get_num_threads())
-        with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
-            # HessianSum.upper(): the sum as kept, GPTQ reads only its upper triangle (no mirrored copy)
-            futures = [(w, pool.submit(_round, weights, kinds[w], imp[n], hess[n].upper() if n in hess else None,
-                                       options, w, search)) for w, n in jobs]
-            for w, f in futures:
-                if progress is not None:
-                    progress(w)
-                got = f.result()  # in order: the first error is raised
-                if got is not None:
-                    encoded[w] = (kinds[w], got)
+        encoded.update(round_weights([(w, n) for n in want for w in names[n] if w in kinds], weights, kinds, imp,
+                                     hess, options=options, search=search, progress=progress))
         del hess
     return importance, encoded

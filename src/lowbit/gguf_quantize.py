@@ -13,6 +13,8 @@ Without calibration every weight is llama.cpp's reference rounding (``llama-quan
 ``--imatrix``'s), and then GPTQ picks the codes under the scales that search chose
 (``lowbit.gguf_gptq``; ``CalibrationConfig(weight_rounding="rtn")``: the search's own codes, with
 ``importance_search="llama-cpp"`` ``llama-quantize --imatrix``'s bytes given its vectors).
+The calibration runs one decoder layer in memory at a time (``lowbit.gguf_streamed``; the same
+file as the whole model in memory, byte for byte), so a model larger than memory can be written.
 """
 
 from __future__ import annotations
@@ -25,35 +27,46 @@ from typing import Mapping
 import torch
 import torch.nn as nn
 
+from lowbit.errors import FormatError
 from lowbit.formats import Format, get_format
+from lowbit.gguf_streamed import Spill
 from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, check_gguf_config, parse_importance_search
 from lowbit.numerics.ggml import GgmlType, ImportanceSearch
 
-def _calibrated(src: Path, plan, calibration, tokenizer, config, kinds: Mapping[str, GgmlType], search
-                ) -> tuple[dict, dict]:
+def _calibrated(src: Path, plan, calibration, tokenizer, config, kinds: Mapping[str, GgmlType], search,
+                spill, progress) -> tuple[dict, Mapping]:
     """(HF weight name -> llama-imatrix's statistic [in] of every linear, HF weight name -> (type,
-    GPTQ-rounded rows) for the weights of ``kinds``), from ``calibration`` (``lowbit.gguf_gptq``);
-    experts stored fused get theirs stacked per fused tensor (``lowbit.gguf_fused``)."""
-    from lowbit.algorithms.gptq import GPTQOptions
+    GPTQ-rounded rows) for the weights of ``kinds``), from ``calibration``: one decoder layer in
+    memory at a time (``lowbit.gguf_streamed``, the rows in ``spill``), or, for a model without
+    decoder layers to stream, the whole model in memory (``lowbit.gguf_gptq``); experts stored
+    fused get theirs stacked per fused tensor (``lowbit.gguf_fused``)."""
     from lowbit.calibration import calibration_set
+    from lowbit.gguf_streamed import streamed_sources
+    from lowbit.streamed.run import _tokenizer_for
+
+    tok = _tokenizer_for(src, calibration, tokenizer)
+    data = calibration_set(calibration, tok, **config.data_options())
+    importance = streamed_sources(src, plan, data.ids, config, kinds, search, spill, progress)
+    if importance is not None:
+        return importance, spill
+    return _in_memory(src, plan, data.ids, config, kinds, search)
+
+
+def _in_memory(src: Path, plan, tokens, config, kinds: Mapping[str, GgmlType], search) -> tuple[dict, dict]:
+    """``_calibrated``'s results with the whole float model in memory (``gguf_gptq.gptq_sources``)."""
+    from transformers import AutoModelForCausalLM
+
+    from lowbit.algorithms.gptq import GPTQOptions
     from lowbit.files.folder import SafetensorsFolder
     from lowbit.gguf_fused import fused_parts, stack
-    from lowbit.gguf_gptq import checkpoint_keys, gptq_sources
-    from lowbit.moe.naming import stored_key
+    from lowbit.gguf_gptq import checkpoint_keys, gptq_sources, source_weights
     from lowbit.linearize import linearize
-    from lowbit.models import load_model
+    from lowbit.models.float_check import check_float_folder
+    from lowbit.moe.naming import stored_key
     from lowbit.renames import checkpoint_renames
 
-    if isinstance(calibration, torch.Tensor) or tokenizer is not None:  # no tokenizer needed from the folder
-        from transformers import AutoModelForCausalLM
-
-        from lowbit.models.float_check import check_float_folder
-
-        check_float_folder(src)
-        model, tok = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, use_safetensors=True), tokenizer
-    else:
-        model, tok = load_model(src)
-    data = calibration_set(calibration, tok, **config.data_options())
+    check_float_folder(src)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, use_safetensors=True)
     model.eval()
     folder = SafetensorsFolder(src)
     renames = checkpoint_renames(model, folder)  # before the split: transformers' own model
@@ -64,10 +77,10 @@ def _calibrated(src: Path, plan, calibration, tokenizer, config, kinds: Mapping[
     parts = fused_parts(model, [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)],
                         lambda k: stored_key(model_type, k, keys, renames))
     part_kinds = {w: kinds[p.disk] for w, p in parts.items() if p.disk in kinds}
-    params = dict(model.named_parameters())
-    importance, encoded = gptq_sources(model, data.ids, lambda n: params[n] if n in parts else folder[n],
+    disk = checkpoint_keys(model, folder, renames)
+    importance, encoded = gptq_sources(model, tokens, source_weights(model, folder, plan, parts, disk),
                                        {**kinds, **part_kinds}, options=options, batch_size=config.batch_size,
-                                       disk=checkpoint_keys(model, folder, renames), search=search)
+                                       disk=disk, search=search)
     stack(plan, parts, importance, encoded)
     return importance, encoded
 
@@ -103,25 +116,34 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     target = fmt.target(scheme)
     fmt.overrides(overrides)  # a bad pattern before any work
     search = parse_importance_search(importance_search)
-    if calibration is not None and config is not None:
+    if config is not None:
+        if calibration is None:  # llama.cpp's reference rounding reads no calibration option
+            raise FormatError("config: calibration options need calibration data (calibration=...); without it "
+                              "the file is llama.cpp's reference rounding")
         check_gguf_config(target.value, config)  # options it would not read: refused by name
     fmt.check_output(src, out, overwrite)
     plan = plan_gguf(src, tokenizer_from=tokenizer_from)
     importance, encoded = None, {}
     types = fmt.tensor_types(plan, target, calibration is not None, overrides)
-    if calibration is not None:
-        from lowbit.gguf_gptq import rounded_types
-
-        config = config or CalibrationConfig()
-        kinds = rounded_types(plan, types, config)
-        importance, encoded = _calibrated(src, plan, calibration, tokenizer, config, kinds, search)
-    folder = SafetensorsFolder(src)
-    show = _progress(len(plan.tensors), progress)
+    spill = Spill.beside(out) if calibration is not None else None
     try:
-        report = fmt.write(plan, out, folder, target, types, importance=importance, encoded=encoded, progress=show,
-                           search=search)
+        if calibration is not None:
+            from lowbit.gguf_gptq import rounded_types
+
+            config = config or CalibrationConfig()
+            kinds = rounded_types(plan, types, config)
+            importance, encoded = _calibrated(src, plan, calibration, tokenizer, config, kinds, search, spill,
+                                              progress)
+        folder = SafetensorsFolder(src)
+        show = _progress(len(plan.tensors), progress)
+        try:
+            report = fmt.write(plan, out, folder, target, types, importance=importance, encoded=encoded,
+                               progress=show, search=search)
+        finally:
+            show.close()
     finally:
-        show.close()
+        if spill is not None:
+            spill.close()
     report.seconds = time.perf_counter() - t0
     return report
 

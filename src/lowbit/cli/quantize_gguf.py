@@ -90,6 +90,6 @@ def run_gguf(plan) -> dict:
                           f"{gguf_rounding(plan.config).value} rounding from {text}[/dim]",
                           highlight=False)
     report = quantize_gguf(plan.source, plan.output, plan.assignment.label, calibration=plan.calibration,
-                           config=plan.config, overwrite=plan.overwrite, importance_search=plan.importance_search)
+                           config=plan.config if plan.calibration is not None else None, overwrite=plan.overwrite, importance_search=plan.importance_search)
     return {"gguf": {"types": report.types, "counts": report.counts(),
                      "importance": plan.calibration is not None, "gptq": report.from_encoded}}

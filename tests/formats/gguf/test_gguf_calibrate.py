@@ -18,6 +18,7 @@ from lowbit.errors import QuantizationError
 skip_without_converter()
 
 from lowbit.calibration import CalibrationConfig  # noqa: E402
+from lowbit.errors import FormatError  # noqa: E402
 from lowbit.gguf_quantize import quantize_gguf  # noqa: E402
 from lowbit.modules.ggml_linear import GgmlLinear  # noqa: E402
 from lowbit.numerics.ggml import GgmlType  # noqa: E402
@@ -116,3 +117,6 @@ def test_every_entry_point_reads_the_same_calibration_options(untied, tmp_path):
     with pytest.raises(QuantizationError, match="drop num_samples"):
         lowbit.quantize_checkpoint(untied, tmp_path / "no.gguf", "Q4_K_M", "gguf", num_samples=2)
     assert not (tmp_path / "no.gguf").exists()
+    with pytest.raises(FormatError, match="calibration options need calibration data"):  # not ignored
+        quantize_gguf(untied, tmp_path / "no.gguf", "Q4_K_M", config=CalibrationConfig(num_samples=2))
+    assert not (tmp_path / "no.gguf").exists() and not list(tmp_path.glob(".no.gguf*"))

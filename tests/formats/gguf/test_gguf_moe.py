@@ -117,7 +117,8 @@ def test_experts_stored_transposed_and_interleaved_are_stacked_in_the_files_orde
     from lowbit.formats import Format, get_format
     from lowbit.formats.gguf.convert import plan_gguf
     from lowbit.gguf_gptq import source_types
-    from lowbit.gguf_quantize import _calibrated
+    from lowbit.gguf_quantize import _calibrated, _in_memory
+    from lowbit.gguf_streamed import Spill
     from lowbit.files.folder import SafetensorsFolder
     from lowbit.numerics.ggml import ImportanceSearch
 
@@ -131,10 +132,17 @@ def test_experts_stored_transposed_and_interleaved_are_stacked_in_the_files_orde
     for rounding in ("gptq", "rtn"):
         kinds = source_types(plan, types) if rounding == "gptq" else {}
         cfg = CalibrationConfig(num_samples=4, seq_len=64, weight_rounding=rounding)
-        imp, enc = _calibrated(folder, plan, calib, None, cfg, kinds, ImportanceSearch.DIRECT)
+        spill = Spill.beside(tmp_path / f"{rounding}.gguf")
+        imp, enc = _calibrated(folder, plan, calib, None, cfg, kinds, ImportanceSearch.DIRECT, spill, False)
+        assert enc is spill  # one decoder layer at a time (lowbit.gguf_streamed)
         assert imp["model.layers.0.mlp.experts.gate_up_proj"].dim() == 2  # [E, H]: one vector per expert
         files[rounding] = fmt.write(plan, tmp_path / f"{rounding}.gguf", SafetensorsFolder(folder), GgmlType.Q4_0,
                                     types, importance=imp, encoded=enc, search=ImportanceSearch.DIRECT)
+        # the whole model in memory gives the same vectors and rows
+        imp_mem, enc_mem = _in_memory(folder, plan, calib, cfg, kinds, ImportanceSearch.DIRECT)
+        assert imp_mem.keys() == imp.keys() and all(torch.equal(imp_mem[k], imp[k]) for k in imp)
+        assert enc_mem.keys() == set(enc) and all(torch.equal(enc_mem[k][1], enc[k][1]) for k in enc)
+        spill.close()
     assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"} <= \
         set(files["gptq"].from_encoded)
     from transformers import AutoModelForCausalLM
@@ -144,3 +152,46 @@ def test_experts_stored_transposed_and_interleaved_are_stacked_in_the_files_orde
     _, hess = input_statistics(model, calib, hessians=True, unseen=1.0)
     wins, total = _gptq_wins(model, hess, tmp_path / "gptq.gguf", tmp_path / "rtn.gguf", "model.layers.0.mlp.experts")
     assert total >= 6 and wins == total, (wins, total)
+
+
+
+def test_fused_experts_in_memory_get_quantize_ggufs_per_expert_rows(tmp_path):
+    """transformers 5 holds Qwen3-MoE's experts fused in memory ([E, 2I, H], per expert on disk):
+    ``lowbit.quantize(model, GgmlType.Q4_0, calibration)`` splits them for the statistics
+    (``gguf_fused.experts_split``), so each expert gets its own importance vector and GPTQ rows,
+    stacked onto the fused tensor: the rows ``quantize_gguf``'s calibration gives the checkpoint's
+    per-expert tensors, gate rows then up rows; the model keeps its fused experts."""
+    from transformers import AutoModelForCausalLM
+
+    import lowbit
+    from helpers.families import tiny_model
+    from lowbit.formats import Format, get_format
+    from lowbit.formats.gguf.convert import plan_gguf
+    from lowbit.gguf_gptq import source_types
+    from lowbit.gguf_quantize import _in_memory
+    from lowbit.numerics.ggml import ImportanceSearch
+
+    folder = tmp_path / "qwen"
+    tiny_model("qwen3_moe").save_pretrained(folder)
+    calib = _calib()
+    cfg = CalibrationConfig(num_samples=4, seq_len=64, batch_size=2)
+    plan = plan_gguf(folder, metadata=False)
+    kinds = source_types(plan, get_format(Format.GGUF).tensor_types(plan, GgmlType.Q4_0, True))
+    imp_disk, enc_disk = _in_memory(folder, plan, calib, cfg, kinds, ImportanceSearch.DIRECT)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    fused = {k for k, v in model.state_dict().items() if v.dim() == 3}
+    lowbit.quantize(model, GgmlType.Q4_0, calib, config=cfg)
+    assert fused and fused <= set(model.state_dict())  # put back as they were
+    got = model.lowbit_gguf_calibrated
+    key = "model.layers.0.mlp.experts.gate_up_proj"
+    kind, rows = got.encoded[key]
+    n_exp = rows.shape[0]
+    per = enc_disk["model.layers.0.mlp.experts.0.gate_proj.weight"][1].shape[0]
+    for e in range(n_exp):
+        gate = enc_disk[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"]
+        up = enc_disk[f"model.layers.0.mlp.experts.{e}.up_proj.weight"]
+        assert kind is gate[0] is GgmlType.Q4_0
+        assert torch.equal(rows[e, :per], gate[1]) and torch.equal(rows[e, per:], up[1]), e
+        assert torch.equal(got.importance[key][e], imp_disk[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"])
+    down = got.encoded["model.layers.1.mlp.experts.down_proj"][1]
+    assert torch.equal(down[n_exp - 1], enc_disk[f"model.layers.1.mlp.experts.{n_exp - 1}.down_proj.weight"][1])
