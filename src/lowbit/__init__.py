@@ -22,7 +22,7 @@ _PUBLIC = {
     "save": "lowbit.checkpoint",
     "load": "lowbit.checkpoint",
     "load_model": "lowbit.models",
-    "quantize_checkpoint": "lowbit.streamed",
+    "quantize_checkpoint": "lowbit.checkpoint_api",
     "quantize_gguf": "lowbit.gguf_quantize",
     "get_scheme": "lowbit.schemes",
     "PRESETS": "lowbit.schemes",
