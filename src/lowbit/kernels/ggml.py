@@ -1,10 +1,11 @@
-"""The entry points of the GGML kernels: the direct importance search of Q4_0 / Q5_0 and GPTQ's
-column loop on a fixed GGML grid.
+"""The entry points of the GGML kernels: the encoding of a tensor (its MXFP4 / NVFP4 encoders and the
+direct importance search of Q4_0 / Q5_0) and GPTQ's column loop on a fixed GGML grid.
 
-Each runs the native implementation (lowbit.kernels.native, C: ggml_native.c) where the kernel setting
-allows it (lowbit.kernels.select) and the input fits (contiguous float32 CPU tensors), else the
-reference, the torch code of lowbit.numerics.ggml_direct and lowbit.algorithms.gptq_grid; both
-give the same bits (tests/kernels/test_ggml_native.py).
+Each runs the native implementation (lowbit.kernels.native, C: ggml_native.c, ggml_fp4_native.c)
+where the kernel setting allows it (lowbit.kernels.select) and the input fits (contiguous float32
+CPU tensors), else the reference, the torch code of lowbit.numerics.ggml_fp4, ggml_direct and
+lowbit.algorithms.gptq_grid; both give the same bits (tests/kernels/test_ggml_native.py,
+test_ggml_fp4_native.py).
 """
 
 from __future__ import annotations
@@ -30,9 +31,23 @@ def direct_search(x: torch.Tensor, nmax: int, w: torch.Tensor) -> tuple[torch.Te
     return direct_symmetric_search(x, nmax, w)
 
 
+#: the types whose whole encoding has a native implementation (their reference takes no importance)
+NATIVE_TYPES = frozenset({GgmlType.MXFP4, GgmlType.NVFP4})
+
+
 def encode(x: torch.Tensor, kind: GgmlType, name: str = "tensor", importance: torch.Tensor | None = None,
            search: ImportanceSearch = ImportanceSearch.LLAMA_CPP) -> torch.Tensor:
-    """``lowbit.numerics.ggml.encode``, its direct search through ``direct_search``."""
+    """``lowbit.numerics.ggml.encode``, its bytes: MXFP4 and NVFP4 in C where the setting allows and x
+    is a contiguous float32 CPU tensor (``importance`` and ``search`` change nothing for them, as in
+    the reference; NaN / Inf and shapes the block does not divide go to the reference, which
+    raises), else the reference, its direct search through ``direct_search``."""
+    kind = GgmlType(kind)
+    if kind in NATIVE_TYPES and allows(Implementation.NATIVE):
+        from lowbit.kernels.native import encode_fp4
+
+        got = encode_fp4(x, kind.value)
+        if got is not None:
+            return got
     return reference_encode(x, kind, name, importance, search, direct_search=direct_search)
 
 

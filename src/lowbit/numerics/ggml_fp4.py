@@ -19,6 +19,9 @@ the *first* code, in the order 0, 1, ..., 7, 8 (-0), ..., 15, of least absolute 
 to the smaller magnitude. NVFP4 (``quantize_row_nvfp4_ref``): per 16 weights the scale
 ``fp32_to_ue4m3(amax / 6)`` (ggml's conversion rounds half up, not to even) and the same code
 choice against it.
+
+These encoders are the definition; ``lowbit.kernels.ggml.encode`` runs a C implementation of them
+(ggml_fp4_native.c) where the kernel setting allows, with the same bytes.
 """
 
 from __future__ import annotations

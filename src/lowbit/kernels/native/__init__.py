@@ -1,7 +1,8 @@
 """Native (C) kernels on CPU tensors: per-group extremes and fused divide + encode (+ nibble pack);
 GPTQ's sub-block column loop (``gptq_sub_fn``, raw pointers: lowbit.algorithms.gptq_solve); GGML's
 direct search and GPTQ's block loop on a GGML grid (``direct_search``, ``grid_block_fn``:
-ggml_native.c, through lowbit.kernels.ggml). The C
+ggml_native.c), GGML's FP4 encoders (``encode_fp4``: ggml_fp4_native.c), through
+lowbit.kernels.ggml. The C
 functions with many parameters take a parameter block (lowbit.kernels.native.abi), filled here.
 
 Each wrapper returns None when the library is not to be used (the kernel setting,
@@ -322,6 +323,25 @@ def direct_search(x: torch.Tensor, nmax: int, w: torch.Tensor, numerators: torch
     status = lib.lb_direct_search(x.data_ptr(), w.data_ptr(), S, n, int(nmax), numerators.data_ptr(),
                                   numerators.numel(), scale.data_ptr(), codes.data_ptr())
     return (scale, codes) if status == 0 else None
+
+
+FP4_ENCODERS = {"mxfp4": "lb_encode_mxfp4", "nvfp4": "lb_encode_nvfp4"}  # ggml_fp4_native.c
+
+
+def encode_fp4(x: torch.Tensor, kind: str) -> torch.Tensor | None:
+    """GGML ``kind`` ("mxfp4" or "nvfp4") bytes of ``x`` [..., K], uint8 [..., K / n * B]: those of
+    lowbit.numerics.ggml_fp4's encoders (ggml_fp4_native.c); None when the library is unavailable,
+    x is not a nonempty contiguous float32 CPU tensor whose last dimension the block divides, or
+    x holds NaN or Inf (the reference then raises its error)."""
+    from lowbit.numerics.ggml import GEOMETRY, GgmlType
+
+    n, nb = GEOMETRY[GgmlType(kind)]
+    lib = library()
+    if lib is None or not x.numel() or x.dim() < 1 or x.shape[-1] % n or not _f32_cpu(x):
+        return None
+    out = torch.empty(*x.shape[:-1], x.shape[-1] // n * nb, dtype=torch.uint8)
+    status = getattr(lib, FP4_ENCODERS[kind])(x.data_ptr(), x.numel() // n, out.data_ptr())
+    return out if status == 0 else None
 
 
 @lru_cache(maxsize=None)

@@ -77,6 +77,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lb_gptq_sub": ([ref(GptqArgs)], I32),
         "lb_direct_search": ([P, P, I64, I64, I32, P, I32, P, P], I32),
         "lb_grid_gptq": ([ref(GridArgs)], I32),
+        "lb_encode_mxfp4": ([P, I64, P], I32),
+        "lb_encode_nvfp4": ([P, I64, P], I32),
         "lb_pack_nibbles": ([P, I64, P], I32),
         "lb_step_codes": ([P, P, I64, I32, I32, P], None),
         "lb_decode": ([P, I64, P, P], None),

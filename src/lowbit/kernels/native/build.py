@@ -1,5 +1,5 @@
 """Build and load the native kernels (lowbit_native.c, gptq_native.c, reconstruct_native.c,
-ggml_native.c) at first use.
+ggml_native.c, ggml_fp4_native.c) at first use.
 
 The C sources ship in the package, with the header ``lowbit_constants.h`` generated from
 lowbit.kernels.native.constants (the step count and the ABI version: stated once, in Python).
@@ -42,7 +42,7 @@ from lowbit.kernels.native.constants import header
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("lowbit_native.c", "gptq_native.c", "reconstruct_native.c",
-                                                           "ggml_native.c"))
+                                                           "ggml_native.c", "ggml_fp4_native.c"))
 HEADERS = (Path(__file__).with_name("lowbit_native.h"),)  # hashed with the sources
 DEFAULT = BuildOptions()
 

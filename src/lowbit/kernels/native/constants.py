@@ -3,7 +3,7 @@ header ``lowbit_constants.h`` at build time (build.py), never restated in C."""
 
 from __future__ import annotations
 
-ABI_VERSION = 7  # lb_version() of a usable library (bump with any change of a signature or parameter block)
+ABI_VERSION = 8  # lb_version() of a usable library (bump with any change of a signature or parameter block)
 STEPS = 7        # magnitude steps the step encoder counts: a format with 8 magnitude codes (E2M1)
 
 
