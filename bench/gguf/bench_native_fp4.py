@@ -10,7 +10,7 @@ The reference runs on ``--threads`` intra-op threads (the C encoder on one threa
 from __future__ import annotations
 
 import argparse
-import re
+import sys
 import statistics
 import time
 from pathlib import Path
@@ -23,11 +23,11 @@ from lowbit.numerics.ggml import GgmlType
 
 
 def _cpu() -> str:
-    text = Path("/proc/cpuinfo").read_text()
-    model = re.search(r"model name\s*:\s*(.*)", text)
-    flags = set(re.search(r"flags\s*:\s*(.*)", text).group(1).split())
-    keep = sorted(f for f in flags if f.startswith(("avx512f", "avx512_vnni", "amx")) or f in ("avx2", "fma"))
-    return f"{model.group(1) if model else '?'}; {' '.join(keep)}"
+    """The CPU model and its vector flags (``bench_native_search``'s line)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_native_search import _cpu as cpu_line
+
+    return cpu_line()
 
 
 def _load() -> str:

@@ -17,11 +17,11 @@ batch by batch, the same windows), so the importance vectors, Hessians and rows 
 file is the same, byte for byte (tests against ``lowbit.quantize`` + ``lowbit.save`` in memory).
 Memory holds the embeddings (during the capture and the last pass), one decoder layer, the
 calibration hidden states, the importance vectors and the Hessians waiting for GPTQ: they queue
-up to ``gguf_gptq.MAX_HESSIAN_BYTES`` (4 GiB, the in-memory pass's bound; a layer whose Hessians
-exceed it is measured in slices, one more run of the layer each) and are then rounded on one pool
-(``_Rounds``: rounding each layer alone left the workers idle at the end of every layer, +35% of
-GPTQ's time on SmolLM2-135M). The encoded rows wait on disk (``Spill``, about the output file's
-size) until the writer takes them.
+up to ``QUEUE_BYTES`` (1 GiB) and are then rounded on one pool (``_Rounds``: rounding each layer
+alone left the workers idle at the end of every layer, +35% of GPTQ's time on SmolLM2-135M); a
+layer whose Hessians exceed ``gguf_gptq.MAX_HESSIAN_BYTES`` (4 GiB, the in-memory pass's bound) is
+measured in slices, one more run of the layer each. The encoded rows wait on disk (``Spill``,
+about the output file's size) until the writer takes them.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from lowbit.calibration.layer_calls import RealAttributes
 from lowbit.errors import QuantizationError
 from lowbit.numerics.ggml import GgmlType, ImportanceSearch
 
@@ -83,22 +84,15 @@ class Spill(MutableMapping):
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-class _Replay(nn.Module):
+class _Replay(RealAttributes):
     """Stands in for a decoder layer in the last pass: returns the hidden states it got (in the
     form the real layer's output has: ``template``), or, for the last layer (``given``: its real
     outputs per batch), the next batch's real output. Other attributes are the real layer's."""
 
     def __init__(self, layer: nn.Module, template: Any, given: list | None, loop: list[bool]) -> None:
-        super().__init__()
-        object.__setattr__(self, "_real", layer)  # not a child
+        super().__init__(layer)
         object.__setattr__(self, "_given", given)
         self.template, self.loop, self.batch = template, loop, 0
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(object.__getattribute__(self, "_real"), name)
 
     def forward(self, *args, **kwargs):
         given = object.__getattribute__(self, "_given")
@@ -121,8 +115,8 @@ class _Layers:
     """The decoder-layer loop of one streamed calibration (module docstring)."""
 
     def __init__(self, skel, path: str, layers: nn.ModuleList, names: Mapping[str, list[str]],
-                 rounds: "_Rounds", progress: bool | None) -> None:
-        self.skel, self.path, self.layers, self.names = skel, path, layers, names
+                 rounds: "_Rounds", slice_bytes: int, progress: bool | None) -> None:
+        self.skel, self.path, self.layers, self.names, self.slice_bytes = skel, path, layers, names, slice_bytes
         self.rounds, self.progress = rounds, progress
 
     @torch.no_grad()
@@ -167,14 +161,14 @@ class _Layers:
 
     def _measure(self, root: nn.Module, linears: list[str], inputs: list) -> list:
         """Run ``root`` (a decoder layer) on every call of ``inputs``, once per slice of ``linears``
-        whose Hessians fit the rounds' bound, each slice's statistics handed to the rounds; the
+        whose Hessians fit ``slice_bytes``, each slice's statistics handed to the rounds; the
         outputs of the last run (every call's, whole)."""
         from lowbit.calibration.importance import InputStatistics
         from lowbit.gguf_gptq import slices
 
         model = self.skel.model
         outs: list = []
-        for part in slices(model, linears, self.rounds.budget) or [[]]:
+        for part in slices(model, linears, self.slice_bytes) or [[]]:
             stats = InputStatistics({n: model.get_submodule(n) for n in part}, hessians=True)
             outs = []
             with stats.observing():
@@ -232,6 +226,13 @@ class _Layers:
         self.rounds.done(model, outside)
 
 
+#: the Hessians (and weights of loaded layers) queued for GPTQ before it rounds them: small enough
+#: to keep a streamed run's memory well below a large model's (a random 0.4B-parameter Llama of 24
+#: layers, 1.66 GB in float32: peak RSS 8.2 GB with a 4 GiB queue, 4.8 GB with this one, 7.6 GB
+#: in memory; bench/gguf/RESULTS-gguf.md), large enough that one pool rounds many layers at once
+QUEUE_BYTES = 1 << 30
+
+
 class _Rounds:
     """GPTQ's rounding of the measured linears (``gguf_gptq.round_weights``), queued until the
     queued Hessians and the float weights read from loaded layers reach ``budget`` bytes (or the
@@ -280,6 +281,7 @@ class _Rounds:
         self._done.append((id(group), linears))
 
     def flush(self) -> None:
+        """Round what is queued; each done group's rows to ``keep``."""
         from lowbit.gguf_gptq import round_weights
 
         if self._jobs:
@@ -314,8 +316,9 @@ def streamed_sources(src: Path, plan, tokens: torch.Tensor, config, kinds: Mappi
     tensor, ``lowbit.gguf_fused``), from the calibration windows ``tokens`` run through the model of
     the folder ``src`` one decoder layer at a time (module docstring). ``config``: the
     CalibrationConfig (batch size, GPTQ's options). None when the model has no decoder layers to
-    stream (the caller runs it in memory). ``max_hessian_bytes``: the Hessians held at once (None:
-    ``gguf_gptq.MAX_HESSIAN_BYTES``, as in memory)."""
+    stream (the caller runs it in memory). ``max_hessian_bytes``: the most Hessian bytes one run of a layer
+    gathers (None: ``gguf_gptq.MAX_HESSIAN_BYTES``, as in memory; the queue is the smaller of it
+    and ``QUEUE_BYTES``)."""
     from lowbit.algorithms.gptq import GPTQOptions
     from lowbit.calibration.capture import find_decoder_layers
     from lowbit.files.folder import SafetensorsFolder
@@ -337,12 +340,13 @@ def streamed_sources(src: Path, plan, tokens: torch.Tensor, config, kinds: Mappi
         parts = fused_parts(model, [w for ws in names.values() for w in ws],
                             lambda k: stored_key(skel.model_type, k, keys, skel.renames))
         options = GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
+        bound = MAX_HESSIAN_BYTES if max_hessian_bytes is None else max_hessian_bytes
         rounds = _Rounds(names, {**kinds, **{w: kinds[p.disk] for w, p in parts.items() if p.disk in kinds}},
                          source_weights(model, SafetensorsFolder(src), plan, parts, disk), model_sources(plan, parts),
                          lambda got, linears: _keep(plan, names, parts, importance, spill, got, linears),
-                         options, search, MAX_HESSIAN_BYTES if max_hessian_bytes is None else max_hessian_bytes)
+                         options, search, min(QUEUE_BYTES, bound))
         importance = rounds.importance
-        _Layers(skel, found[0], found[1], names, rounds, progress).run(tokens, config.batch_size)
+        _Layers(skel, found[0], found[1], names, rounds, bound, progress).run(tokens, config.batch_size)
         return importance
     finally:
         skel.close()

@@ -56,21 +56,29 @@ class StandIn(Enum):
     REAL = "the real layer's output"
 
 
-class _Recorder(nn.Module):
-    """Stands in for one decoder layer during the capture: records each call, returns ``mode``'s
-    output (``StandIn``), and stops the forward at the last layer. Other attributes are the real
-    layer's (loops that read ``layer.attention_type`` and the like see the real values)."""
+class RealAttributes(nn.Module):
+    """A stand-in for a decoder layer whose other attributes are the real layer's (loops that read
+    ``layer.attention_type`` and the like see the real values); the real layer is not a child, so
+    its parameters stay out of the stand-in."""
 
-    def __init__(self, layer: nn.Module, calls: list[Call], last: bool, mode: StandIn) -> None:
+    def __init__(self, layer: nn.Module) -> None:
         super().__init__()
-        object.__setattr__(self, "_real", layer)  # not a child: its parameters stay out of this module
-        self.calls, self.last, self.mode = calls, last, mode
+        object.__setattr__(self, "_real", layer)
 
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
         except AttributeError:
             return getattr(object.__getattribute__(self, "_real"), name)
+
+
+class _Recorder(RealAttributes):
+    """Stands in for one decoder layer during the capture: records each call, returns ``mode``'s
+    output (``StandIn``), and stops the forward at the last layer."""
+
+    def __init__(self, layer: nn.Module, calls: list[Call], last: bool, mode: StandIn) -> None:
+        super().__init__(layer)
+        self.calls, self.last, self.mode = calls, last, mode
 
     def forward(self, *args, **kwargs):
         self.calls.append((tuple(args), dict(kwargs)))
