@@ -287,7 +287,8 @@ def _planned(cls, folder: Path, source, qnames: list[str], shapes: list, hf_arch
     converter changes and writes under a name llama-quantize never quantizes (not ``*.weight``:
     gpt-oss's de-interleaved expert biases) is served as itself, float as the converter writes it."""
     transposed: frozenset[str] = frozenset()
-    for attempt in range(3):
+    tries = 0  # the runs after the first: at most two (each refusal names a tensor)
+    while True:
         capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=from_folder,
                            to_checkpoint=to_checkpoint, transposed=transposed)
         model = _run(cls, capture, hf_arch, metadata=metadata)
@@ -303,12 +304,12 @@ def _planned(cls, folder: Path, source, qnames: list[str], shapes: list, hf_arch
         unmapped = [n for n, i in capture.sid.items() if i not in capture.used]
         flip = frozenset(n for n in unmapped if len(shapes[capture.sid[n]]) >= 2) - transposed
         plain = {last for name, last in bad if not chosen and last in unmapped and not name.endswith(".weight")}
-        if attempt == 2 or not (flip or plain):
+        if tries == 2 or not (flip or plain):
             raise check.refusal(*bad[0])
+        tries += 1
         transposed |= flip
         keep = [i for i, n in enumerate(qnames) if n not in plain]
         qnames, shapes = [qnames[i] for i in keep], [shapes[i] for i in keep]
-    raise AssertionError("unreachable")
 
 
 def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
