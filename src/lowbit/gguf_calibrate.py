@@ -67,23 +67,21 @@ def calibrate(model: nn.Module, plan, types: Mapping[str, Any], linears: Mapping
     when written, ``GgmlCalibrated``). ``plan``, ``types``: the format's plan of the model's
     tensors and their types; ``linears``: linear name -> its weight's type
     (``gguf_memory.linear_types``). Runs the float model: call it before any linear is replaced."""
-    from lowbit.algorithms.gptq import GPTQOptions
     from lowbit.formats.gguf.writer import float_weight
-    from lowbit.gguf_fused import experts_split, stack
-    from lowbit.gguf_gptq import gptq_sources, rounded_types
+    from lowbit.gguf_fused import experts_split, stack, with_parts
+    from lowbit.gguf_gptq import gptq_options, gptq_sources, rounded_types
     from lowbit.kernels.ggml import encode  # the direct search in C where the kernel setting allows
 
     cfg = cal.config
     kinds = rounded_types(plan, types, cfg)
-    options = GPTQOptions(damping=cfg.gptq_damping, block_size=cfg.gptq_block_size)
     was = model.training
     model.eval()
     try:
         with experts_split(model) as parts:  # fused experts as linears: a vector and a Hessian per expert
             params = dict(model.named_parameters(remove_duplicate=False))
-            part_kinds = {w: kinds[p.disk] for w, p in parts.items() if p.disk in kinds}
-            importance, encoded = gptq_sources(model, cal.ids, params.__getitem__, {**kinds, **part_kinds},
-                                               options=options, batch_size=cfg.batch_size, search=cal.search)
+            importance, encoded = gptq_sources(model, cal.ids, params.__getitem__, with_parts(kinds, parts),
+                                               options=gptq_options(cfg), batch_size=cfg.batch_size,
+                                               search=cal.search)
             stack(plan, parts, importance, encoded)  # back onto the fused tensors, in the file's row order
     finally:
         model.train(was)

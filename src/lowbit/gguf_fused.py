@@ -38,6 +38,12 @@ def fused_parts(model: nn.Module, weights: list[str], stored: Callable[[str], st
     return out
 
 
+def with_parts(kinds: Mapping[str, GgmlType], parts: Mapping[str, FusedSource]) -> dict[str, GgmlType]:
+    """``kinds`` (HF weight name -> the GGML type GPTQ rounds it in) with every split part of
+    ``parts`` given its fused tensor's type: the parts are rounded as linears, then stacked."""
+    return {**kinds, **{w: kinds[p.disk] for w, p in parts.items() if p.disk in kinds}}
+
+
 @contextmanager
 def experts_split(model: nn.Module) -> Iterator[dict[str, FusedSource]]:
     """For the block: ``model``'s fused experts split into linears (``lowbit.moe.split_experts``,
@@ -47,6 +53,7 @@ def experts_split(model: nn.Module) -> Iterator[dict[str, FusedSource]]:
     so that each expert gets its own importance vector and Hessian: memory holds the experts twice
     meanwhile."""
     from lowbit.moe import split_experts
+    from lowbit.targets import set_submodule
 
     keys = set(model.state_dict())
     before = dict(model.named_modules())
@@ -56,8 +63,7 @@ def experts_split(model: nn.Module) -> Iterator[dict[str, FusedSource]]:
         yield fused_parts(model, linears, lambda k: k if k in keys else None)
     finally:
         for name in replaced:
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, before[name])
+            set_submodule(model, name, before[name])
 
 
 def _orientation(plan, disk: str) -> bool | None:

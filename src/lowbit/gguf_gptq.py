@@ -61,6 +61,12 @@ def source_types(plan, types: Mapping[str, Any]) -> dict[str, GgmlType]:
     return {s: next(iter(k)) for s, k in seen.items() if len(k) == 1 and next(iter(k)) in GPTQ_TYPES}
 
 
+def gptq_options(config) -> GPTQOptions:
+    """GPTQ's options of a calibrated GGUF file, from its CalibrationConfig: damping and block size
+    (act order and the scale search are not a GGML grid's: refused by ``gguf_options``)."""
+    return GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
+
+
 def rounded_types(plan, types: Mapping[str, Any], config) -> dict[str, GgmlType]:
     """``source_types`` when a calibrated file's rounding (``gguf_options.gguf_rounding(config)``)
     is GPTQ, else none: the weights GPTQ rounds."""

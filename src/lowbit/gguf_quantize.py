@@ -42,9 +42,9 @@ def _calibrated(src: Path, plan, calibration, tokenizer, config, kinds: Mapping[
     fused get theirs stacked per fused tensor (``lowbit.gguf_fused``)."""
     from lowbit.calibration import calibration_set
     from lowbit.gguf_streamed import streamed_sources
-    from lowbit.streamed.run import _tokenizer_for
+    from lowbit.streamed.run import tokenizer_for
 
-    tok = _tokenizer_for(src, calibration, tokenizer)
+    tok = tokenizer_for(src, calibration, tokenizer)
     data = calibration_set(calibration, tok, **config.data_options())
     importance = streamed_sources(src, plan, data.ids, config, kinds, search, spill, progress)
     if importance is not None:
@@ -56,10 +56,9 @@ def _in_memory(src: Path, plan, tokens, config, kinds: Mapping[str, GgmlType], s
     """``_calibrated``'s results with the whole float model in memory (``gguf_gptq.gptq_sources``)."""
     from transformers import AutoModelForCausalLM
 
-    from lowbit.algorithms.gptq import GPTQOptions
     from lowbit.files.folder import SafetensorsFolder
-    from lowbit.gguf_fused import fused_parts, stack
-    from lowbit.gguf_gptq import checkpoint_keys, gptq_sources, source_weights
+    from lowbit.gguf_fused import fused_parts, stack, with_parts
+    from lowbit.gguf_gptq import checkpoint_keys, gptq_options, gptq_sources, source_weights
     from lowbit.linearize import linearize
     from lowbit.models.float_check import check_float_folder
     from lowbit.moe.naming import stored_key
@@ -71,16 +70,14 @@ def _in_memory(src: Path, plan, tokens, config, kinds: Mapping[str, GgmlType], s
     folder = SafetensorsFolder(src)
     renames = checkpoint_renames(model, folder)  # before the split: transformers' own model
     linearize(model)  # MoE experts as linears: an importance vector and a Hessian per expert
-    options = GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
     keys, model_type = set(folder), getattr(model.config, "model_type", None)
     # experts the checkpoint keeps fused: rounded as the split linears they are in memory, then stacked
     parts = fused_parts(model, [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)],
                         lambda k: stored_key(model_type, k, keys, renames))
-    part_kinds = {w: kinds[p.disk] for w, p in parts.items() if p.disk in kinds}
     disk = checkpoint_keys(model, folder, renames)
     importance, encoded = gptq_sources(model, tokens, source_weights(model, folder, plan, parts, disk),
-                                       {**kinds, **part_kinds}, options=options, batch_size=config.batch_size,
-                                       disk=disk, search=search)
+                                       with_parts(kinds, parts), options=gptq_options(config),
+                                       batch_size=config.batch_size, disk=disk, search=search)
     stack(plan, parts, importance, encoded)
     return importance, encoded
 

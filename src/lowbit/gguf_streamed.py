@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from lowbit.calibration.capture import hidden_of
 from lowbit.calibration.layer_calls import RealAttributes
 from lowbit.errors import QuantizationError
 from lowbit.numerics.ggml import GgmlType, ImportanceSearch
@@ -102,13 +103,9 @@ class _Replay(RealAttributes):
             self.batch += 1
             return out
         self.loop[0] = True
-        h = args[0] if args else kwargs["hidden_states"]
+        h = hidden_of((args, kwargs))
         t = self.template
         return (h,) + tuple(t[1:]) if isinstance(t, (tuple, list)) else h
-
-
-def _hidden(out: Any) -> torch.Tensor:
-    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 class _Layers:
@@ -125,14 +122,14 @@ class _Layers:
 
         from tqdm.auto import tqdm
 
-        from lowbit.calibration.capture import with_hidden
+        from lowbit.calibration.capture import output_hidden, with_hidden
         from lowbit.calibration.layer_calls import capture_calls
-        from lowbit.streamed.stream import _trim_heap
+        from lowbit.streamed.stream import trim_heap
 
         skel, path, layers = self.skel, self.path, self.layers  # what lies outside the layers is loaded
         calls = capture_calls(skel.model, layers, tokens, batch_size)
         skel.release_outside(path)
-        _trim_heap()
+        trim_heap()
         inputs = calls.first
         show = sys.stderr.isatty() if self.progress is None else self.progress
         bar = tqdm(total=len(layers), desc="calibrating GGUF", unit="layer", disable=not show, leave=False,
@@ -145,9 +142,9 @@ class _Layers:
                 prefix = f"{path}.{i}."
                 outs = self._measure(layer, [n for n in self.names if n.startswith(prefix)], inputs)
                 skel.release(layer)
-                _trim_heap()
+                trim_heap()
                 if i + 1 < len(layers):
-                    inputs = [with_hidden(c, _hidden(o)) for c, o in zip(inputs, outs)]
+                    inputs = [with_hidden(c, output_hidden(o)) for c, o in zip(inputs, outs)]
                 else:
                     last = outs
                 bar.update(1)
@@ -207,7 +204,8 @@ class _Layers:
                 layers[i] = _Replay(real[i], template, last if i == len(layers) - 1 else None, loop)
             checks = [m.register_forward_pre_hook(inside) for m in stats.linears.values()]
             with stats.observing():
-                checks.append(head.register_forward_pre_hook(stop) if isinstance(head, nn.Module) else None)
+                if isinstance(head, nn.Module):  # after the observers: the head's own input is measured first
+                    checks.append(head.register_forward_pre_hook(stop))
                 try:
                     for s in range(0, tokens.shape[0], batch_size):
                         stats.next_batch()
@@ -217,8 +215,7 @@ class _Layers:
                             pass
                 finally:
                     for h in checks:
-                        if h is not None:
-                            h.remove()
+                        h.remove()
         finally:
             for i in range(len(layers)):
                 layers[i] = real[i]
@@ -319,11 +316,11 @@ def streamed_sources(src: Path, plan, tokens: torch.Tensor, config, kinds: Mappi
     stream (the caller runs it in memory). ``max_hessian_bytes``: the most Hessian bytes one run of a layer
     gathers (None: ``gguf_gptq.MAX_HESSIAN_BYTES``, as in memory; the queue is the smaller of it
     and ``QUEUE_BYTES``)."""
-    from lowbit.algorithms.gptq import GPTQOptions
     from lowbit.calibration.capture import find_decoder_layers
     from lowbit.files.folder import SafetensorsFolder
-    from lowbit.gguf_fused import fused_parts
-    from lowbit.gguf_gptq import MAX_HESSIAN_BYTES, checkpoint_keys, model_sources, source_weights, weight_names
+    from lowbit.gguf_fused import fused_parts, with_parts
+    from lowbit.gguf_gptq import (MAX_HESSIAN_BYTES, checkpoint_keys, gptq_options, model_sources, source_weights,
+                                  weight_names)
     from lowbit.moe.naming import stored_key
     from lowbit.streamed.skeleton import Skeleton
 
@@ -339,12 +336,11 @@ def streamed_sources(src: Path, plan, tokens: torch.Tensor, config, kinds: Mappi
         names = weight_names(model, disk)
         parts = fused_parts(model, [w for ws in names.values() for w in ws],
                             lambda k: stored_key(skel.model_type, k, keys, skel.renames))
-        options = GPTQOptions(damping=config.gptq_damping, block_size=config.gptq_block_size)
         bound = MAX_HESSIAN_BYTES if max_hessian_bytes is None else max_hessian_bytes
-        rounds = _Rounds(names, {**kinds, **{w: kinds[p.disk] for w, p in parts.items() if p.disk in kinds}},
+        rounds = _Rounds(names, with_parts(kinds, parts),
                          source_weights(model, SafetensorsFolder(src), plan, parts, disk), model_sources(plan, parts),
                          lambda got, linears: _keep(plan, names, parts, importance, spill, got, linears),
-                         options, search, min(QUEUE_BYTES, bound))
+                         gptq_options(config), search, min(QUEUE_BYTES, bound))
         importance = rounds.importance
         _Layers(skel, found[0], found[1], names, rounds, bound, progress).run(tokens, config.batch_size)
         return importance

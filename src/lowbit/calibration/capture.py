@@ -86,6 +86,11 @@ def hidden_of(call: tuple[tuple, dict]) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+def output_hidden(out):
+    """The hidden states of a decoder layer's output (a tensor, or a tuple that starts with them)."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
 def with_hidden(call: tuple[tuple, dict], h: torch.Tensor) -> tuple[tuple, dict]:
     args, kwargs = call
     if args:
@@ -102,8 +107,7 @@ def run_layer(layer: nn.Module, inputs: Inputs, device: torch.device | None = No
     outs = []
     for call in inputs:
         args, kwargs = move_call(call, device)
-        out = layer(*args, **kwargs)
-        out = out[0] if isinstance(out, (tuple, list)) else out
+        out = output_hidden(layer(*args, **kwargs))
         outs.append(out if device is None else out.to(hidden_of(call).device))
     return outs
 

@@ -25,7 +25,7 @@ class _Loop:
     survey: object
 
 
-def _tokenizer_for(src: Path, calibration, tokenizer):
+def tokenizer_for(src: Path, calibration, tokenizer):
     """The tokenizer to tokenize text with and to write into the output: the one given, else the
     source folder's (None for token ids when the folder has none)."""
     if tokenizer is not None:
@@ -96,7 +96,7 @@ def _streamed(plan):
     allow = plan.targets.allow_unquantized
     left = check_targets(model, ignore, False, allow, survey)
     layer_survey = LayerSurvey(deferred, allow, unquantized=[n for n, _ in left])
-    tok = _tokenizer_for(src, plan.calibration.data, plan.calibration.tokenizer)
+    tok = tokenizer_for(src, plan.calibration.data, plan.calibration.tokenizer)
     data = calibration_set(plan.calibration.data, tok, **cfg.data_options())
     tokens = data.ids
     names = planned.names

@@ -34,7 +34,7 @@ def _rss_mb() -> float:
         return 0.0
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc ``malloc_trim``; elsewhere nothing).
     A layer's weights are freed every step, but glibc keeps the freed middle-sized blocks of its
     arenas (one per thread: the prefetch thread has its own), so without this the resident size
@@ -96,7 +96,7 @@ class LayerStream(InMemory):
 
     def captured(self) -> None:
         self.skel.release_outside(self.path)
-        _trim_heap()
+        trim_heap()
 
     def enter(self, i: int, layer: nn.Module) -> None:
         self._t = time.perf_counter()
@@ -115,7 +115,7 @@ class LayerStream(InMemory):
     def leave(self, i: int, layer: nn.Module, next_hidden: list[torch.Tensor] | None) -> None:
         self.output.write_layer(i, self.skel.model, layer, self._prefix(i), next_hidden)
         self.skel.release(layer)
-        _trim_heap()
+        trim_heap()
         self.seconds.append(time.perf_counter() - self._t)
         if self.log:
             g = self.output.group
