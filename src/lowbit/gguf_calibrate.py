@@ -12,7 +12,9 @@ The options are the ones a GGUF file's calibration reads, and only those: the ca
 batch_size), ``weight_rounding`` (GPTQ by default, ``gguf_options.gguf_rounding``; "rtn" keeps the
 search's codes), ``gptq_damping``, ``gptq_block_size``, and ``importance_search``
 (``gguf_options.DEFAULT_IMPORTANCE_SEARCH``). Any other calibration option set away from its default
-(SmoothQuant's, the observers', reconstruction, rotation, act order) is refused by name.
+(SmoothQuant's, the observers', rotation, act order) is refused by name, and so is block
+reconstruction (``reconstruct_iters`` > 0): it runs one decoder layer at a time on a model folder
+(``lowbit.quantize_gguf``, ``lowbit quantize --format gguf``; ``lowbit.gguf_reconstruct``).
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ def ggml_calibration(target, calibration, tokenizer, config, preset: str | None,
     file's calibration does not read), the windows tokenized."""
     from lowbit.calibration import calibration_set
     from lowbit.gguf_options import gguf_calibration_config
+    from lowbit.gguf_reconstruct import refuse_reconstruction
 
     cfg, search = gguf_calibration_config(target.value, config, preset, options)
+    refuse_reconstruction(cfg, "lowbit.quantize on a model in memory")
     data = calibration_set(calibration, tokenizer, **cfg.data_options())
     return GgmlCalibration(ids=data.ids, config=cfg, search=search)
 

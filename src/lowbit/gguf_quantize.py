@@ -41,6 +41,7 @@ def _calibrated(src: Path, plan, calibration, tokenizer, config, kinds: Mapping[
     decoder layers to stream, the whole model in memory (``lowbit.gguf_gptq``); experts stored
     fused get theirs stacked per fused tensor (``lowbit.gguf_fused``)."""
     from lowbit.calibration import calibration_set
+    from lowbit.gguf_reconstruct import refuse_reconstruction
     from lowbit.gguf_streamed import streamed_sources
     from lowbit.streamed.run import tokenizer_for
 
@@ -49,6 +50,7 @@ def _calibrated(src: Path, plan, calibration, tokenizer, config, kinds: Mapping[
     importance = streamed_sources(src, plan, data.ids, config, kinds, search, spill, progress)
     if importance is not None:
         return importance, spill
+    refuse_reconstruction(config, f"{src}: no decoder layers found to stream")
     return _in_memory(src, plan, data.ids, config, kinds, search)
 
 

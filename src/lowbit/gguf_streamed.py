@@ -112,9 +112,10 @@ class _Layers:
     """The decoder-layer loop of one streamed calibration (module docstring)."""
 
     def __init__(self, skel, path: str, layers: nn.ModuleList, names: Mapping[str, list[str]],
-                 rounds: "_Rounds", slice_bytes: int, progress: bool | None) -> None:
+                 rounds: "_Rounds", slice_bytes: int, progress: bool | None, recon=None) -> None:
         self.skel, self.path, self.layers, self.names, self.slice_bytes = skel, path, layers, names, slice_bytes
-        self.rounds, self.progress = rounds, progress
+        self.rounds, self.progress, self.recon = rounds, progress, recon
+        self.reports: dict[str, Any] = {}  # decoder layer name -> its ReconstructReport (with ``recon``)
 
     @torch.no_grad()
     def run(self, tokens: torch.Tensor, batch_size: int) -> None:
@@ -135,12 +136,18 @@ class _Layers:
         bar = tqdm(total=len(layers), desc="calibrating GGUF", unit="layer", disable=not show, leave=False,
                    file=sys.stderr)
         last: list = []
+        quantized = inputs if self.recon is not None else None  # the quantized model's hidden states
         try:
             for i, layer in enumerate(layers):
                 inputs = calls.for_layer(i, inputs)
                 skel.materialize(layer, f"{path}.{i}")
                 prefix = f"{path}.{i}."
                 outs = self._measure(layer, [n for n in self.names if n.startswith(prefix)], inputs)
+                if quantized is not None:
+                    quantized = calls.for_layer(i, quantized)
+                    q_outs = self._tune(layer, prefix, quantized, [output_hidden(o) for o in outs],
+                                        calls.layout(i))
+                    quantized = [with_hidden(c, h) for c, h in zip(quantized, q_outs)]
                 skel.release(layer)
                 trim_heap()
                 if i + 1 < len(layers):
@@ -155,6 +162,23 @@ class _Layers:
         if outside:
             self._outside(outside, tokens, batch_size, last)
         self.rounds.flush()
+
+    def _tune(self, layer: nn.Module, prefix: str, inputs: list, targets: list, layout) -> list:
+        """Round the layer's linears now and reconstruct them (``lowbit.gguf_reconstruct``) on the
+        quantized hidden states ``inputs`` toward the float outputs ``targets``; its outputs on them."""
+        from lowbit.gguf_reconstruct import tune_layer
+
+        got: list = []
+
+        def tune(rows: dict) -> dict:
+            rows, outs, rep = tune_layer(layer, prefix, rows, self.names, self.rounds.weights, inputs, targets,
+                                         self.recon, layout)
+            got.append(outs)
+            self.reports[prefix.rstrip(".")] = rep
+            return rows
+
+        self.rounds.flush(tune)
+        return got[0]
 
     def _measure(self, root: nn.Module, linears: list[str], inputs: list) -> list:
         """Run ``root`` (a decoder layer) on every call of ``inputs``, once per slice of ``linears``
@@ -277,8 +301,9 @@ class _Rounds:
     def done(self, group: nn.Module, linears: list[str]) -> None:
         self._done.append((id(group), linears))
 
-    def flush(self) -> None:
-        """Round what is queued; each done group's rows to ``keep``."""
+    def flush(self, tune: Callable[[dict], dict] | None = None) -> None:
+        """Round what is queued; each done group's rows to ``keep`` (through ``tune`` when given:
+        rows -> rows, called once, for the one group done)."""
         from lowbit.gguf_gptq import round_weights
 
         if self._jobs:
@@ -288,8 +313,11 @@ class _Rounds:
             for w, v in got.items():
                 self._rows[self._group_of[w]][w] = v
         self._jobs, self._imp, self._hess, self._held, self._bytes = [], {}, {}, {}, 0
+        if tune is not None and len(self._done) != 1:
+            raise AssertionError(f"a tuned flush rounds one group, {len(self._done)} are done")
         for group, linears in self._done:
-            self.keep(self._rows.pop(group, {}), linears)
+            rows = self._rows.pop(group, {})
+            self.keep(rows if tune is None else tune(rows), linears)
         self._done = []
 
 
@@ -319,6 +347,7 @@ def streamed_sources(src: Path, plan, tokens: torch.Tensor, config, kinds: Mappi
     from lowbit.calibration.capture import find_decoder_layers
     from lowbit.files.folder import SafetensorsFolder
     from lowbit.gguf_fused import fused_parts, with_parts
+    from lowbit.gguf_reconstruct import reconstruct_options
     from lowbit.gguf_gptq import (MAX_HESSIAN_BYTES, checkpoint_keys, gptq_options, model_sources, source_weights,
                                   weight_names)
     from lowbit.moe.naming import stored_key
@@ -342,7 +371,8 @@ def streamed_sources(src: Path, plan, tokens: torch.Tensor, config, kinds: Mappi
                          lambda got, linears: _keep(plan, names, parts, importance, spill, got, linears),
                          gptq_options(config), search, min(QUEUE_BYTES, bound))
         importance = rounds.importance
-        _Layers(skel, found[0], found[1], names, rounds, bound, progress).run(tokens, config.batch_size)
+        _Layers(skel, found[0], found[1], names, rounds, bound, progress,
+                reconstruct_options(config)).run(tokens, config.batch_size)
         return importance
     finally:
         skel.close()

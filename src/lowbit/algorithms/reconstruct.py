@@ -63,12 +63,11 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from lowbit.algorithms.reconstruct_modules import FixedLinear, SoftLinear, run_calls as _run
 from lowbit.algorithms.reconstruct_offsets import C_MIN, Offsets
 from lowbit.algorithms.reconstruct_steps import StepPlan, Unrounded
-from lowbit.backends.shared_input import SharedInput, input_key
-from lowbit.quant import fake_quantize
+from lowbit.backends.shared_input import SharedInput
 
 # The largest default first step, in grid units. With 1 / iters alone, 20 steps start at 0.05 and
 # overshoot: Gemma-3-270M nvfp4, GPTQ + 20 steps, +30.04% ppl at 0.05 against +16.74% at 0.02
@@ -121,78 +120,6 @@ class ReconstructReport:
     outputs: list[torch.Tensor] | None = field(default=None, repr=False)
 
 
-def _ste_input(q, x: torch.Tensor) -> torch.Tensor:
-    """x (float32) QDQ'd under ``q``'s input spec, straight-through in the backward."""
-    x32 = x.to(torch.float32)
-    with torch.no_grad():
-        xq = fake_quantize(x32, q.scheme.input_activations, scale=q.input_scale, global_scale=q.input_global_scale)
-    return x32 + (xq - x32).detach()
-
-
-class _SoftLinear(nn.Module):
-    """A QuantLinear's forward with its weight as offsets (activations QDQ'd straight-through;
-    siblings given one ``shared`` compute their common input's QDQ once)."""
-
-    def __init__(self, q, off: Offsets, shared: SharedInput) -> None:
-        super().__init__()
-        self.q, self.off, self.shared = q, off, shared
-        self.w: torch.Tensor | None = None  # the rounded weight of this step or evaluation (None: round now)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The weight this step computes with (what a model's forward reading ``.weight`` sees)."""
-        return (self.off.weight() if self.w is None else self.w).detach().to(self.q.dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.q
-        if q.scheme.input_activations is not None:
-            x32 = self.shared.get(x, input_key(q, "reconstruct-ste"), lambda: _ste_input(q, x))
-        else:
-            x32 = x.to(torch.float32)
-        b = None if q.bias is None else q.bias.to(torch.float32)
-        return F.linear(x32, self.off.weight() if self.w is None else self.w, b).to(x.dtype)
-
-
-class _FixedLinear(nn.Module):
-    """A QuantLinear that this reconstruction does not re-round (another scheme of a mixed
-    recipe): without autograd its own forward; with autograd its dequantized weight on the
-    straight-through QDQ'd input, so the gradient reaches the linears before it."""
-
-    def __init__(self, q, shared: SharedInput) -> None:
-        super().__init__()
-        self.q, self.shared = q, shared
-        self.w = q.dequantized_weight(torch.float32)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.w.to(self.q.dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.q
-        if not torch.is_grad_enabled():  # the reference numerics (the layer's backends match them or are not reused)
-            from lowbit.backends.reference import ReferenceBackend
-
-            return ReferenceBackend().forward(q, x)
-        if q.scheme.input_activations is not None:
-            x32 = self.shared.get(x, input_key(q, "reconstruct-ste"), lambda: _ste_input(q, x))
-        else:
-            x32 = x.to(torch.float32)
-        b = None if q.bias is None else q.bias.to(torch.float32)
-        return F.linear(x32, self.w, b).to(x.dtype)
-
-
-def _run(layer: nn.Module, calls, device) -> list[torch.Tensor]:
-    """The layer's hidden-state output per call (args, kwargs), with autograd as the caller has it."""
-    from lowbit.calls import move_call
-
-    outs = []
-    for call in calls:
-        args, kwargs = move_call(call, device)
-        out = layer(*args, **kwargs)
-        outs.append(out[0] if isinstance(out, (tuple, list)) else out)
-    return outs
-
-
 def token_weights(target: torch.Tensor) -> torch.Tensor:
     """One weight per token of a layer output [..., hidden]: 1 / its mean square (the next layer
     normalizes each token before using it, so a token's error matters relative to its size;
@@ -208,7 +135,8 @@ def weighted_se(out: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> tor
 
 def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weights: dict[str, torch.Tensor],
                       inputs, options: ReconstructOptions, set_submodule, device=None,
-                      group=None, masks: list[torch.Tensor] | None = None, layout=None) -> ReconstructReport:
+                      group=None, masks: list[torch.Tensor] | None = None, layout=None,
+                      offsets=None) -> ReconstructReport:
     """Re-round the QuantLinears of ``layer`` named in ``float_weights`` (relative name -> the float
     weight they were quantized from; the layer's other QuantLinears keep their codes and pass the
     gradient straight through their input QDQ) to minimise the MSE of ``layer``'s outputs on ``inputs`` (the
@@ -218,15 +146,25 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
     all the batches would get. ``masks`` (one [B, T] bool per batch; None: every position): the
     positions whose errors count (padding weighs nothing in the loss and the MSE). ``layout``
     (``lowbit.call_layout.CallLayout``, from the capture): along which axis each tensor of a call,
-    and the layer's output, holds the batch's windows (None: the first of the hidden states)."""
+    and the layer's output, holds the batch's windows (None: the first of the hidden states).
+    ``offsets(name, module, float weight)``: the parameters of the named linears of another grid
+    (None: the QuantLinears' ``Offsets``; a linear it returns None for is left as it is): an
+    object with ``Offsets``' ``params``, ``weight``, ``value``, ``step``, ``fused``, ``c``, ``V``, ``w``
+    and ``store(module) -> (codes changed, scales changed)``, for a module that is a plain
+    ``nn.Linear`` computing on float inputs (e.g. ``lowbit.algorithms.reconstruct_grid``, GGML's
+    affine grids)."""
     from lowbit.modules import QuantLinear
 
     def run(m, calls):
         return _run(m, calls, device)
 
+    def own(n: str, m: nn.Module, w: torch.Tensor):
+        return Offsets(m, w, options.scales) if isinstance(m, QuantLinear) else None
+
+    make = own if offsets is None else offsets
     plan = StepPlan(targets, options.batch_size, group, layout)
     mods = {n: layer.get_submodule(n) for n in float_weights}
-    offs = {n: Offsets(m, float_weights[n], options.scales) for n, m in mods.items() if isinstance(m, QuantLinear)}
+    offs = {n: o for n, o in ((n, make(n, m, float_weights[n])) for n, m in mods.items()) if o is not None}
     rep = ReconstructReport(weights=sum(o.w.numel() for o in offs.values()))
     what = f"the decoder layer of {getattr(mods[next(iter(offs))], 'name', None) or next(iter(offs))!r}" if offs else ""
     if not offs or options.iters <= 0 or plan.total == 0:
@@ -235,10 +173,10 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
     for p, _ in frozen:
         p.requires_grad_(False)
     shared = SharedInput()
-    soft: dict[str, nn.Module] = {n: _SoftLinear(mods[n], o, shared) for n, o in offs.items()}
+    soft: dict[str, nn.Module] = {n: SoftLinear(mods[n], o, shared) for n, o in offs.items()}
     for n, m in layer.named_modules():  # the layer's other QuantLinears (mixed recipes): fixed
         if isinstance(m, QuantLinear) and n not in soft:
-            soft[n] = _FixedLinear(m, shared)
+            soft[n] = FixedLinear(m, shared)
     for n, s in soft.items():
         set_submodule(layer, n, s)
 
@@ -381,10 +319,7 @@ def reconstruct_layer(layer: nn.Module, targets: list[torch.Tensor], float_weigh
         for p, req in frozen:
             p.requires_grad_(req)
     for n, o in offs.items():
-        c, scale = o.result()
-        c = c.to(o.qt.codes.dtype)
-        rep.changed += int((c != o.qt.codes).sum())
-        rep.scales_changed += int((scale != o.s0).sum())
-        mods[n].weight_codes = c
-        mods[n].weight_scale = scale.to(o.qt.scale.dtype)
+        changed, scales_changed = o.store(mods[n])
+        rep.changed += changed
+        rep.scales_changed += scales_changed
     return rep

@@ -171,6 +171,15 @@ class Offsets:
         r = self.fmt.decode(self.fmt.encode(x.detach()))
         return torch.where(nz, (x + (r - x).detach()) * e, 0.0)
 
+    def store(self, module) -> tuple[int, int]:
+        """The current codes and scales into the QuantLinear ``module``; (codes changed, scales changed)."""
+        c, scale = self.result()
+        c = c.to(self.qt.codes.dtype)
+        changed, scales_changed = int((c != self.qt.codes).sum()), int((scale != self.s0).sum())
+        module.weight_codes = c
+        module.weight_scale = scale.to(self.qt.scale.dtype)
+        return changed, scales_changed
+
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(codes, stored scales) of the current offsets and coefficients."""
         with torch.no_grad():

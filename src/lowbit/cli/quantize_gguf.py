@@ -11,16 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from lowbit.cli.common import (OptionError, calibration_arg, check_model_path, model_arg, parse_calib_weights,
-                               parse_weight_rounding)
+                               parse_reconstruct_iters, parse_weight_rounding, reconstruct_batch_size_option)
 from lowbit.cli.recipe_options import SchemePlan
 from lowbit.run_path import RunPath
 
-#: the calibration options an importance matrix and GPTQ use; every other calibration option is refused
+#: the calibration options an importance matrix, GPTQ and the reconstruction use; every other one is refused
 _ALLOWED = ("calib", "calib_weights", "calib_column", "calib_split", "chat_template", "calib_pack", "calib_samples",
-            "calib_seq_len", "weight_rounding", "importance_search")
+            "calib_seq_len", "weight_rounding", "importance_search", "reconstruct_iters", "reconstruct_batch_size")
 _REFUSED = {"recipe": "--recipe", "target_bits": "--target-bits", "candidates": "--candidates",
             "layer_inputs": "--layer-inputs", "calib_preset": "--calib-preset",
-            "reconstruct_iters": "--reconstruct-iters", "reconstruct_batch_size": "--reconstruct-batch-size",
             "gptq_scale_search": "--gptq-scale-search", "rotation": "--rotation", "kv_cache": "--kv-cache",
             "device": "--device", "ignore": "--ignore"}
 _REFUSED_FLAGS = {"gptq_act_order": "--gptq-act-order", "in_memory": "--in-memory",
@@ -62,7 +61,9 @@ def gguf_plan(o, plan_cls):
     weights = parse_calib_weights(o.calib, o.calib_weights)
     data = calib_data_options(o.calib_pack, o.chat_template, o.calib_column, o.calib_split)
     sizes = {k: v for k, v in (("num_samples", o.calib_samples), ("seq_len", o.calib_seq_len)) if v is not None}
-    config = CalibrationConfig(**sizes, **data, weight_rounding=parse_weight_rounding(o.weight_rounding))
+    recon = {k: v for k, v in (("reconstruct_iters", parse_reconstruct_iters(o.reconstruct_iters)),) if v is not None}
+    config = CalibrationConfig(**sizes, **data, **recon, **reconstruct_batch_size_option(o.reconstruct_batch_size),
+                               weight_rounding=parse_weight_rounding(o.weight_rounding))
     calibration = None if o.model_free else (calibration_arg(o.calib, weights) or "builtin")
     from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, parse_importance_search
 

@@ -111,9 +111,9 @@ def test_every_entry_point_reads_the_same_calibration_options(untied, tmp_path):
                         config=CalibrationConfig(num_samples=2, seq_len=16, weight_rounding="rtn"),
                         importance_search="llama-cpp")
     assert _sha(ref.path) == _sha(out)
-    with pytest.raises(QuantizationError, match="'reconstruct_iters'"):
+    with pytest.raises(QuantizationError, match="'reconstruct_scales'"):
         quantize_gguf(untied, tmp_path / "no.gguf", "Q4_K_M", calibration=ids,
-                      config=CalibrationConfig(reconstruct_iters=3))
+                      config=CalibrationConfig(reconstruct_scales=True))
     with pytest.raises(QuantizationError, match="drop num_samples"):
         lowbit.quantize_checkpoint(untied, tmp_path / "no.gguf", "Q4_K_M", "gguf", num_samples=2)
     assert not (tmp_path / "no.gguf").exists()
