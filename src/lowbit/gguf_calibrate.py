@@ -12,9 +12,10 @@ The options are the ones a GGUF file's calibration reads, and only those: the ca
 batch_size), ``weight_rounding`` (GPTQ by default, ``gguf_options.gguf_rounding``; "rtn" keeps the
 search's codes), ``gptq_damping``, ``gptq_block_size``, and ``importance_search``
 (``gguf_options.DEFAULT_IMPORTANCE_SEARCH``). Any other calibration option set away from its default
-(SmoothQuant's, the observers', rotation, act order) is refused by name, and so is block
-reconstruction (``reconstruct_iters`` > 0): it runs one decoder layer at a time on a model folder
-(``lowbit.quantize_gguf``, ``lowbit quantize --format gguf``; ``lowbit.gguf_reconstruct``).
+(SmoothQuant's, the observers', rotation, act order) is refused by name. With block reconstruction
+(``reconstruct_iters``, ``reconstruct_lr``, ``reconstruct_batch_size``; ``lowbit.gguf_reconstruct``)
+the model runs one decoder layer after the other (``lowbit.gguf_resident``), as ``quantize_gguf``
+streams it, and the file is again that function's.
 """
 
 from __future__ import annotations
@@ -56,10 +57,8 @@ def ggml_calibration(target, calibration, tokenizer, config, preset: str | None,
     file's calibration does not read), the windows tokenized."""
     from lowbit.calibration import calibration_set
     from lowbit.gguf_options import gguf_calibration_config
-    from lowbit.gguf_reconstruct import refuse_reconstruction
 
     cfg, search = gguf_calibration_config(target.value, config, preset, options)
-    refuse_reconstruction(cfg, "lowbit.quantize on a model in memory")
     data = calibration_set(calibration, tokenizer, **cfg.data_options())
     return GgmlCalibration(ids=data.ids, config=cfg, search=search)
 
@@ -74,6 +73,8 @@ def calibrate(model: nn.Module, plan, types: Mapping[str, Any], linears: Mapping
     from lowbit.formats.gguf.writer import float_weight
     from lowbit.gguf_fused import experts_split, stack, with_parts
     from lowbit.gguf_gptq import gptq_options, gptq_sources, rounded_types
+    from lowbit.gguf_reconstruct import reconstruct_options
+    from lowbit.gguf_resident import resident_sources
     from lowbit.kernels.ggml import encode  # the direct search in C where the kernel setting allows
 
     cfg = cal.config
@@ -83,9 +84,13 @@ def calibrate(model: nn.Module, plan, types: Mapping[str, Any], linears: Mapping
     try:
         with experts_split(model) as parts:  # fused experts as linears: a vector and a Hessian per expert
             params = dict(model.named_parameters(remove_duplicate=False))
-            importance, encoded = gptq_sources(model, cal.ids, params.__getitem__, with_parts(kinds, parts),
-                                               options=gptq_options(cfg), batch_size=cfg.batch_size,
-                                               search=cal.search)
+            if reconstruct_options(cfg) is None:
+                importance, encoded = gptq_sources(model, cal.ids, params.__getitem__, with_parts(kinds, parts),
+                                                   options=gptq_options(cfg), batch_size=cfg.batch_size,
+                                                   search=cal.search)
+            else:  # layer by layer, as the streamed calibration (lowbit.gguf_resident)
+                importance, encoded = resident_sources(model, cal.ids, params.__getitem__, with_parts(kinds, parts),
+                                                       cfg, cal.search)
             stack(plan, parts, importance, encoded)  # back onto the fused tensors, in the file's row order
     finally:
         model.train(was)

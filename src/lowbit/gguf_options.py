@@ -18,9 +18,10 @@ DEFAULT_IMPORTANCE_SEARCH = ImportanceSearch.DIRECT
 
 #: block-reconstruction steps per decoder layer of a calibrated GGUF file when none are asked for
 #: (``reconstruct_iters`` None): off. 20 steps lower the KLD at the same bytes by a quarter to a third
-#: (SmolLM2-135M Q2_K / Q3_K_M / Q4_K_M, Gemma-3-270M) for about 3x the calibration's time
-#: (bench/gguf/RESULTS-gguf.md, "Block reconstruction"); without them the file already leads
-#: llama-imatrix + llama-quantize at every mix, within the issue's 2x of their time
+#: on SmolLM2-135M (Q2_K / Q3_K_M / Q4_K_M) for about 3x the calibration's time, but by 10% on
+#: Gemma-3-270M Q3_K_M and not at all at its Q2_K (+4%) (bench/gguf/RESULTS-gguf.md, "Block
+#: reconstruction of the GGML codes"); without them the file already leads llama-imatrix +
+#: llama-quantize at every mix, within the issue's 2x of their time
 DEFAULT_GGUF_RECONSTRUCT_ITERS = 0
 
 

@@ -29,29 +29,26 @@ import torch.nn as nn
 
 from lowbit.errors import FormatError
 from lowbit.formats import Format, get_format
-from lowbit.gguf_streamed import Spill
+from lowbit.gguf_spill import Spill
 from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, check_gguf_config, parse_importance_search
 from lowbit.numerics.ggml import GgmlType, ImportanceSearch
 
-def _calibrated(src: Path, plan, calibration, tokenizer, config, kinds: Mapping[str, GgmlType], search,
-                spill, progress) -> tuple[dict, Mapping]:
+def _calibrated(src: Path, plan, tokens, config, kinds: Mapping[str, GgmlType], search, spill, checkpoint,
+                progress, reports: dict) -> tuple[dict, Mapping]:
     """(HF weight name -> llama-imatrix's statistic [in] of every linear, HF weight name -> (type,
-    GPTQ-rounded rows) for the weights of ``kinds``), from ``calibration``: one decoder layer in
+    GPTQ-rounded rows) for the weights of ``kinds``), from the calibration windows ``tokens``: one decoder layer in
     memory at a time (``lowbit.gguf_streamed``, the rows in ``spill``), or, for a model without
     decoder layers to stream, the whole model in memory (``lowbit.gguf_gptq``); experts stored
     fused get theirs stacked per fused tensor (``lowbit.gguf_fused``)."""
-    from lowbit.calibration import calibration_set
     from lowbit.gguf_reconstruct import refuse_reconstruction
     from lowbit.gguf_streamed import streamed_sources
-    from lowbit.streamed.run import tokenizer_for
 
-    tok = tokenizer_for(src, calibration, tokenizer)
-    data = calibration_set(calibration, tok, **config.data_options())
-    importance = streamed_sources(src, plan, data.ids, config, kinds, search, spill, progress)
+    importance = streamed_sources(src, plan, tokens, config, kinds, search, spill, progress, reports=reports,
+                                  checkpoint=checkpoint)
     if importance is not None:
         return importance, spill
     refuse_reconstruction(config, f"{src}: no decoder layers found to stream")
-    return _in_memory(src, plan, data.ids, config, kinds, search)
+    return _in_memory(src, plan, tokens, config, kinds, search)
 
 
 def _in_memory(src: Path, plan, tokens, config, kinds: Mapping[str, GgmlType], search) -> tuple[dict, dict]:
@@ -122,17 +119,27 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
         check_gguf_config(target.value, config)  # options it would not read: refused by name
     fmt.check_output(src, out, overwrite)
     plan = plan_gguf(src, tokenizer_from=tokenizer_from)
-    importance, encoded = None, {}
+    importance, encoded, reports = None, {}, {}
     types = fmt.tensor_types(plan, target, calibration is not None, overrides)
-    spill = Spill.beside(out) if calibration is not None else None
+    spill = checkpoint = None
+    if calibration is not None:
+        from lowbit.calibration import calibration_set
+        from lowbit.gguf_spill import Checkpoint, run_key
+        from lowbit.streamed.run import tokenizer_for
+
+        config = config or CalibrationConfig()
+        tokens = calibration_set(calibration, tokenizer_for(src, calibration, tokenizer), **config.data_options()).ids
+        key = run_key(src, target.value, types, config, search, tokens)
+        spill = Spill.resumable(out, key)  # a killed run's folder when there is one: resumed
+        checkpoint = Checkpoint(spill, key)
+    done = False
     try:
         if calibration is not None:
             from lowbit.gguf_gptq import rounded_types
 
-            config = config or CalibrationConfig()
             kinds = rounded_types(plan, types, config)
-            importance, encoded = _calibrated(src, plan, calibration, tokenizer, config, kinds, search, spill,
-                                              progress)
+            importance, encoded = _calibrated(src, plan, tokens, config, kinds, search, spill, checkpoint, progress,
+                                              reports)
         folder = SafetensorsFolder(src)
         show = _progress(len(plan.tensors), progress)
         try:
@@ -140,10 +147,17 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
                                progress=show, search=search)
         finally:
             show.close()
+        done = True
     finally:
-        if spill is not None:
+        if spill is not None and (done or not checkpoint.exists()):
             spill.close()
+        elif spill is not None:  # what a rerun of the same command resumes from
+            import warnings
+
+            warnings.warn(f"{out}: the calibrated layers done so far stay in {spill.folder}; the same command "
+                          f"resumes from them (delete that folder to start over)", stacklevel=2)
     report.seconds = time.perf_counter() - t0
+    report.reconstructed = reports
     return report
 
 

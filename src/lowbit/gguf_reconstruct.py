@@ -35,14 +35,13 @@ def reconstruct_options(config):
 
 
 def refuse_reconstruction(config, where: str) -> None:
-    """QuantizationError when ``config`` asks for block reconstruction where it does not run
-    (``where``: a model in memory, or a folder without decoder layers to stream)."""
+    """QuantizationError when ``config`` asks for block reconstruction where it cannot run
+    (``where``: e.g. a folder without decoder layers to run one by one)."""
     from lowbit.errors import QuantizationError
 
     if reconstruct_options(config) is not None:
         raise QuantizationError(f"'reconstruct_iters' ({config.reconstruct_iters}): GGML types are reconstructed one "
-                                f"decoder layer at a time from a model folder (lowbit.quantize_gguf, lowbit quantize "
-                                f"--format gguf), not here ({where}); set reconstruct_iters=0")
+                                f"decoder layer at a time, and {where}; set reconstruct_iters=0")
 
 
 def _decoded(kind: GgmlType, data: torch.Tensor, shape) -> torch.Tensor:

@@ -125,7 +125,7 @@ CALIB_PRESET_HELP = ("A named calibration budget: fast (RTN, 4 x 128 tokens), de
 RECONSTRUCT_ITERS_HELP = ("Block-output reconstruction steps per decoder layer after quantization (re-chooses rounding "
                           "directions to reproduce the float layer's output; scales unchanged; default: 20 after GPTQ "
                           "on symmetric 4-bit weights (nvfp4, w4a16, ...), else 0: off; --format gguf: 0, and 20 "
-                          "lowers KLD by a quarter to a third at the same file size for about 3x the time).")
+                          "lowered KLD by 10-38% at the same file size for 2-3x the time, except Gemma-3 Q2_K).")
 
 RECONSTRUCT_BATCH_SIZE_HELP = ("Calibration windows per reconstruction step (default 1; 0: one whole calibration "
                                "batch). A whole batch of 4 costs 4x the steps' compute at the same perplexity on "

@@ -92,5 +92,11 @@ def run_gguf(plan) -> dict:
                           highlight=False)
     report = quantize_gguf(plan.source, plan.output, plan.assignment.label, calibration=plan.calibration,
                            config=plan.config if plan.calibration is not None else None, overwrite=plan.overwrite, importance_search=plan.importance_search)
+    rec = report.reconstructed
+    if rec:
+        changed, weights = sum(r["changed"] for r in rec.values()), sum(r["weights"] for r in rec.values())
+        err_console.print(f"[dim]block reconstruction: {len(rec)} decoder layers, {changed} of {weights} codes "
+                          f"changed[/dim]", highlight=False)
     return {"gguf": {"types": report.types, "counts": report.counts(),
-                     "importance": plan.calibration is not None, "gptq": report.from_encoded}}
+                     "importance": plan.calibration is not None, "gptq": report.from_encoded,
+                     "reconstructed": rec}}

@@ -86,7 +86,7 @@ def test_calibrated_linears_compute_what_the_file_holds(untied, tmp_path):
 
 def test_options_a_gguf_calibration_does_not_read_are_refused_by_name(untied):
     ids = _ids()
-    for kw, name in [({"reconstruct_iters": 5}, "reconstruct_iters"), ({"observer": "mse"}, "observer"),
+    for kw, name in [({"reconstruct_scales": True}, "reconstruct_scales"), ({"observer": "mse"}, "observer"),
                      ({"config": CalibrationConfig(gptq_act_order=True)}, "gptq_act_order"),
                      ({"smoothquant": 0.5}, "smoothquant"), ({"importance_search": "nope"}, "importance_search")]:
         with pytest.raises(QuantizationError) as e:

@@ -133,7 +133,7 @@ def test_experts_stored_transposed_and_interleaved_are_stacked_in_the_files_orde
         kinds = source_types(plan, types) if rounding == "gptq" else {}
         cfg = CalibrationConfig(num_samples=4, seq_len=64, weight_rounding=rounding)
         spill = Spill.beside(tmp_path / f"{rounding}.gguf")
-        imp, enc = _calibrated(folder, plan, calib, None, cfg, kinds, ImportanceSearch.DIRECT, spill, False)
+        imp, enc = _calibrated(folder, plan, calib, cfg, kinds, ImportanceSearch.DIRECT, spill, None, False, {})
         assert enc is spill  # one decoder layer at a time (lowbit.gguf_streamed)
         assert imp["model.layers.0.mlp.experts.gate_up_proj"].dim() == 2  # [E, H]: one vector per expert
         files[rounding] = fmt.write(plan, tmp_path / f"{rounding}.gguf", SafetensorsFolder(folder), GgmlType.Q4_0,

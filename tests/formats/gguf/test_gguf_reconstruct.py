@@ -5,6 +5,7 @@ the tensors outside the layers as they were, is off by default, and runs on a fo
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 import torch
@@ -38,7 +39,10 @@ def _ids(n: int = 4, t: int = 32) -> torch.Tensor:
 def _file(folder, out, iters):
     cfg = CalibrationConfig(num_samples=4, seq_len=32, batch_size=2,
                             **({} if iters is None else {"reconstruct_iters": iters}))
-    return quantize_gguf(folder, out, "q2_k", calibration=_ids(), config=cfg, progress=False).path
+    report = quantize_gguf(folder, out, "q2_k", calibration=_ids(), config=cfg, progress=False)
+    assert len(report.reconstructed) == (2 if iters else 0)  # both decoder layers, or none
+    assert not iters or sum(r["changed"] for r in report.reconstructed.values()) > 0
+    return report.path
 
 
 def _tensors(path) -> dict[str, tuple[str, torch.Tensor]]:
@@ -66,16 +70,16 @@ def test_reconstruction_moves_codes_and_keeps_every_scale(folder, tmp_path):
     assert moved > 0
 
 
+def _sha(p) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
 def test_off_by_default(folder, tmp_path):
     from lowbit.cli.common import RECONSTRUCT_ITERS_HELP
     from lowbit.gguf_options import DEFAULT_GGUF_RECONSTRUCT_ITERS
 
     assert DEFAULT_GGUF_RECONSTRUCT_ITERS == 0 and "--format gguf: 0" in RECONSTRUCT_ITERS_HELP
-
-    def sha(p):
-        return hashlib.sha256(p.read_bytes()).hexdigest()
-
-    assert sha(_file(folder, tmp_path / "d.gguf", None)) == sha(_file(folder, tmp_path / "z.gguf", 0))
+    assert _sha(_file(folder, tmp_path / "d.gguf", None)) == _sha(_file(folder, tmp_path / "z.gguf", 0))
 
 
 def test_a_tuned_layer_has_a_lower_output_error_and_its_outputs_are_the_rows():
@@ -113,15 +117,75 @@ def test_a_tuned_layer_has_a_lower_output_error_and_its_outputs_are_the_rows():
         assert torch.equal(a, b)
 
 
-def test_in_memory_and_the_cli(folder, tmp_path, capsys):
+def test_in_memory_writes_the_folders_file(folder, tmp_path):
+    """``lowbit.quantize`` + ``lowbit.save`` with reconstruction: the streamed run's file, byte for byte."""
     model = lowbit.load_model(folder)[0]
-    with pytest.raises(QuantizationError, match="'reconstruct_iters'.*quantize_gguf"):
-        lowbit.quantize(model, "q2_k", _ids(), reconstruct_iters=5)
+    lowbit.quantize(model, "q2_k", _ids(), num_samples=4, seq_len=32, batch_size=2, reconstruct_iters=10)
+    mem = lowbit.save(model, tmp_path / "mem.gguf", format="gguf")
+    assert _sha(mem) == _sha(_file(folder, tmp_path / "f.gguf", 10))
+    assert _sha(mem) != _sha(_file(folder, tmp_path / "z.gguf", 0))
+    with pytest.raises(QuantizationError, match="'reconstruct_scales'"):
+        lowbit.quantize(lowbit.load_model(folder)[0], "q2_k", _ids(), reconstruct_iters=5, reconstruct_scales=True)
+
+
+def test_the_cli(folder, tmp_path, capsys):
     out = tmp_path / "c.gguf"
-    code, _, err = run(capsys, "quantize", folder, "--format", "gguf", "--scheme", "q2_k", "--calib-samples", "2",
-                       "--calib-seq-len", "32", "--reconstruct-iters", "3", "-o", out)
+    code, stdout, err = run(capsys, "quantize", folder, "--format", "gguf", "--scheme", "q2_k", "--calib-samples",
+                            "2", "--calib-seq-len", "32", "--reconstruct-iters", "3", "-o", out, "--json")
     assert code == 0 and out.is_file(), err
+    rec = json.loads(stdout)["gguf"]["reconstructed"]  # the summary says what the reconstruction did
+    assert sorted(rec) == ["model.layers.0", "model.layers.1"]
+    assert all(r["weights"] > 0 and r["mse_end"] >= 0 for r in rec.values())
     code, _, err = run(capsys, "quantize", folder, "--format", "gguf", "--scheme", "q2_k", "--model-free",
                        "--reconstruct-iters", "3", "-o", tmp_path / "m.gguf")
     assert_one_error(code, err, "--model-free")
     assert leftovers(tmp_path / "m.gguf") == []
+
+
+def _family_runs(family: str, tmp_path) -> None:
+    from helpers.families import tiny_model
+
+    from lowbit.formats import Format, get_format
+    from lowbit.formats.gguf.convert import plan_gguf
+    from lowbit.errors import FormatError
+    from lowbit.gguf_gptq import source_types
+    from lowbit.gguf_streamed import Spill, streamed_sources
+    from lowbit.numerics.ggml import ImportanceSearch
+
+    try:
+        model = tiny_model(family)
+        model.save_pretrained(tmp_path / "m")
+    except Exception as e:  # noqa: BLE001 - a config transformers cannot build or save tiny is not ours to test
+        pytest.skip(f"tiny {family} not buildable: {type(e).__name__}")
+    try:
+        plan = plan_gguf(tmp_path / "m", metadata=False)
+    except FormatError:
+        pytest.skip(f"llama.cpp's converter does not convert {family}")
+    kinds = source_types(plan, get_format(Format.GGUF).tensor_types(plan, GgmlType.Q4_0, True))
+    vocab = int(model.config.get_text_config().vocab_size)
+    ids = torch.randint(0, min(vocab, 250), (4, 16), generator=torch.Generator().manual_seed(3))
+    rows = {}
+    for iters in (0, 10):
+        cfg = CalibrationConfig(num_samples=4, seq_len=16, batch_size=2, reconstruct_iters=iters)
+        spill, reports = Spill.beside(tmp_path / "x.gguf"), {}
+        try:
+            assert streamed_sources(tmp_path / "m", plan, ids, cfg, kinds, ImportanceSearch.DIRECT, spill, False,
+                                    reports=reports) is not None
+            rows[iters] = {k: spill[k][1].clone() for k in spill}
+        finally:
+            spill.close()
+        assert bool(reports) == bool(iters)
+    assert sorted(rows[0]) == sorted(rows[10])
+    assert any(not torch.equal(rows[0][k], rows[10][k]) for k in rows[0]), "no code moved"
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt2"])
+def test_families_reconstruct(family, tmp_path):
+    """MoE experts (one by one) and GPT-2's Conv1D go through the same reconstruction."""
+    _family_runs(family, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", __import__("helpers.families", fromlist=["x"]).decoder_only_types())
+def test_every_family_reconstructs(family, tmp_path):
+    _family_runs(family, tmp_path)

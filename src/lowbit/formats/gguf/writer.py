@@ -59,14 +59,17 @@ def facts_of(plan, has_importance: bool = False) -> ModelFacts:
 @dataclass
 class WriteReport:
     """What was written: the file, its size, the type of every tensor (GGUF name -> type name),
-    the tensors assembled from rows encoded before writing (``encoded``: GPTQ's), and the seconds
-    the whole run took."""
+    the tensors assembled from rows encoded before writing (``encoded``: GPTQ's), the seconds
+    the whole run took, and, with block reconstruction, per decoder layer its error before and
+    after and how many codes changed (``reconstructed``: layer -> {mse_start, mse_end, changed,
+    weights}; mse_start None where the check on step 0's windows sufficed)."""
 
     path: Path
     size_bytes: int
     types: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     from_encoded: list[str] = field(default_factory=list)
+    reconstructed: dict[str, dict] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
