@@ -43,6 +43,20 @@ def text_file(src: Path, dest: Path, max_chars: int) -> Path:
     return dest
 
 
+def prepare(out: str, model: str | None, calib_chars: int, eval_chars: int) -> tuple[Path, Path, Path, Path]:
+    """(the output folder, made; the float model's folder, default the built-in; calib.txt from
+    Emma; eval.txt from Persuasion) of a bench run, torch on two threads."""
+    import torch
+
+    from lowbit.models import resolve_model_path
+
+    torch.set_num_threads(2)
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    return (d, resolve_model_path(model), text_file(SHARED / "emma.txt", d / "calib.txt", calib_chars),
+            text_file(SHARED / "persuasion.txt", d / "eval.txt", eval_chars))
+
+
 def run(cmd: list[str], log: Path) -> tuple[str, float]:
     """Run a llama.cpp tool; its output (stdout + stderr) and seconds. RuntimeError with the log's tail."""
     t0 = time.perf_counter()
@@ -98,22 +112,14 @@ def main() -> None:
                     "(a model expanded from a published GGUF, e.g. Gemma-3-270M)")
     a = ap.parse_args()
 
-    import torch
-
     from lowbit.calibration import CalibrationConfig
     from lowbit.files.folder import SafetensorsFolder
     from lowbit.formats.gguf.convert import plan_gguf
     from lowbit.gguf_quantize import quantize_gguf
     from lowbit.formats.gguf.writer import write_gguf
-    from lowbit.models import resolve_model_path
 
-    torch.set_num_threads(2)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out, src, calib, evalt = prepare(a.out, a.model, a.calib_chars, a.eval_chars)
     tools = Path(a.llama)
-    src = resolve_model_path(a.model)
-    calib = text_file(SHARED / "emma.txt", out / "calib.txt", a.calib_chars)
-    evalt = text_file(SHARED / "persuasion.txt", out / "eval.txt", a.eval_chars)
     rows, checks = [], {}
 
     t0 = time.perf_counter()

@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from bench_gguf import SHARED, kld_figures, run, text_file
+from bench_gguf import kld_figures, prepare, run
 from bench_native_search import _cpu as cpu_line
 
 
@@ -34,22 +34,14 @@ def main() -> None:
     ap.add_argument("--tokenizer-from", default=None)
     a = ap.parse_args()
 
-    import torch
-
     from lowbit.calibration import CalibrationConfig
     from lowbit.files.folder import SafetensorsFolder
     from lowbit.formats.gguf.convert import plan_gguf
     from lowbit.formats.gguf.writer import write_gguf
     from lowbit.gguf_quantize import quantize_gguf
-    from lowbit.models import resolve_model_path
 
-    torch.set_num_threads(2)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out, src, calib, evalt = prepare(a.out, a.model, 60000, 60000)
     tools = Path(a.llama)
-    src = resolve_model_path(a.model)
-    calib = text_file(SHARED / "emma.txt", out / "calib.txt", 60000)
-    evalt = text_file(SHARED / "persuasion.txt", out / "eval.txt", 60000)
     base = out / "base.kld"
     if not base.exists():
         f32 = out / "model-f32.gguf"
