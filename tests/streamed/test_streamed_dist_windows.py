@@ -47,9 +47,11 @@ def _env() -> dict:
     return env
 
 
-def _quantize(folder, out: Path, scheme: str, samples: int, ranks: int, logs: Path | None = None):
+def _quantize(folder, out: Path, scheme: str, samples: int, ranks: int, logs: Path | None = None,
+              monitor: int = 1):
     """``lowbit quantize`` on ``folder``'s text with ``samples`` windows of 32 tokens, alone or as
-    2 torchrun ranks (``logs``: each rank's stdout and stderr in its own file there)."""
+    2 torchrun ranks (``logs``: each rank's stdout and stderr in its own file there; ``monitor``:
+    seconds between torchrun's checks, after which a failed rank's peers are terminated)."""
     src, text = folder
     args = ["quantize", str(src), "--scheme", scheme, "--calib", str(text), "--calib-samples", str(samples),
             "--calib-seq-len", "32", "-o", str(out)]
@@ -57,7 +59,7 @@ def _quantize(folder, out: Path, scheme: str, samples: int, ranks: int, logs: Pa
     if ranks > 1:
         redirect = ["--log-dir", str(logs), "--redirects", "3"] if logs is not None else []
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-               "--monitor-interval", "1", *redirect, "--no-python", *cmd]
+               "--monitor-interval", str(monitor), *redirect, "--no-python", *cmd]
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
 
 
@@ -77,7 +79,9 @@ def test_fewer_batches_than_ranks_write_what_one_process_writes(folder, tmp_path
 
 @pytest.mark.subprocess
 def test_fewer_windows_than_ranks_is_one_error_line_on_every_rank(folder, tmp_path):
-    r = _quantize(folder, tmp_path / "out", "w8a8-int8", 1, 2, logs=tmp_path / "logs")
+    # both ranks refuse on their own: torchrun's check waits long enough that the slower one (on a
+    # loaded machine, more than a second behind) is not terminated before it exits with its error
+    r = _quantize(folder, tmp_path / "out", "w8a8-int8", 1, 2, logs=tmp_path / "logs", monitor=10)
     assert r.returncode != 0
     assert r.stderr.count("exitcode  : 2") == 2, r.stderr[-3000:]  # torchrun's summary: both ranks exited 2
     logs = sorted((tmp_path / "logs").rglob("stderr.log"))
