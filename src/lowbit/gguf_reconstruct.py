@@ -65,7 +65,7 @@ def tune_layer(layer: nn.Module, prefix: str, rows: dict[str, tuple[GgmlType, to
     from lowbit.calibration.capture import output_hidden
     from lowbit.calls import move_call
     from lowbit.formats.gguf.writer import float_weight
-    from lowbit.numerics.ggml_codes import AFFINE, codes_of, grid_of
+    from lowbit.numerics.ggml_codes import AFFINE, codes_of, grid_of, with_codes
     from lowbit.targets import set_submodule
 
     tuned: dict[str, tuple[str, GgmlType]] = {}   # relative linear name -> (HF weight name, type)
@@ -85,21 +85,16 @@ def tune_layer(layer: nn.Module, prefix: str, rows: dict[str, tuple[GgmlType, to
             with torch.no_grad():
                 mod.weight.copy_(_decoded(kind, data, mod.weight.shape).to(mod.weight.dtype))
 
-    def offsets(rel: str, module: nn.Module, w: torch.Tensor):
-        kind = tuned[rel][1]
-        data = rows[tuned[rel][0]][1]
-        return GridOffsets(w, grid_of(data, kind), codes_of(data, kind))
+    made: dict[str, GridOffsets] = {}  # relative linear name -> its offsets, read back after the steps
 
-    made: dict[str, GridOffsets] = {}
-
-    def keep(rel, module, w):
-        made[rel] = offsets(rel, module, w)
+    def offsets(rel: str, module: nn.Module, w: torch.Tensor) -> GridOffsets:
+        w_name, kind = tuned[rel]
+        data = rows[w_name][1]
+        made[rel] = GridOffsets(w, grid_of(data, kind), codes_of(data, kind))
         return made[rel]
 
-    rep = reconstruct_layer(layer, targets, floats, inputs, options, set_submodule, layout=layout, offsets=keep)
+    rep = reconstruct_layer(layer, targets, floats, inputs, options, set_submodule, layout=layout, offsets=offsets)
     out = dict(rows)
-    from lowbit.numerics.ggml_codes import with_codes
-
     for rel, off in made.items():
         w, kind = tuned[rel]
         data = with_codes(rows[w][1], kind, off.codes())

@@ -46,16 +46,14 @@ def resident_sources(model: nn.Module, tokens: torch.Tensor, weights: Callable[[
     after the other with ``config``'s reconstruction (``gguf_reconstruct.reconstruct_options``).
     QuantizationError when the model has no decoder layers to run one by one."""
     from lowbit.calibration.capture import find_decoder_layers
-    from lowbit.errors import QuantizationError
     from lowbit.gguf_gptq import MAX_HESSIAN_BYTES, gptq_options, weight_names
-    from lowbit.gguf_reconstruct import reconstruct_options
+    from lowbit.gguf_reconstruct import reconstruct_options, refuse_reconstruction
     from lowbit.gguf_layers import QUEUE_BYTES, LayerLoop, RoundQueue
 
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     found = find_decoder_layers(model, linears)
-    if found is None:
-        raise QuantizationError(f"'reconstruct_iters' ({config.reconstruct_iters}): no decoder layers found in "
-                                f"{type(model).__name__} to reconstruct one by one; set reconstruct_iters=0")
+    if found is None:  # called with reconstruction only: refused by name
+        refuse_reconstruction(config, f"{type(model).__name__} has no decoder layers to run one by one")
     names = weight_names(model)
     encoded: dict[str, tuple] = {}
     rounds = RoundQueue(names, kinds, weights, set(), lambda got, _: encoded.update(got), gptq_options(config),

@@ -60,9 +60,9 @@ def gguf_plan(o, plan_cls):
     fmt.check_output(folder, out, o.overwrite)  # the API's own check, before any work
     weights = parse_calib_weights(o.calib, o.calib_weights)
     data = calib_data_options(o.calib_pack, o.chat_template, o.calib_column, o.calib_split)
-    sizes = {k: v for k, v in (("num_samples", o.calib_samples), ("seq_len", o.calib_seq_len)) if v is not None}
-    recon = {k: v for k, v in (("reconstruct_iters", parse_reconstruct_iters(o.reconstruct_iters)),) if v is not None}
-    config = CalibrationConfig(**sizes, **data, **recon, **reconstruct_batch_size_option(o.reconstruct_batch_size),
+    given = {k: v for k, v in (("num_samples", o.calib_samples), ("seq_len", o.calib_seq_len),
+                               ("reconstruct_iters", parse_reconstruct_iters(o.reconstruct_iters))) if v is not None}
+    config = CalibrationConfig(**given, **data, **reconstruct_batch_size_option(o.reconstruct_batch_size),
                                weight_rounding=parse_weight_rounding(o.weight_rounding))
     calibration = None if o.model_free else (calibration_arg(o.calib, weights) or "builtin")
     from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, parse_importance_search
