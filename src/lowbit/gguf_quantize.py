@@ -151,7 +151,7 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     finally:
         if spill is not None and (done or not checkpoint.exists()):
             spill.close()
-        elif spill is not None:  # what a rerun of the same command resumes from
+        elif spill is not None and not checkpoint.unreadable:  # what a rerun of the same command resumes from
             import warnings
 
             warnings.warn(f"{out}: the calibrated layers done so far stay in {spill.folder}; the same command "

@@ -108,6 +108,7 @@ class Checkpoint:
         self.spill, self.key = spill, key
         self.state = spill.folder / "state.json"
         self.tensors = spill.folder / "state.safetensors"
+        self.unreadable = False  # ``load`` found a checkpoint it cannot read (its error says so)
 
     def exists(self) -> bool:
         return self.state.is_file()
@@ -116,19 +117,30 @@ class Checkpoint:
         """(next layer, its float hidden states per batch, the quantized ones or None, importance
         vectors, reconstruction summaries) of the last checkpoint, the spill's rows restored; None
         when there is none or it is another run's."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
+
+        from lowbit.errors import QuantizationError
 
         if not self.exists():
             return None
-        meta = json.loads(self.state.read_text())
-        if meta.get("key") != self.key:
-            return None
-        t = load_file(self.tensors)
-        states = [t[f"float.{b}"] for b in range(meta["batches"])]
-        quantized = [t[f"quantized.{b}"] for b in range(meta["batches"])] if meta["quantized"] else None
-        importance = {n: t[f"importance.{i}"] for i, n in enumerate(meta["importance"])}
-        self.spill.restore(meta["rows"])
-        return meta["layer"], states, quantized, importance, meta["reports"]
+        try:
+            meta = json.loads(self.state.read_text())
+            if meta.get("key") != self.key:
+                return None
+            t = load_file(self.tensors)
+            states = [t[f"float.{b}"] for b in range(meta["batches"])]
+            quantized = [t[f"quantized.{b}"] for b in range(meta["batches"])] if meta["quantized"] else None
+            importance = {n: t[f"importance.{i}"] for i, n in enumerate(meta["importance"])}
+            missing = [f for _, _, _, f in meta["rows"] if not (self.spill.folder / f).is_file()]
+            if missing:
+                raise ValueError(f"rows file {missing[0]} is missing")
+            self.spill.restore(meta["rows"])
+            return meta["layer"], states, quantized, importance, meta["reports"]
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:  # json's errors are ValueErrors
+            self.unreadable = True
+            raise QuantizationError(f"{self.state}: a killed run's checkpoint cannot be read ({type(e).__name__}: "
+                                    f"{e}); delete {self.spill.folder} to start over") from None
 
     def save(self, layer: int, states: list[torch.Tensor], quantized: list[torch.Tensor] | None,
              importance: dict[str, torch.Tensor], reports: dict) -> None:

@@ -5,6 +5,7 @@ that finishes, or fails before any checkpoint, leaves nothing beside the output.
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import pytest
 import torch
@@ -98,3 +99,21 @@ def test_a_failure_before_any_checkpoint_leaves_nothing(folder, tmp_path, monkey
         with pytest.raises(KeyboardInterrupt):
             _run(folder, tmp_path / "m.gguf", 5)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unreadable_checkpoint_is_one_error_naming_the_folder(folder, tmp_path, monkeypatch):
+    from lowbit.errors import QuantizationError
+
+    out = tmp_path / "m.gguf"
+    with monkeypatch.context() as m:
+        _killed_at(m, 2)
+        with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning):
+            _run(folder, out, 5)
+    (kept,) = tmp_path.glob(".m.gguf.rows-*")
+    (kept / "state.safetensors").write_bytes(b"not a safetensors file")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*resumes")  # no "the same command resumes" beside the error
+        with pytest.raises(QuantizationError, match=r"cannot be read.*delete .*\.m\.gguf\.rows-") as e:
+            _run(folder, out, 5)
+    assert "\n" not in str(e.value)
+    assert not out.exists() and kept.is_dir()  # nothing written; the folder left for the user to delete
