@@ -25,7 +25,7 @@ checkpoints use (``lowbit.moe.naming.checkpoint_names``, ``lowbit.renames.checkp
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -145,23 +145,34 @@ def slices(model: nn.Module, linears: list[str], max_bytes: int) -> list[list[st
 
 
 def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tensor, hessian: torch.Tensor | None,
-           options: GPTQOptions, name: str, search: ImportanceSearch) -> torch.Tensor | None:
+           options: GPTQOptions, name: str, search: ImportanceSearch, pool: Executor | None = None
+           ) -> torch.Tensor | None:
     """Weight ``name``'s rows encoded in ``kind``: the importance-weighted search's scales, GPTQ's
     codes (the search's own without a Hessian: a linear no token reached; None for a weight that
-    is not a matrix: experts stored fused keep the writer's encoding)."""
+    is not a matrix: experts stored fused keep the writer's encoding). A matrix taller than
+    ``ROWS`` is rounded in bands of rows (independent under one Hessian); with ``pool`` the bands
+    after the first are offered to it, and each one no worker has started by the time this call
+    reaches it runs here (so a caller on one of the pool's workers never waits on a queued band)."""
     from lowbit.formats.gguf.writer import float_weight
 
     W = float_weight(weights(name), name)
     if W.dim() != 2:
         return None
-    if W.shape[0] > ROWS:  # rows are independent under one Hessian: a tall matrix in bands of rows
-        return torch.cat([_round_rows(W[s:s + ROWS], kind, importance, hessian, options, name, search)
-                          for s in range(0, W.shape[0], ROWS)])
-    return _round_rows(W, kind, importance, hessian, options, name, search)
+    bands = [W[s:s + ROWS] for s in range(0, W.shape[0], ROWS)]
+    args = (kind, importance, hessian, options, name, search)
+    offered = [pool.submit(_round_rows, b, *args) for b in bands[1:]] if pool is not None else []
+    out = [_round_rows(bands[0], *args)]
+    for k, b in enumerate(bands[1:]):
+        if k < len(offered) and not offered[k].cancel():
+            out.append(offered[k].result())
+        else:
+            out.append(_round_rows(b, *args))
+    return out[0] if len(out) == 1 else torch.cat(out)
 
 
 #: the rows ``_round`` rounds at once: GPTQ's working copies of a tall matrix (Gemma 3's tied
-#: 262144-row embedding: 5.6x its size, +3.6 GB) are bounded by a band's, with the same codes (tests)
+#: 262144-row embedding: 5.6x its size, +3.6 GB) are bounded by a band's, with the same codes
+#: (tests); on a pool two workers hold a band each
 ROWS = 1 << 15
 
 
@@ -195,7 +206,7 @@ def round_weights(jobs: list[tuple[str, str]], weights: Callable[[str], Any], ki
     with one_thread(), ThreadPoolExecutor(max_workers=workers) as pool:
         # HessianSum.upper(): the sum as kept, GPTQ reads only its upper triangle (no mirrored copy)
         futures = [(w, pool.submit(_round, weights, kinds[w], importance[n],
-                                   hessians[n].upper() if n in hessians else None, options, w, search))
+                                   hessians[n].upper() if n in hessians else None, options, w, search, pool))
                    for w, n in jobs]
         for w, f in futures:
             if progress is not None:

@@ -112,5 +112,11 @@ def test_a_tall_weight_is_rounded_in_bands_of_rows_with_the_same_codes(kind, col
     monkeypatch.setattr(gg, "ROWS", 70)  # five bands, the last one short
     bands = gg._round(lambda n: W, kind, imp, H, GPTQOptions(), "w", ImportanceSearch.DIRECT)
     assert torch.equal(whole, bands)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # bands shared with the pool's other worker
+        shared = pool.submit(gg._round, lambda n: W, kind, imp, H, GPTQOptions(), "w", ImportanceSearch.DIRECT,
+                             pool).result()
+    assert torch.equal(whole, shared)
     search_only = gg._round(lambda n: W, kind, imp, None, GPTQOptions(), "w", ImportanceSearch.DIRECT)
     assert not torch.equal(whole, search_only)  # GPTQ moved codes: the bands carry its rows, not the search's
