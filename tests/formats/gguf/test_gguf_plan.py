@@ -283,6 +283,26 @@ def test_tokenizer_keys_from_a_gguf_file_replace_the_converters(llama_folder, tm
     assert {k: v for k, v in kv.items() if k.startswith("tokenizer.")} == tok
 
 
+def test_with_tokenizer_keys_from_a_gguf_the_folder_needs_no_tokenizer(tmp_path):
+    """``tokenizer_from`` replaces the converter's tokenizer step, so a folder with weights and
+    config only converts (without it: the converter's one-line refusal naming the folder)."""
+    from helpers.gguf_folders import spm_tokenizer
+
+    bare = tmp_path / "bare"
+    tiny_llama(vocab_size=320).save_pretrained(bare)
+    other = save_gguf_folder(tiny_llama(vocab_size=320), tmp_path / "other")
+    spm_tokenizer(other, 320)
+    kv_other, _ = converter_f32(other, tmp_path / "other.gguf")
+    with pytest.raises(FormatError, match=r"converter failed on .*bare") as e:
+        plan_gguf(bare)
+    assert "\n" not in str(e.value)
+    plan = plan_gguf(bare, tokenizer_from=tmp_path / "other.gguf")
+    m = {k: v.value for k, v in plan.metadata.items()}
+    assert {k: v for k, v in m.items() if k.startswith("tokenizer.")} == \
+        {k: v for k, v in kv_other.items() if k.startswith("tokenizer.")}
+    assert m["llama.block_count"] == 2 and len(plan.rowmaps()) > 0
+
+
 def test_q8_0_codes_of_the_hf_rows_moved_by_the_row_maps_equal_the_converters_q8_0_file(llama_plan, llama_folder,
                                                                                        tmp_path):
     """The point of the row maps: lowbit encodes each HF weight in its own row order (here Q8_0,

@@ -81,19 +81,24 @@ def quantized_default(name: str, shape: tuple[int, ...]) -> bool:
 
 
 def gguf_keys(path: str | Path, prefix: str = "") -> dict[str, Any]:
-    """The key/values of a GGUF file whose name starts with ``prefix``, as ``gguf.GGUFValue``."""
+    """The key/values of a GGUF file whose name starts with ``prefix``, as ``gguf.GGUFValue``
+    (read from the header, ``lowbit.formats.gguf.keys``; gguf-py's reader where that one does not
+    read the file)."""
     import gguf
 
+    from lowbit.formats.gguf.keys import Unsupported, read_keys
+
     try:
-        reader = gguf.GGUFReader(path)
+        try:
+            kv = read_keys(path)
+        except Unsupported:
+            reader = gguf.GGUFReader(path)
+            kv = {k: (f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+                  for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     except (OSError, ValueError) as e:
         raise FormatError(f"GGUF: cannot read {str(path)!r}: {e}") from None
-    out = {}
-    for key, f in reader.fields.items():
-        if key.startswith(prefix) and not key.startswith("GGUF."):
-            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-            out[key] = gguf.GGUFValue(value=f.contents(), type=f.types[0], sub_type=sub)
-    return out
+    return {k: gguf.GGUFValue(value=v, type=gguf.GGUFValueType(t), sub_type=None if s is None else gguf.GGUFValueType(s))
+            for k, (v, t, s) in kv.items() if k.startswith(prefix)}
 
 
 def _swapped(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -126,6 +131,7 @@ class _Capture:
     seen: list[tuple[str, str | None, bool]] = field(default_factory=list)  # check run: (name, last, same)
     to_checkpoint: Callable[[dict[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None
     transposed: frozenset[str] = frozenset()  # served as the transpose of a pattern: rows are columns
+    own_vocab: bool = True  # False: the tokenizer keys come from another GGUF (the converter's step is not run)
 
     def __post_init__(self) -> None:
         self.sid = {n: i for i, n in enumerate(self.quantized)}
@@ -241,8 +247,12 @@ def _capturing(base: type) -> type:
         found = base.index_tensors(self, remote_hf_model_id)
         return self._lowbit_capture.index(self, found)
 
+    def set_vocab(self):  # the converter's tokenizer step, unless the keys come from another file
+        if self._lowbit_capture.own_vocab:
+            base.set_vocab(self)
+
     return type("Lowbit" + base.__name__, (base,), {"model_arch": base.model_arch, "__init__": __init__,
-                                                      "index_tensors": index_tensors,
+                                                      "index_tensors": index_tensors, "set_vocab": set_vocab,
                                                       "__module__": __name__})
 
 
@@ -277,7 +287,7 @@ def _run(cls: type, capture: _Capture, hf_arch: str, metadata: bool):
 
 
 def _planned(cls, folder: Path, source, qnames: list[str], shapes: list, hf_arch: str, metadata: bool,
-             from_folder: bool, to_checkpoint, chosen: bool):
+             from_folder: bool, to_checkpoint, chosen: bool, own_vocab: bool = True):
     """(the converter's model, the plan run's capture): the converter run on the patterns, then
     again with other values in them (a float tensor made from a quantized one changes: refused,
     naming it). Before refusing, at most two more tries: the quantized tensors no row map used
@@ -290,7 +300,7 @@ def _planned(cls, folder: Path, source, qnames: list[str], shapes: list, hf_arch
     tries = 0  # the runs after the first: at most two (each refusal names a tensor)
     while True:
         capture = _Capture(folder=folder, tensors=source, quantized=qnames, shapes=shapes, from_folder=from_folder,
-                           to_checkpoint=to_checkpoint, transposed=transposed)
+                           to_checkpoint=to_checkpoint, transposed=transposed, own_vocab=own_vocab)
         model = _run(cls, capture, hf_arch, metadata=metadata)
         floats = {t.name: t.array for t in capture.written if isinstance(t, FloatTensor)}
         if not (qnames and floats):
@@ -333,7 +343,8 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
     ``metadata=False``: tensors only, the converter's metadata step (tokenizer...) not run.
     ``tokenizer_from``: a GGUF file whose ``tokenizer.*`` keys replace the converter's (a folder
     made from a GGUF by transformers has a tokenizer.json where the original had a SentencePiece
-    model, and the converter reads the two differently).
+    model, and the converter reads the two differently); the converter's tokenizer step is then
+    not run, so the folder needs no tokenizer files.
     FormatError: no converter model for the architecture (naming it), or a quantized tensor
     the converter changes (naming it). LowbitError: the converter is not installed as pinned."""
     from lowbit.files.folder import SafetensorsFolder, read_config
@@ -357,7 +368,8 @@ def plan_gguf(folder: str | Path, tensors: Mapping[str, Any] | None = None,
     shapes = [_shape(source, n) for n in qnames]
     try:
         model, capture = _planned(cls, folder, source, qnames, shapes, hf_arch, metadata, tensors is None,
-                                  to_checkpoint, chosen=not (callable(quantized) or quantized is None))
+                                  to_checkpoint, chosen=not (callable(quantized) or quantized is None),
+                                  own_vocab=tokenizer_from is None)
     finally:
         if tensors is None:
             source.close()

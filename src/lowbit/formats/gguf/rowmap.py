@@ -44,13 +44,17 @@ def pattern(sid: int, shape: Sequence[int], name: str = "?") -> np.ndarray:
         raise FormatError(f"GGUF: tensor {name!r} of shape {list(shape)} is too large to map its rows "
                           f"(at most {MAX_ROWS - 1} rows of {MAX_COLUMNS - 1} columns)")
     out = np.empty((rows, cols), dtype=np.float32)
-    c = np.arange(cols)
     r = np.arange(rows, dtype=np.float32)[:, None]
-    out[:, c % 4 == 0] = r
-    out[:, c % 4 == 1] = -(sid + 1)
-    out[:, c % 4 == 2] = (c[c % 4 == 2] + 0.25).astype(np.float32)
-    out[:, c % 4 == 3] = r + 0.5
+    out[:, 0::4] = r  # strided columns c % 4 == k (as fast as a copy; boolean masks were 4x slower)
+    out[:, 1::4] = -(sid + 1)
+    out[:, 2::4] = _column_values(cols)
+    out[:, 3::4] = r + 0.5
     return out.reshape(shape)
+
+
+def _column_values(cols: int) -> np.ndarray:
+    """The pattern's values at the columns c % 4 == 2: c + 0.25, float32."""
+    return (np.arange(2, cols, 4) + 0.25).astype(np.float32)
 
 
 def decode(array: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -73,15 +77,10 @@ def decode(array: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> tuple[np.nda
         shp = shapes[int(s)]
         if shp[-1] != cols or np.any(row[sid == s] >= prod(shp[:-1])):
             return None
-    c = np.arange(cols)
-    expect = np.empty_like(flat)
     rf = row.astype(np.float32)[:, None]
-    expect[:, c % 4 == 0] = rf
-    expect[:, c % 4 == 1] = flat[:, 1:2]
-    expect[:, c % 4 == 2] = (c[c % 4 == 2] + 0.25).astype(np.float32)
-    expect[:, c % 4 == 3] = rf + 0.5
-    if not np.array_equal(flat, expect):
-        return None
+    for k, want in enumerate((rf, flat[:, 1:2], _column_values(cols)[None, :], rf + 0.5)):
+        if not (flat[:, k::4] == want).all():  # value for value, column class by column class
+            return None
     lead = a.shape[:-1]
     return sid.reshape(lead), row.reshape(lead)
 
