@@ -151,8 +151,10 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     finally:
         if spill is not None and (done or not checkpoint.exists()):
             spill.close()
-        elif spill is not None and not checkpoint.unreadable:  # what a rerun of the same command resumes from
-            import warnings
+        elif spill is not None:
+            spill.release()
+        if spill is not None and not done and spill.folder.exists() and not checkpoint.unreadable:
+            import warnings  # what a rerun of the same command resumes from
 
             warnings.warn(f"{out}: the calibrated layers done so far stay in {spill.folder}; the same command "
                           f"resumes from them (delete that folder to start over)", stacklevel=2)

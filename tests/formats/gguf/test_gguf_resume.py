@@ -117,3 +117,42 @@ def test_an_unreadable_checkpoint_is_one_error_naming_the_folder(folder, tmp_pat
             _run(folder, out, 5)
     assert "\n" not in str(e.value)
     assert not out.exists() and kept.is_dir()  # nothing written; the folder left for the user to delete
+
+
+def test_a_second_run_of_the_same_command_while_the_first_is_alive_is_one_error(folder, tmp_path, monkeypatch):
+    """The resume folder is locked by its run (``gguf_spill.LOCK``: pid and host): the same command
+    started while that process lives is refused in one line and takes nothing; once the process is
+    gone (killed: its lock stays) the next run takes the folder over and resumes."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from lowbit.errors import QuantizationError
+    from lowbit.gguf_spill import LOCK
+
+    ref = _run(folder, tmp_path / "ref.gguf", 3).path
+    out = tmp_path / "m.gguf"
+    with monkeypatch.context() as m:
+        _killed_at(m, 2)
+        with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="resumes"):
+            _run(folder, out, 3)
+    (kept,) = tmp_path.glob(".m.gguf.rows-*")
+    assert not (kept / LOCK).exists()  # a stopped run gives its lock up
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (kept / LOCK).write_text(json.dumps({"pid": alive.pid, "host": socket.gethostname()}))
+        before = sorted(p.name for p in kept.iterdir())
+        with pytest.raises(QuantizationError, match=rf"another run with the same options \(pid {alive.pid}\)") as e:
+            _run(folder, out, 3)
+        assert "\n" not in str(e.value) and LOCK in str(e.value)
+        assert sorted(p.name for p in kept.iterdir()) == before and not out.exists()
+    finally:
+        alive.kill()
+        alive.wait()
+    # the holder is gone (as after a kill -9): its lock is stale, the run resumes from the checkpoint
+    with monkeypatch.context() as m:
+        seen = _killed_at(m, 99)
+        report = _run(folder, out, 3)
+    assert not any(s.endswith(("layers.0", "layers.1")) for s in seen), seen
+    assert _sha(report.path) == _sha(ref) and list(tmp_path.glob(".m.gguf.rows-*")) == []
