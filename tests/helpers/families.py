@@ -59,7 +59,8 @@ def decoder_only_types() -> list[str]:
     return out
 
 
-def tiny_config(model_type: str):
+def tiny_config(model_type: str, **overrides):
+    """The family's config at ``SIZES`` (the sizes its constructor takes), then ``overrides``."""
     from transformers import AutoConfig
 
     cls = type(AutoConfig.for_model(model_type))
@@ -69,15 +70,15 @@ def tiny_config(model_type: str):
         kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)
     if "rotary_dim" in params:  # partial rotary: within the head
         kw["rotary_dim"] = 16
-    return cls(**kw)
+    return cls(**{**kw, **overrides})
 
 
-def tiny_model(model_type: str, seed: int = 0) -> torch.nn.Module:
-    """The family's causal LM from ``tiny_config``, float32, eval mode, seed ``seed``; built with
+def tiny_model(model_type: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """The family's causal LM from ``tiny_config`` (with ``overrides``), float32, eval mode, seed ``seed``; built with
     warnings silenced (transformers' remarks on the tiny sizes are not what the tests check)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_config(tiny_config(model_type), dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=torch.float32).eval()

@@ -38,6 +38,39 @@ def save_gguf_folder(model: torch.nn.Module, folder: Path) -> Path:
     return folder
 
 
+#: SmolLM2's byte-level BPE vocabulary size: a family whose converter reads only a BPE tokenizer
+#: gets SmolLM2's (a pre-tokenizer the converter knows by hash) and this many embedding rows
+BPE_VOCAB = 49152
+
+
+def family_folder(family: str, folder: Path, **overrides) -> Path:
+    """The tiny ``family`` model (``helpers.families.tiny_model``, with config ``overrides``) saved at ``folder`` with a
+    tokenizer llama.cpp's converter writes whole (metadata, vocabulary, chat template): a
+    SentencePiece one of its vocabulary size, or, where the family's converter reads only a
+    byte-level BPE, the built-in model's (SmolLM2's ``tokenizer.json``; its vocabulary becomes
+    ``BPE_VOCAB``). Raises lowbit's FormatError when the converter writes neither."""
+    import shutil
+
+    from helpers.families import tiny_model
+    from lowbit.errors import FormatError
+    from lowbit.formats.gguf.convert import plan_gguf
+
+    save_gguf_folder(tiny_model(family, **overrides), folder)
+    try:
+        plan_gguf(folder)
+        return folder
+    except FormatError:
+        from lowbit.models.builtin import ensure_builtin
+
+        shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        tiny_model(family, **{**overrides, "vocab_size": BPE_VOCAB}).save_pretrained(folder)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(ensure_builtin() / name, folder / name)
+        plan_gguf(folder)
+        return folder
+
+
 def tiny_llama_folder(folder: Path) -> Path:
     """A tiny Llama (hidden 256: every k-quant fits the attention and MLP rows, blocks of 256;
     4 query and 2 KV heads: the converter permutes q and k rows; untied output) saved at

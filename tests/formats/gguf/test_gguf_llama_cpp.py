@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers.gguf_folders import save_gguf_folder, skip_without_converter, tiny_llama_folder
+from helpers.llama_cpp_logits import logits as _llama_cpp_logits
 
 skip_without_converter()
 llama_cpp = pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (compiles llama.cpp)")
@@ -28,35 +29,6 @@ def folder(tmp_path_factory):
 
 def _ids() -> list[int]:
     return torch.randint(3, 300, (48,), generator=torch.Generator().manual_seed(3)).tolist()
-
-
-def _llama_cpp_logits(path, ids: list[int]) -> np.ndarray:
-    """llama.cpp's logits for every position of ``ids`` (its C API through llama-cpp-python, one
-    thread). Weight repacking into extra buffer types is off: its AMX kernels crash on hosts that
-    do not grant AMX state (measured here: a segmentation fault in ``ggml_backend_amx_mul_mat``)."""
-    llama_cpp.llama_backend_init()
-    params = llama_cpp.llama_model_default_params()
-    params.use_extra_bufts = False
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    assert model, f"llama.cpp cannot load {path}"
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = 64
-    cparams.n_threads = cparams.n_threads_batch = 1
-    ctx = llama_cpp.llama_init_from_model(model, cparams)
-    batch = llama_cpp.llama_batch_init(len(ids), 0, 1)
-    try:
-        for i, t in enumerate(ids):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, i, 1, True
-            batch.seq_id[i][0] = 0
-        batch.n_tokens = len(ids)
-        assert llama_cpp.llama_decode(ctx, batch) == 0
-        n = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
-        return np.array([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n,))
-                         for i in range(len(ids))], dtype=np.float64)
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        llama_cpp.llama_free(ctx)
-        llama_cpp.llama_model_free(model)
 
 
 def _hf_logits(path, ids: list[int]) -> np.ndarray:
