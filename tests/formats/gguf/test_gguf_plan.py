@@ -231,7 +231,9 @@ def test_a_family_the_pinned_converter_cannot_load_is_named(tmp_path):
 def test_a_float_tensor_made_from_a_quantized_weight_is_caught_by_the_check_run(tmp_path):
     """The converter's order of reads and writes, replayed on the capture: a quantized weight read,
     then a float one, then a tensor made from the first (buffered, +1) and a tensor made from
-    nothing: only the first is refused, found by the second run with other pattern values."""
+    nothing: only the first is refused, found by the second run with other pattern values, and
+    named by the weight it was made from (the pattern is made when the tensor made from it is
+    written: the converter's lazy tensors), not by the float read in between."""
     from lowbit.formats.gguf.convert import _Capture
 
     src = {"q.weight": torch.zeros(4, 8), "n.weight": torch.ones(8)}
@@ -249,8 +251,8 @@ def test_a_float_tensor_made_from_a_quantized_weight_is_caught_by_the_check_run(
     assert plan.written[0].row.tolist() == [1, 0, 3, 2]
     floats = {t.name: t.array for t in plan.written if isinstance(t, FloatTensor)}
     check = replay(_Capture(folder=tmp_path, tensors=src, quantized=["q.weight"], shapes=[(4, 8)], expect=floats))
-    assert check.changed(plan.written) == [("blk.derived", "n.weight")]
-    with pytest.raises(FormatError, match=r"changes the values .* a quantized tensor \(written as 'blk.derived'\)"):
+    assert check.changed(plan.written) == [("blk.derived", "q.weight")]
+    with pytest.raises(FormatError, match=r"changes the values .* tensor 'q.weight' \(written as 'blk.derived'\)"):
         raise check.refusal(*check.changed(plan.written)[0])
     del floats["blk.derived"]
     plan.written.pop(1)

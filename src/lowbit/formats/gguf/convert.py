@@ -139,15 +139,27 @@ class _Capture:
         self.laid = [_swapped(s) if n in self.transposed else s for n, s in zip(self.quantized, self.shapes)]
 
     def load(self, name: str) -> torch.Tensor:
-        self.last = name
+        """HF tensor ``name`` as the converter gets it: a quantized one's index pattern deferred
+        (the converter's lazy tensors: made when what it goes into is written, so a layer's
+        stacked experts exist as patterns one projection at a time), another tensor as it is."""
+        from lowbit.formats.gguf.deps import converter
+
+        lazy = converter().LazyTorchTensor
         if name in self.sid:
-            i = self.sid[name]
-            p = pattern(i, self.laid[i], name)
-            if name in self.transposed:
-                p = np.ascontiguousarray(np.swapaxes(p, -1, -2))
-            return torch.from_numpy(p if self.expect is None else -p - 1)  # the check run: other values
+            shape = _swapped(self.laid[self.sid[name]]) if name in self.transposed else self.laid[self.sid[name]]
+            return lazy(meta=torch.empty(shape, dtype=torch.float32, device="meta"), args=(),
+                        func=functools.partial(self._pattern, name))
+        self.last = name
         t = self.tensors[name]
-        return t.detach() if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
+        return lazy.from_eager(t.detach() if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t)))
+
+    def _pattern(self, name: str) -> torch.Tensor:
+        self.last = name
+        i = self.sid[name]
+        p = pattern(i, self.laid[i], name)
+        if name in self.transposed:
+            p = np.ascontiguousarray(np.swapaxes(p, -1, -2))
+        return torch.from_numpy(p if self.expect is None else -p - 1)  # the check run: other values
 
     def _given(self, name: str, t: torch.Tensor) -> torch.Tensor:
         self.last = name
@@ -179,7 +191,7 @@ class _Capture:
     def add(self, name: str, array: Any, raw_dtype: Any) -> None:
         import gguf
 
-        arr = np.asarray(array)
+        arr = np.asarray(gguf.LazyNumpyTensor.to_eager(array))  # the converter's lazy tensor, made here
         if self.expect is not None:
             ref = self.expect.get(name)
             self.seen.append((name, self.last, ref is None or np.array_equal(arr, ref)))
@@ -274,7 +286,7 @@ def _run(cls: type, capture: _Capture, hf_arch: str, metadata: bool):
     try:
         with torch.inference_mode():
             model = _capturing(cls)(folder, gguf.LlamaFileType.ALL_F32, folder / "lowbit-plan.gguf",
-                                    eager=True, capture=capture)
+                                    eager=False, capture=capture)
             model.prepare_tensors()
             if metadata:
                 model.prepare_metadata(vocab_only=False)  # general.*, hyperparameters, then the tokenizer
