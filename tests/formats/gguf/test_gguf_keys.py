@@ -118,3 +118,33 @@ def test_empty_strings_and_arrays(tmp_path):
     want = _reference(tmp_path / "e.gguf")
     assert want.pop("k.none") == ([], 9, 9)  # gguf-py reports no element type for an empty array
     assert {k: got[k] for k in want} == want
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_tensor_types_from_the_header_are_gguf_pys(tmp_path, big):
+    """``file_tensor_types`` (``lowbit inspect`` on a GGUF) reads the tensor infos after the keys;
+    a big-endian file goes to gguf-py's reader, with the same answer."""
+    from lowbit.formats.gguf.keys import read_tensor_types
+    from lowbit.formats.gguf.read import file_tensor_types
+
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(path, "llama", endianess=gguf.GGUFEndian.BIG if big else gguf.GGUFEndian.LITTLE)
+    w.add_array("k.tokens", ["a", "bb"] * 100)
+    w.add_tensor("norm", np.ones(32, dtype=np.float32))
+    w.add_tensor("q8", np.zeros((2, 34), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("k4", np.zeros((3, 144), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    w.add_tensor("h", np.zeros((4, 8, 2), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    want = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert file_tensor_types(path) == want == {"norm": "F32", "q8": "Q8_0", "k4": "Q4_K", "h": "F16"}
+    if big:
+        with pytest.raises(Unsupported):
+            read_tensor_types(path)
+    else:
+        assert list(read_tensor_types(path)) == ["norm", "q8", "k4", "h"]
+        (tmp_path / "cut.gguf").write_bytes(path.read_bytes()[:-(path.stat().st_size - 1500)])
+        with pytest.raises(FormatError, match="cannot read .*cut.gguf"):
+            file_tensor_types(tmp_path / "cut.gguf")

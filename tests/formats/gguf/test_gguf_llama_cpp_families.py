@@ -10,7 +10,6 @@ Slow: about 10 s a family; skipped where llama-cpp-python is not installed."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch

@@ -73,8 +73,18 @@ def _ggml_type(t) -> GgmlType | None:
 
 
 def file_tensor_types(path: str | Path) -> dict[str, str]:
-    """GGUF tensor name -> its GGML type name (gguf-py's, e.g. "Q4_K", "F32"), from the header only."""
-    return {t.name: t.tensor_type.name for t in _reader(Path(path)).tensors}
+    """GGUF tensor name -> its GGML type name (gguf-py's, e.g. "Q4_K", "F32"), from the header only
+    (``lowbit.formats.gguf.keys``; gguf-py's reader for a header that one leaves to it)."""
+    import gguf
+
+    from lowbit.formats.gguf.keys import Unsupported, read_tensor_types
+
+    try:
+        return {n: gguf.GGMLQuantizationType(t).name for n, t in read_tensor_types(path).items()}
+    except Unsupported:
+        return {t.name: t.tensor_type.name for t in _reader(Path(path)).tensors}
+    except (OSError, ValueError) as e:  # an unknown type code is a ValueError too
+        raise FormatError(f"GGUF: cannot read {str(path)!r}: {e}") from None
 
 
 def _reader(path: Path):
