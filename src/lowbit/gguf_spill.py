@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -38,7 +37,7 @@ class Spill(MutableMapping):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self._items: dict[str, tuple[GgmlType, tuple[int, ...], Path]] = {}
-        self.locked: Path | None = None  # ``resumable``'s lock file while this process holds it
+        self.locked: int | None = None  # ``resumable``'s locked descriptor while this process holds it
 
     @classmethod
     def beside(cls, out: Path) -> "Spill":
@@ -56,33 +55,33 @@ class Spill(MutableMapping):
         return spill
 
     def _lock(self, out: Path) -> None:
-        """Claim the folder for this process (``LOCK``: its pid and host): a second run of the same
-        command while the first is alive is one QuantizationError, not two writers of one
-        checkpoint; a lock whose process is gone (a killed run) is taken over."""
+        """Claim the folder for this process: an exclusive ``flock`` on ``LOCK`` (its pid written in
+        it), held while the process runs and dropped by the system when it ends, however it ends.
+        The same command started while another process holds it is one QuantizationError, not two
+        writers of one checkpoint; a killed run's folder is free to resume at once."""
         from lowbit.errors import QuantizationError
 
-        lock = self.folder / LOCK
-        mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-        for _ in range(2):
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = _holder(lock)
-                if holder is not None:
-                    raise QuantizationError(
-                        f"{out}: another run with the same options (pid {holder}) is calibrating into {self.folder}; "
-                        f"wait for it to finish (or delete {lock} if that process is not a lowbit run)") from None
-                lock.unlink(missing_ok=True)  # its process is gone: the checkpoint is this run's to resume
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(mine)
-            self.locked = lock
+        try:
+            import fcntl
+        except ImportError:  # no flock on this platform: unguarded, as before
             return
+        lock = self.folder / LOCK
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise QuantizationError(f"{out}: another run with the same options (pid {holder}) is calibrating into "
+                                    f"{self.folder} (it holds {lock}); wait for it to finish") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self.locked = fd
 
     def release(self) -> None:
         """Give up the folder's lock, keeping its files (a stopped run, for the next to resume)."""
         if self.locked is not None:
-            self.locked.unlink(missing_ok=True)
+            os.close(self.locked)  # closing the descriptor drops the flock
             self.locked = None
 
     def index(self) -> list:
@@ -119,30 +118,12 @@ class Spill(MutableMapping):
 
     def close(self) -> None:
         self._items.clear()
+        self.release()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-#: the lock file of a resumable run's folder (``Spill._lock``)
+#: the lock file of a resumable run's folder (``Spill._lock``: flock, pid inside)
 LOCK = "run.lock"
-
-
-def _holder(lock: Path) -> int | None:
-    """The pid of the live process on this host that holds ``lock``; None when there is none (the
-    process is gone, the lock is another host's or unreadable: a half-written lock of a killed run)."""
-    try:
-        meta = json.loads(lock.read_text())
-        pid, host = int(meta["pid"]), meta["host"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if host != socket.gethostname() or pid == os.getpid():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:  # alive, another user's
-        return pid
-    return pid
 
 
 def run_key(src: Path, target: str, types: dict, config: Any, search: Any, tokens: torch.Tensor) -> str:

@@ -120,11 +120,9 @@ def test_an_unreadable_checkpoint_is_one_error_naming_the_folder(folder, tmp_pat
 
 
 def test_a_second_run_of_the_same_command_while_the_first_is_alive_is_one_error(folder, tmp_path, monkeypatch):
-    """The resume folder is locked by its run (``gguf_spill.LOCK``: pid and host): the same command
-    started while that process lives is refused in one line and takes nothing; once the process is
-    gone (killed: its lock stays) the next run takes the folder over and resumes."""
-    import json
-    import socket
+    """The resume folder is locked by its run (``gguf_spill.LOCK``: an exclusive flock, the pid in
+    it): the same command started while another process holds it is refused in one line and takes
+    nothing; once that process is gone (killed: the system drops its lock) the next run resumes."""
     import subprocess
     import sys
 
@@ -138,10 +136,12 @@ def test_a_second_run_of_the_same_command_while_the_first_is_alive_is_one_error(
         with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="resumes"):
             _run(folder, out, 3)
     (kept,) = tmp_path.glob(".m.gguf.rows-*")
-    assert not (kept / LOCK).exists()  # a stopped run gives its lock up
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, str(os.getpid()).encode()); "
+            "print('held', flush=True); time.sleep(60)")
+    alive = subprocess.Popen([sys.executable, "-c", hold, str(kept / LOCK)], stdout=subprocess.PIPE, text=True)
     try:
-        (kept / LOCK).write_text(json.dumps({"pid": alive.pid, "host": socket.gethostname()}))
+        assert alive.stdout.readline().strip() == "held"
         before = sorted(p.name for p in kept.iterdir())
         with pytest.raises(QuantizationError, match=rf"another run with the same options \(pid {alive.pid}\)") as e:
             _run(folder, out, 3)
@@ -150,7 +150,7 @@ def test_a_second_run_of_the_same_command_while_the_first_is_alive_is_one_error(
     finally:
         alive.kill()
         alive.wait()
-    # the holder is gone (as after a kill -9): its lock is stale, the run resumes from the checkpoint
+    # the holder is gone (as after a kill -9): the system dropped its lock, the run resumes
     with monkeypatch.context() as m:
         seen = _killed_at(m, 99)
         report = _run(folder, out, 3)
