@@ -160,13 +160,10 @@ def _round(weights: Callable[[str], Any], kind: GgmlType, importance: torch.Tens
         return None
     bands = [W[s:s + ROWS] for s in range(0, W.shape[0], ROWS)]
     args = (kind, importance, hessian, options, name, search)
-    offered = [pool.submit(_round_rows, b, *args) for b in bands[1:]] if pool is not None else []
+    offered = [None if pool is None else pool.submit(_round_rows, b, *args) for b in bands[1:]]
     out = [_round_rows(bands[0], *args)]
-    for k, b in enumerate(bands[1:]):
-        if k < len(offered) and not offered[k].cancel():
-            out.append(offered[k].result())
-        else:
-            out.append(_round_rows(b, *args))
+    for b, f in zip(bands[1:], offered):  # a band no worker started (cancelled here) runs here
+        out.append(f.result() if f is not None and not f.cancel() else _round_rows(b, *args))
     return out[0] if len(out) == 1 else torch.cat(out)
 
 

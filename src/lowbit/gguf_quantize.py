@@ -33,6 +33,7 @@ from lowbit.gguf_spill import Spill
 from lowbit.gguf_options import DEFAULT_IMPORTANCE_SEARCH, check_gguf_config, parse_importance_search
 from lowbit.numerics.ggml import GgmlType, ImportanceSearch
 
+
 def _calibrated(src: Path, plan, tokens, config, kinds: Mapping[str, GgmlType], search, spill, checkpoint,
                 progress, reports: dict) -> tuple[dict, Mapping]:
     """(HF weight name -> llama-imatrix's statistic [in] of every linear, HF weight name -> (type,
@@ -151,13 +152,13 @@ def quantize_gguf(src: str | os.PathLike, out: str | os.PathLike, scheme: str = 
     finally:
         if spill is not None and (done or not checkpoint.exists()):
             spill.close()
-        elif spill is not None:
+        elif spill is not None:  # stopped after a checkpoint: what a rerun of the same command resumes from
             spill.release()
-        if spill is not None and not done and spill.folder.exists() and not checkpoint.unreadable:
-            import warnings  # what a rerun of the same command resumes from
+            if not checkpoint.unreadable:
+                import warnings
 
-            warnings.warn(f"{out}: the calibrated layers done so far stay in {spill.folder}; the same command "
-                          f"resumes from them (delete that folder to start over)", stacklevel=2)
+                warnings.warn(f"{out}: the calibrated layers done so far stay in {spill.folder}; the same "
+                              f"command resumes from them (delete that folder to start over)", stacklevel=2)
     report.seconds = time.perf_counter() - t0
     report.reconstructed = reports
     return report

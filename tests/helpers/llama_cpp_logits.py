@@ -49,6 +49,11 @@ def logits(path, ids: list[int]) -> np.ndarray:
         llama_cpp.llama_model_free(model)
 
 
+def rel_error(a: np.ndarray, b: np.ndarray) -> float:
+    """||a - b|| / ||b||: how far logits ``a`` are from the reference ``b``."""
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
 def logits_in_child(path: Path, ids: list[int]) -> np.ndarray | str:
     """``logits`` computed in a child Python; on failure (an error or an abort), the child's first
     line that names an error (llama.cpp's cause), else its last line."""

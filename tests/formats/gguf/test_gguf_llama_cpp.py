@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers.gguf_folders import save_gguf_folder, skip_without_converter, tiny_llama_folder
-from helpers.llama_cpp_logits import logits as _llama_cpp_logits
+from helpers.llama_cpp_logits import logits as _llama_cpp_logits, rel_error as _rel
 
 skip_without_converter()
 llama_cpp = pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (compiles llama.cpp)")
@@ -40,10 +40,6 @@ def _hf_logits(path, ids: list[int]) -> np.ndarray:
     model = AutoModelForCausalLM.from_pretrained(str(path.parent if gguf else path), dtype=torch.float32, **gguf)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].double().numpy()
-
-
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("mix", ["Q8_0", "Q4_K_M", "Q2_K"])

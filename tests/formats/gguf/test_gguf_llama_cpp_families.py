@@ -16,7 +16,7 @@ import torch
 
 from helpers.families import decoder_only_types
 from helpers.gguf_folders import converter_f32, family_folder, skip_without_converter
-from helpers.llama_cpp_logits import logits_in_child
+from helpers.llama_cpp_logits import logits_in_child, rel_error as _rel
 
 skip_without_converter()
 pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (compiles llama.cpp)")
@@ -36,10 +36,6 @@ ONE_ATTENTION_LAYER = {"jamba": {"attn_layer_offset": 1, "attn_layer_period": 2}
 
 #: within every tiny model's sliding window (16): engines differ on the window's edge
 IDS = torch.randint(3, 250, (12,), generator=torch.Generator().manual_seed(3)).tolist()
-
-
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("family", decoder_only_types())

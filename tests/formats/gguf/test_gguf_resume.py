@@ -54,6 +54,17 @@ def _killed_at(monkeypatch, layer: int) -> list[str]:
     return seen
 
 
+def _killed_run(folder, out, iters: int, monkeypatch):
+    """Run the command and kill it at decoder layer 2 (after two checkpointed layers): it stops
+    warning that the same command resumes; the folder it keeps."""
+    with monkeypatch.context() as m:
+        _killed_at(m, 2)
+        with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="resumes"):
+            _run(folder, out, iters)
+    (kept,) = out.parent.glob(f".{out.name}.rows-*")
+    return kept
+
+
 @pytest.mark.parametrize("iters", [0, 5])
 def test_a_killed_run_resumes_to_the_same_file(folder, tmp_path, monkeypatch, iters):
     """With reconstruction every layer ends with GPTQ's queue empty; without it, when the queue is
@@ -64,13 +75,9 @@ def test_a_killed_run_resumes_to_the_same_file(folder, tmp_path, monkeypatch, it
         monkeypatch.setattr(lowbit.gguf_streamed, "QUEUE_BYTES", 1)
     ref = _run(folder, tmp_path / "ref.gguf", iters).path
     out = tmp_path / "m.gguf"
-    with monkeypatch.context() as m:
-        _killed_at(m, 2)
-        with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="resumes"):
-            _run(folder, out, iters)
+    kept = _killed_run(folder, out, iters, monkeypatch)
     assert not out.exists()
-    kept = list(tmp_path.glob(".m.gguf.rows-*"))
-    assert len(kept) == 1 and (kept[0] / "state.json").is_file()
+    assert len(list(tmp_path.glob(".m.gguf.rows-*"))) == 1 and (kept / "state.json").is_file()
     with monkeypatch.context() as m:
         seen = _killed_at(m, 99)  # never fails: records what the resumed run measures
         report = _run(folder, out, iters)
@@ -82,10 +89,7 @@ def test_a_killed_run_resumes_to_the_same_file(folder, tmp_path, monkeypatch, it
 
 def test_another_run_does_not_take_a_killed_runs_layers(folder, tmp_path, monkeypatch):
     out = tmp_path / "m.gguf"
-    with monkeypatch.context() as m:
-        _killed_at(m, 2)
-        with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning):
-            _run(folder, out, 5)
+    _killed_run(folder, out, 5, monkeypatch)
     with monkeypatch.context() as m:
         seen = _killed_at(m, 99)
         _run(folder, out, 3)  # other options: other bytes, its own folder, from the first layer
@@ -105,11 +109,7 @@ def test_an_unreadable_checkpoint_is_one_error_naming_the_folder(folder, tmp_pat
     from lowbit.errors import QuantizationError
 
     out = tmp_path / "m.gguf"
-    with monkeypatch.context() as m:
-        _killed_at(m, 2)
-        with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning):
-            _run(folder, out, 5)
-    (kept,) = tmp_path.glob(".m.gguf.rows-*")
+    kept = _killed_run(folder, out, 5, monkeypatch)
     (kept / "state.safetensors").write_bytes(b"not a safetensors file")
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*resumes")  # no "the same command resumes" beside the error
@@ -131,11 +131,7 @@ def test_a_second_run_of_the_same_command_while_the_first_is_alive_is_one_error(
 
     ref = _run(folder, tmp_path / "ref.gguf", 3).path
     out = tmp_path / "m.gguf"
-    with monkeypatch.context() as m:
-        _killed_at(m, 2)
-        with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="resumes"):
-            _run(folder, out, 3)
-    (kept,) = tmp_path.glob(".m.gguf.rows-*")
+    kept = _killed_run(folder, out, 3, monkeypatch)
     hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
             "fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, str(os.getpid()).encode()); "
             "print('held', flush=True); time.sleep(60)")

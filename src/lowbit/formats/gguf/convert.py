@@ -146,7 +146,7 @@ class _Capture:
 
         lazy = converter().LazyTorchTensor
         if name in self.sid:
-            shape = _swapped(self.laid[self.sid[name]]) if name in self.transposed else self.laid[self.sid[name]]
+            shape = self.shapes[self.sid[name]]  # the HF shape: a transposed pattern is laid swapped, served back
             return lazy(meta=torch.empty(shape, dtype=torch.float32, device="meta"), args=(),
                         func=functools.partial(self._pattern, name))
         self.last = name
